@@ -1,0 +1,231 @@
+"""The bridge's loop: claim only as many rollouts as workers can start, publish each, lose none.
+
+Backpressure: the number to dequeue is the free slot count from ``bridge.capacity`` (advertised worker
+slots minus attempts in flight). With no worker consuming there are no slots, so the bridge never
+dequeues and rollouts stay ``queuing`` in the Store, where their clock has not started yet.
+
+Nothing dequeued is stranded: a rollout is recorded in flight before it is published; if the broker
+refuses it after retries it is handed back to the Store queue (``requeuing``). A crash between dequeue
+and publish is repaired by ``reconcile``: on start and every minute, attempts this dispatcher claimed
+that are still ``preparing`` and not in flight are published again under the same task id (the worker's
+lease makes a duplicate harmless) or handed back when they are too old to start in time.
+
+Only one bridge dispatches at a time (a Redis lock renewed by the loop); others wait as hot standbys.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+import uuid
+
+import redis
+
+from bridge import capacity, keys, metrics
+from bridge.errors import PublishError, StoreError, UnknownIdError
+from bridge.models import AttemptedRollout, AttemptStatus, RolloutStatus
+from bridge.publisher import Publisher, describe
+from bridge.settings import Settings
+from bridge.store import StoreClient
+
+log = logging.getLogger("bridge.dispatcher")
+
+LEADER_TTL_S = 15
+FULL_CAPACITY_WAIT_S = 0.2
+RECONCILE_EVERY_S = 60.0
+
+_RENEW = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0"
+_RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        settings: Settings,
+        store: StoreClient,
+        redis_client: redis.Redis,
+        publisher: Publisher,
+        stop: threading.Event | None = None,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.redis = redis_client
+        self.publisher = publisher
+        self.stop = stop or threading.Event()
+        self.queues = settings.all_queues()
+        self._token = f"{settings.dispatcher_id}:{uuid.uuid4().hex[:8]}"
+        self._leader = False
+        self._next_reconcile = 0.0
+        self._store_failures = 0
+        self._broker_failures = 0
+
+    # --- the loop ------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        log.info("bridge %s dispatching to queues %s", self.settings.dispatcher_id, ", ".join(self.queues))
+        try:
+            while not self.stop.is_set():
+                self.stop.wait(self.tick())
+        finally:
+            self._resign()
+        log.info("bridge stopped")
+
+    def tick(self) -> float:
+        """One round; returns how long to wait before the next."""
+        try:
+            if not self._ensure_leader():
+                return 2.0
+            free = capacity.free_slots(self.redis, self.queues)
+            self._broker_failures = 0
+        except redis.RedisError as exc:
+            metrics.BROKER_ERRORS.inc()
+            self._broker_failures += 1
+            wait = min(10.0, 0.5 * 2 ** min(self._broker_failures, 5))
+            log.warning("broker unreachable (%r); not dequeuing, retry in %.1fs", exc, wait)
+            return wait
+        if time.monotonic() >= self._next_reconcile:
+            self.reconcile()
+        self._update_gauges(free)
+        slots = sum(free.values())
+        if slots <= 0:
+            return FULL_CAPACITY_WAIT_S
+        limit = min(slots, self.settings.max_batch)
+        try:
+            batch = self.store.dequeue(limit, self.settings.dispatcher_id)
+            self._store_failures = 0
+        except UnknownIdError as exc:  # never expected for dequeue; do not spin on it
+            log.error("dequeue rejected: %s", exc)
+            return self.settings.poll_max_s
+        except StoreError as exc:
+            metrics.STORE_ERRORS.labels("dequeue").inc()
+            self._store_failures += 1
+            wait = min(30.0, 1.0 * 2 ** min(self._store_failures, 5))
+            log.warning("dequeue failed (%s); retry in %.1fs", exc, wait)
+            # A dequeue whose answer was lost may have claimed rollouts: reconcile soon.
+            self._next_reconcile = min(self._next_reconcile, time.monotonic() + wait)
+            return wait
+        metrics.DEQUEUED.inc(len(batch))
+        for rollout in batch:
+            self.dispatch(rollout)
+        if len(batch) >= limit:
+            return 0.0
+        return random.uniform(self.settings.poll_min_s, self.settings.poll_max_s)
+
+    # --- one rollout -----------------------------------------------------------------------------
+
+    def dispatch(self, rollout: AttemptedRollout) -> bool:
+        """Publish, or hand back; returns True when the rollout is in the broker."""
+        queue = self.settings.queue_for_mode(rollout.mode)
+        aid = rollout.attempt.attempt_id
+        try:
+            capacity.mark_inflight(self.redis, queue, aid)
+            self.publisher.publish(rollout, queue)
+        except (PublishError, redis.RedisError) as exc:
+            metrics.BROKER_ERRORS.inc()
+            log.error("could not publish %s: %s; handing it back", describe(rollout), exc)
+            self._forget_inflight(queue, aid)
+            self.hand_back(rollout, "publish_failed")
+            return False
+        metrics.PUBLISHED.labels(queue).inc()
+        if rollout.attempt.start_time:
+            metrics.DISPATCH_LATENCY.observe(max(0.0, time.time() - rollout.attempt.start_time))
+        log.info("[rollout=%s attempt=%s task=%s] published to %s", rollout.rollout_id, aid, aid, queue)
+        return True
+
+    def hand_back(self, rollout: AttemptedRollout, reason: str) -> None:
+        """Put a claimed rollout back at the tail of the Store queue (store-protocol.md 10.4)."""
+        try:
+            self.store.update_rollout(rollout.rollout_id, status=RolloutStatus.REQUEUING)
+            metrics.HANDED_BACK.labels(reason).inc()
+            log.warning(
+                "[rollout=%s attempt=%s] handed back to the Store (%s)",
+                rollout.rollout_id,
+                rollout.attempt.attempt_id,
+                reason,
+            )
+        except StoreError as exc:
+            metrics.STORE_ERRORS.labels("hand_back").inc()
+            # Still preparing under our dispatcher id: the next reconcile picks it up again.
+            log.error("[rollout=%s] could not hand back (%s); reconciliation will retry", rollout.rollout_id, exc)
+            self._next_reconcile = min(self._next_reconcile, time.monotonic() + 5.0)
+
+    # --- repair ----------------------------------------------------------------------------------
+
+    def reconcile(self) -> int:
+        """Re-publish or hand back attempts we claimed that no message carries; returns how many."""
+        self._next_reconcile = time.monotonic() + RECONCILE_EVERY_S
+        try:
+            rollouts, _ = self.store.list_rollouts(status_in=[RolloutStatus.PREPARING])
+            inflight: set[str] = set()
+            for queue in self.queues:
+                inflight |= capacity.inflight_ids(self.redis, queue)
+                capacity.prune_stale(self.redis, queue, self.settings.visibility_timeout_s)
+        except (StoreError, redis.RedisError) as exc:
+            log.warning("reconciliation skipped: %s", exc)
+            self._next_reconcile = time.monotonic() + 10.0
+            return 0
+        repaired = 0
+        for rollout in rollouts:
+            if not isinstance(rollout, AttemptedRollout):
+                continue
+            attempt = rollout.attempt
+            if attempt.status != AttemptStatus.PREPARING or attempt.worker_id != self.settings.dispatcher_id:
+                continue
+            if attempt.attempt_id in inflight:
+                continue
+            repaired += 1
+            age = time.time() - (attempt.start_time or time.time())
+            if age > self.settings.max_queue_wait_s:
+                self.hand_back(rollout, "stranded")
+            elif self.dispatch(rollout):
+                metrics.REPUBLISHED.inc()
+                log.warning(
+                    "[rollout=%s attempt=%s] was stranded (bridge crash or broker loss); re-published",
+                    rollout.rollout_id,
+                    attempt.attempt_id,
+                )
+        return repaired
+
+    # --- leadership ------------------------------------------------------------------------------
+
+    def _ensure_leader(self) -> bool:
+        key, ttl_ms = keys.bridge_leader(), LEADER_TTL_S * 1000
+        if self._leader and self.redis.eval(_RENEW, 1, key, self._token, ttl_ms):
+            return True
+        was_leader = self._leader
+        self._leader = bool(self.redis.set(key, self._token, nx=True, px=ttl_ms))
+        metrics.IS_LEADER.set(1 if self._leader else 0)
+        if self._leader and not was_leader:
+            log.info("this bridge now dispatches (lock %s)", key)
+            self._next_reconcile = 0.0
+        elif not self._leader and not was_leader and random.random() < 0.05:
+            log.info("another bridge dispatches (%s); standing by", self.redis.get(key))
+        return self._leader
+
+    def _resign(self) -> None:
+        if self._leader:
+            try:
+                self.redis.eval(_RELEASE, 1, keys.bridge_leader(), self._token)
+            except redis.RedisError:
+                pass
+            self._leader = False
+
+    # --- helpers ---------------------------------------------------------------------------------
+
+    def _forget_inflight(self, queue: str, attempt_id: str) -> None:
+        try:
+            capacity.clear_inflight(self.redis, queue, attempt_id)
+        except redis.RedisError:
+            pass
+
+    def _update_gauges(self, free: dict[str, int]) -> None:
+        try:
+            for queue in self.queues:
+                metrics.FREE_SLOTS.labels(queue).set(free.get(queue, 0))
+                metrics.IN_FLIGHT.labels(queue).set(capacity.inflight_count(self.redis, queue))
+                metrics.QUEUE_DEPTH.labels(queue).set(int(self.redis.llen(queue)))
+                metrics.OLDEST_QUEUED_AGE.labels(queue).set(capacity.oldest_inflight_age(self.redis, queue) or 0.0)
+        except redis.RedisError:
+            pass

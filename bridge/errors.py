@@ -1,0 +1,60 @@
+"""The project's exception hierarchy, in one place.
+
+Transient errors are worth retrying; permanent ones are not. Callers branch on the class, never on
+message text.
+"""
+
+from __future__ import annotations
+
+
+class BridgeError(Exception):
+    """Base class of every error this project raises on purpose."""
+
+
+class StoreError(BridgeError):
+    """The Agent Lightning Store could not do what was asked."""
+
+    def __init__(self, message: str, *, status_code: int | None = None, path: str = "") -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.path = path
+
+
+class StoreUnavailable(StoreError):
+    """Connection error, timeout or a 5xx that is not a store-level ValueError: retry later."""
+
+
+class StoreRejected(StoreError):
+    """A 4xx, or a store-level ``ValueError``: retrying the same request cannot help."""
+
+
+class UnknownIdError(StoreRejected):
+    """The Store does not know this rollout or attempt (typically: it restarted and lost its state)."""
+
+
+class PublishError(BridgeError):
+    """The broker did not take a message after all retries."""
+
+
+class WebShopError(BridgeError):
+    """The WebShop server failed (5xx, timeouts, malformed answers) after bounded retries."""
+
+
+class LLMError(BridgeError):
+    """The LLM endpoint failed after bounded retries."""
+
+
+class InvalidInputError(BridgeError):
+    """The rollout's input cannot be run (no instruction, wrong types, too large)."""
+
+
+class TelemetryError(BridgeError):
+    """Spans, above all the reward span, could not be delivered to the Store."""
+
+
+class Superseded(BridgeError):
+    """The attempt is no longer ours to run: superseded, timed out, cancelled or finished elsewhere."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason

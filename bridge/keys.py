@@ -1,0 +1,48 @@
+"""Every Redis key this project uses, built from one prefix, so nothing collides with Celery's own keys."""
+
+from __future__ import annotations
+
+PREFIX = "agl"
+
+
+def capacity(queue: str, worker: str) -> str:
+    """Execution slots one worker offers on one queue (expiring; refreshed while the worker lives)."""
+    return f"{PREFIX}:capacity:{queue}:{worker}"
+
+
+def capacity_pattern(queue: str) -> str:
+    return f"{PREFIX}:capacity:{queue}:*"
+
+
+def inflight(queue: str) -> str:
+    """Sorted set of attempt ids published to ``queue`` and not yet finished (score: publish time)."""
+    return f"{PREFIX}:inflight:{queue}"
+
+
+def inflight_pattern() -> str:
+    return f"{PREFIX}:inflight:*"
+
+
+def lease(attempt_id: str) -> str:
+    """Who is executing an attempt right now (expiring, renewed by the heartbeat)."""
+    return f"{PREFIX}:lease:{attempt_id}"
+
+
+def done(attempt_id: str) -> str:
+    """Set once an attempt's final status was reported, so a redelivery never runs it again."""
+    return f"{PREFIX}:done:{attempt_id}"
+
+
+def bridge_leader() -> str:
+    """Held by the one bridge that dispatches; others wait, so two bridges never double-publish."""
+    return f"{PREFIX}:bridge:leader"
+
+
+def ratelimit(model: str) -> str:
+    """Token bucket for one LLM model, shared by every worker on every host."""
+    return f"{PREFIX}:ratelimit:{model}"
+
+
+def recent_errors() -> str:
+    """Capped list of the latest rollout failures, for ``bridge status``."""
+    return f"{PREFIX}:errors"

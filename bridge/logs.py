@@ -1,0 +1,53 @@
+"""Logging setup shared by the bridge and the workers: plain or JSON lines, ids on every rollout event."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from collections.abc import MutableMapping
+from typing import Any
+
+_ID_KEYS = ("rollout_id", "attempt_id", "task_id")
+
+
+class RolloutLogger(logging.LoggerAdapter[logging.Logger]):
+    """Prefixes each line with the rollout, attempt and task ids, and keeps them as fields for JSON logs."""
+
+    def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, MutableMapping[str, Any]]:
+        extra = dict(self.extra or {})
+        kwargs["extra"] = {**extra, **kwargs.get("extra", {})}
+        ids = " ".join(f"{k.removesuffix('_id')}={extra[k]}" for k in _ID_KEYS if extra.get(k))
+        return (f"[{ids}] {msg}" if ids else msg), kwargs
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        data: dict[str, Any] = {
+            "ts": round(record.created, 3),
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for key in _ID_KEYS:
+            value = getattr(record, key, None)
+            if value:
+                data[key] = value
+        if record.exc_info:
+            data["exc"] = self.formatException(record.exc_info)
+        return json.dumps(data, ensure_ascii=False)
+
+
+def configure_logging(level: str = "INFO", json_lines: bool = False) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if json_lines:
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    for noisy in ("httpx", "httpcore", "openai", "urllib3"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -1,0 +1,22 @@
+"""Prometheus series of the bridge (served on ``BRIDGE_METRICS_PORT``)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+DEQUEUED = Counter("agl_bridge_dequeued_total", "Rollouts claimed from the Store")
+PUBLISHED = Counter("agl_bridge_published_total", "Rollouts published to the broker", ["queue"])
+HANDED_BACK = Counter("agl_bridge_handed_back_total", "Dequeued rollouts returned to the Store queue", ["reason"])
+REPUBLISHED = Counter("agl_bridge_republished_total", "Stranded attempts re-published by reconciliation")
+STORE_ERRORS = Counter("agl_bridge_store_errors_total", "Failed Store requests", ["kind"])
+BROKER_ERRORS = Counter("agl_bridge_broker_errors_total", "Failed broker (Redis) operations")
+IN_FLIGHT = Gauge("agl_bridge_in_flight", "Attempts published and not yet finished", ["queue"])
+FREE_SLOTS = Gauge("agl_bridge_free_slots", "Worker slots not taken", ["queue"])
+QUEUE_DEPTH = Gauge("agl_bridge_queue_depth", "Messages waiting in the broker", ["queue"])
+OLDEST_QUEUED_AGE = Gauge("agl_bridge_oldest_in_flight_age_seconds", "Age of the oldest in-flight attempt", ["queue"])
+IS_LEADER = Gauge("agl_bridge_is_leader", "1 when this bridge holds the dispatch lock")
+DISPATCH_LATENCY = Histogram(
+    "agl_bridge_dequeue_to_publish_seconds",
+    "Time from the Store's attempt start (dequeue) to the publish",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)

@@ -1,0 +1,243 @@
+"""Tests of the heuristic LLM stand-in: its WebShop rules, then its HTTP server as a real process."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from webshop_env.heuristic import (
+    Page,
+    classify,
+    decide,
+    extract_observation,
+    parse_item,
+    price_limit,
+    search_query,
+    split_pieces,
+)
+from webshop_env.policy import STANDIN_MODEL, read_conversation
+
+INSTRUCTION = "i need a 120 ml hair mask treatment, and price lower than 130.00 dollars"
+SEARCH_PAGE = f"WebShop [SEP] Instruction: [SEP] {INSTRUCTION} [SEP] Search"
+RESULTS_PAGE = (
+    f"Instruction: [SEP] {INSTRUCTION} [SEP] Back to Search [SEP] Page 1 (Total results: 50) [SEP] Next > "
+    "[SEP] B000AAAAAA [SEP] Cotton Socks for Men, 6 Pairs [SEP] $12.5 "
+    "[SEP] B079HGJ5MH [SEP] Linange Milk and Keratin Hair Mask Treatment 500ml [SEP] $149.95 "
+    "[SEP] B09R4RJSFP [SEP] Magical Hair Treatment Mask Deep Conditioner Hair Care Essence (60ML) "
+    "[SEP] $100.0"
+)
+ITEM_PAGE = (
+    f"Instruction: [SEP] {INSTRUCTION} [SEP] Back to Search [SEP] < Prev [SEP] color [SEP] 60ml [SEP] 120ml "
+    "[SEP] Magical Hair Treatment Mask Deep Conditioner Hair Care Essence (60ML) [SEP] Price: $100.0 "
+    "[SEP] Rating: N.A. [SEP] Description [SEP] Features [SEP] Reviews [SEP] Buy Now"
+)
+SHIRT = "i want a blue slim fit men's shirt in x-large, and price lower than 40.00 dollars"
+SHIRT_PAGE = (
+    f"Instruction: [SEP] {SHIRT} [SEP] Back to Search [SEP] < Prev [SEP] color [SEP] red [SEP] navy blue "
+    "[SEP] size [SEP] small [SEP] large [SEP] x-large [SEP] Slim Fit Shirt [SEP] Price: $19.99 to $25.0 "
+    "[SEP] Rating: N.A. [SEP] Description [SEP] Features [SEP] Reviews [SEP] Buy Now"
+)
+
+
+# ---------------------------------------------------------------- heuristic
+
+
+def test_search_page_searches_instruction_without_price_clause() -> None:
+    decision = decide(SEARCH_PAGE, [])
+    assert decision.action == "search[120 ml hair mask treatment]"
+
+
+def test_search_query_drops_lead_in_and_optionally_synthetic_options() -> None:
+    text = "Find me slim fit shirts with color: blue, and size: x-large, and price lower than 20.00 dollars"
+    assert search_query(text) == "slim fit shirts with color: blue, and size: x-large"
+    assert search_query(text, keep_synthetic_options=False) == "slim fit shirts"
+    assert price_limit(text) == 20.0
+
+
+def test_results_page_clicks_best_title_within_price_limit() -> None:
+    decision = decide(RESULTS_PAGE, ["search[120 ml hair mask treatment]"])
+    # B079HGJ5MH matches as well but costs more than 130 dollars.
+    assert decision.action == "click[B09R4RJSFP]"
+
+
+def test_results_page_without_products_tries_next_page_once() -> None:
+    empty = (
+        f"Instruction: [SEP] {INSTRUCTION} [SEP] Back to Search [SEP] Page 6 (Total results: 50) "
+        "[SEP] < Prev [SEP] Next >"
+    )
+    assert decide(empty, ["search[x]"]).action == "click[Next >]"
+    assert decide(empty, ["search[x]", "click[Next >]"]).action.startswith("search[")
+
+
+def test_item_page_selects_matching_option_then_buys() -> None:
+    actions = ["search[hair mask]", "click[B09R4RJSFP]"]
+    assert decide(ITEM_PAGE, actions).action == "click[120ml]"
+    assert decide(ITEM_PAGE, [*actions, "click[120ml]"]).action == "click[Buy Now]"
+
+
+def test_item_page_picks_one_value_per_group_preferring_specific_match() -> None:
+    item = parse_item(split_pieces(SHIRT_PAGE))
+    assert item is not None
+    assert [name for name, _ in item.options] == ["color", "size"]
+    actions = ["search[shirt]", "click[B0AAAAAAAA]"]
+    assert decide(SHIRT_PAGE, actions).action == "click[navy blue]"
+    assert decide(SHIRT_PAGE, [*actions, "click[navy blue]"]).action == "click[x-large]"
+    assert decide(SHIRT_PAGE, [*actions, "click[navy blue]", "click[x-large]"]).action == "click[Buy Now]"
+
+
+def test_option_clicks_before_a_new_item_do_not_count() -> None:
+    actions = ["search[x]", "click[B0BBBBBBBB]", "click[120ml]", "click[< Prev]", "click[B09R4RJSFP]"]
+    assert decide(ITEM_PAGE, actions).action == "click[120ml]"
+
+
+def test_subpage_goes_back_and_unknown_text_is_safe() -> None:
+    sub = f"Instruction: [SEP] {INSTRUCTION} [SEP] Back to Search [SEP] < Prev [SEP] Great mask."
+    assert classify(split_pieces(sub)) is Page.SUBPAGE
+    assert decide(sub, []).action == "click[< Prev]"
+    assert decide("", []).action == "click[Buy Now]"
+
+
+def test_observation_is_found_inside_a_longer_user_message() -> None:
+    message = f"Step 3 of 15\nTask: shop\nObservation: {RESULTS_PAGE}\nValid actions: click[next >]"
+    assert extract_observation(message) == RESULTS_PAGE
+    assert extract_observation(f"Observation:\n{SEARCH_PAGE}") == SEARCH_PAGE
+
+
+def test_conversation_reading_collects_previous_actions() -> None:
+    messages = [
+        {"role": "system", "content": "You shop. Reply with Action: search[...] or click[...]"},
+        {"role": "user", "content": f"Observation: {SEARCH_PAGE}"},
+        {"role": "assistant", "content": "Thought: search\nAction: search[hair mask]"},
+        {"role": "user", "content": f"Observation: {RESULTS_PAGE}"},
+        {"role": "assistant", "content": "Action: click[B09R4RJSFP]"},
+        {"role": "user", "content": [{"type": "text", "text": f"Invalid action\nObservation: {ITEM_PAGE}"}]},
+    ]
+    conversation = read_conversation(messages)
+    assert conversation.observation == ITEM_PAGE
+    assert conversation.previous_actions == ["search[hair mask]", "click[B09R4RJSFP]"]
+
+
+# ---------------------------------------------------------------- HTTP server as a subprocess
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start_server(*extra: str) -> tuple[subprocess.Popen[bytes], str]:
+    """Start `python -m webshop_env.policy` and wait (bounded) until /health answers."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "webshop_env.policy", "--port", str(port), *extra],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 20.0
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"policy server exited: {proc.stderr.read().decode() if proc.stderr else ''}")
+        try:
+            if httpx.get(f"{base}/health", timeout=0.5).status_code == 200:
+                return proc, base
+        except httpx.TransportError:
+            time.sleep(0.1)
+    stop_server(proc)
+    raise RuntimeError(f"policy server on {base} not healthy within 20 s")
+
+
+def stop_server(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    proc, base = start_server()
+    yield base
+    stop_server(proc)
+
+
+def chat_messages() -> list[dict[str, str]]:
+    return [
+        {"role": "system", "content": "You are a shopping agent."},
+        {"role": "user", "content": f"Step 1 of 15\nObservation: {SEARCH_PAGE}"},
+    ]
+
+
+def test_openai_client_gets_parsable_action_and_usage(server: str) -> None:
+    client = openai.OpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0)
+    reply = client.chat.completions.create(model="anything", messages=chat_messages())  # type: ignore[arg-type]
+    assert reply.model == STANDIN_MODEL
+    content = reply.choices[0].message.content or ""
+    assert content.splitlines()[-1] == "Action: search[120 ml hair mask treatment]"
+    assert content.startswith("Thought: ")
+    assert reply.usage is not None and reply.usage.total_tokens > reply.usage.completion_tokens > 0
+    raw = httpx.post(f"{server}/v1/chat/completions", json={"messages": chat_messages()}).json()
+    assert len(raw["prompt_token_ids"]) == raw["usage"]["prompt_tokens"]
+    assert len(raw["choices"][0]["response_token_ids"]) == raw["usage"]["completion_tokens"]
+
+
+def test_any_path_prefix_and_models_and_bad_input(server: str) -> None:
+    url = f"{server}/rollout/ro-1/attempt/at-2/v1/chat/completions"
+    assert httpx.post(url, json={"messages": chat_messages()}).status_code == 200
+    assert httpx.post(f"{server}/chat/completions", json={"messages": chat_messages()}).status_code == 200
+    assert httpx.get(f"{server}/v1/models").json()["data"][0]["id"] == STANDIN_MODEL
+    bad = httpx.post(f"{server}/v1/chat/completions", content=b"{not json")
+    assert bad.status_code == 400 and "error" in bad.json()
+    assert httpx.post(f"{server}/v1/chat/completions", json={"messages": []}).status_code == 400
+    assert httpx.post(f"{server}/v1/chat/completions", json=[1]).status_code == 400
+
+
+def test_error_rate_one_gives_429_with_retry_after_or_500() -> None:
+    proc, base = start_server("--error-rate", "1.0", "--seed", "7")
+    try:
+        statuses = []
+        for _ in range(20):
+            resp = httpx.post(f"{base}/v1/chat/completions", json={"messages": chat_messages()})
+            statuses.append(resp.status_code)
+            assert "error" in resp.json()
+            if resp.status_code == 429:
+                assert resp.headers["Retry-After"] == "1"
+        assert set(statuses) == {429, 500}
+    finally:
+        stop_server(proc)
+
+
+def test_latency_knob_delays_without_serialising() -> None:
+    proc, base = start_server("--latency-ms", "300")
+    try:
+        started = time.monotonic()
+        httpx.post(f"{base}/v1/chat/completions", json={"messages": chat_messages()})
+        assert time.monotonic() - started >= 0.3
+        with httpx.Client(limits=httpx.Limits(max_connections=50)) as client:
+            started = time.monotonic()
+            with concurrent.futures.ThreadPoolExecutor(20) as pool:
+                codes = list(
+                    pool.map(
+                        lambda _: (
+                            client.post(
+                                f"{base}/v1/chat/completions", json={"messages": chat_messages()}
+                            ).status_code
+                        ),
+                        range(20),
+                    )
+                )
+            assert codes == [200] * 20
+            assert time.monotonic() - started < 2.0  # 20 x 300 ms would be 6 s if serialised
+    finally:
+        stop_server(proc)

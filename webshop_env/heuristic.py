@@ -1,0 +1,497 @@
+"""Rule-based WebShop decision logic used by the heuristic LLM stand-in.
+
+This is not a model. It reads one WebShop text observation (spec sections 3.1-3.5) plus the
+actions already taken in the episode, and returns the next action (spec section 4). It exists
+so that the Celery agent loop, the benchmarks and the tests have an OpenAI-compatible "LLM"
+that is fast, free, deterministic and plays well enough for scores to mean something
+(it aims to beat the WebShop paper's rule baseline, 45.6 average score / 9.6% success).
+
+Everything here is pure: no I/O, no randomness. `webshop_env.policy` wraps it in HTTP.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from rapidfuzz import fuzz
+from rapidfuzz.utils import default_process
+
+SEP = " [SEP] "
+
+# Anchors that start an observation inside a longer chat message (see the worker contract).
+OBSERVATION_ANCHORS = ("WebShop [SEP] ", "Instruction: [SEP] ", "Thank you for shopping")
+
+# Option group names seen in the real catalog plus common Amazon variation names. Used only to
+# tell group names from values on item pages, where both are plain text pieces.
+# fmt: off
+KNOWN_OPTION_NAMES = frozenset(
+    {
+        "color", "size", "style", "flavor name", "fit type", "scent", "flavor", "pattern name",
+        "item shape", "number of items", "material", "material type", "size name", "color name",
+        "item package quantity", "package quantity", "length", "width", "capacity",
+        "configuration", "edition", "design", "pattern", "team name", "shape", "style name",
+        "scent name", "item display length", "special size type", "model", "style options",
+    }
+)
+# fmt: on
+
+# Navigation buttons: clicks on these are never option selections.
+NAV_CLICKS = frozenset(
+    {"back to search", "< prev", "next >", "description", "features", "reviews", "buy now", "search"}
+)
+
+LEAD_IN_RE = re.compile(
+    r"^\s*(?:(?:hi|hello|hey|please|ok|okay)[\s,!.]+)*"
+    r"(?:i\s*(?:'m| am)\s+(?:looking|searching|shopping)\s+for|i\s*(?:'m| am)\s+in\s+need\s+of|"
+    r"i\s+(?:would|'d)\s+like(?:\s+to\s+(?:buy|get|find|purchase|order|have))?|"
+    r"i\s+(?:want|need|wanna)(?:\s+to\s+(?:buy|get|find|purchase|order|have))?|"
+    r"(?:can|could)\s+you\s+(?:please\s+)?(?:find|get|show|search\s+for)(?:\s+me)?|"
+    r"help\s+me\s+find|find\s+me|show\s+me|get\s+me|search\s+for|looking\s+for|buy\s+me|"
+    r"i\s+(?:am|'m)\s+trying\s+to\s+find)\s*",
+    re.IGNORECASE,
+)
+PRICE_CLAUSE_RE = re.compile(
+    r",?\s*and\s+price\s+lower\s+than\s+([0-9][0-9,]*(?:\.[0-9]+)?)\s+dollars\.?", re.IGNORECASE
+)
+# Synthetic goals append " with <name>: <value>, and <name>: <value>" (spec 6.2).
+SYNTHETIC_OPTIONS_RE = re.compile(
+    r"\s+with\s+(?:[a-z]+ ){0,2}[a-z]+:\s*[^,]+?(?:,\s*and\s+(?:[a-z]+ ){0,2}[a-z]+:\s*[^,]+?)*$"
+)
+# "120ml" and "120 ml" must meet: split digits from letters before comparing.
+DIGIT_LETTER_RE = re.compile(r"(?<=\d)(?=[a-z])|(?<=[a-z])(?=\d)")
+PRICE_RE = re.compile(r"\$([0-9][0-9,]*(?:\.[0-9]+)?)")
+RESULTS_HEADER_RE = re.compile(r"^Page (\d+) \(Total results: (\d+)\)$")
+ASIN_RE = re.compile(r"^(?:[Bb][0-9A-Za-z]{9}|[0-9]{9}[0-9Xx])$")
+ACTION_RE = re.compile(r"\b(search|click)\[([^\[\]]*)\]")
+
+# Words that carry no product or option meaning when comparing texts.
+_STOP_WORDS_TEXT = """a an the and or of for with to in on at by from that this these those is are be it its i
+    me my we our you your am im i'm need want looking find buy get would like please also some any
+    which who what has have having should must can could will just one ones pack count"""
+STOP_WORDS = frozenset(_STOP_WORDS_TEXT.split())
+
+MAX_STEPS_BEFORE_BUY = 12
+MAX_ITEM_VISITS = 6
+POSITION_WEIGHT = 0.05
+
+
+class Page(StrEnum):
+    """Page kinds the heuristic distinguishes (spec section 3)."""
+
+    SEARCH = "search"  # "WebShop [SEP] Instruction: ... [SEP] Search"
+    RESULTS = "results"  # has "Page p (Total results: n)"
+    ITEM = "item"  # ends with "Buy Now"
+    SUBPAGE = "subpage"  # description / features / reviews
+    DONE = "done"  # "Thank you for shopping ..."
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class ResultItem:
+    """One product triple of a results page."""
+
+    asin: str
+    title: str
+    price_low: float
+    price_high: float
+
+
+@dataclass(frozen=True)
+class ItemPage:
+    """An item page: option groups in page order, title and displayed price."""
+
+    options: list[tuple[str, list[str]]]
+    title: str
+    price_low: float
+    price_high: float
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The chosen action with a one-line reason, as the stand-in "thinks" out loud."""
+
+    action: str
+    thought: str
+
+
+@dataclass
+class EpisodeMemory:
+    """What the previous actions imply about the current episode (pages carry no selection marks)."""
+
+    actions: list[str] = field(default_factory=list)
+    clicked_since_item: list[str] = field(default_factory=list)
+    next_clicks_since_search: int = 0
+    visited_asins: list[str] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------- text helpers
+
+
+def tokens(text: str) -> list[str]:
+    """Lower-case alphanumeric tokens with a light plural strip, so "bags" meets "bag"."""
+    out = []
+    for tok in DIGIT_LETTER_RE.sub(" ", default_process(text)).split():
+        if len(tok) > 3 and tok.endswith("s") and not tok.endswith("ss"):
+            tok = tok[:-1]
+        out.append(tok)
+    return out
+
+
+def content_tokens(text: str) -> list[str]:
+    """Tokens without stop words: the words that say what the product is."""
+    return [t for t in tokens(text) if t not in STOP_WORDS]
+
+
+def parse_price(text: str) -> tuple[float, float] | None:
+    """Read `$a` or `$a to $b` into (low, high); None when there is no price."""
+    found = [float(m.replace(",", "")) for m in PRICE_RE.findall(text)]
+    if not found:
+        return None
+    return min(found), max(found)
+
+
+def price_limit(instruction: str) -> float | None:
+    """The instruction's "price lower than X dollars" limit, if it has one."""
+    match = PRICE_CLAUSE_RE.search(instruction)
+    return float(match.group(1).replace(",", "")) if match else None
+
+
+def strip_price_clause(instruction: str) -> str:
+    """Drop the price clause: it only adds noise words to a BM25 query."""
+    return PRICE_CLAUSE_RE.sub("", instruction).strip()
+
+
+def search_query(instruction: str, keep_synthetic_options: bool = True) -> str:
+    """Build the search text: the instruction minus price clause, lead-in and trailing period."""
+    text = strip_price_clause(instruction).strip().rstrip(".").strip()
+    if not keep_synthetic_options:
+        text = SYNTHETIC_OPTIONS_RE.sub("", text).strip()
+    stripped = LEAD_IN_RE.sub("", text, count=1).strip()
+    text = stripped or text
+    text = re.sub(r"^(?:a|an|the|some)\s+", "", text, flags=re.IGNORECASE)
+    return text.replace("[", " ").replace("]", " ").strip() or instruction.strip()
+
+
+# ---------------------------------------------------------------- observation parsing
+
+
+def extract_observation(message: str) -> str:
+    """Cut the WebShop observation out of a chat message that may hold other lines around it.
+
+    The observation starts at the last anchor (`WebShop [SEP] `, `Instruction: [SEP] `, `Thank you
+    for shopping`) and runs to the end of that line: observations are single-line.
+    """
+    best = -1
+    for anchor in OBSERVATION_ANCHORS:
+        pos = message.rfind(anchor)
+        if anchor == "Instruction: [SEP] " and pos >= 0:
+            # "WebShop [SEP] Instruction: [SEP] ..." must keep its WebShop prefix.
+            prefix = "WebShop [SEP] "
+            if message[max(0, pos - len(prefix)) : pos] == prefix:
+                pos -= len(prefix)
+        best = max(best, pos)
+    if best < 0:
+        stripped = message.strip()
+        for line in stripped.splitlines():
+            if line.strip().lower().startswith("observation:"):
+                return line.split(":", 1)[1].strip()
+        return stripped
+    return message[best:].split("\n", 1)[0].strip()
+
+
+def split_pieces(observation: str) -> list[str]:
+    """Split an observation into its visible text pieces."""
+    return [p.strip() for p in observation.split("[SEP]") if p.strip()]
+
+
+def instruction_of(pieces: list[str]) -> str:
+    """The instruction text: the piece after `Instruction:`."""
+    for i, piece in enumerate(pieces[:-1]):
+        if piece == "Instruction:":
+            return pieces[i + 1]
+    return ""
+
+
+def classify(pieces: list[str]) -> Page:
+    """Recognise the page kind from its fixed landmarks."""
+    if not pieces:
+        return Page.UNKNOWN
+    if pieces[0].startswith("Thank you for shopping"):
+        return Page.DONE
+    if pieces[0] == "WebShop" and pieces[-1] == "Search":
+        return Page.SEARCH
+    if any(RESULTS_HEADER_RE.match(p) for p in pieces):
+        return Page.RESULTS
+    if pieces[-1] == "Buy Now":
+        return Page.ITEM
+    if "< Prev" in pieces and "Back to Search" in pieces:
+        return Page.SUBPAGE
+    return Page.UNKNOWN
+
+
+def parse_results(pieces: list[str]) -> tuple[int, list[ResultItem]]:
+    """Read the page number and the (ASIN, title, price) triples of a results page."""
+    page = 1
+    start = 0
+    for i, piece in enumerate(pieces):
+        header = RESULTS_HEADER_RE.match(piece)
+        if header:
+            page = int(header.group(1))
+            start = i + 1
+            break
+    body = pieces[start:]
+    while body and body[0] in ("< Prev", "Next >"):
+        body = body[1:]
+    items: list[ResultItem] = []
+    i = 0
+    while i + 2 < len(body):
+        asin, title, price_text = body[i], body[i + 1], body[i + 2]
+        price = parse_price(price_text)
+        if ASIN_RE.match(asin) and price is not None:
+            items.append(ResultItem(asin, title, price[0], price[1]))
+            i += 3
+        else:
+            i += 1
+    return page, items
+
+
+def parse_item(pieces: list[str], clickables: set[str] | None = None) -> ItemPage | None:
+    """Read option groups, title and price of an item page (spec 3.3).
+
+    Group names and values are both bare pieces. A piece is a name when it is a known option
+    name, or when `clickables` (the env's available actions, if the prompt listed them) says it
+    is not clickable; the first piece after `< Prev` is always a name.
+    """
+    try:
+        prev = pieces.index("< Prev")
+    except ValueError:
+        return None
+    price_at = next((i for i in range(prev + 1, len(pieces)) if pieces[i].startswith("Price:")), None)
+    if price_at is None or price_at - 1 <= prev:
+        return None
+    title = pieces[price_at - 1]
+    price = parse_price(pieces[price_at]) or (100.0, 100.0)
+    groups: list[tuple[str, list[str]]] = []
+    for piece in pieces[prev + 1 : price_at - 1]:
+        if not groups or _is_option_name(piece, clickables):
+            groups.append((piece, []))
+        else:
+            groups[-1][1].append(piece)
+    return ItemPage([g for g in groups if g[1]], title, price[0], price[1])
+
+
+def _is_option_name(piece: str, clickables: set[str] | None) -> bool:
+    """Whether an item-page piece is an option group name rather than a value."""
+    if clickables:
+        return piece.lower() not in clickables
+    return piece.lower() in KNOWN_OPTION_NAMES
+
+
+def parse_action(text: str) -> str | None:
+    """The last `search[...]` / `click[...]` in an assistant message, normalised."""
+    found = ACTION_RE.findall(text)
+    if not found:
+        return None
+    name, arg = found[-1]
+    return f"{name}[{arg.strip()}]"
+
+
+def remember(actions: list[str]) -> EpisodeMemory:
+    """Replay previous actions to recover what the pages do not show: clicks since the item opened."""
+    memory = EpisodeMemory(actions=list(actions))
+    for action in actions:
+        name, arg = action.split("[", 1)
+        arg = arg[:-1].strip().lower()
+        if name == "search" or arg == "back to search":
+            memory.clicked_since_item = []
+            memory.next_clicks_since_search = 0
+        elif ASIN_RE.match(arg):
+            memory.clicked_since_item = []
+            memory.visited_asins.append(arg)
+        elif arg == "next >":
+            memory.next_clicks_since_search += 1
+        elif arg not in NAV_CLICKS:
+            memory.clicked_since_item.append(arg)
+    return memory
+
+
+# ---------------------------------------------------------------- scoring
+
+
+def title_score(instruction: str, title: str) -> float:
+    """How well a result title matches the instruction: share of instruction words it contains.
+
+    Fuzzy token_set_ratio breaks near-ties so a title that echoes a whole phrase wins.
+    """
+    want = set(content_tokens(search_query(instruction, keep_synthetic_options=False)))
+    if not want:
+        return 0.0
+    have = set(content_tokens(title))
+    overlap = len(want & have) / len(want)
+    fuzzy = fuzz.token_set_ratio(instruction, title, processor=default_process) / 100.0
+    return overlap + 0.1 * fuzzy
+
+
+def within_budget(low: float, high: float, limit: float | None) -> float:
+    """1 when surely under the limit, 0.5 when a price range straddles it, 0 when over."""
+    if limit is None or high <= limit:
+        return 1.0
+    return 0.5 if low <= limit else 0.0
+
+
+def rank_results(
+    instruction: str, items: list[ResultItem], exclude: set[str]
+) -> list[tuple[float, ResultItem]]:
+    """Order results by title match, budget and (slightly) the search engine's own order."""
+    limit = price_limit(instruction)
+    ranked = []
+    for position, item in enumerate(items):
+        if item.asin.lower() in exclude:
+            continue
+        budget = within_budget(item.price_low, item.price_high, limit)
+        score = title_score(instruction, item.title) - POSITION_WEIGHT * position - (1.0 - budget)
+        ranked.append((score, item))
+    ranked.sort(key=lambda pair: -pair[0])
+    return ranked
+
+
+def option_score(value: str, instruction_text: str, instruction_tokens: set[str]) -> float:
+    """How strongly the instruction asks for an option value (0..~1.2).
+
+    Share of the value's meaningful words present in the instruction, plus a bonus for the value
+    appearing as a phrase. Specific matches ("x-large" asked, both "large" and "x-large" offered)
+    win the tie through the matched-word count.
+    """
+    value_tokens = [t for t in tokens(value) if t not in STOP_WORDS or t.isdigit()]
+    if not value_tokens:
+        return 0.0
+    matched = [t for t in value_tokens if t in instruction_tokens]
+    if not matched:
+        return 0.0
+    score = len(matched) / len(value_tokens) + 0.01 * len(matched)
+    phrase = default_process(value)
+    if phrase and re.search(r"(?<![a-z0-9])" + re.escape(phrase) + r"(?![a-z0-9])", instruction_text):
+        score += 0.2
+    return score
+
+
+def requested_options(instruction: str) -> dict[str, str]:
+    """The "with <name>: <value>, and <name>: <value>" pairs of a synthetic instruction (spec 6.2)."""
+    match = SYNTHETIC_OPTIONS_RE.search(strip_price_clause(instruction).rstrip("."))
+    if not match:
+        return {}
+    body = re.sub(r"^\s*with\s+", "", match.group(0))
+    pairs = {}
+    for part in re.split(r",\s*and\s+", body):
+        name, _, value = part.partition(":")
+        if value.strip():
+            pairs[name.strip().lower()] = value.strip().lower()
+    return pairs
+
+
+def pick_requested(wanted: str, values: list[str]) -> str | None:
+    """The group value that is the requested one: exact, else the closest fuzzy match above 85."""
+    lowered = [v.lower() for v in values]
+    if wanted in lowered:
+        return values[lowered.index(wanted)]
+    scored = [(fuzz.ratio(wanted, v, processor=default_process), v) for v in values]
+    best_score, best = max(scored)
+    return best if best_score > 85 else None
+
+
+def choose_options(instruction: str, item: ItemPage) -> list[str]:
+    """Pick one value per option group: the requested or best-matching value, else the first.
+
+    A wrong selection costs nothing against no selection (the reward counts goal options met by
+    any selected value), so every group gets a value.
+    """
+    requested = requested_options(instruction)
+    text = default_process(strip_price_clause(instruction))
+    instruction_tokens = set(tokens(text))
+    chosen = []
+    for name, values in item.options:
+        exact = pick_requested(requested[name.lower()], values) if name.lower() in requested else None
+        if exact is not None:
+            chosen.append(exact)
+            continue
+        scored = [(option_score(v, text, instruction_tokens), -i, v) for i, v in enumerate(values)]
+        best = max(scored)
+        chosen.append(best[2] if best[0] >= 0.5 else values[0])
+    return chosen
+
+
+def item_fit(instruction: str, item: ItemPage) -> float:
+    """Share of the instruction's explicitly requested option values this item offers.
+
+    Only synthetic instructions name their options; for others every item fits (1.0).
+    """
+    requested = requested_options(instruction)
+    if not requested:
+        return 1.0
+    groups = {name.lower(): values for name, values in item.options}
+    found = sum(
+        1 for name, wanted in requested.items() if name in groups and pick_requested(wanted, groups[name])
+    )
+    return found / len(requested)
+
+
+# ---------------------------------------------------------------- decisions
+
+
+def decide(observation: str, previous_actions: list[str], clickables: set[str] | None = None) -> Decision:
+    """Choose the next WebShop action for an observation and the episode's earlier actions."""
+    pieces = split_pieces(observation)
+    page = classify(pieces)
+    instruction = instruction_of(pieces)
+    memory = remember(previous_actions)
+    if page is Page.SEARCH:
+        query = search_query(instruction)
+        return Decision(
+            f"search[{query}]", "Search page: search for the instruction without its price clause."
+        )
+    if page is Page.RESULTS:
+        return decide_results(instruction, pieces, memory)
+    if page is Page.ITEM:
+        return decide_item(instruction, pieces, memory, clickables)
+    if page is Page.SUBPAGE:
+        return Decision("click[< Prev]", "Sub-page: go back to the product page.")
+    if page is Page.DONE:
+        return Decision("click[Buy Now]", "The episode is finished; nothing left to do.")
+    if instruction:
+        return Decision(f"search[{search_query(instruction)}]", "Unrecognised page: search again.")
+    return Decision("click[Buy Now]", "Unrecognised observation: try to finish.")
+
+
+def decide_results(instruction: str, pieces: list[str], memory: EpisodeMemory) -> Decision:
+    """Open the best-matching affordable product; look at the next page once if none fits."""
+    _page, items = parse_results(pieces)
+    ranked = rank_results(instruction, items, exclude=set(memory.visited_asins))
+    if not ranked:
+        ranked = rank_results(instruction, items, exclude=set())
+    if not ranked:
+        if memory.next_clicks_since_search == 0 and len(memory.actions) < MAX_STEPS_BEFORE_BUY:
+            return Decision("click[Next >]", "No products listed here: try the next page.")
+        return Decision(f"search[{search_query(instruction, False)}]", "No results: search with fewer words.")
+    best_score, best = ranked[0]
+    if best_score < 0.0 and memory.next_clicks_since_search == 0 and len(memory.actions) < 6:
+        return Decision("click[Next >]", "Nothing on this page is within budget: try the next page.")
+    return Decision(f"click[{best.asin}]", f"Best match within budget: {best.title[:80]}")
+
+
+def decide_item(
+    instruction: str, pieces: list[str], memory: EpisodeMemory, clickables: set[str] | None
+) -> Decision:
+    """Go back if the item lacks requested options (and budget allows); else select options, buy."""
+    item = parse_item(pieces, clickables)
+    if item is None or len(memory.actions) >= MAX_STEPS_BEFORE_BUY:
+        return Decision("click[Buy Now]", "Buy the product now.")
+    clicked = set(memory.clicked_since_item)
+    if not clicked and len(memory.visited_asins) < MAX_ITEM_VISITS and item_fit(instruction, item) < 1.0:
+        if len(memory.actions) + 6 <= MAX_STEPS_BEFORE_BUY:
+            return Decision("click[< Prev]", "This item lacks a requested option: back to the results.")
+    for value in choose_options(instruction, item):
+        if value.lower() not in clicked:
+            return Decision(f"click[{value}]", f"Select the option '{value}'.")
+    return Decision("click[Buy Now]", "All options chosen: buy.")

@@ -1,0 +1,275 @@
+"""One attempt from claim to final report: lease, fence, run, flush spans, re-check, report.
+
+The order matters for the two guarantees the trainer depends on:
+* none executed twice in effect: the Redis lease admits one executor per attempt, the fence admits only
+  the rollout's latest live attempt, and a takeover never mixes a second execution into an attempt
+  that already has spans (it fails the attempt instead, so the Store's retry policy starts a clean one);
+* the reward the episode earned: spans, the reward span last, are flushed *before* the final status,
+  the fence is checked again right before reporting (the Store never refuses a stale report), and if the
+  reward span cannot be delivered the attempt is reported ``failed`` (telemetry), never ``succeeded``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from pydantic import ValidationError
+
+from bridge.errors import InvalidInputError, StoreError, StoreUnavailable, Superseded, TelemetryError, UnknownIdError
+from bridge.logs import RolloutLogger
+from bridge.models import AttemptedRollout, AttemptStatus
+from bridge.redact import redact_text
+from workers import llm as llm_mod
+from workers.agent import Episode, EpisodeResult
+from workers.failures import FailureClass, classify
+from workers.heartbeat import AttemptWatch, fence
+from workers.inputs import parse_task_input
+from workers.lease import Lease, executor_id, finished_status, mark_done
+from workers.resources import WorkerResources
+from workers.telemetry import AttemptTelemetry, current_trace_id
+
+log = logging.getLogger("workers.execution")
+
+DONE_MARKER_TTL_S = 7 * 24 * 3600
+REPORT_GRACE_S = 300.0
+
+
+@dataclass
+class Outcome:
+    """What happened to one delivery of a task (returned by the Celery task, shown in Flower)."""
+
+    status: str  # succeeded | failed | skipped
+    reason: str = ""
+    failure_class: str | None = None
+    reward: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if v not in (None, "")}
+
+
+class AttemptRun:
+    """Executes one delivery of ``workers.run_rollout``."""
+
+    def __init__(self, payload: Any, *, celery_task_id: str, res: WorkerResources) -> None:
+        self.payload = payload
+        self.celery_task_id = celery_task_id
+        self.res = res
+        self.settings = res.settings
+        self.executor = executor_id()
+        self.started = time.time()
+        self.trace_id = current_trace_id()
+
+    # --- entry point -------------------------------------------------------------------------
+
+    def execute(self) -> Outcome:
+        try:
+            rollout = AttemptedRollout.model_validate(self.payload)
+        except ValidationError as exc:
+            return self._unparsable(exc)
+        self.rollout = rollout
+        self.rid, self.aid = rollout.rollout_id, rollout.attempt.attempt_id
+        self.log = RolloutLogger(log, {"rollout_id": self.rid, "attempt_id": self.aid, "task_id": self.celery_task_id})
+        done = finished_status(self.res.redis, self.aid)
+        if done is not None:
+            return self._skip(f"attempt already finished here ({done}); duplicate delivery ignored")
+        lease = Lease(self.res.redis, self.aid, self.settings.lease_ttl_s)
+        if not lease.acquire():
+            return self._skip(f"another executor holds the lease ({lease.holder()}); duplicate delivery ignored")
+        try:
+            return self._run_leased(lease)
+        finally:
+            try:
+                lease.release()
+            except redis.RedisError as exc:
+                self.log.warning("could not release lease (it will expire): %r", exc)
+
+    # --- phases ------------------------------------------------------------------------------
+
+    def _run_leased(self, lease: Lease) -> Outcome:
+        try:
+            current = self.res.store.get_rollout(self.rid)
+        except UnknownIdError:
+            return self._skip("the Store does not know this rollout (it restarted?); dropping the task")
+        reason = fence(current, self.aid)
+        if reason is not None:
+            return self._skip(f"not running: {reason}")
+        assert isinstance(current, AttemptedRollout)
+        if current.attempt.status == AttemptStatus.RUNNING:
+            # A previous executor started this attempt and died (we now hold its expired lease). Its spans
+            # are already in the attempt: running again would mix two executions into one trace.
+            return self._report_failure(
+                FailureClass.INFRA, "the worker executing this attempt was lost mid-episode; not re-run in place"
+            )
+        try:
+            task = parse_task_input(self.rollout.input, max_chars=self.settings.max_instruction_chars)
+        except InvalidInputError as exc:
+            return self._report_failure(FailureClass.INPUT, str(exc))
+        try:
+            resources = self.res.store.get_resources(self.rollout.resources_id)
+            target = llm_mod.resolve_target(resources, self.rollout, self.settings)
+        except llm_mod.LLMError as exc:
+            return self._report_failure(FailureClass.LLM, str(exc))
+        self.res.store.update_attempt(
+            self.rid, self.aid, status=AttemptStatus.RUNNING, worker_id=self.executor, last_heartbeat_time=time.time()
+        )
+        self.log.info(
+            "started on %s (llm=%s via %s, trace=%s)", self.executor, target.model, target.source, self.trace_id
+        )
+        return self._run_episode(lease, task, target)
+
+    def _run_episode(self, lease: Lease, task: Any, target: llm_mod.LLMTarget) -> Outcome:
+        telemetry = AttemptTelemetry(
+            self.res.store, rollout_id=self.rid, attempt_id=self.aid, service_name=self.settings.service_name
+        )
+        watch = AttemptWatch(
+            self.rid,
+            self.aid,
+            lease,
+            telemetry,
+            interval_s=self._heartbeat_interval(),
+            flush_interval_s=self.settings.span_flush_interval_s,
+            deadline=self._episode_deadline(),
+        )
+        self.res.monitor.watch(watch)
+        try:
+            episode = Episode(
+                task=task,
+                env=self.res.webshop,
+                client=llm_mod.make_client(target, self.settings.llm_timeout_s),
+                target=target,
+                telemetry=telemetry,
+                settings=self.settings,
+                check_stop=watch.check,
+            )
+            root_attributes = {
+                "agentlightning.rollout_id": self.rid,
+                "agentlightning.attempt_id": self.aid,
+                "celery.task_id": self.celery_task_id,
+                "webshop.task_id": task.task_id,
+                "worker.id": self.executor,
+            }
+            with telemetry.span("webshop.episode", root_attributes) as root:
+                result = episode.run()
+                root.set_attribute("episode.reward", result.reward)
+                root.set_attribute("episode.steps", result.steps)
+            telemetry.flush(deadline=self._report_deadline())
+        except Superseded as exc:
+            self.log.warning("stopped without reporting: %s", exc.reason)
+            return Outcome("skipped", exc.reason, FailureClass.CANCELLED)
+        except Exception as exc:
+            failure = classify(exc)
+            self._flush_quietly(telemetry)
+            if failure is FailureClass.INFRA and not isinstance(exc, StoreError):
+                self.log.exception("unexpected error in the episode")
+            return self._report_failure(failure, redact_text(str(exc)) or type(exc).__name__, telemetry)
+        else:
+            return self._report_success(result, telemetry)
+        finally:
+            self.res.monitor.unwatch(watch)
+            telemetry.close()
+
+    # --- reporting ---------------------------------------------------------------------------
+
+    def _report_success(self, result: EpisodeResult, telemetry: AttemptTelemetry) -> Outcome:
+        metadata = {**self._base_metadata(telemetry), **result.metadata()}
+        outcome = self._report(AttemptStatus.SUCCEEDED, metadata)
+        if outcome is None:
+            return Outcome("succeeded", reward=result.reward)
+        return outcome
+
+    def _report_failure(self, failure: FailureClass, error: str, telemetry: AttemptTelemetry | None = None) -> Outcome:
+        metadata = {**self._base_metadata(telemetry), "error": error[:2000], "failure_class": str(failure)}
+        self.log.warning("failed (%s): %s", failure, error)
+        outcome = self._report(AttemptStatus.FAILED, metadata)
+        if outcome is None:
+            return Outcome("failed", error, str(failure))
+        return outcome
+
+    def _report(self, status: AttemptStatus, metadata: dict[str, Any]) -> Outcome | None:
+        """Re-check the fence, then report; returns an Outcome only when the report was withheld."""
+        deadline = self._report_deadline()
+        try:
+            reason = fence(self.res.store.get_rollout(self.rid), self.aid)
+            if reason is not None:
+                self.log.warning("withholding the %s report: %s", status, reason)
+                return Outcome("skipped", f"report withheld: {reason}", FailureClass.CANCELLED)
+            self.res.store.update_attempt(
+                self.rid, self.aid, status=status, worker_id=self.executor, metadata=metadata, deadline=deadline
+            )
+        except UnknownIdError:
+            return self._skip("the Store no longer knows this rollout (it restarted?); report dropped")
+        except StoreError as exc:
+            self.log.error("could not deliver the %s report before the attempt's deadline: %s", status, exc)
+            raise
+        try:
+            mark_done(self.res.redis, self.aid, status, DONE_MARKER_TTL_S)
+        except redis.RedisError as exc:
+            self.log.warning("could not record the finished marker: %r", exc)
+        self.log.info("reported %s reward=%s steps=%s", status, metadata.get("reward"), metadata.get("steps"))
+        return None
+
+    def _base_metadata(self, telemetry: AttemptTelemetry | None) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "worker_id": self.executor,
+            "celery_task_id": self.celery_task_id,
+            "trace_id": self.trace_id,
+            "duration_s": round(time.time() - self.started, 3),
+        }
+        if telemetry is not None:
+            data["spans_exported"] = telemetry.spans_exported
+            data["span_bytes_exported"] = telemetry.bytes_exported
+            data["span_export_ms"] = round(telemetry.export_seconds * 1000, 2)
+        return {k: v for k, v in data.items() if v is not None}
+
+    # --- helpers -----------------------------------------------------------------------------
+
+    def _unparsable(self, exc: ValidationError) -> Outcome:
+        """A payload without usable ids cannot be reported; one with ids is failed as bad input."""
+        rid = self.payload.get("rollout_id") if isinstance(self.payload, dict) else None
+        attempt = self.payload.get("attempt") if isinstance(self.payload, dict) else None
+        aid = attempt.get("attempt_id") if isinstance(attempt, dict) else None
+        message = f"task payload is not an AttemptedRollout: {exc.errors()[0].get('msg') if exc.errors() else exc}"
+        if not (isinstance(rid, str) and isinstance(aid, str)):
+            log.error("dropping task %s: %s", self.celery_task_id, message)
+            return Outcome("skipped", message, str(FailureClass.INPUT))
+        self.rid, self.aid = rid, aid
+        self.log = RolloutLogger(log, {"rollout_id": rid, "attempt_id": aid, "task_id": self.celery_task_id})
+        try:
+            return self._report_failure(FailureClass.INPUT, message)
+        except StoreError:
+            return Outcome("failed", message, str(FailureClass.INPUT))
+
+    def _skip(self, reason: str) -> Outcome:
+        self.log.warning("%s", reason)
+        return Outcome("skipped", reason)
+
+    def _flush_quietly(self, telemetry: AttemptTelemetry) -> None:
+        try:
+            telemetry.flush(deadline=time.time() + 10)
+        except TelemetryError as exc:
+            self.log.warning("spans of the failed attempt were not delivered: %s", exc)
+
+    def _heartbeat_interval(self) -> float:
+        unresponsive = self.rollout.config.unresponsive_seconds
+        interval = self.settings.heartbeat_interval_s
+        return min(interval, unresponsive / 3) if unresponsive else interval
+
+    def _episode_deadline(self) -> float:
+        start = self.rollout.attempt.start_time or self.started
+        return start + self.settings.soft_time_limit(self.rollout.config.timeout_seconds)
+
+    def _report_deadline(self) -> float:
+        timeout = self.rollout.config.timeout_seconds
+        start = self.rollout.attempt.start_time or self.started
+        if timeout:
+            return max(start + timeout, time.time() + 5)
+        return time.time() + REPORT_GRACE_S
+
+
+def is_retryable_before_progress(exc: BaseException) -> bool:
+    """Infrastructure errors worth a Celery retry: nothing of the episode has happened yet."""
+    return isinstance(exc, (StoreUnavailable, redis.ConnectionError, redis.TimeoutError))

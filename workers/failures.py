@@ -1,0 +1,48 @@
+"""The one place that decides which failure class an error belongs to.
+
+The class lands in the attempt's metadata (``failure_class``) so an operator, and the trainer, can tell
+a broken environment from a broken input without reading logs.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from celery.exceptions import SoftTimeLimitExceeded
+
+from bridge.errors import (
+    InvalidInputError,
+    LLMError,
+    StoreError,
+    Superseded,
+    TelemetryError,
+    WebShopError,
+)
+
+
+class FailureClass(StrEnum):
+    INFRA = "infra"  # broker, Store, network, worker lost
+    ENV = "env"  # the WebShop server failed
+    LLM = "llm"  # the LLM endpoint failed after retries
+    INPUT = "input"  # the rollout's input cannot be run
+    TELEMETRY = "telemetry"  # spans (the reward span above all) could not be delivered
+    TIMEOUT = "timeout"  # the episode ran out of its time budget
+    CANCELLED = "cancelled"  # the rollout was cancelled or superseded while running
+
+
+def classify(error: BaseException) -> FailureClass:
+    if isinstance(error, InvalidInputError):
+        return FailureClass.INPUT
+    if isinstance(error, WebShopError):
+        return FailureClass.ENV
+    if isinstance(error, LLMError):
+        return FailureClass.LLM
+    if isinstance(error, TelemetryError):
+        return FailureClass.TELEMETRY
+    if isinstance(error, (SoftTimeLimitExceeded, TimeoutError)):
+        return FailureClass.TIMEOUT
+    if isinstance(error, Superseded):
+        return FailureClass.CANCELLED
+    if isinstance(error, StoreError):
+        return FailureClass.INFRA
+    return FailureClass.INFRA

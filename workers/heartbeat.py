@@ -1,0 +1,147 @@
+"""One background thread per worker process that keeps every running attempt alive and fenced.
+
+For each attempt it watches, on every interval it renews the Redis lease, sends
+``last_heartbeat_time`` to the Store and reads the rollout back: if the attempt is no longer the
+latest, or the Store marked it ``timeout``/``unresponsive``, or the rollout finished or was cancelled,
+the attempt is flagged and the agent loop stops at its next check (store-protocol.md section 10).
+It also ships buffered spans every few seconds, because stored spans keep the attempt alive too.
+
+One thread serves all attempts of the process, so a ``-P threads`` worker with 128 slots runs one
+heartbeat thread, not 128. Each Store call here makes a single try: the next tick is the retry.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+import redis
+
+from bridge.errors import StoreError, Superseded, TelemetryError, UnknownIdError
+from bridge.models import ACTIVE_ATTEMPT, ACTIVE_ROLLOUT, AttemptedRollout
+from bridge.store import StoreClient
+from workers.lease import Lease
+from workers.telemetry import AttemptTelemetry
+
+log = logging.getLogger("workers.heartbeat")
+
+TICK_S = 0.25
+
+
+@dataclass(eq=False)
+class AttemptWatch:
+    rollout_id: str
+    attempt_id: str
+    lease: Lease
+    telemetry: AttemptTelemetry | None
+    interval_s: float
+    flush_interval_s: float
+    deadline: float | None = None  # epoch seconds after which the episode must stop
+    stop_reason: str | None = None
+    next_beat: float = field(default_factory=lambda: time.monotonic())
+    beats: int = 0
+
+    def __post_init__(self) -> None:
+        self.next_beat = time.monotonic() + self.interval_s
+
+    def stop(self, reason: str) -> None:
+        if self.stop_reason is None:
+            self.stop_reason = reason
+            log.warning("stopping rollout=%s attempt=%s: %s", self.rollout_id, self.attempt_id, reason)
+
+    def check(self) -> None:
+        """Called by the agent loop between steps: raise if the attempt must not go on."""
+        if self.stop_reason is None and self.deadline is not None and time.time() > self.deadline:
+            raise TimeoutError("the rollout's time budget ran out before the episode finished")
+        if self.stop_reason is not None:
+            raise Superseded(self.stop_reason)
+
+
+def fence(rollout: object, attempt_id: str) -> str | None:
+    """Why this attempt must not run or report, or None if it is still the rollout's live attempt."""
+    if not isinstance(rollout, AttemptedRollout):
+        return "the rollout has no attempt"
+    if rollout.attempt.attempt_id != attempt_id:
+        return f"superseded by attempt {rollout.attempt.attempt_id}"
+    if rollout.status not in ACTIVE_ROLLOUT:
+        return f"rollout is {rollout.status}"
+    if rollout.attempt.status not in ACTIVE_ATTEMPT:
+        return f"attempt is {rollout.attempt.status}"
+    return None
+
+
+class HeartbeatMonitor:
+    def __init__(self, store: StoreClient, redis_client: redis.Redis) -> None:
+        self._store = store
+        self._redis = redis_client
+        self._watches: set[AttemptWatch] = set()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._stopped = threading.Event()
+
+    def watch(self, watch: AttemptWatch) -> None:
+        with self._lock:
+            self._watches.add(watch)
+            if self._thread is None or not self._thread.is_alive():
+                # Started lazily so that under prefork it lives in the child, not the parent.
+                self._thread = threading.Thread(target=self._run, name="attempt-heartbeat", daemon=True)
+                self._thread.start()
+
+    def unwatch(self, watch: AttemptWatch) -> None:
+        with self._lock:
+            self._watches.discard(watch)
+
+    @property
+    def watching(self) -> int:
+        with self._lock:
+            return len(self._watches)
+
+    def shutdown(self) -> None:
+        self._stopped.set()
+
+    def _run(self) -> None:
+        while not self._stopped.wait(TICK_S):
+            with self._lock:
+                watches = list(self._watches)
+            for watch in watches:
+                try:
+                    self._service(watch)
+                except Exception:  # the thread must survive anything one attempt throws
+                    log.exception("heartbeat failed for attempt %s", watch.attempt_id)
+
+    def _service(self, watch: AttemptWatch) -> None:
+        now = time.monotonic()
+        telemetry = watch.telemetry
+        if telemetry is not None and telemetry.pending and now - telemetry.last_flush >= watch.flush_interval_s:
+            try:
+                telemetry.flush()
+            except TelemetryError as exc:
+                log.warning("span flush for attempt %s failed, will retry: %s", watch.attempt_id, exc)
+        if now >= watch.next_beat and watch.stop_reason is None:
+            watch.next_beat = now + watch.interval_s
+            self.beat(watch)
+
+    def beat(self, watch: AttemptWatch) -> None:
+        try:
+            if not watch.lease.renew():
+                watch.stop("lost the execution lease (another executor took over)")
+                return
+        except redis.RedisError as exc:
+            log.warning("could not renew lease of %s (will retry): %r", watch.attempt_id, exc)
+        try:
+            attempt = self._store.update_attempt(
+                watch.rollout_id, watch.attempt_id, last_heartbeat_time=time.time(), retries=0
+            )
+            watch.beats += 1
+            if attempt.status not in ACTIVE_ATTEMPT:
+                watch.stop(f"the Store marked the attempt {attempt.status}")
+                return
+            reason = fence(self._store.get_rollout(watch.rollout_id, retries=0), watch.attempt_id)
+            if reason is not None:
+                watch.stop(reason)
+        except UnknownIdError:
+            watch.stop("the Store no longer knows this rollout (it restarted?)")
+        except StoreError as exc:
+            log.warning("heartbeat to the Store failed for attempt %s (will retry): %s", watch.attempt_id, exc)

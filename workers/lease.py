@@ -1,0 +1,55 @@
+"""A Redis lease on an attempt: the idempotency guard against Celery's at-least-once delivery.
+
+The attempt id is the Celery task id. Whoever holds ``agl:lease:<attempt>`` executes it; a second
+delivery of the same message while the lease is live does nothing. The lease expires on its own when
+its holder dies (no renewal), so a redelivery after a crash can take over.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import uuid
+
+import redis
+
+from bridge import keys
+
+_RENEW = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0"
+_RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
+
+
+def executor_id() -> str:
+    """Host, process and thread: names who runs an attempt in logs, the Store and the lease."""
+    return f"{socket.gethostname()}:{os.getpid()}:{threading.get_native_id()}"
+
+
+class Lease:
+    def __init__(self, client: redis.Redis, attempt_id: str, ttl_s: float) -> None:
+        self._client = client
+        self.key = keys.lease(attempt_id)
+        self.ttl_ms = int(ttl_s * 1000)
+        self.token = f"{executor_id()}:{uuid.uuid4().hex[:8]}"
+
+    def acquire(self) -> bool:
+        return bool(self._client.set(self.key, self.token, nx=True, px=self.ttl_ms))
+
+    def renew(self) -> bool:
+        return bool(self._client.eval(_RENEW, 1, self.key, self.token, self.ttl_ms))
+
+    def release(self) -> None:
+        self._client.eval(_RELEASE, 1, self.key, self.token)
+
+    def holder(self) -> str | None:
+        value = self._client.get(self.key)
+        return value.decode() if isinstance(value, bytes) else value
+
+
+def mark_done(client: redis.Redis, attempt_id: str, status: str, ttl_s: float) -> None:
+    client.set(keys.done(attempt_id), status, ex=int(ttl_s))
+
+
+def finished_status(client: redis.Redis, attempt_id: str) -> str | None:
+    value = client.get(keys.done(attempt_id))
+    return value.decode() if isinstance(value, bytes) else value

@@ -1,0 +1,217 @@
+"""Which LLM a rollout talks to, and one chat call with bounded, Retry-After-aware retries.
+
+Resolution follows store-protocol.md section 5: the rollout's resources (by id, else the latest),
+``main_llm`` of type ``llm`` (used as is) or ``proxy_llm`` (rewritten to the per-attempt URL so the
+proxy files its spans under this attempt); with neither, ``OPENAI_API_BASE`` + ``WEBSHOP_MODEL``.
+Everything goes through the ``openai`` SDK, so vLLM, OpenAI and the stand-in are interchangeable.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import openai
+
+from bridge.backoff import backoff_delay
+from bridge.errors import LLMError
+from bridge.models import AttemptedRollout, LLMResource, ResourcesUpdate
+from bridge.settings import Settings
+
+log = logging.getLogger("workers.llm")
+
+# Sampling parameters the OpenAI chat API takes as named arguments; the rest travel in extra_body.
+_NAMED_SAMPLING = {
+    "temperature",
+    "top_p",
+    "max_tokens",
+    "max_completion_tokens",
+    "stop",
+    "seed",
+    "frequency_penalty",
+    "presence_penalty",
+    "n",
+    "logprobs",
+    "top_logprobs",
+}
+
+
+@dataclass(frozen=True)
+class LLMTarget:
+    base_url: str
+    model: str
+    api_key: str
+    sampling: dict[str, Any] = field(default_factory=dict)
+    source: str = "settings"  # "llm", "proxy_llm" or "settings": for logs and span attributes
+
+
+def proxy_attempt_url(endpoint: str, rollout_id: str, attempt_id: str) -> str:
+    """Per-attempt base URL of an LLM proxy (store-protocol.md 5, steps 1-4)."""
+    url = endpoint[:-1] if endpoint.endswith("/") else endpoint
+    had_v1 = url.endswith("/v1")
+    if had_v1:
+        url = url[: -len("/v1")]
+    url = f"{url}/rollout/{rollout_id}/attempt/{attempt_id}"
+    return f"{url}/v1" if had_v1 else url
+
+
+def resolve_target(resources: ResourcesUpdate | None, rollout: AttemptedRollout, settings: Settings) -> LLMTarget:
+    """Build the LLM target from the *current* attempt, never from a URL kept from an earlier one."""
+    main = (resources.resources.get("main_llm") if resources else None) or None
+    api_key_default = settings.openai_api_key or "EMPTY"
+    if main is not None and main.get("resource_type") in ("llm", "proxy_llm"):
+        llm = LLMResource.model_validate(main)
+        base = llm.endpoint
+        if llm.resource_type == "proxy_llm":
+            base = proxy_attempt_url(llm.endpoint, rollout.rollout_id, rollout.attempt.attempt_id)
+        return LLMTarget(
+            base, llm.model, llm.api_key or api_key_default, dict(llm.sampling_parameters), llm.resource_type
+        )
+    if settings.openai_api_base is not None:
+        return LLMTarget(str(settings.openai_api_base).rstrip("/"), settings.model, api_key_default, {}, "settings")
+    raise LLMError(
+        "no LLM to call: the Store has no 'main_llm' resource of type llm/proxy_llm for this rollout "
+        "and OPENAI_API_BASE is not set"
+    )
+
+
+@dataclass
+class ChatResult:
+    content: str
+    model: str
+    finish_reason: str | None
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    prompt_token_ids: list[int] | None
+    response_token_ids: list[int] | None
+    latency_s: float
+    retries: int
+    rate_limited: int
+
+
+_http_lock = threading.Lock()
+_http_client: httpx.Client | None = None
+
+
+def _shared_http(timeout_s: float) -> httpx.Client:
+    """One connection pool per process for every LLM endpoint (clients per attempt are cheap views on it)."""
+    global _http_client
+    with _http_lock:
+        if _http_client is None:
+            _http_client = httpx.Client(
+                timeout=httpx.Timeout(timeout_s, connect=10.0),
+                limits=httpx.Limits(max_connections=512, max_keepalive_connections=256),
+            )
+        return _http_client
+
+
+def make_client(target: LLMTarget, timeout_s: float) -> openai.OpenAI:
+    return openai.OpenAI(
+        base_url=target.base_url, api_key=target.api_key, max_retries=0, http_client=_shared_http(timeout_s)
+    )
+
+
+def chat(
+    client: openai.OpenAI,
+    target: LLMTarget,
+    messages: list[dict[str, str]],
+    *,
+    retries: int,
+    max_backoff_s: float,
+    before_call: Callable[[], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> ChatResult:
+    """One completion. 429 honours Retry-After (capped); 5xx and network errors back off; other 4xx fail."""
+    named = {k: v for k, v in target.sampling.items() if k in _NAMED_SAMPLING}
+    extra = {k: v for k, v in target.sampling.items() if k not in _NAMED_SAMPLING}
+    attempt = 0
+    rate_limited = 0
+    while True:
+        if before_call is not None:
+            before_call()
+        started = time.perf_counter()
+        try:
+            response = client.chat.completions.create(
+                model=target.model,
+                messages=messages,  # type: ignore[arg-type]
+                extra_body=extra or None,
+                **named,
+            )
+            return _to_result(response, time.perf_counter() - started, attempt, rate_limited)
+        except openai.RateLimitError as exc:
+            rate_limited += 1
+            delay = _retry_after(exc.response) or backoff_delay(attempt, base_s=1.0, cap_s=max_backoff_s)
+            problem: str = f"429 rate limited: {_short(exc)}"
+        except openai.APIStatusError as exc:
+            if exc.status_code < 500 and exc.status_code != 408:
+                raise LLMError(
+                    f"LLM at {target.base_url} rejected the request ({exc.status_code}): {_short(exc)}"
+                ) from exc
+            delay = backoff_delay(attempt, base_s=1.0, cap_s=max_backoff_s)
+            problem = f"{exc.status_code}: {_short(exc)}"
+        except (openai.APIConnectionError, openai.APITimeoutError) as exc:
+            delay = backoff_delay(attempt, base_s=1.0, cap_s=max_backoff_s)
+            problem = repr(exc)
+        if attempt >= retries:
+            raise LLMError(f"LLM at {target.base_url} failed after {attempt + 1} tries: {problem}")
+        if should_stop is not None and should_stop():
+            raise LLMError(f"LLM call abandoned: the attempt was stopped ({problem})")
+        delay = min(delay, max_backoff_s)
+        log.warning("LLM call failed (%s); retry %d in %.1fs", problem, attempt + 1, delay)
+        time.sleep(delay)
+        attempt += 1
+
+
+def _to_result(response: Any, latency_s: float, retries: int, rate_limited: int) -> ChatResult:
+    if not getattr(response, "choices", None):
+        raise LLMError("LLM answered with no choices")
+    choice = response.choices[0]
+    content = choice.message.content if choice.message is not None else None
+    if not isinstance(content, str):
+        content = ""
+    usage = getattr(response, "usage", None)
+    extra = getattr(response, "model_extra", None) or {}
+    choice_extra = getattr(choice, "model_extra", None) or {}
+    return ChatResult(
+        content=content,
+        model=str(getattr(response, "model", "") or ""),
+        finish_reason=choice.finish_reason,
+        prompt_tokens=getattr(usage, "prompt_tokens", None),
+        completion_tokens=getattr(usage, "completion_tokens", None),
+        prompt_token_ids=_int_list(extra.get("prompt_token_ids") or choice_extra.get("prompt_token_ids")),
+        response_token_ids=_int_list(choice_extra.get("token_ids") or choice_extra.get("response_token_ids")),
+        latency_s=latency_s,
+        retries=retries,
+        rate_limited=rate_limited,
+    )
+
+
+def _int_list(value: Any) -> list[int] | None:
+    if isinstance(value, list) and all(isinstance(v, int) for v in value):
+        return value
+    return None
+
+
+def _retry_after(response: httpx.Response | None) -> float | None:
+    if response is None:
+        return None
+    value = response.headers.get("retry-after-ms")
+    if value is not None:
+        try:
+            return float(value) / 1000.0
+        except ValueError:
+            pass
+    value = response.headers.get("retry-after")
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _short(exc: Exception) -> str:
+    return str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__

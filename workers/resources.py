@@ -1,0 +1,57 @@
+"""Per-process clients (Store, Redis, WebShop, heartbeat thread), created lazily after fork.
+
+Under prefork, sockets and threads made in the parent must not be used by the children, so the
+clients are built on first use in each process and rebuilt if the process id changes.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+
+import redis
+
+from bridge.settings import Settings, get_settings
+from bridge.store import StoreClient
+from workers.heartbeat import HeartbeatMonitor
+from workers.webshop import WebShopClient
+
+
+@dataclass
+class WorkerResources:
+    settings: Settings
+    store: StoreClient
+    redis: redis.Redis
+    webshop: WebShopClient
+    monitor: HeartbeatMonitor
+    pid: int
+
+
+_lock = threading.Lock()
+_resources: WorkerResources | None = None
+
+
+def get_resources() -> WorkerResources:
+    global _resources
+    with _lock:
+        if _resources is None or _resources.pid != os.getpid():
+            _resources = _build(get_settings())
+        return _resources
+
+
+def _build(settings: Settings) -> WorkerResources:
+    store = StoreClient(
+        settings.store_base,
+        token=settings.store_token,
+        timeout_s=settings.store_timeout_s,
+        retries=settings.store_retries,
+    )
+    client = redis.Redis.from_url(settings.broker_url, socket_timeout=10, socket_connect_timeout=5)
+    webshop = WebShopClient(
+        str(settings.webshop_url),
+        token=settings.webshop_token,
+        timeout_s=settings.webshop_timeout_s,
+        retries=settings.webshop_retries,
+    )
+    return WorkerResources(settings, store, client, webshop, HeartbeatMonitor(store, client), os.getpid())

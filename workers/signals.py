@@ -1,0 +1,119 @@
+"""Per-process set-up of a worker, hooked on Celery's own signals.
+
+* ``worker_ready``/``worker_shutting_down``: advertise and withdraw this node's slots (bridge.capacity);
+* ``worker_process_init`` (prefork children) and ``worker_init`` (threads/solo): logging and tracing;
+* ``task_revoked`` with ``expired``: a message that waited too long in the broker is handed back to the
+  Store queue instead of leaving its attempt ``preparing`` forever (store-protocol.md 10.4).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import redis
+from celery import signals
+
+from bridge import capacity
+from bridge.errors import StoreError
+from bridge.logs import configure_logging
+from bridge.models import AttemptStatus, RolloutStatus
+from bridge.settings import get_settings
+from bridge.store import StoreClient
+from bridge.tracing import setup_process_tracing
+from workers.app import TASK_NAME
+
+log = logging.getLogger("workers.signals")
+
+_ADVERTISE_EVERY_S = 10.0
+_advertiser_stop = threading.Event()
+_node: dict[str, Any] = {}
+
+
+def _node_slots(consumer: Any) -> tuple[str, list[str], int]:
+    controller = consumer.controller
+    slots = int(getattr(controller, "concurrency", 0) or 0)
+    autoscaler = getattr(controller, "autoscaler", None)
+    if autoscaler is not None:
+        slots = int(autoscaler.max_concurrency)
+    queues = [q.name for q in consumer.task_consumer.queues] if consumer.task_consumer else []
+    return consumer.hostname, queues or [get_settings().default_queue], max(1, slots)
+
+
+@signals.worker_ready.connect
+def _on_worker_ready(sender: Any = None, **_: Any) -> None:
+    hostname, queues, slots = _node_slots(sender)
+    client = redis.Redis.from_url(get_settings().broker_url, socket_timeout=5, socket_connect_timeout=5)
+    _node.update(hostname=hostname, queues=queues, slots=slots, client=client)
+    log.info("worker %s offers %d slots on queues %s", hostname, slots, ", ".join(queues))
+
+    def advertise_forever() -> None:
+        while True:
+            try:
+                capacity.advertise(client, hostname, queues, slots)
+            except redis.RedisError as exc:
+                log.warning("could not advertise slots (broker down?): %r", exc)
+            if _advertiser_stop.wait(_ADVERTISE_EVERY_S):
+                return
+
+    threading.Thread(target=advertise_forever, name="slot-advertiser", daemon=True).start()
+
+
+@signals.worker_shutting_down.connect
+def _on_shutting_down(**_: Any) -> None:
+    _advertiser_stop.set()
+    if _node:
+        try:
+            capacity.withdraw(_node["client"], _node["hostname"], _node["queues"])
+        except redis.RedisError:
+            pass
+
+
+@signals.worker_init.connect
+def _on_worker_init(**_: Any) -> None:
+    settings = get_settings()
+    configure_logging(settings.log_level, settings.log_json)
+    setup_process_tracing(settings.service_name + "-worker")
+
+
+@signals.worker_process_init.connect
+def _on_process_init(**_: Any) -> None:
+    settings = get_settings()
+    configure_logging(settings.log_level, settings.log_json)
+    setup_process_tracing(settings.service_name + "-worker")
+
+
+@signals.task_revoked.connect
+def _on_revoked(sender: Any = None, request: Any = None, expired: bool = False, **_: Any) -> None:
+    if getattr(sender, "name", None) != TASK_NAME or request is None:
+        return
+    kwargs = getattr(request, "kwargs", None) or {}
+    rollout = kwargs.get("rollout") if isinstance(kwargs, dict) else None
+    queue = kwargs.get("queue") if isinstance(kwargs, dict) else None
+    task_id = str(getattr(request, "id", ""))
+    if _node and queue:
+        try:
+            capacity.clear_inflight(_node["client"], queue, task_id)
+        except redis.RedisError:
+            pass
+    if expired and isinstance(rollout, dict):
+        hand_back_expired(rollout)
+
+
+def hand_back_expired(rollout: dict[str, Any]) -> None:
+    """Requeue an expired message's rollout in the Store if its attempt is still the unstarted latest one."""
+    settings = get_settings()
+    rid = rollout.get("rollout_id")
+    aid = (rollout.get("attempt") or {}).get("attempt_id")
+    if not isinstance(rid, str) or not isinstance(aid, str):
+        return
+    with StoreClient(settings.store_base, token=settings.store_token, retries=2) as store:
+        try:
+            current = store.get_rollout(rid)
+            attempt = getattr(current, "attempt", None)
+            if attempt is not None and attempt.attempt_id == aid and attempt.status == AttemptStatus.PREPARING:
+                store.update_rollout(rid, status=RolloutStatus.REQUEUING)
+                log.warning("[rollout=%s attempt=%s] message expired in the broker; handed back", rid, aid)
+        except StoreError as exc:
+            log.error("[rollout=%s attempt=%s] expired message could not be handed back: %s", rid, aid, exc)

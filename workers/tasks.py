@@ -1,0 +1,47 @@
+"""The Celery task: one message = one Store attempt; the task id *is* the attempt id."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import redis
+from celery import Task
+
+from bridge import capacity
+from bridge.backoff import backoff_delay
+from workers.app import TASK_NAME, app
+from workers.execution import AttemptRun, is_retryable_before_progress
+from workers.resources import get_resources
+
+log = logging.getLogger("workers.tasks")
+
+MAX_INFRA_RETRIES = 5
+
+
+@app.task(name=TASK_NAME, bind=True, max_retries=MAX_INFRA_RETRIES)
+def run_rollout(self: Task, rollout: dict[str, Any], queue: str | None = None) -> dict[str, Any]:
+    """Run the WebShop agent loop for one dequeued rollout and report it to the Store."""
+    res = get_resources()
+    task_id = str(self.request.id)
+    final = True
+    try:
+        return AttemptRun(rollout, celery_task_id=task_id, res=res).execute().as_dict()
+    except Exception as exc:
+        # Broker/Store outages before the episode made progress: a Celery retry with backoff, same task id.
+        if is_retryable_before_progress(exc) and self.request.retries < MAX_INFRA_RETRIES:
+            final = False
+            countdown = backoff_delay(self.request.retries, base_s=2.0, cap_s=60.0)
+            log.warning("task %s: infrastructure error before start (%s); retry in %.0fs", task_id, exc, countdown)
+            raise self.retry(exc=exc, countdown=countdown) from exc
+        raise
+    finally:
+        if final:
+            _release_slot(res.redis, queue or res.settings.default_queue, task_id)
+
+
+def _release_slot(client: redis.Redis, queue: str, task_id: str) -> None:
+    try:
+        capacity.clear_inflight(client, queue, task_id)
+    except redis.RedisError as exc:
+        log.warning("could not clear in-flight entry %s (the bridge prunes it later): %r", task_id, exc)

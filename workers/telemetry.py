@@ -1,0 +1,169 @@
+"""Spans for one attempt, delivered to the Store where the trainer reads them (store-protocol.md 7-8).
+
+Each attempt gets its own ``TracerProvider`` whose resource names the rollout and the attempt, so the
+Store files every span under the right attempt without any per-span bookkeeping. Ended spans are
+buffered and sent as one OTLP/HTTP protobuf request per flush through the shared Store client: one
+batch per rollout when episodes are short, a flush every ``SPAN_FLUSH_INTERVAL_S`` (driven by the
+heartbeat monitor) when they are long, because stored spans also keep the attempt alive (6.4).
+
+No span carries a locally stamped sequence id: the Store assigns them in arrival order, which is
+what reward matching by sequence relies on (7.2).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
+from opentelemetry.trace import Status, StatusCode
+
+from bridge.errors import StoreError, TelemetryError
+from bridge.store import StoreClient
+
+log = logging.getLogger("workers.telemetry")
+
+REWARD_SPAN = "agentlightning.annotation"
+LLM_SPAN = "openai.chat.completion"
+TRACER_NAME = "agl_celery_bridge.workers"
+
+
+class _BufferingProcessor(SpanProcessor):
+    """Collects ended spans; the owner decides when to ship them."""
+
+    def __init__(self, sink: AttemptTelemetry) -> None:
+        self._sink = sink
+
+    def on_start(self, span: Span, parent_context: otel_context.Context | None = None) -> None:
+        return None
+
+    def on_end(self, span: ReadableSpan) -> None:
+        self._sink._collect(span)
+
+    def shutdown(self) -> None:
+        return None
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+
+class AttemptTelemetry:
+    """Tracer, buffer and exporter of one attempt. Create at start, ``close()`` at the end."""
+
+    def __init__(
+        self,
+        store: StoreClient,
+        *,
+        rollout_id: str,
+        attempt_id: str,
+        service_name: str,
+        export: bool = True,
+    ) -> None:
+        self.rollout_id = rollout_id
+        self.attempt_id = attempt_id
+        resource = Resource.create(
+            {
+                "service.name": service_name,
+                "agentlightning.rollout_id": rollout_id,
+                "agentlightning.attempt_id": attempt_id,
+            }
+        )
+        # shutdown_on_exit=False: otherwise every provider registers an atexit hook and is never freed.
+        self._provider = TracerProvider(resource=resource, shutdown_on_exit=False)
+        self._provider.add_span_processor(_BufferingProcessor(self))
+        self.tracer = self._provider.get_tracer(TRACER_NAME)
+        self._store = store
+        self._export = export
+        self._buffer: list[ReadableSpan] = []
+        self._buffer_lock = threading.Lock()
+        self._flush_lock = threading.Lock()
+        self.spans_exported = 0
+        self.bytes_exported = 0
+        self.export_requests = 0
+        self.export_seconds = 0.0
+        self.last_flush = time.monotonic()
+
+    def _collect(self, span: ReadableSpan) -> None:
+        with self._buffer_lock:
+            self._buffer.append(span)
+
+    @property
+    def pending(self) -> int:
+        with self._buffer_lock:
+            return len(self._buffer)
+
+    def flush(self, *, deadline: float | None = None) -> None:
+        """Ship every ended span in one request; on failure keep them for the next try and raise."""
+        with self._flush_lock:
+            with self._buffer_lock:
+                batch, self._buffer = self._buffer, []
+            self.last_flush = time.monotonic()
+            if not batch or not self._export:
+                return
+            payload = encode_spans(batch).SerializeToString()
+            started = time.perf_counter()
+            try:
+                self._store.post_traces(payload, deadline=deadline)
+            except StoreError as exc:
+                with self._buffer_lock:
+                    self._buffer = batch + self._buffer
+                raise TelemetryError(f"could not deliver {len(batch)} spans to the Store: {exc}") from exc
+            finally:
+                self.export_seconds += time.perf_counter() - started
+                self.export_requests += 1
+            self.spans_exported += len(batch)
+            self.bytes_exported += len(payload)
+
+    def close(self) -> None:
+        self._provider.shutdown()
+        with self._buffer_lock:
+            self._buffer.clear()
+
+    @contextmanager
+    def span(self, name: str, attributes: dict[str, Any] | None = None) -> Iterator[trace.Span]:
+        """A child span of whatever is current; an exception marks it as an error and propagates."""
+        with self.tracer.start_as_current_span(
+            name, attributes=_flat(attributes or {}), record_exception=True, set_status_on_exception=True
+        ) as span:
+            yield span
+
+    def emit_reward(self, reward: float) -> None:
+        """The reward span in the format the trainer's adapters read (store-protocol.md 8)."""
+        with self.tracer.start_as_current_span(REWARD_SPAN) as span:
+            span.set_attribute("agentlightning.reward.0.name", "primary")
+            span.set_attribute("agentlightning.reward.0.value", float(reward))
+            span.set_status(Status(StatusCode.OK))
+
+
+def _flat(attributes: dict[str, Any]) -> dict[str, Any]:
+    """OTLP attributes must be scalars or homogeneous lists; drop None, stringify the rest."""
+    flat: dict[str, Any] = {}
+    for key, value in attributes.items():
+        if value is None:
+            continue
+        if isinstance(value, (str, bool, int, float)):
+            flat[key] = value
+        elif isinstance(value, Sequence) and _homogeneous(value):
+            flat[key] = list(value)
+        else:
+            flat[key] = str(value)
+    return flat
+
+
+def _homogeneous(values: Sequence[Any]) -> bool:
+    ints = all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+    return ints or all(isinstance(v, str) for v in values)
+
+
+def current_trace_id() -> str | None:
+    """Hex trace id of the current span (the Celery instrumentation's run span), if any."""
+    ctx = trace.get_current_span().get_span_context()
+    return format(ctx.trace_id, "032x") if ctx.is_valid else None

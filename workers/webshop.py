@@ -1,0 +1,125 @@
+"""HTTP client for the WebShop environment server (webshop-env.md section 1).
+
+Retries are bounded and only where repeating a request cannot change the episode: connection
+failures before the request was sent, and 5xx/429 answers (the server did not apply the action).
+A step whose answer timed out is *not* retried: it may have been applied (a second ``Buy Now`` would
+turn a real reward into "episode finished"), so it fails the attempt as an environment error.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from bridge.backoff import backoff_delay
+from bridge.errors import WebShopError
+
+log = logging.getLogger("workers.webshop")
+
+_SAFE_TO_RETRY = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+_RETRY_STATUS = {429, 500, 502, 503, 504}
+
+
+@dataclass
+class Observation:
+    session_id: str
+    observation: str
+    done: bool
+    reward: float
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def valid(self) -> bool:
+        return bool(self.info.get("valid", True))
+
+
+class WebShopClient:
+    """One per process; thread-safe because httpx.Client is."""
+
+    def __init__(self, base_url: str, *, token: str | None = None, timeout_s: float = 30.0, retries: int = 3) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.base_url = base_url.rstrip("/")
+        self.retries = retries
+        self._client = httpx.Client(
+            base_url=self.base_url,
+            headers=headers,
+            timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 5.0)),
+            limits=httpx.Limits(max_connections=256, max_keepalive_connections=256),
+        )
+        self.calls = 0
+        self.errors = 0
+
+    def close(self) -> None:
+        self._client.close()
+
+    def reset(self, body: dict[str, Any]) -> Observation:
+        # A reset only creates a session: a retried one at worst leaves an orphan that expires.
+        return self._parse(self._post("/reset", body, idempotent=True), "/reset")
+
+    def step(self, session_id: str, action: str) -> Observation:
+        body = {"session_id": session_id, "action": action}
+        return self._parse(self._post("/step", body, idempotent=False), "/step")
+
+    def close_session(self, session_id: str) -> None:
+        """Free the server's memory at once instead of waiting for the idle expiry; failures do not matter."""
+        try:
+            self._client.delete(f"/sessions/{session_id}", timeout=5.0)
+        except httpx.HTTPError as exc:
+            log.debug("could not close WebShop session %s: %r", session_id, exc)
+
+    def _post(self, path: str, body: dict[str, Any], *, idempotent: bool) -> httpx.Response:
+        attempt = 0
+        while True:
+            self.calls += 1
+            try:
+                response = self._client.post(path, json=body)
+                if response.status_code not in _RETRY_STATUS:
+                    break
+                problem = f"{response.status_code} {response.text[:200]}"
+                retry_after = _retry_after(response)
+            except httpx.TransportError as exc:
+                if not idempotent and not isinstance(exc, _SAFE_TO_RETRY):
+                    self.errors += 1
+                    raise WebShopError(f"WebShop {path} failed at {self.base_url}: {exc!r}") from exc
+                problem, retry_after = repr(exc), None
+            self.errors += 1
+            if attempt >= self.retries:
+                raise WebShopError(f"WebShop {path} failed after {attempt + 1} tries at {self.base_url}: {problem}")
+            delay = retry_after if retry_after is not None else backoff_delay(attempt, base_s=0.2, cap_s=5.0)
+            log.warning("WebShop %s: %s; retry %d in %.1fs", path, problem, attempt + 1, delay)
+            time.sleep(delay)
+            attempt += 1
+        if response.status_code >= 400:
+            self.errors += 1
+            raise WebShopError(f"WebShop {path} answered {response.status_code}: {response.text[:300]}")
+        return response
+
+    @staticmethod
+    def _parse(response: httpx.Response, path: str) -> Observation:
+        try:
+            data = response.json()
+        except ValueError:
+            raise WebShopError(f"WebShop {path} answered non-JSON: {response.text[:200]!r}") from None
+        if not isinstance(data, dict):
+            raise WebShopError(f"WebShop {path} answered {type(data).__name__}, expected an object")
+        observation, done, reward = data.get("observation"), data.get("done"), data.get("reward", 0.0)
+        session_id = data.get("session_id") or data.get("sessionId")
+        if not isinstance(observation, str) or not isinstance(done, bool) or not isinstance(session_id, str):
+            raise WebShopError(f"WebShop {path} answer lacks observation/done/session_id: {str(data)[:200]}")
+        if isinstance(reward, bool) or not isinstance(reward, (int, float)):
+            raise WebShopError(f"WebShop {path} answered a non-numeric reward {reward!r}")
+        raw_info = data.get("info")
+        info: dict[str, Any] = raw_info if isinstance(raw_info, dict) else {}
+        return Observation(session_id, observation, done, float(reward), info)
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    value = response.headers.get("Retry-After")
+    try:
+        return min(30.0, max(0.0, float(value))) if value is not None else None
+    except ValueError:
+        return None
