@@ -156,9 +156,7 @@ def play(client: httpx.Client, env_url: str, policy_url: str, task_id: str, max_
     return EpisodeResult(task_id, 0.0, max_steps, invalid, False)
 
 
-def play_safely(
-    client: httpx.Client, env_url: str, policy_url: str, task_id: str, max_steps: int
-) -> EpisodeResult:
+def play_safely(client: httpx.Client, env_url: str, policy_url: str, task_id: str, max_steps: int) -> EpisodeResult:
     """`play`, with an HTTP failure recorded as a zero-reward episode instead of ending the run."""
     try:
         return play(client, env_url, policy_url, task_id, max_steps)
@@ -215,15 +213,11 @@ def main() -> None:
             cmd = ["-m", "webshop_env.policy", "--port", str(port)]
             stack.enter_context(serve(cmd, f"{policy_url}/health", 30.0))
         task_ids = load_task_ids(args.split, args.limit)
-        limits = httpx.Limits(
-            max_connections=args.concurrency * 2, max_keepalive_connections=args.concurrency * 2
-        )
+        limits = httpx.Limits(max_connections=args.concurrency * 2, max_keepalive_connections=args.concurrency * 2)
         client = stack.enter_context(httpx.Client(timeout=60.0, limits=limits))
         started = time.monotonic()
         with ThreadPoolExecutor(args.concurrency) as pool:
-            results = list(
-                pool.map(lambda t: play_safely(client, env_url, policy_url, t, args.max_steps), task_ids)
-            )
+            results = list(pool.map(lambda t: play_safely(client, env_url, policy_url, t, args.max_steps), task_ids))
         summary = report(results, time.monotonic() - started)
     print(json.dumps(summary, indent=2))
     if args.json_path:

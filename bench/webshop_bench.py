@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import random
@@ -22,6 +23,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -89,9 +91,10 @@ def next_action(observation_info: dict[str, object], rng: random.Random, query: 
     return "click", f"click[{rng.choice(clickables)}]"
 
 
-async def run_session(client: httpx.AsyncClient, index: int, steps: int, lat: dict[str, list[float]]) -> int:
+async def run_session(port: int, index: int, steps: int, lat: dict[str, list[float]]) -> int:
     rng = random.Random(index)
-    reset = (await client.post("/reset", json={"goal_id": index * 37 % 6923})).json()
+    client = RawClient("127.0.0.1", port)
+    reset = await client.request("POST", "/reset", {"goal_id": index * 37 % 6923})
     sid, info = reset["session_id"], reset["info"]
     query = info["instruction"]
     done_steps = 0
@@ -100,39 +103,76 @@ async def run_session(client: httpx.AsyncClient, index: int, steps: int, lat: di
         if "buy now" in action:
             kind, action = "search", f"search[{query}]"  # keep the episode going
         t0 = time.perf_counter()
-        response = await client.post("/step", json={"session_id": sid, "action": action})
+        body = await client.request("POST", "/step", {"session_id": sid, "action": action})
         lat[kind].append(time.perf_counter() - t0)
-        body = response.json()
         info, done_steps = body["info"], done_steps + 1
-    await client.delete(f"/sessions/{sid}")
+    await client.request("DELETE", f"/sessions/{sid}")
+    await client.close()
     return done_steps
+
+
+class RawClient:
+    """Minimal HTTP/1.1 keep-alive JSON client on asyncio streams.
+
+    httpx's async pool costs several ms per request at 64 connections, which on a
+    small machine measures the client rather than the server.
+    """
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+
+    async def request(self, method: str, path: str, payload: dict[str, object] | None = None) -> dict[str, Any]:
+        if self._writer is None:
+            self._reader, self._writer = await asyncio.open_connection(self.host, self.port)
+        assert self._reader is not None
+        body = json.dumps(payload or {}).encode()
+        head = (
+            f"{method} {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        )
+        self._writer.write(head.encode() + body)
+        await self._writer.drain()
+        header = await self._reader.readuntil(b"\r\n\r\n")
+        length = next(
+            int(line.split(b":")[1]) for line in header.split(b"\r\n") if line.lower().startswith(b"content-length:")
+        )
+        data: dict[str, Any] = json.loads(await self._reader.readexactly(length))
+        return data
+
+    async def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
 
 
 def pct(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100)[int(q) - 1] * 1000 if len(values) > 1 else float("nan")
 
 
-async def load_phase(url: str, pid: int, sessions: int, steps: int) -> None:
+async def load_phase(port: int, pid: int, sessions: int, steps: int) -> None:
     lat: dict[str, list[float]] = {"search": [], "click": []}
-    limits = httpx.Limits(max_connections=sessions, max_keepalive_connections=sessions)
-    async with httpx.AsyncClient(base_url=url, timeout=30, limits=limits) as client:
-        started, cpu_before = time.perf_counter(), cpu_seconds(pid)
-        total = sum(await asyncio.gather(*(run_session(client, i, steps, lat) for i in range(sessions))))
-        elapsed = time.perf_counter() - started
-        server_cpu = cpu_seconds(pid) - cpu_before
+    started, cpu_before = time.perf_counter(), cpu_seconds(pid)
+    total = sum(await asyncio.gather(*(run_session(port, i, steps, lat) for i in range(sessions))))
+    elapsed = time.perf_counter() - started
+    server_cpu = cpu_seconds(pid) - cpu_before
     both = lat["search"] + lat["click"]
-    print(
-        f"steps: {total} in {elapsed:.2f}s -> {total / elapsed:.0f} steps/s ({sessions} concurrent sessions)"
-    )
+    print(f"steps: {total} in {elapsed:.2f}s -> {total / elapsed:.0f} steps/s ({sessions} concurrent sessions)")
     # Client and server share this machine's CPUs; server CPU per request is the server's own capacity.
     print(
         f"server CPU {server_cpu:.2f}s -> {server_cpu / total * 1000:.2f} ms/step "
         f"(~{total / max(server_cpu, 1e-9):.0f} steps/s per server core; resets/deletes included)"
     )
     for name, values in (("all", both), ("search", lat["search"]), ("click", lat["click"])):
-        print(
-            f"/step {name:6s} n={len(values):5d} p50={pct(values, 50):6.2f} ms  p99={pct(values, 99):6.2f} ms"
-        )
+        print(f"/step {name:6s} n={len(values):5d} p50={pct(values, 50):6.2f} ms  p99={pct(values, 99):6.2f} ms")
+
+
+async def serial_phase(port: int, steps: int) -> None:
+    """One session, one request at a time: latency without queueing behind other sessions."""
+    lat: dict[str, list[float]] = {"search": [], "click": []}
+    await run_session(port, 10_001, steps, lat)
+    for name, values in (("search", lat["search"]), ("click", lat["click"])):
+        print(f"serial /step {name:6s} n={len(values):4d} p50={pct(values, 50):6.2f} ms  p99={pct(values, 99):6.2f} ms")
 
 
 async def idle_phase(url: str, pid: int, count: int) -> None:
@@ -148,14 +188,10 @@ async def idle_phase(url: str, pid: int, count: int) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sessions", type=int, default=64, help="concurrent sessions in the load phase")
     parser.add_argument("--steps", type=int, default=40, help="steps per session in the load phase")
-    parser.add_argument(
-        "--idle-sessions", type=int, default=2000, help="sessions opened for the memory figure"
-    )
+    parser.add_argument("--idle-sessions", type=int, default=2000, help="sessions opened for the memory figure")
     args = parser.parse_args()
     port = free_port()
     proc, startup = start_server(port, max_sessions=args.idle_sessions + args.sessions + 10)
@@ -166,7 +202,8 @@ def main() -> int:
             f"start-up: {startup:.2f}s to healthy (server-side build {health['startup_s']}s, "
             f"nouns by {health['noun_extractor']}), RSS {rss_kib(proc.pid) / 1024:.0f} MiB"
         )
-        asyncio.run(load_phase(url, proc.pid, args.sessions, args.steps))
+        asyncio.run(serial_phase(port, 400))
+        asyncio.run(load_phase(port, proc.pid, args.sessions, args.steps))
         asyncio.run(idle_phase(url, proc.pid, args.idle_sessions))
     finally:
         proc.terminate()

@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
 log = logging.getLogger("bridge.tracing")
 
-_done_in_pid: int | None = None
+_installed = False
 _lock = threading.Lock()
 
 
@@ -29,12 +29,15 @@ def operator_collector_configured() -> bool:
 
 
 def setup_process_tracing(service_name: str) -> None:
-    """Install the global provider and the Celery instrumentation once per process (after fork)."""
-    global _done_in_pid
+    """Install the global provider and the Celery instrumentation once per process tree.
+
+    Prefork children inherit both; the SDK's batch processor re-creates its thread after fork.
+    """
+    global _installed
     with _lock:
-        if _done_in_pid == os.getpid():
+        if _installed:
             return
-        _done_in_pid = os.getpid()
+        _installed = True
         provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
         if operator_collector_configured():
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter

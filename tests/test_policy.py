@@ -17,13 +17,12 @@ from webshop_env.heuristic import (
     Page,
     classify,
     decide,
-    extract_observation,
     parse_item,
     price_limit,
     search_query,
     split_pieces,
 )
-from webshop_env.policy import STANDIN_MODEL, read_conversation
+from webshop_env.policy import STANDIN_MODEL, extract_observation, read_conversation
 
 INSTRUCTION = "i need a 120 ml hair mask treatment, and price lower than 130.00 dollars"
 SEARCH_PAGE = f"WebShop [SEP] Instruction: [SEP] {INSTRUCTION} [SEP] Search"
@@ -230,9 +229,7 @@ def test_latency_knob_delays_without_serialising() -> None:
                 codes = list(
                     pool.map(
                         lambda _: (
-                            client.post(
-                                f"{base}/v1/chat/completions", json={"messages": chat_messages()}
-                            ).status_code
+                            client.post(f"{base}/v1/chat/completions", json={"messages": chat_messages()}).status_code
                         ),
                         range(20),
                     )

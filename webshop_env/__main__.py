@@ -60,6 +60,14 @@ def _build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="debug: include the target asin/attributes/options in reset info",
     )
+    serve.add_argument("--latency-ms", type=float, default=0.0, help="delay added to every /reset and /step")
+    serve.add_argument(
+        "--error-rate", type=float, default=0.0, help="fault test: share of /reset and /step answered 503"
+    )
+    serve.add_argument(
+        "--timeout-rate", type=float, default=0.0, help="fault test: share of /reset and /step that stall"
+    )
+    serve.add_argument("--stall-s", type=float, default=60.0, help="how long an injected stall lasts")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.add_argument("--access-log", action="store_true", help="log every request (slower)")
 
@@ -100,6 +108,10 @@ def _serve(args: argparse.Namespace) -> None:
         env=EnvSettings(
             strict_search=args.strict_search, max_steps=args.max_steps, expose_goal=args.expose_goal
         ),
+        latency_ms=args.latency_ms,
+        error_rate=args.error_rate,
+        timeout_rate=args.timeout_rate,
+        stall_s=args.stall_s,
     )
     app = create_app(config)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=args.access_log)

@@ -1,10 +1,16 @@
 """Rule-based WebShop decision logic used by the heuristic LLM stand-in.
 
-This is not a model. It reads one WebShop text observation (spec sections 3.1-3.5) plus the
-actions already taken in the episode, and returns the next action (spec section 4). It exists
+This is not a model. It reads the current WebShop text observation (spec sections 3.1-3.5),
+the actions already taken in the episode and, when known, the pages they led to, and returns the
+next action (spec section 4). It exists
 so that the Celery agent loop, the benchmarks and the tests have an OpenAI-compatible "LLM"
 that is fast, free, deterministic and plays well enough for scores to mean something
 (it aims to beat the WebShop paper's rule baseline, 45.6 average score / 9.6% success).
+
+Strategy: search the instruction minus its price clause; open the best affordable result (search
+rank first, title overlap second); on the item page, if a synthetic instruction's "<name>:
+<value>" options are not offered, go back and try the next result while the step budget allows
+(returning to the best item seen); select one value per option group; buy.
 
 Everything here is pure: no I/O, no randomness. `webshop_env.policy` wraps it in HTTP.
 """
@@ -17,11 +23,6 @@ from enum import StrEnum
 
 from rapidfuzz import fuzz
 from rapidfuzz.utils import default_process
-
-SEP = " [SEP] "
-
-# Anchors that start an observation inside a longer chat message (see the worker contract).
-OBSERVATION_ANCHORS = ("WebShop [SEP] ", "Instruction: [SEP] ", "Thank you for shopping")
 
 # Option group names seen in the real catalog plus common Amazon variation names. Used only to
 # tell group names from values on item pages, where both are plain text pieces.
@@ -64,7 +65,6 @@ DIGIT_LETTER_RE = re.compile(r"(?<=\d)(?=[a-z])|(?<=[a-z])(?=\d)")
 PRICE_RE = re.compile(r"\$([0-9][0-9,]*(?:\.[0-9]+)?)")
 RESULTS_HEADER_RE = re.compile(r"^Page (\d+) \(Total results: (\d+)\)$")
 ASIN_RE = re.compile(r"^(?:[Bb][0-9A-Za-z]{9}|[0-9]{9}[0-9Xx])$")
-ACTION_RE = re.compile(r"\b(search|click)\[([^\[\]]*)\]")
 
 # Words that carry no product or option meaning when comparing texts.
 _STOP_WORDS_TEXT = """a an the and or of for with to in on at by from that this these those is are be it its i
@@ -72,8 +72,11 @@ _STOP_WORDS_TEXT = """a an the and or of for with to in on at by from that this 
     which who what has have having should must can could will just one ones pack count"""
 STOP_WORDS = frozenset(_STOP_WORDS_TEXT.split())
 
-MAX_STEPS_BEFORE_BUY = 12
-MAX_ITEM_VISITS = 6
+DEFAULT_MAX_STEPS = 15  # ReAct-style harness cap; the prompt's "Step k of N" overrides it
+# Tuned on the val split (bench/policy_score.py numbers): the search engine's own order is a
+# stronger signal than title overlap, so rank drops 0.05 per position; opening up to 5 items to
+# find one offering the requested options pays for the extra steps.
+MAX_ITEM_VISITS = 5
 POSITION_WEIGHT = 0.05
 
 
@@ -118,12 +121,22 @@ class Decision:
 
 @dataclass
 class EpisodeMemory:
-    """What the previous actions imply about the current episode (pages carry no selection marks)."""
+    """What earlier turns imply about the episode; pages themselves carry no selection marks."""
 
     actions: list[str] = field(default_factory=list)
     clicked_since_item: list[str] = field(default_factory=list)
     next_clicks_since_search: int = 0
     visited_asins: list[str] = field(default_factory=list)
+    # asin -> (item_fit, number of option groups), from the item pages seen after opening it
+    item_pages: dict[str, tuple[float, int]] = field(default_factory=dict)
+
+    def best_visited(self, exclude: str | None = None) -> tuple[str, float] | None:
+        """The visited item that offered most of the requested options (earliest on ties)."""
+        seen = [(fit, -i, asin) for i, (asin, (fit, _n)) in enumerate(self.item_pages.items()) if asin != exclude]
+        if not seen:
+            return None
+        fit, _order, asin = max(seen)
+        return asin, fit
 
 
 # ---------------------------------------------------------------- text helpers
@@ -175,30 +188,6 @@ def search_query(instruction: str, keep_synthetic_options: bool = True) -> str:
 
 
 # ---------------------------------------------------------------- observation parsing
-
-
-def extract_observation(message: str) -> str:
-    """Cut the WebShop observation out of a chat message that may hold other lines around it.
-
-    The observation starts at the last anchor (`WebShop [SEP] `, `Instruction: [SEP] `, `Thank you
-    for shopping`) and runs to the end of that line: observations are single-line.
-    """
-    best = -1
-    for anchor in OBSERVATION_ANCHORS:
-        pos = message.rfind(anchor)
-        if anchor == "Instruction: [SEP] " and pos >= 0:
-            # "WebShop [SEP] Instruction: [SEP] ..." must keep its WebShop prefix.
-            prefix = "WebShop [SEP] "
-            if message[max(0, pos - len(prefix)) : pos] == prefix:
-                pos -= len(prefix)
-        best = max(best, pos)
-    if best < 0:
-        stripped = message.strip()
-        for line in stripped.splitlines():
-            if line.strip().lower().startswith("observation:"):
-                return line.split(":", 1)[1].strip()
-        return stripped
-    return message[best:].split("\n", 1)[0].strip()
 
 
 def split_pieces(observation: str) -> list[str]:
@@ -289,19 +278,11 @@ def _is_option_name(piece: str, clickables: set[str] | None) -> bool:
     return piece.lower() in KNOWN_OPTION_NAMES
 
 
-def parse_action(text: str) -> str | None:
-    """The last `search[...]` / `click[...]` in an assistant message, normalised."""
-    found = ACTION_RE.findall(text)
-    if not found:
-        return None
-    name, arg = found[-1]
-    return f"{name}[{arg.strip()}]"
-
-
-def remember(actions: list[str]) -> EpisodeMemory:
-    """Replay previous actions to recover what the pages do not show: clicks since the item opened."""
+def remember(instruction: str, actions: list[str], pages_after: list[str] | None = None) -> EpisodeMemory:
+    """Replay earlier actions (and the pages they led to, when known) to rebuild episode state."""
     memory = EpisodeMemory(actions=list(actions))
-    for action in actions:
+    after = pages_after or []
+    for i, action in enumerate(actions):
         name, arg = action.split("[", 1)
         arg = arg[:-1].strip().lower()
         if name == "search" or arg == "back to search":
@@ -310,6 +291,9 @@ def remember(actions: list[str]) -> EpisodeMemory:
         elif ASIN_RE.match(arg):
             memory.clicked_since_item = []
             memory.visited_asins.append(arg)
+            item = parse_item(split_pieces(after[i])) if i < len(after) else None
+            if item is not None:
+                memory.item_pages[arg] = (item_fit(instruction, item), len(item.options))
         elif arg == "next >":
             memory.next_clicks_since_search += 1
         elif arg not in NAV_CLICKS:
@@ -341,9 +325,7 @@ def within_budget(low: float, high: float, limit: float | None) -> float:
     return 0.5 if low <= limit else 0.0
 
 
-def rank_results(
-    instruction: str, items: list[ResultItem], exclude: set[str]
-) -> list[tuple[float, ResultItem]]:
+def rank_results(instruction: str, items: list[ResultItem], exclude: set[str]) -> list[tuple[float, ResultItem]]:
     """Order results by title match, budget and (slightly) the search engine's own order."""
     limit = price_limit(instruction)
     ranked = []
@@ -431,30 +413,38 @@ def item_fit(instruction: str, item: ItemPage) -> float:
     if not requested:
         return 1.0
     groups = {name.lower(): values for name, values in item.options}
-    found = sum(
-        1 for name, wanted in requested.items() if name in groups and pick_requested(wanted, groups[name])
-    )
+    found = sum(1 for name, wanted in requested.items() if name in groups and pick_requested(wanted, groups[name]))
     return found / len(requested)
 
 
 # ---------------------------------------------------------------- decisions
 
 
-def decide(observation: str, previous_actions: list[str], clickables: set[str] | None = None) -> Decision:
-    """Choose the next WebShop action for an observation and the episode's earlier actions."""
+def decide(
+    observation: str,
+    previous_actions: list[str],
+    clickables: set[str] | None = None,
+    pages_after: list[str] | None = None,
+    max_steps: int = DEFAULT_MAX_STEPS,
+) -> Decision:
+    """Choose the next WebShop action.
+
+    `pages_after[i]` is the observation that followed `previous_actions[i]` (optional: it lets the
+    heuristic compare items it has already opened); `max_steps` is the harness's step cap, which
+    bounds how much exploring is affordable.
+    """
     pieces = split_pieces(observation)
     page = classify(pieces)
     instruction = instruction_of(pieces)
-    memory = remember(previous_actions)
+    memory = remember(instruction, previous_actions, pages_after)
+    remaining = max_steps - len(previous_actions)
     if page is Page.SEARCH:
         query = search_query(instruction)
-        return Decision(
-            f"search[{query}]", "Search page: search for the instruction without its price clause."
-        )
+        return Decision(f"search[{query}]", "Search page: search for the instruction without its price.")
     if page is Page.RESULTS:
-        return decide_results(instruction, pieces, memory)
+        return decide_results(instruction, pieces, memory, remaining)
     if page is Page.ITEM:
-        return decide_item(instruction, pieces, memory, clickables)
+        return decide_item(instruction, pieces, memory, clickables, remaining)
     if page is Page.SUBPAGE:
         return Decision("click[< Prev]", "Sub-page: go back to the product page.")
     if page is Page.DONE:
@@ -464,33 +454,54 @@ def decide(observation: str, previous_actions: list[str], clickables: set[str] |
     return Decision("click[Buy Now]", "Unrecognised observation: try to finish.")
 
 
-def decide_results(instruction: str, pieces: list[str], memory: EpisodeMemory) -> Decision:
-    """Open the best-matching affordable product; look at the next page once if none fits."""
+def may_explore(memory: EpisodeMemory, remaining: int, groups: int) -> bool:
+    """Whether there are steps left to open one more item and still come back to the best one.
+
+    Opening another costs `< Prev` + click; returning costs the same again; then up to `groups`
+    option clicks and Buy Now. The item page and the results page must agree, or they would
+    bounce, so both call this with the option-group count of the item just seen.
+    """
+    return len(memory.visited_asins) < MAX_ITEM_VISITS and remaining >= groups + 4
+
+
+def decide_results(instruction: str, pieces: list[str], memory: EpisodeMemory, remaining: int) -> Decision:
+    """Open the best affordable unvisited match, or go back to the best item already seen."""
     _page, items = parse_results(pieces)
+    last = memory.visited_asins[-1] if memory.visited_asins else None
+    last_groups = memory.item_pages.get(last, (1.0, 0))[1] if last else 0
+    best_seen = memory.best_visited()
+    on_page = {item.asin.lower() for item in items}
+    if best_seen and best_seen[0] in on_page and not may_explore(memory, remaining, last_groups):
+        return Decision(f"click[{best_seen[0]}]", "No budget to look further: back to the best item seen.")
     ranked = rank_results(instruction, items, exclude=set(memory.visited_asins))
     if not ranked:
         ranked = rank_results(instruction, items, exclude=set())
     if not ranked:
-        if memory.next_clicks_since_search == 0 and len(memory.actions) < MAX_STEPS_BEFORE_BUY:
+        if memory.next_clicks_since_search == 0 and remaining > 4:
             return Decision("click[Next >]", "No products listed here: try the next page.")
         return Decision(f"search[{search_query(instruction, False)}]", "No results: search with fewer words.")
     best_score, best = ranked[0]
-    if best_score < 0.0 and memory.next_clicks_since_search == 0 and len(memory.actions) < 6:
+    if best_score < 0.0 and memory.next_clicks_since_search == 0 and not memory.visited_asins:
         return Decision("click[Next >]", "Nothing on this page is within budget: try the next page.")
     return Decision(f"click[{best.asin}]", f"Best match within budget: {best.title[:80]}")
 
 
 def decide_item(
-    instruction: str, pieces: list[str], memory: EpisodeMemory, clickables: set[str] | None
+    instruction: str, pieces: list[str], memory: EpisodeMemory, clickables: set[str] | None, remaining: int
 ) -> Decision:
-    """Go back if the item lacks requested options (and budget allows); else select options, buy."""
+    """Leave an item lacking requested options while budget allows; else select options, buy."""
     item = parse_item(pieces, clickables)
-    if item is None or len(memory.actions) >= MAX_STEPS_BEFORE_BUY:
+    if item is None or remaining <= 1:
         return Decision("click[Buy Now]", "Buy the product now.")
     clicked = set(memory.clicked_since_item)
-    if not clicked and len(memory.visited_asins) < MAX_ITEM_VISITS and item_fit(instruction, item) < 1.0:
-        if len(memory.actions) + 6 <= MAX_STEPS_BEFORE_BUY:
+    if not clicked:
+        fit = item_fit(instruction, item)
+        current = memory.visited_asins[-1] if memory.visited_asins else None
+        better = memory.best_visited(exclude=current)
+        if fit < 1.0 and may_explore(memory, remaining - 1, len(item.options)):
             return Decision("click[< Prev]", "This item lacks a requested option: back to the results.")
+        if better and better[1] > fit and remaining >= len(item.options) + 4:
+            return Decision("click[< Prev]", "An earlier item matched better: go back to it.")
     for value in choose_options(instruction, item):
         if value.lower() not in clicked:
             return Decision(f"click[{value}]", f"Select the option '{value}'.")

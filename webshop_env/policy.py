@@ -45,12 +45,16 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from webshop_env.heuristic import Decision, decide, extract_observation, parse_action
+from webshop_env.heuristic import DEFAULT_MAX_STEPS, Decision, decide
 
 STANDIN_MODEL = "webshop-heuristic-standin"
 VOCAB_SIZE = 32000
 VALID_ACTIONS_RE = re.compile(r"^\s*(?:valid|available)\s+actions\s*:(.*)$", re.IGNORECASE | re.MULTILINE)
 CLICK_ARG_RE = re.compile(r"click\[([^\[\]]*)\]")
+# Anchors that start an observation inside a longer chat message (see the worker contract).
+OBSERVATION_ANCHORS = ("WebShop [SEP] ", "Instruction: [SEP] ", "Thank you for shopping")
+ACTION_RE = re.compile(r"\b(search|click)\[([^\[\]]*)\]")
+STEP_OF_RE = re.compile(r"\bstep\s+\d+\s+of\s+(\d+)\b", re.IGNORECASE)
 
 logger = logging.getLogger("webshop_env.policy")
 
@@ -75,9 +79,45 @@ class Conversation:
     observation: str
     previous_actions: list[str]
     clickables: set[str] | None
+    pages_after: list[str]  # observation that followed each previous action ("" if none seen)
+    max_steps: int
 
 
 # ---------------------------------------------------------------- request reading
+
+
+def extract_observation(message: str) -> str:
+    """Cut the WebShop observation out of a chat message that may hold other lines around it.
+
+    The observation starts at the last anchor (`WebShop [SEP] `, `Instruction: [SEP] `, `Thank you
+    for shopping`) and runs to the end of that line: observations are single-line. Without an
+    anchor, an `Observation:` line is taken as is; a message with neither (e.g. only "Invalid
+    action") yields "" so the caller keeps the previous observation.
+    """
+    best = -1
+    for anchor in OBSERVATION_ANCHORS:
+        pos = message.rfind(anchor)
+        if anchor == "Instruction: [SEP] " and pos >= 0:
+            # "WebShop [SEP] Instruction: [SEP] ..." must keep its WebShop prefix.
+            prefix = "WebShop [SEP] "
+            if message[max(0, pos - len(prefix)) : pos] == prefix:
+                pos -= len(prefix)
+        best = max(best, pos)
+    if best < 0:
+        for line in message.strip().splitlines():
+            if line.strip().lower().startswith("observation:"):
+                return line.split(":", 1)[1].strip()
+        return ""
+    return message[best:].split("\n", 1)[0].strip()
+
+
+def parse_action(text: str) -> str | None:
+    """The last `search[...]` / `click[...]` in an assistant message, normalised."""
+    found = ACTION_RE.findall(text)
+    if not found:
+        return None
+    name, arg = found[-1]
+    return f"{name}[{arg.strip()}]"
 
 
 def message_text(message: dict[str, Any]) -> str:
@@ -116,10 +156,16 @@ def parse_clickables(user_text: str) -> set[str] | None:
 
 
 def read_conversation(messages: Sequence[Any]) -> Conversation:
-    """Pull the current observation, earlier actions and clickables out of the message list."""
+    """Pull the current observation, earlier actions (with the pages they led to) and the step cap.
+
+    The step cap comes from a "Step k of N" line when the prompt has one; it bounds how many items
+    the heuristic can afford to open before buying.
+    """
     observation = ""
     clickables: set[str] | None = None
     actions: list[str] = []
+    pages_after: list[str] = []
+    max_steps = DEFAULT_MAX_STEPS
     for message in messages:
         if not isinstance(message, dict):
             raise BadRequest("every message must be an object with 'role' and 'content'")
@@ -129,12 +175,16 @@ def read_conversation(messages: Sequence[Any]) -> Conversation:
             action = parse_action(text)
             if action is not None:
                 actions.append(action)
-        elif role == "user" and text.strip():
-            candidate = extract_observation(text)
-            if candidate:
-                observation = candidate
-                clickables = parse_clickables(text)
-    return Conversation(observation, actions, clickables)
+                pages_after.append("")
+        elif role == "user" and extract_observation(text):
+            observation = extract_observation(text)
+            clickables = parse_clickables(text)
+            if pages_after and not pages_after[-1]:
+                pages_after[-1] = observation
+            step_of = STEP_OF_RE.search(text)
+            if step_of:
+                max_steps = int(step_of.group(1))
+    return Conversation(observation, actions, clickables, pages_after, max_steps)
 
 
 def read_messages(body: Any) -> list[Any]:
@@ -188,9 +238,7 @@ def completion_body(prompt_text: str, content: str) -> dict[str, Any]:
     }
 
 
-def error_response(
-    status: int, message: str, kind: str, headers: dict[str, str] | None = None
-) -> JSONResponse:
+def error_response(status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> JSONResponse:
     """An OpenAI-style error body, so SDK clients classify it as they would a real API error."""
     body = {"error": {"message": message, "type": kind, "param": None, "code": str(status)}}
     return JSONResponse(body, status_code=status, headers=headers)
@@ -243,7 +291,13 @@ def build_app(settings: PolicySettings) -> Starlette:
         fault = faults.next_fault()
         if fault is not None:
             return fault
-        decision = decide(conversation.observation, conversation.previous_actions, conversation.clickables)
+        decision = decide(
+            conversation.observation,
+            conversation.previous_actions,
+            conversation.clickables,
+            pages_after=conversation.pages_after,
+            max_steps=conversation.max_steps,
+        )
         prompt_text = "\n".join(message_text(m) for m in messages)
         logger.debug("path=%s action=%s", request.url.path, decision.action)
         return JSONResponse(completion_body(prompt_text, render_reply(decision)))

@@ -114,17 +114,11 @@ def _breadcrumb_parts(breadcrumb: str) -> set[str]:
 def type_match(product: Product, goal: Goal) -> TypeMatch:
     """r_type from query equality, shared breadcrumb parts and shared title nouns."""
     query_match = product.query == goal.query
-    category_match = (
-        len(_breadcrumb_parts(product.product_category) & _breadcrumb_parts(goal.product_category)) >= 2
-    )
+    category_match = len(_breadcrumb_parts(product.product_category) & _breadcrumb_parts(goal.product_category)) >= 2
     goal_nouns = extract_nouns(goal.name)
-    if goal_nouns:
-        title_score = len(set(extract_nouns(product.title)) & set(goal_nouns)) / len(goal_nouns)
-    else:
-        title_score = 0.2
-    return TypeMatch(
-        type_gate(query_match, category_match, title_score), query_match, category_match, title_score
-    )
+    shared = set(extract_nouns(product.title)) & set(goal_nouns)
+    title_score = len(shared) / len(goal_nouns) if goal_nouns else 0.2
+    return TypeMatch(type_gate(query_match, category_match, title_score), query_match, category_match, title_score)
 
 
 def type_gate(query_match: bool, category_match: bool, title_score: float) -> float:

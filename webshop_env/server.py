@@ -9,6 +9,7 @@ uncached one a millisecond or two, less than a thread hand-off would cost.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import logging
@@ -54,6 +55,11 @@ class ServerConfig:
     session_ttl_s: float = DEFAULT_TTL_S
     seed: int = 0  # seeds the draw of random goals (resets without task/goal/instruction)
     env: EnvSettings = field(default_factory=EnvSettings)
+    latency_ms: float = 0.0  # added before answering /reset and /step (benchmarks)
+    error_rate: float = 0.0  # share of /reset and /step answered 503 *before* acting (fault tests)
+    timeout_rate: float = 0.0  # share of /reset and /step that stall for `stall_s` before acting
+    stall_s: float = 60.0
+    ledger_size: int = 100_000  # purchases remembered for GET /purchases
 
 
 class WebShopServer:
@@ -67,6 +73,9 @@ class WebShopServer:
         self.human_tasks = sum(1 for g in self.env.goals.goals if g.task_id.startswith("ws_"))
         self.store = SessionStore(config.max_sessions, config.session_ttl_s)
         self.rng = random.Random(config.seed)
+        self.config = config
+        self.faults = random.Random(config.seed + 1)
+        self.ledger: collections.OrderedDict[str, dict[str, Any]] = collections.OrderedDict()
         self.startup_s = time.perf_counter() - started
         logger.info(
             "ready in %.2fs: %d products, %d goals, nouns by %s",
@@ -140,6 +149,7 @@ class WebShopServer:
     async def reset(self, request: Request) -> JSONResponse:
         data = await self.read_json(request)
         sid = self.session_id_of(data)
+        await self.inject_faults()
         state = EpisodeState(goal=self.resolve_goal(data))
         session = self.store.get(sid) if sid else None
         if session is None:
@@ -175,9 +185,13 @@ class WebShopServer:
         session = self.store.get(sid)
         if session is None:
             raise ApiError(404, f"unknown or expired session {sid!r}; POST /reset to start one")
+        await self.inject_faults()
         async with session.lock:
+            was_done = session.state.done
             result = self.env.step(session.state, action)
             session.touch()
+            if result.done and not was_done:
+                self.record_purchase(sid, session.state, result.reward, result.info)
         return JSONResponse(
             {
                 "session_id": sid,
@@ -187,6 +201,39 @@ class WebShopServer:
                 "info": result.info,
             }
         )
+
+    async def inject_faults(self) -> None:
+        """Optional latency and failures, decided before the request touches any state."""
+        config = self.config
+        if config.latency_ms > 0:
+            await asyncio.sleep(config.latency_ms / 1000.0)
+        if config.error_rate <= 0 and config.timeout_rate <= 0:
+            return
+        draw = self.faults.random()
+        if draw < config.error_rate:
+            raise ApiError(503, "injected fault (--error-rate): nothing was applied, retry")
+        if draw < config.error_rate + config.timeout_rate:
+            await asyncio.sleep(config.stall_s)
+            raise ApiError(503, "injected stall (--timeout-rate): nothing was applied, retry")
+
+    def record_purchase(self, sid: str, state: EpisodeState, reward: float, info: dict[str, Any]) -> None:
+        """Remember what each episode earned, so a client's reported reward can be audited."""
+        self.ledger[sid + ":" + str(len(self.ledger))] = {
+            "session_id": sid,
+            "task_id": state.goal.task_id,
+            "reward": reward,
+            "purchased_asin": info.get("purchased_asin"),
+            "time": time.time(),
+        }
+        logger.info("purchase session=%s task=%s reward=%s", sid, state.goal.task_id, reward)
+        while len(self.ledger) > self.config.ledger_size:
+            self.ledger.popitem(last=False)
+
+    async def purchases(self, request: Request) -> JSONResponse:
+        """GET /purchases[?session_id=...]: the rewards the server computed, oldest first."""
+        sid = request.query_params.get("session_id")
+        items = [p for p in self.ledger.values() if sid is None or p["session_id"] == sid]
+        return JSONResponse({"items": items, "total": len(items)})
 
     async def health(self, request: Request) -> JSONResponse:
         return JSONResponse(
@@ -240,6 +287,7 @@ def create_app(config: ServerConfig | None = None) -> Starlette:
         Route("/reset", server.reset, methods=["POST"]),
         Route("/step", server.step, methods=["POST"]),
         Route("/health", server.health, methods=["GET"]),
+        Route("/purchases", server.purchases, methods=["GET"]),
         Route("/sessions/{session_id}", server.delete_session, methods=["DELETE"]),
     ]
     app = Starlette(

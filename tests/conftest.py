@@ -1,0 +1,63 @@
+"""Shared, expensive processes for the integration tests, started once per session.
+
+Redis (the one on 127.0.0.1:6379 if it answers, on a database of its own, else a fresh redis-server),
+a real ``agl store``, the WebShop server and the LLM stand-in live for the whole session. Workers and
+the bridge are started per module, because tests kill and reconfigure them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from bridge.stack import LocalStack, StackConfig, redis_answers
+from tests.helpers import cancel_unfinished
+
+TEST_REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/11")
+
+
+@pytest.fixture(scope="session")
+def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("stack-logs")
+
+
+@pytest.fixture(scope="session")
+def services(log_dir: Path) -> Iterator[LocalStack]:
+    """Broker, Store, WebShop server and LLM stand-in: started once, torn down at the end."""
+    broker = TEST_REDIS_URL if redis_answers(TEST_REDIS_URL) else None
+    if broker:
+        redis.Redis.from_url(broker).flushdb()
+    stack = LocalStack(StackConfig(broker_url=broker, workers=0, bridge=False, log_dir=log_dir))
+    try:
+        stack.start_services(lambda message: print(message))
+        yield stack
+    finally:
+        stack.stop()
+
+
+@pytest.fixture
+def clean_store(services: LocalStack) -> Iterator[LocalStack]:
+    """Leaves no unfinished rollout behind for the next test's bridge, and a clean broker database."""
+    cancel_unfinished(services.store_url)
+    redis.Redis.from_url(services.broker_url).flushdb()
+    yield services
+    cancel_unfinished(services.store_url)
+
+
+def stack_for(services: LocalStack, log_dir: Path, **config: object) -> LocalStack:
+    """A stack reusing the session's services, adding its own workers/bridge."""
+    stack = LocalStack(
+        StackConfig(
+            store_url=services.store_url,
+            broker_url=services.broker_url,
+            webshop_url=services.webshop_url,
+            llm_base_url=services.llm_base_url,
+            log_dir=log_dir,
+            **config,  # type: ignore[arg-type]
+        )
+    )
+    return stack
