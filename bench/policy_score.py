@@ -112,10 +112,12 @@ def load_task_ids(split: str, limit: int) -> list[str]:
     return ids[:limit]
 
 
-def user_turn(step: int, max_steps: int, observation: str, invalid: bool) -> dict[str, str]:
-    """One user message in the agent loop's format."""
-    lines = ["Invalid action"] if invalid else []
-    lines += [f"Step {step} of {max_steps}", f"Observation: {observation}"]
+def user_turn(step: int, max_steps: int, state: dict[str, Any]) -> dict[str, str]:
+    """One user message in the agent loop's format (workers/prompts.py: step_prompt)."""
+    lines = [f"Step {step} of {max_steps}.", f"Observation: {state['observation']}"]
+    clickables = ((state.get("info") or {}).get("available_actions") or {}).get("clickables")
+    if clickables:
+        lines.append("Clickable: " + ", ".join(clickables[:60]))
     return {"role": "user", "content": "\n".join(lines)}
 
 
@@ -137,7 +139,7 @@ def play(client: httpx.Client, env_url: str, policy_url: str, task_id: str, max_
     session = state["session_id"]
     messages = [
         {"role": "system", "content": SYSTEM_PROMPT},
-        user_turn(1, max_steps, state["observation"], False),
+        user_turn(1, max_steps, state),
     ]
     invalid = 0
     for step in range(1, max_steps + 1):
@@ -152,15 +154,27 @@ def play(client: httpx.Client, env_url: str, policy_url: str, task_id: str, max_
         invalid += int(was_invalid)
         if state.get("done"):
             return EpisodeResult(task_id, float(state.get("reward") or 0.0), step, invalid, True)
-        messages.append(user_turn(step + 1, max_steps, state["observation"], was_invalid))
+        if was_invalid:
+            messages.append({"role": "user", "content": f"Invalid action: {action} changed nothing."})
+        messages.append(user_turn(step + 1, max_steps, state))
     return EpisodeResult(task_id, 0.0, max_steps, invalid, False)
+
+
+def request_url(exc: httpx.HTTPError) -> str:
+    """Which server a failed call went to, so an error line says whom to blame."""
+    try:
+        return str(exc.request.url)
+    except RuntimeError:  # httpx raises when the error carries no request
+        return "?"
 
 
 def play_safely(client: httpx.Client, env_url: str, policy_url: str, task_id: str, max_steps: int) -> EpisodeResult:
     """`play`, with an HTTP failure recorded as a zero-reward episode instead of ending the run."""
     try:
         return play(client, env_url, policy_url, task_id, max_steps)
-    except (httpx.HTTPError, KeyError, ValueError) as exc:
+    except httpx.HTTPError as exc:
+        return EpisodeResult(task_id, 0.0, 0, 0, False, error=f"{type(exc).__name__} at {request_url(exc)}: {exc}")
+    except (KeyError, ValueError) as exc:
         return EpisodeResult(task_id, 0.0, 0, 0, False, error=f"{type(exc).__name__}: {exc}")
 
 

@@ -30,6 +30,7 @@ commands:
   demo     bring up a whole local stack, run rollouts through it, tear it down
   status   Store counts, broker queues, workers and in-flight rollouts
   bench    measure throughput and overheads on a local stack
+  chaos    kill, pause and corrupt a local stack; audit that no rollout was lost or run twice
 
 Exit codes: 0 on a clean stop (SIGINT/SIGTERM), 2 on invalid configuration, 1 on other errors.
 """
@@ -58,8 +59,8 @@ def run_bridge(settings: Settings, *, metrics_port: int | None = None) -> int:
     if port is not None:
         from prometheus_client import start_http_server
 
-        start_http_server(port, addr="127.0.0.1")
-        log.info("metrics on http://127.0.0.1:%d/metrics", port)
+        start_http_server(port, addr=settings.metrics_host)
+        log.info("metrics on http://%s:%d/metrics", settings.metrics_host, port)
     store = StoreClient(
         settings.store_base,
         token=settings.store_token,
@@ -131,7 +132,7 @@ def _extra_commands() -> list[tuple[str, object, Callable[[argparse.ArgumentPars
     import importlib
 
     found: list[tuple[str, object, Callable[[argparse.ArgumentParser], None]]] = []
-    for name in ("demo", "status", "bench"):
+    for name in ("demo", "status", "bench", "chaos"):
         try:
             module = importlib.import_module(f"bridge.{name}")
         except ImportError:

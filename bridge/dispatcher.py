@@ -23,7 +23,7 @@ import uuid
 
 import redis
 
-from bridge import capacity, keys, metrics
+from bridge import broker, capacity, keys, metrics
 from bridge.errors import PublishError, StoreError, UnknownIdError
 from bridge.models import AttemptedRollout, AttemptStatus, RolloutStatus
 from bridge.publisher import Publisher, describe
@@ -35,6 +35,7 @@ log = logging.getLogger("bridge.dispatcher")
 LEADER_TTL_S = 15
 FULL_CAPACITY_WAIT_S = 0.2
 RECONCILE_EVERY_S = 60.0
+GAUGES_EVERY_S = 1.0
 
 _RENEW = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0"
 _RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
@@ -60,6 +61,7 @@ class Dispatcher:
         self._next_reconcile = 0.0
         self._store_failures = 0
         self._broker_failures = 0
+        self._next_gauges = 0.0
 
     # --- the loop ------------------------------------------------------------------------------
 
@@ -87,7 +89,9 @@ class Dispatcher:
             return wait
         if time.monotonic() >= self._next_reconcile:
             self.reconcile()
-        self._update_gauges(free)
+        if time.monotonic() >= self._next_gauges:  # observability only: once a second, not every tick
+            self._next_gauges = time.monotonic() + GAUGES_EVERY_S
+            self._update_gauges(free)
         slots = sum(free.values())
         if slots <= 0:
             return FULL_CAPACITY_WAIT_S
@@ -225,7 +229,8 @@ class Dispatcher:
             for queue in self.queues:
                 metrics.FREE_SLOTS.labels(queue).set(free.get(queue, 0))
                 metrics.IN_FLIGHT.labels(queue).set(capacity.inflight_count(self.redis, queue))
-                metrics.QUEUE_DEPTH.labels(queue).set(int(self.redis.llen(queue)))
-                metrics.OLDEST_QUEUED_AGE.labels(queue).set(capacity.oldest_inflight_age(self.redis, queue) or 0.0)
+                metrics.QUEUE_DEPTH.labels(queue).set(broker.queue_depth(self.redis, queue))
+                metrics.OLDEST_QUEUED_AGE.labels(queue).set(broker.oldest_message_age(self.redis, queue) or 0.0)
+                metrics.OLDEST_IN_FLIGHT_AGE.labels(queue).set(capacity.oldest_inflight_age(self.redis, queue) or 0.0)
         except redis.RedisError:
             pass

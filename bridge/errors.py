@@ -58,3 +58,11 @@ class Superseded(BridgeError):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class DuplicateDelivery(BridgeError):
+    """Another executor holds this attempt's lease: check again once it lapses (its holder may be dead)."""
+
+    def __init__(self, message: str, *, retry_in_s: float) -> None:
+        super().__init__(message)
+        self.retry_in_s = retry_in_s

@@ -1,4 +1,9 @@
-"""Prometheus series of the bridge (served on ``BRIDGE_METRICS_PORT``)."""
+"""Prometheus series of the bridge, served on ``BRIDGE_METRICS_PORT`` (``python -m bridge run --metrics-port``).
+
+The bridge sees the path from the Store to the broker. What happens after a worker takes a message
+(dequeue-to-start latency, outcomes, episode, LLM and environment series) is measured where it happens,
+in ``workers.metrics``; the Grafana dashboard in deploy/grafana puts both side by side.
+"""
 
 from __future__ import annotations
 
@@ -13,10 +18,21 @@ BROKER_ERRORS = Counter("agl_bridge_broker_errors_total", "Failed broker (Redis)
 IN_FLIGHT = Gauge("agl_bridge_in_flight", "Attempts published and not yet finished", ["queue"])
 FREE_SLOTS = Gauge("agl_bridge_free_slots", "Worker slots not taken", ["queue"])
 QUEUE_DEPTH = Gauge("agl_bridge_queue_depth", "Messages waiting in the broker", ["queue"])
-OLDEST_QUEUED_AGE = Gauge("agl_bridge_oldest_in_flight_age_seconds", "Age of the oldest in-flight attempt", ["queue"])
+OLDEST_QUEUED_AGE = Gauge(
+    "agl_bridge_oldest_queued_age_seconds", "How long the oldest message in the broker queue has waited", ["queue"]
+)
+OLDEST_IN_FLIGHT_AGE = Gauge(
+    "agl_bridge_oldest_in_flight_age_seconds", "Age of the oldest published, unfinished attempt", ["queue"]
+)
 IS_LEADER = Gauge("agl_bridge_is_leader", "1 when this bridge holds the dispatch lock")
 DISPATCH_LATENCY = Histogram(
     "agl_bridge_dequeue_to_publish_seconds",
     "Time from the Store's attempt start (dequeue) to the publish",
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
+
+# Series a dashboard alerts on are exported at zero from the start, not only after the first error.
+for _kind in ("dequeue", "hand_back"):
+    STORE_ERRORS.labels(_kind)
+for _reason in ("publish_failed", "stranded"):
+    HANDED_BACK.labels(_reason)

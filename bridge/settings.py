@@ -56,8 +56,11 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("AGENT_LIGHTNING_SERVICE_NAME", "service_name"),
     )
     trace_content: bool = Field(default=False, validation_alias=AliasChoices("TRACE_CONTENT", "trace_content"))
+    # Buffered spans are shipped this often while an episode runs (and always before the report). A flush
+    # doubles as the attempt's heartbeat, so it matches HEARTBEAT_INTERVAL_S: shorter costs one Store
+    # request per attempt per interval (at 128 slots, 1 s meant ~128 requests/s) and buys nothing.
     span_flush_interval_s: float = Field(
-        default=1.0, gt=0, le=60, validation_alias=AliasChoices("SPAN_FLUSH_INTERVAL_S", "span_flush_interval_s")
+        default=10.0, gt=0, le=60, validation_alias=AliasChoices("SPAN_FLUSH_INTERVAL_S", "span_flush_interval_s")
     )
 
     # --- WebShop environment -------------------------------------------------------------------
@@ -83,6 +86,23 @@ class Settings(BaseSettings):
     llm_retries: int = Field(default=6, ge=0, le=50, validation_alias=AliasChoices("LLM_RETRIES", "llm_retries"))
     llm_max_backoff_s: float = Field(
         default=30.0, gt=0, validation_alias=AliasChoices("LLM_MAX_BACKOFF_S", "llm_max_backoff_s")
+    )
+    # vLLM returns token ids only when asked; the trainer's adapters need them. APIs that reject unknown
+    # request fields (api.openai.com) need LLM_RETURN_TOKEN_IDS=false.
+    llm_return_token_ids: bool = Field(
+        default=True, validation_alias=AliasChoices("LLM_RETURN_TOKEN_IDS", "llm_return_token_ids")
+    )
+
+    # Global LLM rate limit (a token bucket in Redis shared by every worker; workers.ratelimit). Unset = off.
+    llm_rpm: float | None = Field(default=None, gt=0, validation_alias=AliasChoices("LLM_RPM", "llm_rpm"))
+    llm_tpm: float | None = Field(default=None, gt=0, validation_alias=AliasChoices("LLM_TPM", "llm_tpm"))
+    llm_rate_limits: Annotated[dict[str, tuple[float | None, float | None]], NoDecode] = Field(
+        default_factory=dict,
+        validation_alias=AliasChoices("LLM_RATE_LIMITS", "llm_rate_limits"),
+        description="per-model overrides, model=rpm[:tpm] pairs, e.g. 'gpt-4o-mini=500:200000,qwen=60'",
+    )
+    llm_rate_burst_s: float = Field(
+        default=10.0, gt=0, le=60, validation_alias=AliasChoices("LLM_RATE_BURST_S", "llm_rate_burst_s")
     )
 
     # --- Agent loop ------------------------------------------------------------------------------
@@ -120,8 +140,11 @@ class Settings(BaseSettings):
     dispatcher_id: str = Field(
         default="celery-bridge", validation_alias=AliasChoices("BRIDGE_DISPATCHER_ID", "dispatcher_id")
     )
-    poll_min_s: float = Field(default=1.0, gt=0, validation_alias=AliasChoices("BRIDGE_POLL_MIN_S", "poll_min_s"))
-    poll_max_s: float = Field(default=5.0, gt=0, validation_alias=AliasChoices("BRIDGE_POLL_MAX_S", "poll_max_s"))
+    # Empty-queue poll interval while slots are free: it bounds dispatch latency (a rollout enqueued into an
+    # idle system waits up to poll_max_s) and costs 1/interval empty dequeues per second (4-10/s: about
+    # 2-3% of a single-process Store). Raise both when the Store is shared by many bridges.
+    poll_min_s: float = Field(default=0.1, gt=0, validation_alias=AliasChoices("BRIDGE_POLL_MIN_S", "poll_min_s"))
+    poll_max_s: float = Field(default=0.25, gt=0, validation_alias=AliasChoices("BRIDGE_POLL_MAX_S", "poll_max_s"))
     max_batch: int = Field(default=64, ge=1, le=10000, validation_alias=AliasChoices("BRIDGE_MAX_BATCH", "max_batch"))
     max_queue_wait_s: float = Field(
         default=300.0, gt=0, validation_alias=AliasChoices("BRIDGE_MAX_QUEUE_WAIT_S", "max_queue_wait_s")
@@ -131,6 +154,18 @@ class Settings(BaseSettings):
     )
     metrics_port: int | None = Field(
         default=None, ge=0, le=65535, validation_alias=AliasChoices("BRIDGE_METRICS_PORT", "metrics_port")
+    )
+    worker_metrics_port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65535,
+        validation_alias=AliasChoices("WORKER_METRICS_PORT", "worker_metrics_port"),
+        description="each worker node serves Prometheus metrics here (off when unset)",
+    )
+    metrics_host: str = Field(
+        default="127.0.0.1",
+        validation_alias=AliasChoices("METRICS_HOST", "metrics_host"),
+        description="interface the bridge and worker metrics servers bind (0.0.0.0 in containers)",
     )
 
     # --- Logging ---------------------------------------------------------------------------------
@@ -150,6 +185,26 @@ class Settings(BaseSettings):
                 mapping[mode.strip()] = queue.strip()
             return mapping
         return value
+
+    @field_validator("llm_rate_limits", mode="before")
+    @classmethod
+    def _parse_rate_limits(cls, value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        limits: dict[str, tuple[float | None, float | None]] = {}
+        for pair in (p.strip() for p in value.split(",")):
+            if not pair:
+                continue
+            model, sep, numbers = pair.rpartition("=")  # model names may hold '/' or ':', numbers never '='
+            rpm, _, tpm = numbers.partition(":")
+            try:
+                parsed = (float(rpm) if rpm.strip() else None, float(tpm) if tpm.strip() else None)
+            except ValueError:
+                parsed = (-1.0, None)
+            if not sep or not model.strip() or any(v is not None and v <= 0 for v in parsed):
+                raise ValueError(f"expected model=rpm[:tpm] pairs with positive numbers, got {pair!r}")
+            limits[model.strip()] = parsed
+        return limits
 
     @field_validator("log_level")
     @classmethod
@@ -208,6 +263,10 @@ class Settings(BaseSettings):
     def hard_time_limit(self, timeout_s: float | None) -> float:
         budget = timeout_s if timeout_s and timeout_s > 0 else self.default_timeout_s
         return max(2.0, budget * 0.95)
+
+    def llm_rate_limit(self, model: str) -> tuple[float | None, float | None]:
+        """(requests, tokens) per minute for ``model``: its LLM_RATE_LIMITS entry, else LLM_RPM/LLM_TPM."""
+        return self.llm_rate_limits.get(model, (self.llm_rpm, self.llm_tpm))
 
     def redacted(self) -> dict[str, Any]:
         """The settings as they may be logged: secrets removed, URLs stripped of passwords."""

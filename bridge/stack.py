@@ -176,9 +176,14 @@ class StackConfig:
     flower_port: int | None = None
     bridge: bool = True
     bridge_metrics_port: int | None = None
+    worker_metrics: bool = False  # each worker node serves /metrics on a free port (see worker_metrics_urls)
     policy_latency_ms: float = 0.0
     policy_error_rate: float = 0.0
     env_latency_ms: float = 0.0
+    env_error_rate: float = 0.0  # fault tests: share of WebShop /reset and /step answered 503
+    env_timeout_rate: float = 0.0  # fault tests: share that stall for env_stall_s first
+    env_stall_s: float = 60.0
+    broker_persistent: bool = False  # a started Redis keeps an append-only file, so a restart loses nothing
     store_tracker: str | None = None
     log_dir: Path | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
@@ -199,6 +204,7 @@ class LocalStack:
         self.llm_base_url = config.llm_base_url or ""
         self.flower_url: str | None = None
         self.bridge_metrics_url: str | None = None
+        self.worker_metrics_urls: dict[str, str] = {}
         self._worker_seq = 0
 
     # --- lifecycle -----------------------------------------------------------------------------
@@ -263,7 +269,7 @@ class LocalStack:
             "--save",
             "",
             "--appendonly",
-            "no",
+            "yes" if self.config.broker_persistent else "no",
             "--dir",
             str(self.log_dir),
         ]
@@ -311,6 +317,14 @@ class LocalStack:
         ]
         if self.config.env_latency_ms:
             argv += ["--latency-ms", str(self.config.env_latency_ms)]
+        if self.config.env_error_rate or self.config.env_timeout_rate:
+            argv += [
+                "--error-rate",
+                str(self.config.env_error_rate),
+                "--timeout-rate",
+                str(self.config.env_timeout_rate),
+            ]
+            argv += ["--stall-s", str(self.config.env_stall_s)]
         self._spawn("webshop", argv, lambda: http_ok(f"{url}/health", {"status": "ok"}), timeout=60)
         self.webshop_url = url
         say(f"webshop: started the offline WebShop server at {url}")
@@ -376,9 +390,12 @@ class LocalStack:
         if self.config.queues:
             argv += ["-Q", self.config.queues]
         hostname = f"{name}@{socket.gethostname()}"
-        process = self._spawn(
-            name, argv, lambda: self._worker_advertised(hostname), env=self.component_env(), timeout=60, wait=wait
-        )
+        env = self.component_env()
+        if self.config.worker_metrics:
+            port = free_port()
+            env.update(WORKER_METRICS_PORT=str(port), PROMETHEUS_MULTIPROC_DIR=str(self.log_dir / "metrics" / name))
+            self.worker_metrics_urls[name] = f"http://127.0.0.1:{port}/metrics"
+        process = self._spawn(name, argv, lambda: self._worker_advertised(hostname), env=env, timeout=60, wait=wait)
         self.workers.append(process)
         return process
 
@@ -435,6 +452,12 @@ class LocalStack:
         if wait:
             process.wait_healthy()
         return process
+
+    def restart(self, name: str) -> ManagedProcess:
+        """Stop one child (SIGTERM, then SIGKILL) and start it again with the same command: outage tests."""
+        old = self.processes[name]
+        old.stop()
+        return self._spawn(name, old.argv, old.healthy, env=old.env, timeout=old.startup_timeout_s)
 
     def process(self, name: str) -> ManagedProcess:
         return self.processes[name]

@@ -154,8 +154,10 @@ class StoreClient:
         )
         return [AttemptedRollout.model_validate(item) for item in data or []]
 
-    def get_rollout(self, rollout_id: str, *, retries: int | None = None) -> Rollout | AttemptedRollout:
-        data = self._json("GET", f"/rollouts/{rollout_id}", retries=retries)
+    def get_rollout(
+        self, rollout_id: str, *, retries: int | None = None, timeout: float | None = None
+    ) -> Rollout | AttemptedRollout:
+        data = self._json("GET", f"/rollouts/{rollout_id}", retries=retries, timeout=timeout)
         if data is None:
             raise UnknownIdError(f"rollout {rollout_id} is unknown to the Store", path=f"/rollouts/{rollout_id}")
         return _rollout(data)
@@ -183,11 +185,17 @@ class StoreClient:
         *,
         deadline: float | None = None,
         retries: int | None = None,
+        timeout: float | None = None,
         **fields: Any,
     ) -> Attempt:
         body = {k: v for k, v in fields.items() if v is not None}
         data = self._json(
-            "POST", f"/rollouts/{rollout_id}/attempts/{attempt_id}", json=body, deadline=deadline, retries=retries
+            "POST",
+            f"/rollouts/{rollout_id}/attempts/{attempt_id}",
+            json=body,
+            deadline=deadline,
+            retries=retries,
+            timeout=timeout,
         )
         return Attempt.model_validate(data)
 

@@ -31,7 +31,9 @@ def services(log_dir: Path) -> Iterator[LocalStack]:
     broker = TEST_REDIS_URL if redis_answers(TEST_REDIS_URL) else None
     if broker:
         redis.Redis.from_url(broker).flushdb()
-    stack = LocalStack(StackConfig(broker_url=broker, workers=0, bridge=False, log_dir=log_dir))
+    # The Prometheus tracker lets tests/test_bench.py read the Store's own request counters.
+    config = StackConfig(broker_url=broker, workers=0, bridge=False, log_dir=log_dir, store_tracker="prometheus")
+    stack = LocalStack(config)
     try:
         stack.start_services(lambda message: print(message))
         yield stack

@@ -97,6 +97,46 @@ def test_option_clicks_before_a_new_item_do_not_count() -> None:
     assert decide(ITEM_PAGE, actions).action == "click[120ml]"
 
 
+SYNTH = "Find me slim fit shirts with color: navy blue, and size: x-large, and price lower than 40.00 dollars"
+SYNTH_RESULTS = (
+    f"Instruction: [SEP] {SYNTH} [SEP] Back to Search [SEP] Page 1 (Total results: 2) [SEP] Next > "
+    "[SEP] B0AAAAAAAA [SEP] Slim Fit Shirt [SEP] $19.99 [SEP] B0BBBBBBBB [SEP] Slim Fit Shirt Navy [SEP] $25.0"
+)
+
+
+def synth_item(colors: str, sizes: str = "large [SEP] x-large") -> str:
+    return (
+        f"Instruction: [SEP] {SYNTH} [SEP] Back to Search [SEP] < Prev [SEP] color [SEP] {colors} "
+        f"[SEP] size [SEP] {sizes} [SEP] Slim Fit Shirt [SEP] Price: $19.99 "
+        "[SEP] Rating: N.A. [SEP] Description [SEP] Features [SEP] Reviews [SEP] Buy Now"
+    )
+
+
+def test_item_lacking_requested_option_is_left_for_the_next_result() -> None:
+    lacking = synth_item("red [SEP] white")
+    actions = ["search[slim fit shirts]", "click[B0AAAAAAAA]"]
+    assert decide(lacking, actions).action == "click[< Prev]"
+    actions.append("click[< Prev]")
+    assert decide(SYNTH_RESULTS, actions).action == "click[B0BBBBBBBB]"
+    actions.append("click[B0BBBBBBBB]")
+    assert decide(synth_item("navy blue [SEP] red"), actions).action == "click[navy blue]"
+
+
+def test_without_budget_the_best_item_seen_is_bought() -> None:
+    lacking = synth_item("red [SEP] white", sizes="large")
+    partial = synth_item("navy blue [SEP] red", sizes="small [SEP] large")  # has the colour only
+    actions = ["search[slim fit shirts]", "click[B0BBBBBBBB]", "click[< Prev]", "click[B0AAAAAAAA]"]
+    pages = [SYNTH_RESULTS, partial, SYNTH_RESULTS, lacking]
+    # 5 steps left: enough to go back to the better item and buy it, not to explore further.
+    decision = decide(lacking, actions, pages_after=pages, max_steps=9)
+    assert decision.action == "click[< Prev]"
+    actions.append("click[< Prev]")
+    pages.append(SYNTH_RESULTS)
+    assert decide(SYNTH_RESULTS, actions, pages_after=pages, max_steps=9).action == "click[B0BBBBBBBB]"
+    # On the last step anything left is bought at once.
+    assert decide(lacking, actions[:4], max_steps=5).action == "click[Buy Now]"
+
+
 def test_subpage_goes_back_and_unknown_text_is_safe() -> None:
     sub = f"Instruction: [SEP] {INSTRUCTION} [SEP] Back to Search [SEP] < Prev [SEP] Great mask."
     assert classify(split_pieces(sub)) is Page.SUBPAGE
@@ -122,6 +162,31 @@ def test_conversation_reading_collects_previous_actions() -> None:
     conversation = read_conversation(messages)
     assert conversation.observation == ITEM_PAGE
     assert conversation.previous_actions == ["search[hair mask]", "click[B09R4RJSFP]"]
+    assert conversation.pages_after == [RESULTS_PAGE, ITEM_PAGE]
+    assert conversation.max_steps == 15
+
+
+def test_clickable_line_tells_unknown_option_names_from_values() -> None:
+    page = ITEM_PAGE.replace("[SEP] color [SEP]", "[SEP] capacity volume [SEP]")
+    clickable = "back to search, < prev, description, features, reviews, buy now, 60ml, 120ml"
+    messages = [{"role": "user", "content": f"Step 3 of 15.\nObservation: {page}\nClickable: {clickable}"}]
+    conversation = read_conversation(messages)
+    assert conversation.clickables is not None
+    item = parse_item(split_pieces(page), conversation.clickables)
+    assert item is not None and item.options == [("capacity volume", ["60ml", "120ml"])]
+
+
+def test_conversation_reading_takes_step_cap_and_skips_feedback_only_turns() -> None:
+    messages = [
+        {"role": "system", "content": "system"},
+        {"role": "user", "content": f"Step 1 of 20\nObservation: {SEARCH_PAGE}"},
+        {"role": "assistant", "content": "Action: click[nothing]"},
+        {"role": "user", "content": "Invalid action"},
+    ]
+    conversation = read_conversation(messages)
+    assert conversation.observation == SEARCH_PAGE
+    assert conversation.max_steps == 20
+    assert conversation.pages_after == [""]
 
 
 # ---------------------------------------------------------------- HTTP server as a subprocess
@@ -186,9 +251,12 @@ def test_openai_client_gets_parsable_action_and_usage(server: str) -> None:
     assert content.splitlines()[-1] == "Action: search[120 ml hair mask treatment]"
     assert content.startswith("Thought: ")
     assert reply.usage is not None and reply.usage.total_tokens > reply.usage.completion_tokens > 0
-    raw = httpx.post(f"{server}/v1/chat/completions", json={"messages": chat_messages()}).json()
+    plain = httpx.post(f"{server}/v1/chat/completions", json={"messages": chat_messages()}).json()
+    assert "prompt_token_ids" not in plain and "token_ids" not in plain["choices"][0]  # vLLM: only when asked
+    asked = {"messages": chat_messages(), "return_token_ids": True}
+    raw = httpx.post(f"{server}/v1/chat/completions", json=asked).json()
     assert len(raw["prompt_token_ids"]) == raw["usage"]["prompt_tokens"]
-    assert len(raw["choices"][0]["response_token_ids"]) == raw["usage"]["completion_tokens"]
+    assert len(raw["choices"][0]["token_ids"]) == raw["usage"]["completion_tokens"]
 
 
 def test_any_path_prefix_and_models_and_bad_input(server: str) -> None:

@@ -72,6 +72,7 @@ _STOP_WORDS_TEXT = """a an the and or of for with to in on at by from that this 
     which who what has have having should must can could will just one ones pack count"""
 STOP_WORDS = frozenset(_STOP_WORDS_TEXT.split())
 
+CLICKABLES_MAYBE_CUT = 60  # prompts list at most this many clickables
 DEFAULT_MAX_STEPS = 15  # ReAct-style harness cap; the prompt's "Step k of N" overrides it
 # Tuned on the val split (bench/policy_score.py numbers): the search engine's own order is a
 # stronger signal than title overlap, so rank drops 0.05 per position; opening up to 5 items to
@@ -272,10 +273,18 @@ def parse_item(pieces: list[str], clickables: set[str] | None = None) -> ItemPag
 
 
 def _is_option_name(piece: str, clickables: set[str] | None) -> bool:
-    """Whether an item-page piece is an option group name rather than a value."""
-    if clickables:
-        return piece.lower() not in clickables
-    return piece.lower() in KNOWN_OPTION_NAMES
+    """Whether an item-page piece is an option group name rather than a value.
+
+    Clickable pieces are values (a comma inside a value may have split it in a comma-joined
+    list). An unclickable piece is a name only if the list looks complete: prompts may cut it
+    (the worker sends at most 60), and then only known names count.
+    """
+    lowered = piece.lower()
+    if clickables and (lowered in clickables or all(p in clickables for p in lowered.split(", "))):
+        return False
+    if lowered in KNOWN_OPTION_NAMES:
+        return True
+    return bool(clickables) and len(clickables or ()) < CLICKABLES_MAYBE_CUT
 
 
 def remember(instruction: str, actions: list[str], pages_after: list[str] | None = None) -> EpisodeMemory:
@@ -470,9 +479,10 @@ def decide_results(instruction: str, pieces: list[str], memory: EpisodeMemory, r
     last = memory.visited_asins[-1] if memory.visited_asins else None
     last_groups = memory.item_pages.get(last, (1.0, 0))[1] if last else 0
     best_seen = memory.best_visited()
-    on_page = {item.asin.lower() for item in items}
+    on_page = {item.asin.lower(): item.asin for item in items}
     if best_seen and best_seen[0] in on_page and not may_explore(memory, remaining, last_groups):
-        return Decision(f"click[{best_seen[0]}]", "No budget to look further: back to the best item seen.")
+        asin = on_page[best_seen[0]]
+        return Decision(f"click[{asin}]", "No budget to look further: back to the best item seen.")
     ranked = rank_results(instruction, items, exclude=set(memory.visited_asins))
     if not ranked:
         ranked = rank_results(instruction, items, exclude=set())
@@ -500,7 +510,7 @@ def decide_item(
         better = memory.best_visited(exclude=current)
         if fit < 1.0 and may_explore(memory, remaining - 1, len(item.options)):
             return Decision("click[< Prev]", "This item lacks a requested option: back to the results.")
-        if better and better[1] > fit and remaining >= len(item.options) + 4:
+        if better and better[1] > fit and remaining >= len(item.options) + 3:
             return Decision("click[< Prev]", "An earlier item matched better: go back to it.")
     for value in choose_options(instruction, item):
         if value.lower() not in clicked:

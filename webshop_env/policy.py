@@ -19,9 +19,11 @@ possibly with other lines such as `Step 3 of 15` or `Valid actions: ...`) altern
 `assistant` turns holding the actions taken (`search[...]` / `click[...]`). The reply content is
 `Thought: <one line>` then `Action: <action>`.
 
-Token ids: like vLLM with `return_token_ids`, every response carries `prompt_token_ids` at the
-top level and `response_token_ids` in each choice: whitespace tokens hashed with CRC32 into
-[0, 32000). They are stable across runs and only meant for plumbing tests.
+Token ids: exactly like vLLM, only when the request asks with `"return_token_ids": true` (the
+OpenAI SDK's `extra_body`, or the Agent Lightning LLM proxy's callback), the response carries
+`prompt_token_ids` at the top level and `token_ids` in each choice, so a client that works here
+works unchanged against vLLM. They are whitespace tokens hashed with CRC32 into [0, 32000): stable
+across runs and only meant for plumbing tests (the trainer's adapters need *some* ids to build triplets).
 """
 
 from __future__ import annotations
@@ -49,7 +51,9 @@ from webshop_env.heuristic import DEFAULT_MAX_STEPS, Decision, decide
 
 STANDIN_MODEL = "webshop-heuristic-standin"
 VOCAB_SIZE = 32000
-VALID_ACTIONS_RE = re.compile(r"^\s*(?:valid|available)\s+actions\s*:(.*)$", re.IGNORECASE | re.MULTILINE)
+VALID_ACTIONS_RE = re.compile(
+    r"^\s*(?:(?:valid|available)\s+actions|clickables?)\s*:(.*)$", re.IGNORECASE | re.MULTILINE
+)
 CLICK_ARG_RE = re.compile(r"click\[([^\[\]]*)\]")
 # Anchors that start an observation inside a longer chat message (see the worker contract).
 OBSERVATION_ANCHORS = ("WebShop [SEP] ", "Instruction: [SEP] ", "Thank you for shopping")
@@ -132,11 +136,11 @@ def message_text(message: dict[str, Any]) -> str:
 
 
 def parse_clickables(user_text: str) -> set[str] | None:
-    """Clickables from a `Valid actions: ...` line, if the prompt has one.
+    """Clickables from a `Clickable: a, b, ...` / `Valid actions: ...` line, if the prompt has one.
 
-    Accepts `click[x]` lists and the env's JSON (`{"clickables": [...]}` or a list). Only an
-    item page's list (it contains `buy now`) is kept: it is the one place where it helps, telling
-    option names from values.
+    Accepts `click[x]` lists, the env's JSON (`{"clickables": [...]}` or a list) and plain
+    comma-separated names. Only an item page's list (it contains `buy now`) is kept: it is the one
+    place where it helps, telling option names from values.
     """
     match = VALID_ACTIONS_RE.search(user_text)
     if not match:
@@ -147,7 +151,7 @@ def parse_clickables(user_text: str) -> set[str] | None:
         try:
             data = json.loads(raw)
         except ValueError:
-            data = None
+            data = raw.split(", ")
         if isinstance(data, dict):
             data = data.get("clickables")
         if isinstance(data, list):
@@ -211,11 +215,11 @@ def render_reply(decision: Decision) -> str:
     return f"Thought: {thought}\nAction: {decision.action}"
 
 
-def completion_body(prompt_text: str, content: str) -> dict[str, Any]:
-    """A `chat.completion` object as the OpenAI API (and vLLM's token-id extension) returns it."""
+def completion_body(prompt_text: str, content: str, *, with_token_ids: bool = False) -> dict[str, Any]:
+    """A `chat.completion` object as the OpenAI API returns it, plus vLLM's token ids when asked for."""
     prompt_ids = token_ids(prompt_text)
     response_ids = token_ids(content)
-    return {
+    body: dict[str, Any] = {
         "id": f"chatcmpl-standin-{uuid.uuid4().hex[:24]}",
         "object": "chat.completion",
         "created": int(time.time()),
@@ -226,7 +230,6 @@ def completion_body(prompt_text: str, content: str) -> dict[str, Any]:
                 "message": {"role": "assistant", "content": content},
                 "finish_reason": "stop",
                 "logprobs": None,
-                "response_token_ids": response_ids,
             }
         ],
         "usage": {
@@ -234,8 +237,12 @@ def completion_body(prompt_text: str, content: str) -> dict[str, Any]:
             "completion_tokens": len(response_ids),
             "total_tokens": len(prompt_ids) + len(response_ids),
         },
-        "prompt_token_ids": prompt_ids,
     }
+    if with_token_ids:
+        # vLLM's names (>= 0.10.2, `return_token_ids`): prompt ids top level, completion ids per choice.
+        body["prompt_token_ids"] = prompt_ids
+        body["choices"][0]["token_ids"] = response_ids
+    return body
 
 
 def error_response(status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -300,7 +307,8 @@ def build_app(settings: PolicySettings) -> Starlette:
         )
         prompt_text = "\n".join(message_text(m) for m in messages)
         logger.debug("path=%s action=%s", request.url.path, decision.action)
-        return JSONResponse(completion_body(prompt_text, render_reply(decision)))
+        with_ids = body.get("return_token_ids") is True
+        return JSONResponse(completion_body(prompt_text, render_reply(decision), with_token_ids=with_ids))
 
     async def models(_request: Request) -> JSONResponse:
         card = {"id": STANDIN_MODEL, "object": "model", "created": 0, "owned_by": "webshop-env (heuristic)"}

@@ -54,7 +54,8 @@ class Episode:
     telemetry: AttemptTelemetry
     settings: Settings
     check_stop: Callable[[], None]
-    before_llm_call: Callable[[], None] | None = None
+    before_llm_call: Callable[[], object] | None = None  # waits for the global rate limit (workers.ratelimit)
+    after_llm_call: Callable[[int | None], None] | None = None  # charges the tokens a call used
 
     def run(self) -> EpisodeResult:
         with self.telemetry.span("webshop.env.reset", {"webshop.request": str(self.task.reset_request())}):
@@ -139,6 +140,8 @@ class Episode:
             )
             result.llm_calls += 1
             result.llm_rate_limited += reply.rate_limited
+            if self.after_llm_call is not None:
+                self.after_llm_call((reply.prompt_tokens or 0) + (reply.completion_tokens or 0) or None)
             span.set_attribute("gen_ai.response.model", reply.model)
             if reply.finish_reason:
                 span.set_attribute("gen_ai.response.finish_reasons", [reply.finish_reason])

@@ -14,21 +14,32 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import redis
 from pydantic import ValidationError
 
-from bridge.errors import InvalidInputError, StoreError, StoreUnavailable, Superseded, TelemetryError, UnknownIdError
+from bridge.errors import (
+    DuplicateDelivery,
+    InvalidInputError,
+    StoreError,
+    StoreUnavailable,
+    Superseded,
+    TelemetryError,
+    UnknownIdError,
+)
 from bridge.logs import RolloutLogger
 from bridge.models import AttemptedRollout, AttemptStatus
 from bridge.redact import redact_text
 from workers import llm as llm_mod
+from workers import metrics as worker_metrics
 from workers.agent import Episode, EpisodeResult
 from workers.failures import FailureClass, classify
 from workers.heartbeat import AttemptWatch, fence
 from workers.inputs import parse_task_input
 from workers.lease import Lease, executor_id, finished_status, mark_done
+from workers.ratelimit import LLMRateLimiter, RateLimit
 from workers.resources import WorkerResources
 from workers.telemetry import AttemptTelemetry, current_trace_id
 
@@ -78,7 +89,10 @@ class AttemptRun:
             return self._skip(f"attempt already finished here ({done}); duplicate delivery ignored")
         lease = Lease(self.res.redis, self.aid, self.settings.lease_ttl_s)
         if not lease.acquire():
-            return self._skip(f"another executor holds the lease ({lease.holder()}); duplicate delivery ignored")
+            # Not dropped: if the holder died, its lease lapses and the re-check takes the attempt over.
+            raise DuplicateDelivery(
+                f"another executor holds the lease ({lease.holder()})", retry_in_s=lease.remaining_s()
+            )
         try:
             return self._run_leased(lease)
         finally:
@@ -113,9 +127,10 @@ class AttemptRun:
             target = llm_mod.resolve_target(resources, self.rollout, self.settings)
         except llm_mod.LLMError as exc:
             return self._report_failure(FailureClass.LLM, str(exc))
-        self.res.store.update_attempt(
-            self.rid, self.aid, status=AttemptStatus.RUNNING, worker_id=self.executor, last_heartbeat_time=time.time()
-        )
+        # No explicit `running` report: the first stored span marks the attempt running (store-protocol.md
+        # 6.1), as Agent Lightning's runner does, saving one Store request per rollout. The takeover check
+        # above stays exact: an attempt is `running` exactly when some span of it reached the Store, so a
+        # `preparing` attempt re-run after a lost worker has no spans to mix with the new execution.
         self.log.info(
             "started on %s (llm=%s via %s, trace=%s)", self.executor, target.model, target.source, self.trace_id
         )
@@ -123,7 +138,11 @@ class AttemptRun:
 
     def _run_episode(self, lease: Lease, task: Any, target: llm_mod.LLMTarget) -> Outcome:
         telemetry = AttemptTelemetry(
-            self.res.store, rollout_id=self.rid, attempt_id=self.aid, service_name=self.settings.service_name
+            self.res.store,
+            rollout_id=self.rid,
+            attempt_id=self.aid,
+            service_name=self.settings.service_name,
+            traces_url=self.settings.traces_endpoint,
         )
         watch = AttemptWatch(
             self.rid,
@@ -135,6 +154,7 @@ class AttemptRun:
             deadline=self._episode_deadline(),
         )
         self.res.monitor.watch(watch)
+        limiter = self._rate_limiter(target.model)
         try:
             episode = Episode(
                 task=task,
@@ -144,6 +164,8 @@ class AttemptRun:
                 telemetry=telemetry,
                 settings=self.settings,
                 check_stop=watch.check,
+                before_llm_call=partial(limiter.acquire, watch.check) if limiter else None,
+                after_llm_call=limiter.charge_tokens if limiter else None,
             )
             root_attributes = {
                 "agentlightning.rollout_id": self.rid,
@@ -200,6 +222,7 @@ class AttemptRun:
             self.res.store.update_attempt(
                 self.rid, self.aid, status=status, worker_id=self.executor, metadata=metadata, deadline=deadline
             )
+            worker_metrics.observe_report(status, metadata, self.rollout.mode)
         except UnknownIdError:
             return self._skip("the Store no longer knows this rollout (it restarted?); report dropped")
         except StoreError as exc:
@@ -252,6 +275,12 @@ class AttemptRun:
             telemetry.flush(deadline=time.time() + 10)
         except TelemetryError as exc:
             self.log.warning("spans of the failed attempt were not delivered: %s", exc)
+
+    def _rate_limiter(self, model: str) -> LLMRateLimiter | None:
+        """The global per-model LLM budget (LLM_RPM/LLM_TPM/LLM_RATE_LIMITS), or None when unlimited."""
+        rpm, tpm = self.settings.llm_rate_limit(model)
+        limit = RateLimit(rpm, tpm, self.settings.llm_rate_burst_s)
+        return LLMRateLimiter(self.res.redis, model, limit) if limit.active else None
 
     def _heartbeat_interval(self) -> float:
         unresponsive = self.rollout.config.unresponsive_seconds

@@ -28,6 +28,7 @@ from workers.telemetry import AttemptTelemetry
 log = logging.getLogger("workers.heartbeat")
 
 TICK_S = 0.25
+HEARTBEAT_TIMEOUT_S = 5.0
 
 
 @dataclass(eq=False)
@@ -42,6 +43,7 @@ class AttemptWatch:
     stop_reason: str | None = None
     next_beat: float = field(default_factory=lambda: time.monotonic())
     beats: int = 0
+    spans_at_last_beat: int = 0  # spans exported when the previous beat ran
 
     def __post_init__(self) -> None:
         self.next_beat = time.monotonic() + self.interval_s
@@ -116,7 +118,8 @@ class HeartbeatMonitor:
         telemetry = watch.telemetry
         if telemetry is not None and telemetry.pending and now - telemetry.last_flush >= watch.flush_interval_s:
             try:
-                telemetry.flush()
+                # Bounded: a failed flush keeps the spans for the next tick instead of stalling this thread.
+                telemetry.flush(deadline=time.time() + watch.interval_s)
             except TelemetryError as exc:
                 log.warning("span flush for attempt %s failed, will retry: %s", watch.attempt_id, exc)
         if now >= watch.next_beat and watch.stop_reason is None:
@@ -131,14 +134,24 @@ class HeartbeatMonitor:
         except redis.RedisError as exc:
             log.warning("could not renew lease of %s (will retry): %r", watch.attempt_id, exc)
         try:
-            attempt = self._store.update_attempt(
-                watch.rollout_id, watch.attempt_id, last_heartbeat_time=time.time(), retries=0
-            )
+            # A short timeout: one thread serves every attempt of the process, and a Store that hangs
+            # (paused, overloaded) must not keep it from renewing the other attempts' leases.
+            timeout = max(1.0, min(watch.interval_s, HEARTBEAT_TIMEOUT_S))
+            exported = watch.telemetry.spans_exported if watch.telemetry is not None else 0
+            if exported > watch.spans_at_last_beat:
+                # Spans stored since the last beat already refreshed the attempt's heartbeat, on the Store's
+                # clock (store-protocol.md 6.4): skip the heartbeat request; the fence read below still sees
+                # a timeout/unresponsive mark, a newer attempt or a cancellation.
+                watch.spans_at_last_beat = exported
+            else:
+                attempt = self._store.update_attempt(
+                    watch.rollout_id, watch.attempt_id, last_heartbeat_time=time.time(), retries=0, timeout=timeout
+                )
+                if attempt.status not in ACTIVE_ATTEMPT:
+                    watch.stop(f"the Store marked the attempt {attempt.status}")
+                    return
             watch.beats += 1
-            if attempt.status not in ACTIVE_ATTEMPT:
-                watch.stop(f"the Store marked the attempt {attempt.status}")
-                return
-            reason = fence(self._store.get_rollout(watch.rollout_id, retries=0), watch.attempt_id)
+            reason = fence(self._store.get_rollout(watch.rollout_id, retries=0, timeout=timeout), watch.attempt_id)
             if reason is not None:
                 watch.stop(reason)
         except UnknownIdError:

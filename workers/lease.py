@@ -16,7 +16,14 @@ import redis
 
 from bridge import keys
 
-_RENEW = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0"
+# Renew our lease; if the key vanished (Redis restarted without persistence, or it expired while the
+# heartbeat thread was stalled) and nobody else took it, take it back instead of abandoning a live episode.
+_RENEW = (
+    "local v = redis.call('get', KEYS[1]) "
+    "if v == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end "
+    "if not v then return redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2]) and 1 or 0 end "
+    "return 0"
+)
 _RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
 
 
@@ -40,6 +47,11 @@ class Lease:
 
     def release(self) -> None:
         self._client.eval(_RELEASE, 1, self.key, self.token)
+
+    def remaining_s(self) -> float:
+        """Seconds until the lease lapses (0 when it is gone): how long a duplicate delivery should wait."""
+        ttl_ms = int(self._client.pttl(self.key))
+        return max(0.0, ttl_ms / 1000.0)
 
     def holder(self) -> str | None:
         value = self._client.get(self.key)

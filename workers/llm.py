@@ -17,11 +17,13 @@ from typing import Any
 
 import httpx
 import openai
+import openai.resources  # the SDK imports it on first use: ~1 s CPU in every forked child
 
 from bridge.backoff import backoff_delay
 from bridge.errors import LLMError
 from bridge.models import AttemptedRollout, LLMResource, ResourcesUpdate
 from bridge.settings import Settings
+from workers import metrics as worker_metrics
 
 log = logging.getLogger("workers.llm")
 
@@ -48,6 +50,7 @@ class LLMTarget:
     api_key: str
     sampling: dict[str, Any] = field(default_factory=dict)
     source: str = "settings"  # "llm", "proxy_llm" or "settings": for logs and span attributes
+    return_token_ids: bool = False  # ask for vLLM's token ids (the trainer's triplets are built from them)
 
 
 def proxy_attempt_url(endpoint: str, rollout_id: str, attempt_id: str) -> str:
@@ -70,10 +73,16 @@ def resolve_target(resources: ResourcesUpdate | None, rollout: AttemptedRollout,
         if llm.resource_type == "proxy_llm":
             base = proxy_attempt_url(llm.endpoint, rollout.rollout_id, rollout.attempt.attempt_id)
         return LLMTarget(
-            base, llm.model, llm.api_key or api_key_default, dict(llm.sampling_parameters), llm.resource_type
+            base,
+            llm.model,
+            llm.api_key or api_key_default,
+            dict(llm.sampling_parameters),
+            llm.resource_type,
+            settings.llm_return_token_ids,
         )
     if settings.openai_api_base is not None:
-        return LLMTarget(str(settings.openai_api_base).rstrip("/"), settings.model, api_key_default, {}, "settings")
+        base = str(settings.openai_api_base).rstrip("/")
+        return LLMTarget(base, settings.model, api_key_default, {}, "settings", settings.llm_return_token_ids)
     raise LLMError(
         "no LLM to call: the Store has no 'main_llm' resource of type llm/proxy_llm for this rollout "
         "and OPENAI_API_BASE is not set"
@@ -123,12 +132,14 @@ def chat(
     *,
     retries: int,
     max_backoff_s: float,
-    before_call: Callable[[], None] | None = None,
+    before_call: Callable[[], object] | None = None,
     should_stop: Callable[[], bool] | None = None,
 ) -> ChatResult:
     """One completion. 429 honours Retry-After (capped); 5xx and network errors back off; other 4xx fail."""
     named = {k: v for k, v in target.sampling.items() if k in _NAMED_SAMPLING}
     extra = {k: v for k, v in target.sampling.items() if k not in _NAMED_SAMPLING}
+    if target.return_token_ids:
+        extra.setdefault("return_token_ids", True)
     attempt = 0
     rate_limited = 0
     while True:
@@ -142,12 +153,15 @@ def chat(
                 extra_body=extra or None,
                 **named,
             )
+            worker_metrics.observe_llm(time.perf_counter() - started, "ok", target.source)
             return _to_result(response, time.perf_counter() - started, attempt, rate_limited)
         except openai.RateLimitError as exc:
+            worker_metrics.observe_llm(time.perf_counter() - started, "rate_limited", target.source)
             rate_limited += 1
             delay = _retry_after(exc.response) or backoff_delay(attempt, base_s=1.0, cap_s=max_backoff_s)
             problem: str = f"429 rate limited: {_short(exc)}"
         except openai.APIStatusError as exc:
+            worker_metrics.observe_llm(time.perf_counter() - started, "error", target.source)
             if exc.status_code < 500 and exc.status_code != 408:
                 raise LLMError(
                     f"LLM at {target.base_url} rejected the request ({exc.status_code}): {_short(exc)}"
@@ -155,6 +169,7 @@ def chat(
             delay = backoff_delay(attempt, base_s=1.0, cap_s=max_backoff_s)
             problem = f"{exc.status_code}: {_short(exc)}"
         except (openai.APIConnectionError, openai.APITimeoutError) as exc:
+            worker_metrics.observe_llm(time.perf_counter() - started, "error", target.source)
             delay = backoff_delay(attempt, base_s=1.0, cap_s=max_backoff_s)
             problem = repr(exc)
         if attempt >= retries:
@@ -184,11 +199,25 @@ def _to_result(response: Any, latency_s: float, retries: int, rate_limited: int)
         prompt_tokens=getattr(usage, "prompt_tokens", None),
         completion_tokens=getattr(usage, "completion_tokens", None),
         prompt_token_ids=_int_list(extra.get("prompt_token_ids") or choice_extra.get("prompt_token_ids")),
-        response_token_ids=_int_list(choice_extra.get("token_ids") or choice_extra.get("response_token_ids")),
+        response_token_ids=_response_token_ids(choice, choice_extra),
         latency_s=latency_s,
         retries=retries,
         rate_limited=rate_limited,
     )
+
+
+def _response_token_ids(choice: Any, choice_extra: dict[str, Any]) -> list[int] | None:
+    """vLLM puts them in ``choices[i].token_ids``; LiteLLM (the Agent Lightning proxy) may move them into
+    ``provider_specific_fields`` of the choice or of its message."""
+    message = getattr(choice, "message", None)
+    message_extra = getattr(message, "model_extra", None) or {}
+    candidates = (
+        choice_extra.get("token_ids"),
+        (choice_extra.get("provider_specific_fields") or {}).get("token_ids"),
+        (message_extra.get("provider_specific_fields") or {}).get("token_ids"),
+        choice_extra.get("response_token_ids"),
+    )
+    return next((ids for ids in map(_int_list, candidates) if ids is not None), None)
 
 
 def _int_list(value: Any) -> list[int] | None:

@@ -3,13 +3,16 @@
 * ``worker_ready``/``worker_shutting_down``: advertise and withdraw this node's slots (bridge.capacity);
 * ``worker_process_init`` (prefork children) and ``worker_init`` (threads/solo): logging and tracing;
 * ``task_revoked`` with ``expired``: a message that waited too long in the broker is handed back to the
-  Store queue instead of leaving its attempt ``preparing`` forever (store-protocol.md 10.4).
+  Store queue instead of leaving its attempt ``preparing`` forever (store-protocol.md 10.4);
+* ``worker_init`` also starts the node's Prometheus exporter (``WORKER_METRICS_PORT``), before the pool
+  forks; ``task_prerun``/``task_postrun`` record dequeue-to-start and outcomes (workers.metrics).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 import redis
@@ -22,6 +25,7 @@ from bridge.models import AttemptStatus, RolloutStatus
 from bridge.settings import get_settings
 from bridge.store import StoreClient
 from bridge.tracing import setup_process_tracing
+from workers import metrics as worker_metrics
 from workers.app import TASK_NAME
 
 log = logging.getLogger("workers.signals")
@@ -75,6 +79,27 @@ def _on_worker_init(**_: Any) -> None:
     settings = get_settings()
     configure_logging(settings.log_level, settings.log_json)
     setup_process_tracing(settings.service_name + "-worker")
+    if settings.worker_metrics_port is not None:
+        worker_metrics.serve(settings.worker_metrics_port, settings.metrics_host)
+
+
+@signals.task_prerun.connect
+def _on_task_prerun(sender: Any = None, task: Any = None, kwargs: Any = None, **_: Any) -> None:
+    if getattr(sender, "name", None) != TASK_NAME or not isinstance(kwargs, dict):
+        return
+    if getattr(getattr(task, "request", None), "retries", 0):
+        return  # a Celery retry starts late on purpose; only first deliveries measure the dispatch path
+    rollout = kwargs.get("rollout")
+    attempt = rollout.get("attempt") if isinstance(rollout, dict) else None
+    started = attempt.get("start_time") if isinstance(attempt, dict) else None
+    worker_metrics.observe_start(kwargs.get("queue"), started, time.time())
+
+
+@signals.task_postrun.connect
+def _on_task_postrun(sender: Any = None, retval: Any = None, state: str | None = None, **_: Any) -> None:
+    if getattr(sender, "name", None) != TASK_NAME or state == "RETRY":
+        return
+    worker_metrics.observe_outcome(retval)
 
 
 @signals.worker_process_init.connect

@@ -10,8 +10,9 @@ from celery import Task
 
 from bridge import capacity
 from bridge.backoff import backoff_delay
+from bridge.errors import DuplicateDelivery
 from workers.app import TASK_NAME, app
-from workers.execution import AttemptRun, is_retryable_before_progress
+from workers.execution import AttemptRun, Outcome, is_retryable_before_progress
 from workers.resources import get_resources
 
 log = logging.getLogger("workers.tasks")
@@ -27,6 +28,13 @@ def run_rollout(self: Task, rollout: dict[str, Any], queue: str | None = None) -
     final = True
     try:
         return AttemptRun(rollout, celery_task_id=task_id, res=res).execute().as_dict()
+    except DuplicateDelivery as exc:
+        final = False  # the slot belongs to the executor holding the lease
+        if self.request.retries < MAX_INFRA_RETRIES:
+            log.warning("task %s: %s; re-checking in %.0fs", task_id, exc, exc.retry_in_s + 1.0)
+            raise self.retry(exc=exc, countdown=exc.retry_in_s + 1.0) from exc
+        log.warning("task %s: %s; duplicate delivery dropped", task_id, exc)
+        return Outcome("skipped", f"duplicate delivery: {exc}").as_dict()
     except Exception as exc:
         # Broker/Store outages before the episode made progress: a Celery retry with backoff, same task id.
         if is_retryable_before_progress(exc) and self.request.retries < MAX_INFRA_RETRIES:

@@ -2,9 +2,19 @@
 
 Each attempt gets its own ``TracerProvider`` whose resource names the rollout and the attempt, so the
 Store files every span under the right attempt without any per-span bookkeeping. Ended spans are
-buffered and sent as one OTLP/HTTP protobuf request per flush through the shared Store client: one
-batch per rollout when episodes are short, a flush every ``SPAN_FLUSH_INTERVAL_S`` (driven by the
-heartbeat monitor) when they are long, because stored spans also keep the attempt alive (6.4).
+buffered and sent as one OTLP/HTTP protobuf request per flush through the shared Store client (its
+retries also reconnect after the Store closes the connection on a 500): one batch per rollout when
+episodes are short, a flush every ``SPAN_FLUSH_INTERVAL_S`` (driven by the heartbeat monitor) when
+they are long, because stored spans also keep the attempt alive (6.4). The destination is
+``AGENT_LIGHTNING_OTLP_ENDPOINT`` when set (e.g. a collector in front of the Store), else the
+Store's own ``/v1/traces``.
+
+The per-attempt tracer is built directly, not through a ``TracerProvider``: the SDK's provider (1.45)
+registers an ``os.register_at_fork`` hook in its constructor that can never be removed, about 1 KB
+kept forever per attempt. The tracer has no exporter thread and no socket of its own (the Store
+client's pool is shared by every attempt of the process), so attempts do not grow threads, file
+descriptors or memory; ``tests/test_traces_telemetry.py`` checks that over a thousand attempts.
+It samples everything: an operator's sampler must never drop training data.
 
 No span carries a locally stamped sequence id: the Store assigns them in arrival order, which is
 what reward matching by sequence relies on (7.2).
@@ -15,6 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -23,10 +34,21 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import (
+    ReadableSpan,
+    Span,
+    SpanLimits,
+    SpanProcessor,
+    SynchronousMultiSpanProcessor,
+    Tracer,
+    sampling,
+)
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+from opentelemetry.sdk.util.instrumentation import InstrumentationInfo, InstrumentationScope
 from opentelemetry.trace import Status, StatusCode
 
 from bridge.errors import StoreError, TelemetryError
+from bridge.redact import redact_url
 from bridge.store import StoreClient
 
 log = logging.getLogger("workers.telemetry")
@@ -34,6 +56,11 @@ log = logging.getLogger("workers.telemetry")
 REWARD_SPAN = "agentlightning.annotation"
 LLM_SPAN = "openai.chat.completion"
 TRACER_NAME = "agl_celery_bridge.workers"
+_ID_GENERATOR = RandomIdGenerator()
+_SCOPE = InstrumentationScope(TRACER_NAME)
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)  # the Tracer still takes the pre-1.11 form too
+    _SCOPE_INFO = InstrumentationInfo(TRACER_NAME)
 
 
 class _BufferingProcessor(SpanProcessor):
@@ -66,6 +93,7 @@ class AttemptTelemetry:
         attempt_id: str,
         service_name: str,
         export: bool = True,
+        traces_url: str | None = None,
     ) -> None:
         self.rollout_id = rollout_id
         self.attempt_id = attempt_id
@@ -76,12 +104,20 @@ class AttemptTelemetry:
                 "agentlightning.attempt_id": attempt_id,
             }
         )
-        # shutdown_on_exit=False: otherwise every provider registers an atexit hook and is never freed.
-        self._provider = TracerProvider(resource=resource, shutdown_on_exit=False)
-        self._provider.add_span_processor(_BufferingProcessor(self))
-        self.tracer = self._provider.get_tracer(TRACER_NAME)
+        self._processor = SynchronousMultiSpanProcessor()
+        self._processor.add_span_processor(_BufferingProcessor(self))
+        self.tracer = Tracer(
+            sampling.ALWAYS_ON,
+            resource,
+            self._processor,
+            _ID_GENERATOR,
+            _SCOPE_INFO,
+            SpanLimits(),
+            _SCOPE,
+        )
         self._store = store
         self._export = export
+        self._traces_url = traces_url  # None: the Store's /v1/traces
         self._buffer: list[ReadableSpan] = []
         self._buffer_lock = threading.Lock()
         self._flush_lock = threading.Lock()
@@ -90,6 +126,10 @@ class AttemptTelemetry:
         self.export_requests = 0
         self.export_seconds = 0.0
         self.last_flush = time.monotonic()
+
+    @property
+    def destination(self) -> str:
+        return self._traces_url or f"{self._store.base_url}/v1/traces"
 
     def _collect(self, span: ReadableSpan) -> None:
         with self._buffer_lock:
@@ -101,7 +141,11 @@ class AttemptTelemetry:
             return len(self._buffer)
 
     def flush(self, *, deadline: float | None = None) -> None:
-        """Ship every ended span in one request; on failure keep them for the next try and raise."""
+        """Ship every ended span in one request; on failure keep them for the next try and raise.
+
+        The caller turns a failed final flush into a ``failed``/``telemetry`` report: the reward span is
+        the last span, and a rollout whose reward never reached the Store must not look ``succeeded``.
+        """
         with self._flush_lock:
             with self._buffer_lock:
                 batch, self._buffer = self._buffer, []
@@ -111,19 +155,36 @@ class AttemptTelemetry:
             payload = encode_spans(batch).SerializeToString()
             started = time.perf_counter()
             try:
-                self._store.post_traces(payload, deadline=deadline)
+                self._post(payload, deadline)
             except StoreError as exc:
                 with self._buffer_lock:
                     self._buffer = batch + self._buffer
-                raise TelemetryError(f"could not deliver {len(batch)} spans to the Store: {exc}") from exc
+                raise TelemetryError(
+                    f"could not deliver {len(batch)} spans of attempt {self.attempt_id} to "
+                    f"{redact_url(self.destination)} (AGENT_LIGHTNING_OTLP_ENDPOINT): {exc}"
+                ) from exc
             finally:
                 self.export_seconds += time.perf_counter() - started
                 self.export_requests += 1
             self.spans_exported += len(batch)
             self.bytes_exported += len(payload)
 
+    def _post(self, payload: bytes, deadline: float | None) -> None:
+        if self._traces_url is None:
+            self._store.post_traces(payload, deadline=deadline)
+            return
+        # An absolute URL bypasses the client's base URL but keeps its retry and reconnect policy.
+        self._store.request(
+            "POST",
+            self._traces_url,
+            content=payload,
+            headers={"Content-Type": "application/x-protobuf"},
+            deadline=deadline,
+        )
+
     def close(self) -> None:
-        self._provider.shutdown()
+        """Drop anything unsent: nothing of the attempt outlives it."""
+        self._processor.shutdown()
         with self._buffer_lock:
             self._buffer.clear()
 

@@ -17,6 +17,7 @@ import httpx
 
 from bridge.backoff import backoff_delay
 from bridge.errors import WebShopError
+from workers import metrics as worker_metrics
 
 log = logging.getLogger("workers.webshop")
 
@@ -75,13 +76,16 @@ class WebShopClient:
         attempt = 0
         while True:
             self.calls += 1
+            started = time.perf_counter()
             try:
                 response = self._client.post(path, json=body)
+                worker_metrics.observe_env(path.strip("/"), time.perf_counter() - started, response.status_code)
                 if response.status_code not in _RETRY_STATUS:
                     break
                 problem = f"{response.status_code} {response.text[:200]}"
                 retry_after = _retry_after(response)
             except httpx.TransportError as exc:
+                worker_metrics.observe_env(path.strip("/"), time.perf_counter() - started, "transport")
                 if not idempotent and not isinstance(exc, _SAFE_TO_RETRY):
                     self.errors += 1
                     raise WebShopError(f"WebShop {path} failed at {self.base_url}: {exc!r}") from exc

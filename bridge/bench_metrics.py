@@ -1,0 +1,187 @@
+"""What ``python -m bridge bench`` reads to compute its figures: /proc process trees and Prometheus counters.
+
+CPU and memory come from ``/proc/<pid>/stat`` and ``/proc/<pid>/status`` of whole process trees (a
+prefork worker is a parent plus its pool children), so nothing is estimated. Store requests come from
+the Store's own counters (``agl store --tracker prometheus`` serves ``agl_http_total`` at
+``/v1/prometheus/``), so every client is counted, ours and the SDK runner's alike.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import httpx
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+_HTTP_TOTAL = re.compile(r"^agl_http_total\{(?P<labels>.*)\}\s+(?P<value>[0-9.eE+-]+)$")  # paths hold {rollout_id}
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
+# --- /proc ---------------------------------------------------------------------------------------
+
+
+def _children_map() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = defaultdict(list)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as handle:
+                stat = handle.read().decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        children[int(fields[1])].append(int(entry))
+    return children
+
+
+def tree(roots: Iterable[int]) -> list[int]:
+    """The roots and all their live descendants."""
+    children = _children_map()
+    found: list[int] = []
+    stack = [r for r in roots if os.path.exists(f"/proc/{r}")]
+    while stack:
+        pid = stack.pop()
+        found.append(pid)
+        stack.extend(children.get(pid, []))
+    return found
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of one process, including children it has already reaped."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            stat = handle.read().decode(errors="replace")
+    except OSError:
+        return 0.0
+    fields = stat[stat.rfind(")") + 2 :].split()
+    utime, stime, cutime, cstime = (int(fields[i]) for i in (11, 12, 13, 14))
+    return (utime + stime + cutime + cstime) / _TICKS
+
+
+def tree_cpu_seconds(roots: Iterable[int]) -> float:
+    return sum(cpu_seconds(pid) for pid in tree(roots))
+
+
+def rss_mb(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as handle:
+            return int(handle.read().split()[1]) * _PAGE / 2**20
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+@dataclass
+class MemorySampler:
+    """Samples the RSS of process trees in a thread: peak per process and peak of the sum per group."""
+
+    groups: dict[str, list[int]]
+    interval_s: float = 0.5
+    peak_per_pid: dict[int, float] = field(default_factory=dict)
+    peak_total: dict[str, float] = field(default_factory=dict)
+    last_total: dict[str, float] = field(default_factory=dict)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> MemorySampler:
+        self.sample()
+        self._thread = threading.Thread(target=self._loop, name="bench-rss", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self.sample()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.sample()
+
+    def sample(self) -> dict[str, float]:
+        for name, roots in self.groups.items():
+            total = 0.0
+            for pid in tree(roots):
+                value = rss_mb(pid)
+                total += value
+                self.peak_per_pid[pid] = max(self.peak_per_pid.get(pid, 0.0), value)
+            self.last_total[name] = total
+            self.peak_total[name] = max(self.peak_total.get(name, 0.0), total)
+        return dict(self.last_total)
+
+    def peak_process_mb(self, name: str) -> float:
+        pids = set(tree(self.groups[name])) | set(self.groups[name])
+        return max((v for p, v in self.peak_per_pid.items() if p in pids), default=0.0)
+
+
+# --- Store counters ------------------------------------------------------------------------------
+
+
+class NoCounters(RuntimeError):
+    """The Store runs without ``--tracker prometheus``: request counts cannot be measured."""
+
+
+def store_requests(store_url: str) -> dict[str, float]:
+    """``"METHOD path" -> requests`` from the Store's Prometheus endpoint (all statuses summed)."""
+    response = httpx.get(f"{store_url}/v1/prometheus/", timeout=30)
+    if response.status_code == 404:
+        raise NoCounters(f"{store_url} serves no /v1/prometheus/: start it with `agl store --tracker prometheus`")
+    response.raise_for_status()
+    counts: dict[str, float] = defaultdict(float)
+    for line in response.text.splitlines():
+        match = _HTTP_TOTAL.match(line)
+        if not match:
+            continue
+        labels = dict(_LABEL.findall(match["labels"]))
+        counts[f"{labels.get('method', '?')} {labels.get('path', '?')}"] += float(match["value"])
+    return dict(counts)
+
+
+def diff_counts(after: dict[str, float], before: dict[str, float], minus: dict[str, float]) -> dict[str, float]:
+    """Requests made between two snapshots, less the benchmark's own (``minus``), zeros dropped."""
+    out: dict[str, float] = {}
+    for key in set(after) | set(before):
+        value = after.get(key, 0.0) - before.get(key, 0.0) - minus.get(key, 0.0)
+        if value > 0:
+            out[key] = value
+    return out
+
+
+# --- statistics ----------------------------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Nearest-rank percentile (q in 0..100); None for no data."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[min(rank, len(ordered)) - 1]
+
+
+def mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+class Stopwatch:
+    """Wall time of a phase, plus CPU of named process trees over it."""
+
+    def __init__(self, groups: dict[str, list[int]]) -> None:
+        self.groups = groups
+        self.started = time.monotonic()
+        self.cpu0 = {name: tree_cpu_seconds(roots) for name, roots in groups.items()}
+
+    def cpu(self) -> dict[str, float]:
+        return {name: tree_cpu_seconds(roots) - self.cpu0[name] for name, roots in self.groups.items()}
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
