@@ -10,6 +10,12 @@ Phases: (1) dispatch probes: rollouts enqueued one by one while slots are free, 
 (2) the workload: N rollouts enqueued at once; (3) with --peer agl-runner, the same workload run by
 Agent Lightning's own runner (n_runners = C) on the same Store, after our workers are stopped.
 
+Which pool: `-P prefork` (a process per slot, ~115 MB each) for CPU-heavy agents and small -c (8 or
+so); `-P threads -c 64..128` for LLM-bound agents that mostly wait (one process, ~200 MB for 128 slots:
+the task code is thread-safe, per-process clients are shared, per-attempt state lives in its objects).
+A threads worker runs Python on one core (the GIL): past ~0.5 core of task CPU, add worker processes
+(--workers K) rather than threads.
+
 Numbers on a shared 2-core machine are noisy: compare ratios from one run, not absolute figures.
 """
 

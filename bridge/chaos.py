@@ -82,7 +82,7 @@ MALFORMED: list[Any] = [
     {"instruction": None},
     "",
 ]
-_REPORTED = re.compile(r"attempt=(at-[0-9a-f]+)[^\]]*\] reported (succeeded|failed)")
+_REPORTED = re.compile(r"attempt=(at-[0-9a-f]+)[^\]\n]*\] reported (succeeded|failed)")
 
 
 @dataclass
@@ -416,6 +416,7 @@ def audit(run: ChaosRun, stack: LocalStack) -> ScenarioResult:
         for attempt in run.store.list_attempts(rid):
             if _episode_roots(run.store.spans(rid, attempt.attempt_id)) > 1:
                 result.executed_twice += 1
+                run.note(f"two executions in {rid}/{attempt.attempt_id}")
         meta = final.attempt.metadata or {}
         if final.status == "succeeded" and meta.get("done"):
             bought = ledger.get(str(meta.get("env_session_id")), [])

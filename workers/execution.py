@@ -73,6 +73,13 @@ class AttemptRun:
         self.executor = executor_id()
         self.started = time.time()
         self.trace_id = current_trace_id()
+        self.rollout: AttemptedRollout | None = None
+
+    @property
+    def attempted(self) -> AttemptedRollout:
+        """The validated payload; only used after ``execute`` validated it."""
+        assert self.rollout is not None
+        return self.rollout
 
     # --- entry point -------------------------------------------------------------------------
 
@@ -119,18 +126,21 @@ class AttemptRun:
                 FailureClass.INFRA, "the worker executing this attempt was lost mid-episode; not re-run in place"
             )
         try:
-            task = parse_task_input(self.rollout.input, max_chars=self.settings.max_instruction_chars)
+            task = parse_task_input(self.attempted.input, max_chars=self.settings.max_instruction_chars)
         except InvalidInputError as exc:
             return self._report_failure(FailureClass.INPUT, str(exc))
         try:
-            resources = self.res.store.get_resources(self.rollout.resources_id)
-            target = llm_mod.resolve_target(resources, self.rollout, self.settings)
+            resources = self.res.store.get_resources(self.attempted.resources_id)
+            target = llm_mod.resolve_target(resources, self.attempted, self.settings)
         except llm_mod.LLMError as exc:
             return self._report_failure(FailureClass.LLM, str(exc))
-        # No explicit `running` report: the first stored span marks the attempt running (store-protocol.md
-        # 6.1), as Agent Lightning's runner does, saving one Store request per rollout. The takeover check
-        # above stays exact: an attempt is `running` exactly when some span of it reached the Store, so a
-        # `preparing` attempt re-run after a lost worker has no spans to mix with the new execution.
+        # An explicit `running` (not only the first span, which may be seconds away): `preparing` must mean
+        # "no executor started it", because the bridge's reconcile re-publishes `preparing` attempts that no
+        # message carries (after a Redis restart, say) and a takeover re-runs them. Without this mark an
+        # attempt still buffering its first spans looked stranded and was executed twice (chaos: restart-redis).
+        self.res.store.update_attempt(
+            self.rid, self.aid, status=AttemptStatus.RUNNING, worker_id=self.executor, last_heartbeat_time=time.time()
+        )
         self.log.info(
             "started on %s (llm=%s via %s, trace=%s)", self.executor, target.model, target.source, self.trace_id
         )
@@ -178,17 +188,22 @@ class AttemptRun:
                 result = episode.run()
                 root.set_attribute("episode.reward", result.reward)
                 root.set_attribute("episode.steps", result.steps)
-            telemetry.flush(deadline=self._report_deadline())
+            # Within the episode's budget: retrying past Celery's soft limit would turn a telemetry failure
+            # into a "timeout"; at least one try is always made.
+            telemetry.flush(deadline=min(self._report_deadline(), self._episode_deadline() - 1.0))
         except Superseded as exc:
             self.log.warning("stopped without reporting: %s", exc.reason)
             return Outcome("skipped", exc.reason, FailureClass.CANCELLED)
         except Exception as exc:
             failure = classify(exc)
-            self._flush_quietly(telemetry)
+            if not isinstance(exc, TelemetryError):  # the spans just failed their retries: report at once
+                self._flush_quietly(telemetry)
             if failure is FailureClass.INFRA and not isinstance(exc, StoreError):
                 self.log.exception("unexpected error in the episode")
+            watch.reporting = True
             return self._report_failure(failure, redact_text(str(exc)) or type(exc).__name__, telemetry)
         else:
+            watch.reporting = True
             return self._report_success(result, telemetry)
         finally:
             self.res.monitor.unwatch(watch)
@@ -222,7 +237,7 @@ class AttemptRun:
             self.res.store.update_attempt(
                 self.rid, self.aid, status=status, worker_id=self.executor, metadata=metadata, deadline=deadline
             )
-            worker_metrics.observe_report(status, metadata, self.rollout.mode)
+            worker_metrics.observe_report(status, metadata, self.rollout.mode if self.rollout else None)
         except UnknownIdError:
             return self._skip("the Store no longer knows this rollout (it restarted?); report dropped")
         except StoreError as exc:
@@ -283,15 +298,17 @@ class AttemptRun:
         return LLMRateLimiter(self.res.redis, model, limit) if limit.active else None
 
     def _heartbeat_interval(self) -> float:
-        unresponsive = self.rollout.config.unresponsive_seconds
+        unresponsive = self.attempted.config.unresponsive_seconds
         interval = self.settings.heartbeat_interval_s
         return min(interval, unresponsive / 3) if unresponsive else interval
 
     def _episode_deadline(self) -> float:
-        start = self.rollout.attempt.start_time or self.started
-        return start + self.settings.soft_time_limit(self.rollout.config.timeout_seconds)
+        start = self.attempted.attempt.start_time or self.started
+        return start + self.settings.soft_time_limit(self.attempted.config.timeout_seconds)
 
     def _report_deadline(self) -> float:
+        if self.rollout is None:  # an unparsable payload: report it within the grace period
+            return time.time() + REPORT_GRACE_S
         timeout = self.rollout.config.timeout_seconds
         start = self.rollout.attempt.start_time or self.started
         if timeout:

@@ -44,6 +44,7 @@ class AttemptWatch:
     next_beat: float = field(default_factory=lambda: time.monotonic())
     beats: int = 0
     spans_at_last_beat: int = 0  # spans exported when the previous beat ran
+    reporting: bool = False  # the final report is under way: keep the lease, stop fencing (it is our own report)
 
     def __post_init__(self) -> None:
         self.next_beat = time.monotonic() + self.interval_s
@@ -133,6 +134,8 @@ class HeartbeatMonitor:
                 return
         except redis.RedisError as exc:
             log.warning("could not renew lease of %s (will retry): %r", watch.attempt_id, exc)
+        if watch.reporting:
+            return
         try:
             # A short timeout: one thread serves every attempt of the process, and a Store that hangs
             # (paused, overloaded) must not keep it from renewing the other attempts' leases.
