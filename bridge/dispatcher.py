@@ -61,6 +61,7 @@ class Dispatcher:
         self._next_reconcile = 0.0
         self._store_failures = 0
         self._broker_failures = 0
+        self._empty_polls = 0
         self._next_gauges = 0.0
 
     # --- the loop ------------------------------------------------------------------------------
@@ -115,7 +116,13 @@ class Dispatcher:
             self.dispatch(rollout)
         if len(batch) >= limit:
             return 0.0
-        return random.uniform(self.settings.poll_min_s, self.settings.poll_max_s)
+        return self._next_poll(found_work=bool(batch))
+
+    def _next_poll(self, *, found_work: bool) -> float:
+        """poll_min_s after work was found; each empty poll doubles the wait (jittered) up to poll_max_s."""
+        self._empty_polls = 0 if found_work else self._empty_polls + 1
+        ceiling = min(self.settings.poll_max_s, self.settings.poll_min_s * 2**self._empty_polls)
+        return random.uniform(max(self.settings.poll_min_s, ceiling / 2), ceiling)
 
     # --- one rollout -----------------------------------------------------------------------------
 

@@ -140,11 +140,11 @@ class Settings(BaseSettings):
     dispatcher_id: str = Field(
         default="celery-bridge", validation_alias=AliasChoices("BRIDGE_DISPATCHER_ID", "dispatcher_id")
     )
-    # Empty-queue poll interval while slots are free: it bounds dispatch latency (a rollout enqueued into an
-    # idle system waits up to poll_max_s) and costs 1/interval empty dequeues per second (4-10/s: about
-    # 2-3% of a single-process Store). Raise both when the Store is shared by many bridges.
-    poll_min_s: float = Field(default=0.1, gt=0, validation_alias=AliasChoices("BRIDGE_POLL_MIN_S", "poll_min_s"))
-    poll_max_s: float = Field(default=0.25, gt=0, validation_alias=AliasChoices("BRIDGE_POLL_MAX_S", "poll_max_s"))
+    # Poll interval while slots are free: after a dequeue that found work the bridge polls again after
+    # poll_min_s (low dispatch latency while a trainer feeds the queue); every empty dequeue doubles the wait,
+    # with jitter, up to poll_max_s, so an idle Store sees one dequeue every few seconds, not a busy loop.
+    poll_min_s: float = Field(default=0.25, gt=0, validation_alias=AliasChoices("BRIDGE_POLL_MIN_S", "poll_min_s"))
+    poll_max_s: float = Field(default=5.0, gt=0, validation_alias=AliasChoices("BRIDGE_POLL_MAX_S", "poll_max_s"))
     max_batch: int = Field(default=64, ge=1, le=10000, validation_alias=AliasChoices("BRIDGE_MAX_BATCH", "max_batch"))
     max_queue_wait_s: float = Field(
         default=300.0, gt=0, validation_alias=AliasChoices("BRIDGE_MAX_QUEUE_WAIT_S", "max_queue_wait_s")
