@@ -18,6 +18,7 @@ import httpx
 
 from bridge.backoff import backoff_delay
 from bridge.errors import StoreRejected, StoreUnavailable, UnknownIdError
+from bridge.http import service_client
 from bridge.models import Attempt, AttemptedRollout, ResourcesUpdate, Rollout
 
 log = logging.getLogger("bridge.store")
@@ -39,15 +40,9 @@ class StoreClient:
         resources_ttl_s: float = 30.0,
         max_connections: int = 64,
     ) -> None:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.base_url = base_url.rstrip("/")
         self.retries = retries
-        self._client = httpx.Client(
-            base_url=self.base_url,
-            headers=headers,
-            timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 5.0)),
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-        )
+        self._client = service_client(base_url, token=token, timeout_s=timeout_s, max_connections=max_connections)
         self._resources_ttl_s = resources_ttl_s
         self._resources_cache: dict[str, tuple[float, ResourcesUpdate]] = {}
         self._cache_lock = threading.Lock()

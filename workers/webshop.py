@@ -17,6 +17,7 @@ import httpx
 
 from bridge.backoff import backoff_delay
 from bridge.errors import WebShopError
+from bridge.http import service_client
 from workers import metrics as worker_metrics
 
 log = logging.getLogger("workers.webshop")
@@ -42,15 +43,9 @@ class WebShopClient:
     """One per process; thread-safe because httpx.Client is."""
 
     def __init__(self, base_url: str, *, token: str | None = None, timeout_s: float = 30.0, retries: int = 3) -> None:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.base_url = base_url.rstrip("/")
         self.retries = retries
-        self._client = httpx.Client(
-            base_url=self.base_url,
-            headers=headers,
-            timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 5.0)),
-            limits=httpx.Limits(max_connections=256, max_keepalive_connections=256),
-        )
+        self._client = service_client(base_url, token=token, timeout_s=timeout_s, max_connections=256)
         self.calls = 0
         self.errors = 0
 
