@@ -8,6 +8,7 @@ the bridge are started per module, because tests kill and reconfigure them.
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +19,15 @@ from bridge.stack import LocalStack, StackConfig, redis_answers
 from tests.helpers import cancel_unfinished
 
 TEST_REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/11")
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+# A CI timeout or `kill` sends SIGTERM: turn it into KeyboardInterrupt so fixtures tear down the processes
+# they started (they run in their own sessions and would otherwise outlive the test run).
+signal.signal(signal.SIGTERM, _interrupt)
 
 
 @pytest.fixture(scope="session")
