@@ -120,9 +120,12 @@ class BenchClient:
 
 
 def task_start(view: dict[str, Any]) -> float | None:
-    """When the worker began the attempt: its report time minus the duration it measured itself."""
+    """When the worker began the attempt: its own ``started_at``, else its report time minus its duration
+    (an overestimate by the fence read and the report's own latency, which a loaded Store makes large)."""
     attempt = view.get("attempt") or {}
     meta = attempt.get("metadata") or {}
+    if meta.get("started_at") is not None:
+        return float(meta["started_at"])
     if attempt.get("end_time") is None or meta.get("duration_s") is None:
         return None
     return float(attempt["end_time"]) - float(meta["duration_s"])
@@ -134,6 +137,16 @@ def latencies_ms(views: list[dict[str, Any]]) -> list[float]:
         start = task_start(view)
         if start is not None and view.get("start_time") is not None:
             out.append(max(0.0, (start - float(view["start_time"])) * 1000))
+    return out
+
+
+def dequeue_to_start_ms(views: list[dict[str, Any]]) -> list[float]:
+    """Attempt created by a dequeue -> task start: the bridge's publish plus the broker and pool hand-off."""
+    out = []
+    for view in views:
+        start, attempt = task_start(view), view.get("attempt") or {}
+        if start is not None and attempt.get("start_time") is not None:
+            out.append(max(0.0, (start - float(attempt["start_time"])) * 1000))
     return out
 
 
@@ -197,7 +210,7 @@ def load_inputs(split: str, count: int, offset: int = 0) -> list[dict[str, Any]]
     return [{"task_id": t["task_id"], "instruction": t["instruction"]} for t in chosen]
 
 
-def probe_dispatch(client: BenchClient, args: argparse.Namespace, resources_id: str) -> list[float]:
+def probe_dispatch(client: BenchClient, args: argparse.Namespace, resources_id: str) -> list[dict[str, Any]]:
     """Enqueue rollouts one by one, never more than half the slots in flight: enqueue -> task start."""
     wave = max(1, args.concurrency // 2)
     inputs = load_inputs(args.split, args.probes, offset=SOAK_ROLLOUTS + 1)
@@ -209,7 +222,7 @@ def probe_dispatch(client: BenchClient, args: argparse.Namespace, resources_id: 
             time.sleep(0.2)
         client.wait(ids, args.timeout_s)
         views += client.rollouts(ids)
-    return latencies_ms(views)
+    return views
 
 
 def run_workload(
@@ -247,6 +260,8 @@ def run_workload(
     summary["rss_mb_total"] = round(sampler.peak_total.get(memory_group, 0.0), 1)
     summary["rss_mb_peak_process"] = round(sampler.peak_process_mb(memory_group), 1)
     summary["dispatch_incl_queue_p50_ms"] = _round(bm.percentile(latencies_ms(views), 50))
+    gaps = dequeue_to_start_ms(views)  # the workload keeps every slot busy: how long a claimed rollout idles
+    summary.update({f"dequeue_to_start_p{q}_ms": _round(bm.percentile(gaps, q)) for q in (50, 99)})
     return summary, views, marks
 
 
@@ -291,6 +306,14 @@ def print_table(result: dict[str, Any]) -> None:
         ("bridge CPU ms/rollout", result["bridge_cpu_ms_per_rollout"]),
         ("worker CPU ms/rollout", result["worker_cpu_ms_per_rollout"]),
         ("Store CPU ms/rollout", result["store_cpu_ms_per_rollout"]),
+        (
+            "env, LLM stand-in CPU ms/rollout",
+            f"{result.get('env_cpu_ms_per_rollout')}, {result.get('llm_stand_in_cpu_ms_per_rollout')}",
+        ),
+        (
+            "dequeue -> task start ms p50/p99",
+            f"{result['dequeue_to_start_p50_ms']}/{result['dequeue_to_start_p99_ms']}",
+        ),
         ("worker RSS MB total (peak process)", f"{result['worker_rss_mb_total']} ({result['worker_rss_mb_peak']})"),
         ("dispatch ms p50/p95/p99 (free slots)", "/".join(str(result[f"dispatch_p{q}_ms"]) for q in (50, 95, 99))),
         ("rollout duration ms p50/p99", f"{result['rollout_duration_p50_ms']}/{result['rollout_duration_p99_ms']}"),
@@ -348,8 +371,17 @@ def _bench(stack: LocalStack, args: argparse.Namespace, say: Any) -> int:
     groups = {"bridge": [stack.processes["bridge"].pid or 0], "worker": [w.pid or 0 for w in stack.workers]}
     if store_pid:
         groups["store"] = [store_pid]
+    for name, label in (("webshop", "env"), ("policy", "llm_stand_in")):  # CPU the workload costs outside us
+        if name in stack.processes:
+            groups[label] = [stack.processes[name].pid or 0]
     say(f"dispatch probes: {args.probes}")
-    probes = probe_dispatch(client, args, resources_id) if args.probes > 0 else []
+    probe_views = probe_dispatch(client, args, resources_id) if args.probes > 0 else []
+    probes = latencies_ms(probe_views)
+    claim = [  # enqueue -> dequeue: how long the bridge took to see the rollout (its Store poll interval)
+        (float(v["attempt"]["start_time"]) - float(v["start_time"])) * 1000
+        for v in probe_views
+        if (v.get("attempt") or {}).get("start_time") and v.get("start_time")
+    ]
     store_rps = client.store_capacity_rps()
     say(f"workload: {args.rollouts} rollouts on {args.concurrency} slots")
     summary, _, marks = run_workload(client, args, resources_id, groups, "worker")
@@ -367,6 +399,8 @@ def _bench(stack: LocalStack, args: argparse.Namespace, say: Any) -> int:
         "store_cpu_ms_per_rollout": summary.get("store_cpu_ms_per_rollout"),
         **{f"dispatch_p{q}_ms": _round(bm.percentile(probes, q)) for q in (50, 95, 99)},
         "dispatch_probes": len(probes),
+        "dispatch_enqueue_to_dequeue_p50_ms": _round(bm.percentile(claim, 50)),
+        "dispatch_dequeue_to_start_p50_ms": _round(bm.percentile(dequeue_to_start_ms(probe_views), 50)),
     }
     if args.soak:
         early, end = marks.get("early"), marks.get("end")
@@ -377,9 +411,7 @@ def _bench(stack: LocalStack, args: argparse.Namespace, say: Any) -> int:
         say("peer: stopping our workers and the bridge, starting Agent Lightning's runner")
         stop_ours(stack)
         peer = start_peer(stack, client, args)
-        peer_groups = {"peer": [peer.pid or 0]}
-        if store_pid:
-            peer_groups["store"] = [store_pid]
+        peer_groups = {"peer": [peer.pid or 0]} | {k: v for k, v in groups.items() if k not in ("bridge", "worker")}
         peer_summary, _, _ = run_workload(client, args, resources_id, peer_groups, "peer")
         peer.stop()
         result.update(

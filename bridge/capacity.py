@@ -79,3 +79,30 @@ def prune_stale(client: redis.Redis, queue: str, max_age_s: float) -> list[str]:
 
 def free_slots(client: redis.Redis, queues: Iterable[str]) -> dict[str, int]:
     return {q: max(0, total_slots(client, q) - inflight_count(client, q)) for q in queues}
+
+
+def notify_freed(client: redis.Redis, queue: str) -> None:
+    """Wake a bridge that waits in ``wait_for_freed`` (called after ``clear_inflight``, never before).
+
+    Without it a full bridge re-counts slots every ``FULL_CAPACITY_WAIT_S``, so each freed slot idled
+    for half that on average before the next rollout was dequeued. The list is capped and expires: it
+    only ever holds "something changed", never state.
+    """
+    pipe = client.pipeline(transaction=False)
+    pipe.lpush(keys.slot_freed(queue), 1)
+    pipe.ltrim(keys.slot_freed(queue), 0, 15)
+    pipe.expire(keys.slot_freed(queue), 60)
+    pipe.execute()
+
+
+def wait_for_freed(client: redis.Redis, queues: Iterable[str], timeout_s: float) -> bool:
+    """Block until a worker frees a slot on one of ``queues`` or ``timeout_s`` passes; True if woken.
+
+    The wake-ups that piled up are dropped at once: the caller re-counts free slots right after, which
+    sees every slot freed before its wake-up was pushed, so one count serves a burst of them.
+    """
+    names = [keys.slot_freed(q) for q in queues]
+    woken = client.blpop(names, timeout=timeout_s) is not None
+    if woken:
+        client.delete(*names)
+    return woken

@@ -95,7 +95,7 @@ class Dispatcher:
             self._update_gauges(free)
         slots = sum(free.values())
         if slots <= 0:
-            return FULL_CAPACITY_WAIT_S
+            return self._wait_for_slot()
         limit = min(slots, self.settings.max_batch)
         try:
             batch = self.store.dequeue(limit, self.settings.dispatcher_id)
@@ -224,6 +224,14 @@ class Dispatcher:
             self._leader = False
 
     # --- helpers ---------------------------------------------------------------------------------
+
+    def _wait_for_slot(self) -> float:
+        """All slots busy: block on the workers' slot-freed wake-up (at most FULL_CAPACITY_WAIT_S)."""
+        try:
+            capacity.wait_for_freed(self.redis, self.queues, FULL_CAPACITY_WAIT_S)
+        except redis.RedisError:
+            return FULL_CAPACITY_WAIT_S  # the next tick's slot count reports the outage
+        return 0.0
 
     def _forget_inflight(self, queue: str, attempt_id: str) -> None:
         try:

@@ -23,6 +23,11 @@ def inflight_pattern() -> str:
     return f"{PREFIX}:inflight:*"
 
 
+def slot_freed(queue: str) -> str:
+    """Wake-up list: a worker pushes to it when a task frees a slot, the full bridge blocks on it (BLPOP)."""
+    return f"{PREFIX}:slot-freed:{queue}"
+
+
 def lease(attempt_id: str) -> str:
     """Who is executing an attempt right now (expiring, renewed by the heartbeat)."""
     return f"{PREFIX}:lease:{attempt_id}"

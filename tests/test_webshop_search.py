@@ -45,7 +45,22 @@ def test_ties_break_by_catalog_order(engine: SearchEngine) -> None:
     scores = engine._bm25.get_batch_scores(
         engine._analyzer("heather charcoal"), [catalog.by_asin[a].index for a in hits]
     )
-    for (a, sa), (b, sb) in zip(
-        zip(hits, scores, strict=True), zip(hits[1:], scores[1:], strict=True), strict=False
-    ):
+    for (a, sa), (b, sb) in zip(zip(hits, scores, strict=True), zip(hits[1:], scores[1:], strict=True), strict=False):
         assert sa > sb or (sa == sb and catalog.by_asin[a].index < catalog.by_asin[b].index)
+
+
+def test_precomputed_scores_equal_rank_bm25_exactly(engine: SearchEngine) -> None:
+    """The fast scorer must reproduce rank_bm25 bit for bit, or hit order could change."""
+    queries = [
+        "i need a 120 ml hair mask treatment",
+        "heather charcoal heather",  # a repeated term counts twice, as in rank_bm25
+        "men's running shoes x-large black",
+        "gluten free snack bar pack of 12 under 30 dollars",
+        "60x40x40cm",
+    ]
+    for query in queries:
+        terms = [t for t in engine._analyzer(query) if t in engine._postings]
+        docs = sorted({int(d) for t in terms for d in engine._postings[t]})
+        expected = engine._bm25.get_batch_scores(terms, docs)
+        assert engine.scores(terms)[docs].tolist() == expected
+        assert len(docs) >= len(engine.search(query))

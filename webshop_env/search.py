@@ -6,6 +6,14 @@ Lucene's English analyzer and BM25(k1=0.9, b=0.4).  We reuse ``rank_bm25`` with
 Lucene's always-positive idf so that every document sharing a query term is a
 hit, as it is in Lucene, and keep the 50 best in score order, ties by catalog
 order.
+
+``rank_bm25`` stays the definition of the score, but it computes each query
+term's weight with a Python loop over every candidate document, which was most
+of a search step's cost.  At start-up we therefore evaluate its very formula
+once per (term, document) pair and keep the results as postings; a query then
+only adds the postings of its terms, in query order, into a score vector.  The
+operations and their order are the same as in ``get_batch_scores``, so the
+scores, and hence the hits, are bit-for-bit identical (tests check this).
 """
 
 from __future__ import annotations
@@ -113,6 +121,7 @@ class SearchEngine:
         corpus = [self._analyzer(p.search_text) for p in catalog.products]
         self._bm25 = LuceneBM25(corpus, k1=BM25_K1, b=BM25_B)
         self._postings = self._build_postings(corpus)
+        self._weights = self._term_weights(self._bm25, self._postings)
         self._asins = [p.asin for p in catalog.products]
         self._cache: OrderedDict[str, tuple[str, ...]] = OrderedDict()
         self._cache_size = cache_size
@@ -126,6 +135,24 @@ class SearchEngine:
             for term in set(terms):
                 postings.setdefault(term, []).append(doc_id)
         return {term: np.asarray(ids, dtype=np.int32) for term, ids in postings.items()}
+
+    @staticmethod
+    def _term_weights(bm25: LuceneBM25, postings: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Term -> its BM25 weight in each document of its postings, by rank_bm25's own formula.
+
+        The expression mirrors ``BM25Okapi.get_batch_scores`` (float64 throughout,
+        element-wise, so evaluating all (term, document) pairs in one go gives each
+        pair the same value), which is what keeps the scores identical to it.
+        """
+        terms = list(postings)
+        ids = np.concatenate([postings[t] for t in terms])
+        q_freq = np.array([bm25.doc_freqs[int(i)][t] for t in terms for i in postings[t]])
+        doc_len = np.array(bm25.doc_len)[ids]
+        idf = np.repeat([bm25.idf.get(t) or 0 for t in terms], [len(postings[t]) for t in terms])
+        k1, b, avgdl = bm25.k1, bm25.b, bm25.avgdl
+        weights = idf * (q_freq * (k1 + 1) / (q_freq + k1 * (1 - b + b * doc_len / avgdl)))
+        ends = np.cumsum([len(postings[t]) for t in terms])
+        return dict(zip(terms, np.split(weights, ends[:-1]), strict=True))
 
     def search(self, query: str) -> tuple[str, ...]:
         """Asins of the (at most 50) best hits for ``query``, best first."""
@@ -147,10 +174,23 @@ class SearchEngine:
         if not terms:
             return ()
         candidates = np.unique(np.concatenate([self._postings[t] for t in terms]))
-        scores = np.asarray(self._bm25.get_batch_scores(terms, candidates.tolist()))
+        scores = self.scores(terms)[candidates]
         # Stable sort on -score keeps catalog order (candidates are ascending) for ties.
         order = np.argsort(-scores, kind="stable")[:MAX_HITS]
         return tuple(self._asins[int(candidates[i])] for i in order)
+
+    def scores(self, terms: Sequence[str]) -> np.ndarray:
+        """BM25 score of every catalog document for analyzed ``terms`` (repeats count again).
+
+        Terms are added in query order, as ``get_batch_scores`` does; a document
+        without a term gets nothing added, where rank_bm25 adds an exact 0.0.
+        """
+        total = np.zeros(len(self._asins))
+        for term in terms:
+            ids = self._postings.get(term)
+            if ids is not None:
+                total[ids] += self._weights[term]
+        return total
 
 
 def page_slice(hits: Sequence[str], page: int) -> Sequence[str]:

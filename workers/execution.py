@@ -256,6 +256,7 @@ class AttemptRun:
             "celery_task_id": self.celery_task_id,
             "trace_id": self.trace_id,
             "duration_s": round(time.time() - self.started, 3),
+            "started_at": round(self.started, 3),  # task start, epoch s: `bridge bench` splits dispatch with it
         }
         if telemetry is not None:
             data["spans_exported"] = telemetry.spans_exported

@@ -43,6 +43,9 @@ _NAMED_SAMPLING = {
 }
 
 
+MAX_REPLY_CHARS = 32_000  # far above any useful action reply; see _to_result
+
+
 @dataclass(frozen=True)
 class LLMTarget:
     base_url: str
@@ -172,6 +175,12 @@ def chat(
             worker_metrics.observe_llm(time.perf_counter() - started, "error", target.source)
             delay = backoff_delay(attempt, base_s=1.0, cap_s=max_backoff_s)
             problem = repr(exc)
+        except (openai.APIResponseValidationError, ValueError) as exc:
+            # A 200 whose body is not valid JSON (a proxy's error page, a truncated answer): the SDK raises a
+            # bare JSONDecodeError. Possibly transient, so retried like a 5xx, then an LLM error, not "infra".
+            worker_metrics.observe_llm(time.perf_counter() - started, "error", target.source)
+            delay = backoff_delay(attempt, base_s=1.0, cap_s=max_backoff_s)
+            problem = f"answer is not valid JSON: {_short(exc)}"
         if attempt >= retries:
             raise LLMError(f"LLM at {target.base_url} failed after {attempt + 1} tries: {problem}")
         if should_stop is not None and should_stop():
@@ -183,12 +192,19 @@ def chat(
 
 
 def _to_result(response: Any, latency_s: float, retries: int, rate_limited: int) -> ChatResult:
+    if isinstance(response, str):  # the SDK hands back the text of a non-JSON content type as is
+        raise LLMError(f"LLM answered with non-JSON content: {response[:200]!r}")
     if not getattr(response, "choices", None):
         raise LLMError("LLM answered with no choices")
     choice = response.choices[0]
     content = choice.message.content if choice.message is not None else None
     if not isinstance(content, str):
         content = ""
+    if len(content) > MAX_REPLY_CHARS:
+        # Kept in the conversation, a multi-megabyte answer would be resent with every later call. The
+        # action sits on the last line, so the tail is what matters.
+        log.warning("LLM answer of %d characters cut to its last %d", len(content), MAX_REPLY_CHARS)
+        content = content[-MAX_REPLY_CHARS:]
     usage = getattr(response, "usage", None)
     extra = getattr(response, "model_extra", None) or {}
     choice_extra = getattr(choice, "model_extra", None) or {}

@@ -51,5 +51,6 @@ def run_rollout(self: Task, rollout: dict[str, Any], queue: str | None = None) -
 def _release_slot(client: redis.Redis, queue: str, task_id: str) -> None:
     try:
         capacity.clear_inflight(client, queue, task_id)
+        capacity.notify_freed(client, queue)
     except redis.RedisError as exc:
         log.warning("could not clear in-flight entry %s (the bridge prunes it later): %r", task_id, exc)
