@@ -20,7 +20,9 @@ def split_tasks(limit: int, split: str = "test") -> list[dict[str, Any]]:
     return list(json.loads(out))
 
 
-def enqueue(store_url: str, inputs: list[Any], *, mode: str = "test", config: dict[str, Any] | None = None) -> list[str]:
+def enqueue(
+    store_url: str, inputs: list[Any], *, mode: str = "test", config: dict[str, Any] | None = None
+) -> list[str]:
     body = {"rollouts": [{"input": item, "mode": mode, "config": config} for item in inputs]}
     response = httpx.post(f"{store_url}{API}/queues/rollouts/enqueue", json=body, timeout=30)
     response.raise_for_status()
@@ -55,7 +57,9 @@ def wait_finished(store_url: str, rollout_ids: list[str], timeout_s: float) -> d
         pending = [r for r in rollout_ids if r not in finished]
         if not pending:
             break
-        response = httpx.post(f"{store_url}{API}/waits/rollouts", json={"rollout_ids": pending, "timeout": 0}, timeout=30)
+        response = httpx.post(
+            f"{store_url}{API}/waits/rollouts", json={"rollout_ids": pending, "timeout": 0}, timeout=30
+        )
         response.raise_for_status()
         for item in response.json():
             finished[item["rollout_id"]] = item

@@ -52,7 +52,9 @@ def test_a_rollout_stranded_between_dequeue_and_publish_is_republished(clean_sto
     """Simulates a bridge that crashed right after dequeue: the attempt exists, no message carries it."""
     [rid] = enqueue(clean_store.store_url, split_tasks(1))
     claimed = httpx.post(
-        f"{clean_store.store_url}{API}/queues/rollouts/dequeue", json={"limit": 1, "worker_id": "celery-bridge"}, timeout=30
+        f"{clean_store.store_url}{API}/queues/rollouts/dequeue",
+        json={"limit": 1, "worker_id": "celery-bridge"},
+        timeout=30,
     ).json()
     assert claimed and claimed[0]["rollout_id"] == rid
     stranded_attempt = claimed[0]["attempt"]["attempt_id"]

@@ -41,7 +41,9 @@ def test_invalid_values_name_their_variables(clean_env: None, monkeypatch: pytes
     assert "AGENT_LIGHTNING_STORE_URL" in info.value.message and "MAX_STEPS" in info.value.message
 
 
-def test_visibility_timeout_must_cover_the_hard_limit_and_queue_wait(clean_env: None, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_visibility_timeout_must_cover_the_hard_limit_and_queue_wait(
+    clean_env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("AGENT_LIGHTNING_STORE_URL", STORE["AGENT_LIGHTNING_STORE_URL"])
     monkeypatch.setenv("BROKER_VISIBILITY_TIMEOUT_S", "600")
     monkeypatch.setenv("ROLLOUT_DEFAULT_TIMEOUT_S", "900")
@@ -65,9 +67,11 @@ def test_queue_by_mode_mapping_and_redaction(clean_env: None, monkeypatch: pytes
 
 def test_entry_points_exit_2_with_one_readable_line(clean_env: None, tmp_path: object) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_LIGHTNING")}
-    for argv in ([sys.executable, "-m", "bridge"], [sys.executable, "-m", "celery", "-A", "workers", "worker", "--help"]):
-        done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60, cwd=str(tmp_path),
-                              check=False)
+    for argv in (
+        [sys.executable, "-m", "bridge"],
+        [sys.executable, "-m", "celery", "-A", "workers", "worker", "--help"],
+    ):
+        done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60, cwd=str(tmp_path), check=False)
         assert done.returncode == 2, (argv, done.stderr)
         assert "AGENT_LIGHTNING_STORE_URL" in done.stderr
         assert "Traceback" not in done.stderr
@@ -116,11 +120,22 @@ def test_proxy_attempt_url_follows_the_protocol(endpoint: str, expected: str) ->
 
 
 def test_task_input_validation() -> None:
-    assert parse_task_input({"instruction": " buy ", "task_id": "t1"}, max_chars=100).reset_request() == {"task_id": "t1"}
+    assert parse_task_input({"instruction": " buy ", "task_id": "t1"}, max_chars=100).reset_request() == {
+        "task_id": "t1"
+    }
     assert parse_task_input({"instruction": "buy", "goal_id": "7"}, max_chars=100).reset_request() == {"goal_id": 7}
     assert parse_task_input({"instruction": "buy"}, max_chars=100).reset_request() == {"instruction": "buy"}
-    for bad in (None, [], "x", {"instruction": None}, {"instruction": 1}, {"instruction": "ok", "goal_id": True},
-                {"instruction": "ok", "goal_id": "a"}, {"instruction": "ok", "task_id": ""}, {"instruction": "y" * 101}):
+    for bad in (
+        None,
+        [],
+        "x",
+        {"instruction": None},
+        {"instruction": 1},
+        {"instruction": "ok", "goal_id": True},
+        {"instruction": "ok", "goal_id": "a"},
+        {"instruction": "ok", "task_id": ""},
+        {"instruction": "y" * 101},
+    ):
         with pytest.raises(Exception) as info:
             parse_task_input(bad, max_chars=100)
         assert type(info.value).__name__ == "InvalidInputError"
@@ -128,7 +143,11 @@ def test_task_input_validation() -> None:
 
 def _attempted(status: str = "running", attempt_status: str = "running", aid: str = "at-1") -> AttemptedRollout:
     return AttemptedRollout.model_validate(
-        {"rollout_id": "ro-1", "status": status, "attempt": {"rollout_id": "ro-1", "attempt_id": aid, "status": attempt_status}}
+        {
+            "rollout_id": "ro-1",
+            "status": status,
+            "attempt": {"rollout_id": "ro-1", "attempt_id": aid, "status": attempt_status},
+        }
     )
 
 
