@@ -10,11 +10,17 @@ Phases: (1) dispatch probes: rollouts enqueued one by one while slots are free, 
 (2) the workload: N rollouts enqueued at once; (3) with --peer agl-runner, the same workload run by
 Agent Lightning's own runner (n_runners = C) on the same Store, after our workers are stopped.
 
-Which pool: `-P prefork` (a process per slot, ~115 MB each) for CPU-heavy agents and small -c (8 or
-so); `-P threads -c 64..128` for LLM-bound agents that mostly wait (one process, ~200 MB for 128 slots:
-the task code is thread-safe, per-process clients are shared, per-attempt state lives in its objects).
-A threads worker runs Python on one core (the GIL): past ~0.5 core of task CPU, add worker processes
-(--workers K) rather than threads.
+Which pool (measured with this benchmark): `-P prefork -c 8` for CPU-heavy agents and small slot
+counts (~115 MB per slot). For LLM-bound agents `-P threads` (the task code is thread-safe: per-process
+clients are shared, per-attempt state lives in its objects), but with no more slots per process than
+one core of Python serves (the GIL): at 2,000 ms steps a slot costs ~10 ms of task CPU per second, so
+one process of 128 threads was GIL-bound (53% of ideal, 137 ms worker CPU/rollout) where two of 64
+(--workers 2) reached 61% (104 ms/rollout, 300 MB in all). What bounds 128 slots on 2 cores is CPU:
+a rollout costs ~190 ms in all (worker ~100, Store ~58 for its 24 spans, stand-ins ~22, bridge ~4).
+
+Timeline figures: `dispatch_enqueue_to_dequeue_p50_ms` (the bridge's Store poll while slots are free),
+`dispatch_dequeue_to_start_p50_ms` and, with every slot busy, `dequeue_to_start_p50/p99_ms` (publish,
+broker and pool hand-off), all from the worker's own `started_at`.
 
 Numbers on a shared 2-core machine are noisy: compare ratios from one run, not absolute figures.
 """
@@ -49,10 +55,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--workers", type=int, default=1, help="worker processes K; each gets C/K slots (default 1)")
     add("--pool", default="prefork", help="Celery pool: prefork (a process per slot) or threads (default prefork)")
     add("--peer", choices=["agl-runner"], default=None, help="also run the workload with Agent Lightning's runner")
+    add("--peer-spans", action="store_true", help="the peer ships its episode spans too (same trace volume)")
     add("--probes", type=int, default=20, help="dispatch-latency probes while slots are free (0: skip)")
     add("--soak", action="store_true", help=f"{SOAK_ROLLOUTS} rollouts; worker RSS at {SOAK_EARLY} vs the end")
     add("--split", default="train", help="WebShop task split to draw inputs from (default train)")
     add("--log-level", default="INFO", help="LOG_LEVEL of the workers and the bridge (default INFO)")
+    add("--no-task-events", action="store_true", help="CELERY_TASK_EVENTS=false (no Flower task list)")
     add("--timeout-s", type=float, default=1800.0, help="give up a phase after this long (default 1800)")
     add("--store-url", default=None, help="reuse this Store (should run with --tracker prometheus)")
     add("--broker-url", default=None, help="reuse this Redis (default: start a private one)")
@@ -117,37 +125,6 @@ class BenchClient:
 
 
 # --- figures -------------------------------------------------------------------------------------
-
-
-def task_start(view: dict[str, Any]) -> float | None:
-    """When the worker began the attempt: its own ``started_at``, else its report time minus its duration
-    (an overestimate by the fence read and the report's own latency, which a loaded Store makes large)."""
-    attempt = view.get("attempt") or {}
-    meta = attempt.get("metadata") or {}
-    if meta.get("started_at") is not None:
-        return float(meta["started_at"])
-    if attempt.get("end_time") is None or meta.get("duration_s") is None:
-        return None
-    return float(attempt["end_time"]) - float(meta["duration_s"])
-
-
-def latencies_ms(views: list[dict[str, Any]]) -> list[float]:
-    out = []
-    for view in views:
-        start = task_start(view)
-        if start is not None and view.get("start_time") is not None:
-            out.append(max(0.0, (start - float(view["start_time"])) * 1000))
-    return out
-
-
-def dequeue_to_start_ms(views: list[dict[str, Any]]) -> list[float]:
-    """Attempt created by a dequeue -> task start: the bridge's publish plus the broker and pool hand-off."""
-    out = []
-    for view in views:
-        start, attempt = task_start(view), view.get("attempt") or {}
-        if start is not None and attempt.get("start_time") is not None:
-            out.append(max(0.0, (start - float(attempt["start_time"])) * 1000))
-    return out
 
 
 def summarize(
@@ -259,8 +236,8 @@ def run_workload(
     summary["unfinished"] = len(ids) - len(done)
     summary["rss_mb_total"] = round(sampler.peak_total.get(memory_group, 0.0), 1)
     summary["rss_mb_peak_process"] = round(sampler.peak_process_mb(memory_group), 1)
-    summary["dispatch_incl_queue_p50_ms"] = _round(bm.percentile(latencies_ms(views), 50))
-    gaps = dequeue_to_start_ms(views)  # the workload keeps every slot busy: how long a claimed rollout idles
+    summary["dispatch_incl_queue_p50_ms"] = _round(bm.percentile(bm.latencies_ms(views), 50))
+    gaps = bm.dequeue_to_start_ms(views)  # the workload keeps every slot busy: how long a claimed rollout idles
     summary.update({f"dequeue_to_start_p{q}_ms": _round(bm.percentile(gaps, q)) for q in (50, 99)})
     return summary, views, marks
 
@@ -281,7 +258,7 @@ def start_peer(stack: LocalStack, client: BenchClient, args: argparse.Namespace)
         return int(client.call("GET", "/statistics").get("total_workers", 0)) >= workers_before + args.concurrency
 
     argv = [PYTHON, "-m", "bridge.bench_peer", "--store-url", stack.store_url, "--n-runners", str(args.concurrency)]
-    argv += ["--poll-interval-s", "1.0"]
+    argv += ["--poll-interval-s", "1.0"] + (["--export-spans"] if args.peer_spans else [])
     return stack._spawn("peer", argv, polled, env=stack.component_env(), timeout=300)
 
 
@@ -352,7 +329,7 @@ def main(args: argparse.Namespace) -> int:
         env_latency_ms=args.env_latency_ms,
         store_tracker="prometheus",
         log_dir=args.log_dir,
-        extra_env={"LOG_LEVEL": args.log_level},
+        extra_env={"LOG_LEVEL": args.log_level} | ({"CELERY_TASK_EVENTS": "false"} if args.no_task_events else {}),
     )
     stack = LocalStack(config)
     say = (lambda m: print(m, file=sys.stderr)) if args.json else print
@@ -376,7 +353,7 @@ def _bench(stack: LocalStack, args: argparse.Namespace, say: Any) -> int:
             groups[label] = [stack.processes[name].pid or 0]
     say(f"dispatch probes: {args.probes}")
     probe_views = probe_dispatch(client, args, resources_id) if args.probes > 0 else []
-    probes = latencies_ms(probe_views)
+    probes = bm.latencies_ms(probe_views)
     claim = [  # enqueue -> dequeue: how long the bridge took to see the rollout (its Store poll interval)
         (float(v["attempt"]["start_time"]) - float(v["start_time"])) * 1000
         for v in probe_views
@@ -388,7 +365,8 @@ def _bench(stack: LocalStack, args: argparse.Namespace, say: Any) -> int:
     ideal_rps, basis = ideal(summary, args, store_rps)
     result: dict[str, Any] = {
         "config": {k: getattr(args, k) for k in ("rollouts", "llm_latency_ms", "env_latency_ms", "concurrency")}
-        | {"workers": args.workers, "pool": args.pool},
+        | {"workers": args.workers, "pool": args.pool, "task_events": not args.no_task_events}
+        | {"peer_spans": args.peer_spans},
         **summary,
         "ideal_rollouts_per_s": ideal_rps,
         "ideal_basis": basis,
@@ -400,7 +378,7 @@ def _bench(stack: LocalStack, args: argparse.Namespace, say: Any) -> int:
         **{f"dispatch_p{q}_ms": _round(bm.percentile(probes, q)) for q in (50, 95, 99)},
         "dispatch_probes": len(probes),
         "dispatch_enqueue_to_dequeue_p50_ms": _round(bm.percentile(claim, 50)),
-        "dispatch_dequeue_to_start_p50_ms": _round(bm.percentile(dequeue_to_start_ms(probe_views), 50)),
+        "dispatch_dequeue_to_start_p50_ms": _round(bm.percentile(bm.dequeue_to_start_ms(probe_views), 50)),
     }
     if args.soak:
         early, end = marks.get("early"), marks.get("end")

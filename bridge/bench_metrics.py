@@ -16,6 +16,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 
@@ -185,3 +186,37 @@ class Stopwatch:
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
+
+
+# --- rollout timeline (from the Store's rollout views) ---------------------------------------------
+
+
+def task_start(view: dict[str, Any]) -> float | None:
+    """When the worker began the attempt: its own ``started_at``, else its report time minus its duration
+    (an overestimate by the fence read and the report's own latency, which a loaded Store makes large)."""
+    attempt = view.get("attempt") or {}
+    meta = attempt.get("metadata") or {}
+    if meta.get("started_at") is not None:
+        return float(meta["started_at"])
+    if attempt.get("end_time") is None or meta.get("duration_s") is None:
+        return None
+    return float(attempt["end_time"]) - float(meta["duration_s"])
+
+
+def latencies_ms(views: list[dict[str, Any]]) -> list[float]:
+    out = []
+    for view in views:
+        start = task_start(view)
+        if start is not None and view.get("start_time") is not None:
+            out.append(max(0.0, (start - float(view["start_time"])) * 1000))
+    return out
+
+
+def dequeue_to_start_ms(views: list[dict[str, Any]]) -> list[float]:
+    """Attempt created by a dequeue -> task start: the bridge's publish plus the broker and pool hand-off."""
+    out = []
+    for view in views:
+        start, attempt = task_start(view), view.get("attempt") or {}
+        if start is not None and attempt.get("start_time") is not None:
+            out.append(max(0.0, (start - float(attempt["start_time"])) * 1000))
+    return out

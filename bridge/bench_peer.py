@@ -9,7 +9,9 @@ loop our Celery task runs, so the two executors differ only in how they talk to 
 The rollout returns its reward as a float, which the runner posts as the reward span itself; emitting
 it through the SDK tracer was seen to export to OpenTelemetry's default endpoint instead of the Store.
 The episode's own step spans go to a provider that buffers and drops them (``export=False``), which
-is the SDK runner's behaviour with ``OtelTracer`` and an uninstrumented loop.
+is the SDK runner's behaviour with ``OtelTracer`` and an uninstrumented loop. With ``--export-spans``
+(``bench --peer-spans``) they are shipped like ours instead, one OTLP request per rollout before it
+returns, so both executors deliver the same trace volume and only the execution machinery differs.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 log = logging.getLogger("bridge.bench_peer")
 
 
-def _make_agent() -> Any:
+def _make_agent(export_spans: bool = False) -> Any:
     """Build the LitAgent class lazily: importing agentlightning takes seconds and is optional."""
     from agentlightning import LitAgent
 
@@ -46,7 +48,7 @@ def _make_agent() -> Any:
             if self._clients is None or self._clients[0] != os.getpid():
                 settings = get_settings()
                 env = WebShopClient(str(settings.webshop_url), timeout_s=settings.webshop_timeout_s)
-                store = StoreClient(settings.store_base)  # never called: the telemetry does not export
+                store = StoreClient(settings.store_base)  # called only with --export-spans
                 self._clients = (os.getpid(), env, store)
             return self._clients[1], self._clients[2]
 
@@ -65,7 +67,7 @@ def _make_agent() -> Any:
                 rollout_id=rollout.rollout_id,
                 attempt_id=rollout.attempt.attempt_id,
                 service_name="agl-runner-peer",
-                export=False,
+                export=export_spans,
             )
             try:
                 episode = Episode(
@@ -77,14 +79,16 @@ def _make_agent() -> Any:
                     settings=settings,
                     check_stop=lambda: None,
                 )
-                return float(episode.run().reward)
+                reward = float(episode.run().reward)
+                telemetry.flush()
+                return reward
             finally:
                 telemetry.close()
 
     return WebShopAgent()
 
 
-def run(store_url: str, n_runners: int, poll_interval_s: float) -> None:
+def run(store_url: str, n_runners: int, poll_interval_s: float, export_spans: bool = False) -> None:
     """Block running ``n_runners`` SDK runner processes against ``store_url`` until terminated."""
     from urllib.parse import urlsplit
 
@@ -96,7 +100,7 @@ def run(store_url: str, n_runners: int, poll_interval_s: float) -> None:
     )
     runner = LitAgentRunner(tracer=OtelTracer(), poll_interval=poll_interval_s)
     trainer = Trainer(n_runners=n_runners, strategy=strategy, runner=runner, tracer=OtelTracer())
-    trainer.fit(_make_agent())
+    trainer.fit(_make_agent(export_spans))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,9 +110,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--poll-interval-s", type=float, default=5.0, help="dequeue poll interval when idle (SDK default 5 s)"
     )
+    parser.add_argument("--export-spans", action="store_true", help="ship the episode's spans like our workers")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    run(args.store_url.rstrip("/"), args.n_runners, args.poll_interval_s)
+    run(args.store_url.rstrip("/"), args.n_runners, args.poll_interval_s, args.export_spans)
     return 0
 
 

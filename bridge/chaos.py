@@ -10,18 +10,17 @@ and prints one line per scenario:
 * flipped: rollouts whose status changed after they were first seen finished (a late report);
 * bad reward: succeeded attempts whose reward is not what the WebShop server's purchase ledger says.
 
-All four must be 0. The tests in ``tests/test_chaos.py`` drive the same scenarios and assert it.
+All four must be 0 (counted by ``bridge.chaos_audit``). The tests in ``tests/test_chaos.py`` drive the
+same scenarios and assert it.
 Everything listens on 127.0.0.1 and every wait is bounded.
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
 import contextlib
 import os
 import random
-import re
 import signal
 import sys
 import threading
@@ -31,8 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-
+from bridge.chaos_audit import ScenarioResult, audit, format_table
 from bridge.models import FINISHED_ROLLOUT, AttemptedRollout
 from bridge.stack import LocalStack, ManagedProcess, StackConfig
 from bridge.store import StoreClient
@@ -82,25 +80,6 @@ MALFORMED: list[Any] = [
     {"instruction": None},
     "",
 ]
-_REPORTED = re.compile(r"attempt=(at-[0-9a-f]+)[^\]\n]*\] reported (succeeded|failed)")
-
-
-@dataclass
-class ScenarioResult:
-    name: str
-    enqueued: int = 0
-    succeeded: int = 0
-    failed: collections.Counter[str] = field(default_factory=collections.Counter)
-    lost: int = 0
-    executed_twice: int = 0
-    flipped: int = 0
-    bad_reward: int = 0
-    seconds: float = 0.0
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def clean(self) -> bool:
-        return self.lost == self.executed_twice == self.flipped == self.bad_reward == 0
 
 
 @dataclass
@@ -189,15 +168,45 @@ def _executor_pid(rollout: AttemptedRollout) -> int | None:
     return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
 
 
+def _kill_an_executor(run: ChaosRun, killed: set[int], timeout_s: float = 30.0) -> int | None:
+    """SIGKILL a pool process while it runs an episode; returns its pid once a kill really landed.
+
+    The observer's view is up to half a second old (an episode here lasts about two), so each candidate
+    is read back from the Store right before the kill: its attempt must still be running in that process.
+    A pid that is already gone (killed in an earlier round) is skipped instead of being counted.
+    """
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        candidates = [r for r in run.running() if (_executor_pid(r) or 0) not in killed | {0}]
+        random.shuffle(candidates)
+        for seen in candidates:
+            try:
+                now = run.store.get_rollout(seen.rollout_id, retries=0, timeout=2)
+            except Exception:  # the Store is busy: try the next candidate
+                continue
+            if not isinstance(now, AttemptedRollout) or now.status != "running":
+                continue
+            pid = _executor_pid(now)
+            if pid is None or now.attempt.attempt_id != seen.attempt.attempt_id or pid in killed:
+                continue
+            killed.add(pid)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+            return pid
+        time.sleep(0.3)
+    run.note("no running pool process to kill")
+    return None
+
+
 def kill_workers(run: ChaosRun) -> None:
     """SIGKILL a pool process mid-episode 3 times, then a worker's main process 3 times (replaced each time)."""
+    killed: set[int] = set()
     for round_ in range(3):
         run.wait_progress(run.share(0.1 * (round_ + 1)), 90)
-        pids = [p for p in (_executor_pid(r) for r in run.running()) if p]
-        if pids:
-            pid = random.choice(pids)
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        pid = _kill_an_executor(run, killed)
+        if pid is not None:
             run.note(f"killed pool process {pid}")
     for round_ in range(3):
         run.wait_progress(run.share(0.4 + 0.15 * round_), 90)
@@ -395,78 +404,6 @@ def _guarded(fault: Callable[[ChaosRun], None], run: ChaosRun) -> None:
         fault(run)
     except Exception as exc:  # a fault that breaks must show in the report, not kill the run silently
         run.note(f"fault injection error: {exc!r}")
-
-
-def audit(run: ChaosRun, stack: LocalStack) -> ScenarioResult:
-    result = ScenarioResult(name="", enqueued=len(run.rollout_ids), notes=run.notes)
-    reports = _reports_in_logs(stack.log_dir)
-    result.executed_twice += sum(1 for count in reports.values() if count > 1)
-    ledger = _ledger(stack.webshop_url)
-    for rid in run.rollout_ids:
-        final = run.latest.get(rid)
-        status = run.first_final.get(rid)
-        if status is None or final is None:
-            result.lost += 1
-            continue
-        if status == "succeeded":
-            result.succeeded += 1
-        else:
-            meta = final.attempt.metadata or {}
-            result.failed[str(meta.get("failure_class") or status)] += 1
-        for attempt in run.store.list_attempts(rid):
-            if _episode_roots(run.store.spans(rid, attempt.attempt_id)) > 1:
-                result.executed_twice += 1
-                run.note(f"two executions in {rid}/{attempt.attempt_id}")
-        meta = final.attempt.metadata or {}
-        if final.status == "succeeded" and meta.get("done"):
-            bought = ledger.get(str(meta.get("env_session_id")), [])
-            if len(bought) != 1 or bought[0] != meta.get("reward"):
-                result.bad_reward += 1
-    result.flipped = len(run.flipped)
-    return result
-
-
-def _episode_roots(spans: list[dict[str, Any]]) -> int:
-    """Distinct episode executions that wrote into one attempt: root span ids, seen directly or as parents."""
-    roots = {s["span_id"] for s in spans if s.get("name") == "webshop.episode"}
-    roots |= {
-        s["parent_id"] for s in spans if s.get("name") in ("webshop.step", "webshop.env.reset") and s.get("parent_id")
-    }
-    return len(roots)
-
-
-def _reports_in_logs(log_dir: Path) -> collections.Counter[str]:
-    counts: collections.Counter[str] = collections.Counter()
-    for path in log_dir.glob("worker*.log"):
-        for match in _REPORTED.finditer(path.read_text(errors="replace")):
-            counts[match.group(1)] += 1
-    return counts
-
-
-def _ledger(webshop_url: str) -> dict[str, list[float]]:
-    """Rewards the WebShop server computed, by session (the audit's ground truth)."""
-    response = httpx.get(f"{webshop_url}/purchases", timeout=30)
-    response.raise_for_status()
-    by_session: dict[str, list[float]] = collections.defaultdict(list)
-    for item in response.json()["items"]:
-        by_session[item["session_id"]].append(item["reward"])
-    return by_session
-
-
-def format_table(results: list[ScenarioResult]) -> str:
-    header = (
-        f"{'scenario':<15}{'enq':>5}{'ok':>5}  {'failed by class':<28}"
-        f"{'lost':>5}{'twice':>6}{'flip':>5}{'badrw':>6}{'secs':>7}"
-    )
-    lines = [header, "-" * len(header)]
-    for r in results:
-        failed = ",".join(f"{k}={v}" for k, v in sorted(r.failed.items())) or "-"
-        lines.append(
-            f"{r.name:<15}{r.enqueued:>5}{r.succeeded:>5}  {failed:<28}{r.lost:>5}{r.executed_twice:>6}"
-            f"{r.flipped:>5}{r.bad_reward:>6}{r.seconds:>7.0f}"
-        )
-        lines += [f"{'':<15}  note: {n}" for n in r.notes]
-    return "\n".join(lines)
 
 
 # --- CLI -----------------------------------------------------------------------------------------

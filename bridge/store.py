@@ -20,6 +20,7 @@ from bridge.backoff import backoff_delay
 from bridge.errors import StoreRejected, StoreUnavailable, UnknownIdError
 from bridge.http import service_client
 from bridge.models import Attempt, AttemptedRollout, ResourcesUpdate, Rollout
+from bridge.redact import redact_url
 
 log = logging.getLogger("bridge.store")
 
@@ -91,7 +92,8 @@ class StoreClient:
                 if error is None:
                     return response
             except _TRANSIENT_EXCEPTIONS as exc:
-                error = StoreUnavailable(f"Store unreachable at {self.base_url}{path}: {exc!r}", path=path)
+                url = path if "://" in path else f"{self.base_url}{path}"
+                error = StoreUnavailable(f"Store unreachable at {redact_url(url)}: {exc!r}", path=path)
             if isinstance(error, StoreRejected):
                 raise error
             delay = backoff_delay(attempt, base_s=0.5, cap_s=10.0)

@@ -37,6 +37,10 @@ REQUIRED = {
     "dispatch_p99_ms",
     "rollout_duration_p50_ms",
     "rollout_duration_p99_ms",
+    "dequeue_to_start_p50_ms",
+    "dequeue_to_start_p99_ms",
+    "dispatch_enqueue_to_dequeue_p50_ms",
+    "dispatch_dequeue_to_start_p50_ms",
 }
 PEER = {"peer_rollouts_per_s", "ratio_vs_peer", "peer_store_requests_per_rollout", "peer_cpu_ms_per_rollout"}
 
@@ -83,6 +87,9 @@ def test_bench_prints_every_figure_as_json(services: LocalStack, tmp_path: Path)
     assert any("attempts" in key for key in by_endpoint), by_endpoint
     assert result["worker_cpu_ms_per_rollout"] > 0 and result["worker_rss_mb_total"] > 0
     assert result["dispatch_probes"] == 4
+    # Dispatch split in two with the worker's own start time: the bridge's Store poll, then the hand-off.
+    assert result["dispatch_enqueue_to_dequeue_p50_ms"] >= 0 and result["dispatch_dequeue_to_start_p50_ms"] >= 0
+    assert result["dequeue_to_start_p50_ms"] >= 0
 
 
 def test_bench_runs_the_agent_lightning_runner_side_by_side(services: LocalStack, tmp_path: Path) -> None:

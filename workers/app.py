@@ -36,8 +36,8 @@ def create_app(settings: Settings) -> Celery:
         broker_connection_max_retries=None,
         task_soft_time_limit=settings.soft_time_limit(None),
         task_time_limit=settings.hard_time_limit(None),
-        worker_send_task_events=True,
-        task_send_sent_event=True,
+        worker_send_task_events=settings.task_events,  # for Flower; measurable CPU in the pool's parent
+        task_send_sent_event=settings.task_events,
         worker_hijack_root_logger=False,
         worker_redirect_stdouts=False,
         worker_cancel_long_running_tasks_on_connection_loss=False,

@@ -150,12 +150,14 @@ class HeartbeatMonitor:
                 attempt = self._store.update_attempt(
                     watch.rollout_id, watch.attempt_id, last_heartbeat_time=time.time(), retries=0, timeout=timeout
                 )
-                if attempt.status not in ACTIVE_ATTEMPT:
+                if attempt.status not in ACTIVE_ATTEMPT and not watch.reporting:
                     watch.stop(f"the Store marked the attempt {attempt.status}")
                     return
             watch.beats += 1
             reason = fence(self._store.get_rollout(watch.rollout_id, retries=0, timeout=timeout), watch.attempt_id)
-            if reason is not None:
+            # The final report may have landed while this beat was in flight: the rollout then reads finished
+            # because of our own report, which is no reason to stop (and no warning worth logging).
+            if reason is not None and not watch.reporting:
                 watch.stop(reason)
         except UnknownIdError:
             watch.stop("the Store no longer knows this rollout (it restarted?)")
