@@ -62,7 +62,8 @@ def test_malformed_inputs_fail_with_clear_messages_and_the_rest_succeed(pipeline
     ]
     expected_words = ["JSON object", "no 'instruction'", "must be a string", "is empty", "MAX_INSTRUCTION_CHARS"]
     good = split_tasks(10)
-    bad_ids = enqueue(pipeline.store_url, bad_inputs)
+    retrying = {"max_attempts": 3, "retry_condition": ["failed"]}  # bad input must not be retried even so
+    bad_ids = enqueue(pipeline.store_url, bad_inputs, config=retrying)
     good_ids = enqueue(pipeline.store_url, good)
     final = wait_finished(pipeline.store_url, bad_ids + good_ids, timeout_s=180)
 

@@ -222,9 +222,22 @@ class AttemptRun:
         metadata = {**self._base_metadata(telemetry), "error": error[:2000], "failure_class": str(failure)}
         self.log.warning("failed (%s): %s", failure, error)
         outcome = self._report(AttemptStatus.FAILED, metadata)
-        if outcome is None:
-            return Outcome("failed", error, str(failure))
-        return outcome
+        if outcome is not None:
+            return outcome
+        if failure is FailureClass.INPUT:
+            self._finish_rollout_failed()
+        return Outcome("failed", error, str(failure))
+
+    def _finish_rollout_failed(self) -> None:
+        """Bad input fails the same way every time: end the rollout instead of letting the Store retry it.
+
+        With ``failed`` in ``retry_condition`` the report above requeued the rollout; a rollout set to
+        ``failed`` is skipped by the next dequeue (store-protocol.md 6.2), so no attempt is wasted on it.
+        """
+        try:
+            self.res.store.update_rollout(self.rid, status="failed")
+        except StoreError as exc:
+            self.log.warning("could not end the rollout after an input error (the Store may retry it): %s", exc)
 
     def _report(self, status: AttemptStatus, metadata: dict[str, Any]) -> Outcome | None:
         """Re-check the fence, then report; returns an Outcome only when the report was withheld."""
