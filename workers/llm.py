@@ -110,7 +110,7 @@ _http_lock = threading.Lock()
 _http_client: httpx.Client | None = None
 
 
-def _shared_http(timeout_s: float) -> httpx.Client:
+def shared_http(timeout_s: float) -> httpx.Client:
     """One connection pool per process for every LLM endpoint (clients per attempt are cheap views on it)."""
     global _http_client
     with _http_lock:
@@ -124,7 +124,7 @@ def _shared_http(timeout_s: float) -> httpx.Client:
 
 def make_client(target: LLMTarget, timeout_s: float) -> openai.OpenAI:
     return openai.OpenAI(
-        base_url=target.base_url, api_key=target.api_key, max_retries=0, http_client=_shared_http(timeout_s)
+        base_url=target.base_url, api_key=target.api_key, max_retries=0, http_client=shared_http(timeout_s)
     )
 
 

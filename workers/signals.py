@@ -110,11 +110,11 @@ def _on_process_init(**_: Any) -> None:
     # Build the child's clients now, not in its first task: measured, the first rollout of each prefork
     # child spent ~0.5 s more between "received" and "started" (client and TLS context construction).
     try:
-        from workers.llm import _shared_http
+        from workers.llm import shared_http
         from workers.resources import get_resources
 
         get_resources()
-        _shared_http(settings.llm_timeout_s)
+        shared_http(settings.llm_timeout_s)
     except Exception as exc:  # the first task builds them instead
         log.warning("could not pre-build this process's clients: %r", exc)
 
