@@ -123,8 +123,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.set_defaults(func=_run)
     for name, module, register in _extra_commands():
-        register(sub.add_parser(name, help=module.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter))
+        register(sub.add_parser(name, help=_summary(module.__doc__), formatter_class=argparse.RawDescriptionHelpFormatter))
     return parser
+
+
+def _summary(doc: str | None) -> str:
+    """First line of a module docstring, safe for argparse (which %-formats help strings)."""
+    first = (doc or "").strip().splitlines()[0] if (doc or "").strip() else ""
+    return first.replace("%", "%%")
 
 
 def _extra_commands() -> list[tuple[str, object, Callable[[argparse.ArgumentParser], None]]]:
