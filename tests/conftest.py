@@ -12,6 +12,7 @@ import signal
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import redis
 
@@ -49,6 +50,31 @@ def services(log_dir: Path) -> Iterator[LocalStack]:
         yield stack
     finally:
         stack.stop()
+
+
+NEUTRAL_RESOURCES = {
+    "note": {
+        "resource_type": "prompt_template",
+        "template": "no main_llm: workers use OPENAI_API_BASE",
+        "engine": "f-string",
+    }
+}
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_llm_resource(request: pytest.FixtureRequest) -> None:
+    """Each test starts with no ``main_llm`` in the Store's latest resources, as on a fresh Store.
+
+    The Store cannot delete resources, and rollouts enqueued without ``resources_id`` are stamped with the
+    latest ones: a ``main_llm`` published by one test (the benchmark, the LLM proxy test) would otherwise
+    route every later test's LLM calls. A neutral update makes the latest carry none again.
+    """
+    if "services" not in request.fixturenames:
+        return
+    services: LocalStack = request.getfixturevalue("services")
+    latest = httpx.get(f"{services.store_url}/v1/agl/resources/latest", timeout=30).json()
+    if latest and "main_llm" in (latest.get("resources") or {}):
+        httpx.post(f"{services.store_url}/v1/agl/resources", json=NEUTRAL_RESOURCES, timeout=30).raise_for_status()
 
 
 @pytest.fixture
