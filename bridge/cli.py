@@ -123,7 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.set_defaults(func=_run)
     for name, module, register in _extra_commands():
-        register(sub.add_parser(name, help=_summary(module.__doc__), formatter_class=argparse.RawDescriptionHelpFormatter))
+        register(
+            sub.add_parser(name, help=_summary(module.__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
+        )
     return parser
 
 
