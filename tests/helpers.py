@@ -21,9 +21,16 @@ def split_tasks(limit: int, split: str = "test") -> list[dict[str, Any]]:
 
 
 def enqueue(
-    store_url: str, inputs: list[Any], *, mode: str = "test", config: dict[str, Any] | None = None
+    store_url: str,
+    inputs: list[Any],
+    *,
+    mode: str = "test",
+    config: dict[str, Any] | None = None,
+    resources_id: str | None = None,
 ) -> list[str]:
-    body = {"rollouts": [{"input": item, "mode": mode, "config": config} for item in inputs]}
+    """Enqueue through the REST API; without ``resources_id`` the Store stamps its latest resources."""
+    extra = {"resources_id": resources_id} if resources_id else {}
+    body = {"rollouts": [{"input": item, "mode": mode, "config": config, **extra} for item in inputs]}
     response = httpx.post(f"{store_url}{API}/queues/rollouts/enqueue", json=body, timeout=30)
     response.raise_for_status()
     return [item["rollout_id"] for item in response.json()]

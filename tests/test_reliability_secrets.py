@@ -149,11 +149,14 @@ def test_no_secret_reaches_messages_flower_store_or_logs(services: LocalStack, a
     assert [final[rid]["status"] for rid in ids] == ["succeeded"] * 4 + ["failed"]
 
     messages = tap.decoded()
-    assert {aid for aid in attempt_ids if any(aid in m for m in messages)} == set(attempt_ids)
+    # The tap polls every 50 ms: the four real episodes sit in the unacked hash for their whole run and must
+    # have been caught; the malformed one may be consumed before a poll (MONITOR below still sees it).
+    caught = {aid for aid in attempt_ids if any(aid in m for m in messages)}
+    assert set(attempt_ids[:4]) <= caught, f"the tap missed messages: {set(attempt_ids[:4]) - caught}"
     for text in messages:
         assert not _leaks(text), f"secret in a Celery message: {_leaks(text)}"
     monitored = "\n".join(tap.commands)
-    assert attempt_ids[0] in monitored
+    assert all(aid in monitored for aid in attempt_ids)
     assert not _leaks(monitored), f"secret in a Redis command: {_leaks(monitored)}"
 
     assert set(attempt_ids) <= set(flower_tasks), "Flower did not show every task"

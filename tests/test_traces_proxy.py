@@ -135,7 +135,7 @@ def test_proxy_spans_land_in_the_attempt_and_the_proxy_adapter_gives_the_env_rew
     via_proxy: tuple[LocalStack, str],
 ) -> None:
     stack, resources_id = via_proxy
-    rollout_ids = enqueue(stack.store_url, split_tasks(ROLLOUTS))
+    rollout_ids = enqueue(stack.store_url, split_tasks(ROLLOUTS), resources_id=resources_id)
     final = wait_finished(stack.store_url, rollout_ids, timeout_s=300)
     assert {v["status"] for v in final.values()} == {"succeeded"}, {k: v["status"] for k, v in final.items()}
     adapter = LlmProxyTraceToTriplet()
