@@ -224,20 +224,23 @@ class AttemptRun:
         outcome = self._report(AttemptStatus.FAILED, metadata)
         if outcome is not None:
             return outcome
-        if failure is FailureClass.INPUT:
-            self._finish_rollout_failed()
         return Outcome("failed", error, str(failure))
 
-    def _finish_rollout_failed(self) -> None:
-        """Bad input fails the same way every time: end the rollout instead of letting the Store retry it.
+    def _disable_retries(self) -> None:
+        """Bad input fails the same way every time: make this attempt the rollout's last before reporting it.
 
-        With ``failed`` in ``retry_condition`` the report above requeued the rollout; a rollout set to
-        ``failed`` is skipped by the next dequeue (store-protocol.md 6.2), so no attempt is wasted on it.
+        Setting ``max_attempts`` to this attempt's sequence id makes the Store derive ``failed`` from the
+        report instead of requeuing (store-protocol.md 6.2). Done before the report, so no retry attempt can
+        be dequeued in between, and the latest attempt keeps the error in its metadata.
         """
+        if self.rollout is None:
+            return
+        config = self.rollout.config.model_dump(mode="json")
+        config["max_attempts"] = max(1, self.rollout.attempt.sequence_id)
         try:
-            self.res.store.update_rollout(self.rid, status="failed")
+            self.res.store.update_rollout(self.rid, config=config)
         except StoreError as exc:
-            self.log.warning("could not end the rollout after an input error (the Store may retry it): %s", exc)
+            self.log.warning("could not stop retries after an input error (the Store may retry it): %s", exc)
 
     def _report(self, status: AttemptStatus, metadata: dict[str, Any]) -> Outcome | None:
         """Re-check the fence, then report; returns an Outcome only when the report was withheld."""
@@ -247,6 +250,8 @@ class AttemptRun:
             if reason is not None:
                 self.log.warning("withholding the %s report: %s", status, reason)
                 return Outcome("skipped", f"report withheld: {reason}", FailureClass.CANCELLED)
+            if status == AttemptStatus.FAILED and metadata.get("failure_class") == FailureClass.INPUT:
+                self._disable_retries()
             self.res.store.update_attempt(
                 self.rid, self.aid, status=status, worker_id=self.executor, metadata=metadata, deadline=deadline
             )
