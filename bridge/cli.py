@@ -37,7 +37,7 @@ Exit codes: 0 on a clean stop (SIGINT/SIGTERM), 2 on invalid configuration, 1 on
 
 
 def _run(args: argparse.Namespace) -> int:
-    settings = _settings()
+    settings = load_settings()
     return run_bridge(settings, metrics_port=args.metrics_port)
 
 
@@ -85,10 +85,6 @@ def _install_signal_handlers(stop: threading.Event) -> None:
 
     signal.signal(signal.SIGINT, handle)
     signal.signal(signal.SIGTERM, handle)
-
-
-def _settings() -> Settings:
-    return load_settings()
 
 
 def _lazy(module: str) -> Callable[[argparse.Namespace], int]:

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -472,13 +472,3 @@ class LocalStack:
             "flower": self.flower_url,
             "bridge_metrics": self.bridge_metrics_url,
         }
-
-
-@contextlib.contextmanager
-def local_stack(config: StackConfig) -> Iterator[LocalStack]:
-    stack = LocalStack(config)
-    try:
-        stack.start()
-        yield stack
-    finally:
-        stack.stop()

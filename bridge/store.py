@@ -220,9 +220,6 @@ class StoreClient:
                 self._resources_cache.pop(oldest, None)
         return update
 
-    def add_resources(self, resources: Mapping[str, Any]) -> ResourcesUpdate:
-        return ResourcesUpdate.model_validate(self._json("POST", "/resources", json=dict(resources)))
-
     def spans(self, rollout_id: str, attempt_id: str = "latest") -> list[dict[str, Any]]:
         data = self._json("GET", "/spans", params={"rollout_id": rollout_id, "attempt_id": attempt_id})
         return list(data["items"])
