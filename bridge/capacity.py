@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import redis
 
@@ -60,6 +61,28 @@ def inflight_count(client: redis.Redis, queue: str) -> int:
 
 def inflight_ids(client: redis.Redis, queue: str) -> set[str]:
     return {m.decode() if isinstance(m, bytes) else str(m) for m in client.zrange(keys.inflight(queue), 0, -1)}
+
+
+@dataclass(frozen=True)
+class Execution:
+    """What Redis says about an attempt's execution (``workers.lease``)."""
+
+    leased: bool  # an executor holds it now
+    started: bool  # an executor started it at some point
+    done: bool  # its final status was reported
+
+
+def executions(client: redis.Redis, attempt_ids: Iterable[str]) -> dict[str, Execution]:
+    ids = list(attempt_ids)
+    if not ids:
+        return {}
+    pipe = client.pipeline(transaction=False)
+    for aid in ids:
+        pipe.exists(keys.lease(aid))
+        pipe.exists(keys.started(aid))
+        pipe.exists(keys.done(aid))
+    flags = [bool(found) for found in pipe.execute()]
+    return {aid: Execution(*flags[3 * i : 3 * i + 3]) for i, aid in enumerate(ids)}
 
 
 def oldest_inflight_age(client: redis.Redis, queue: str) -> float | None:

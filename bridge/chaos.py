@@ -30,8 +30,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import redis
+
+from bridge import keys
 from bridge.chaos_audit import ScenarioResult, audit, format_table
-from bridge.models import FINISHED_ROLLOUT, AttemptedRollout
+from bridge.models import ACTIVE_ROLLOUT, FINISHED_ROLLOUT, AttemptedRollout
 from bridge.stack import LocalStack, ManagedProcess, StackConfig
 from bridge.store import StoreClient
 
@@ -58,6 +61,9 @@ CHAOS_ENV = {
     "BRIDGE_POLL_MAX_S": "1.0",
     "LOG_LEVEL": "INFO",
 }
+# Faults must land mid-episode: at 0 ms an episode lasts a few hundred ms and 100 rollouts finish in seconds,
+# before a fault can find one running. 200 ms per LLM call makes episodes last about 1.5 s.
+MID_EPISODE: dict[str, Any] = {"policy_latency_ms": 200.0}
 MALFORMED: list[Any] = [
     "a string",
     42,
@@ -106,6 +112,7 @@ class ChaosRun:
         self.stack = stack
         self.rollout_ids = rollout_ids
         self.store = StoreClient(stack.store_url, retries=3, timeout_s=20)
+        self.redis = redis.Redis.from_url(stack.broker_url, socket_timeout=2)
         self.first_final: dict[str, str] = {}
         self.flipped: set[str] = set()
         self.latest: dict[str, AttemptedRollout] = {}
@@ -149,7 +156,17 @@ class ChaosRun:
         return max(1, int(len(self.rollout_ids) * fraction))
 
     def running(self) -> list[AttemptedRollout]:
-        return [r for r in self.latest.values() if r.status == "running" and r.attempt.status == "running"]
+        """Rollouts whose latest attempt an executor holds right now (workers send no `running` mark)."""
+        return [r for r in self.latest.values() if r.status in ACTIVE_ROLLOUT and self.executor_pid(r) is not None]
+
+    def executor_pid(self, rollout: AttemptedRollout) -> int | None:
+        """The process holding the attempt's lease, whose token starts ``host:pid:thread`` (workers.lease)."""
+        try:
+            token = self.redis.get(keys.lease(rollout.attempt.attempt_id))
+        except redis.RedisError:  # restarting on purpose: nothing to pick this round
+            return None
+        parts = token.decode().split(":") if isinstance(token, bytes) else []
+        return int(parts[1]) if len(parts) >= 3 and parts[1].isdigit() else None
 
     def process(self, name: str) -> ManagedProcess | None:
         """A service process this run may pause or restart (its own, or one borrowed from the caller)."""
@@ -162,31 +179,25 @@ class ChaosRun:
 # --- faults --------------------------------------------------------------------------------------
 
 
-def _executor_pid(rollout: AttemptedRollout) -> int | None:
-    """The worker id of a running attempt is ``host:pid:thread`` (workers.lease.executor_id)."""
-    parts = (rollout.attempt.worker_id or "").split(":")
-    return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
-
-
 def _kill_an_executor(run: ChaosRun, killed: set[int], timeout_s: float = 30.0) -> int | None:
     """SIGKILL a pool process while it runs an episode; returns its pid once a kill really landed.
 
     The observer's view is up to half a second old (an episode here lasts about two), so each candidate
-    is read back from the Store right before the kill: its attempt must still be running in that process.
-    A pid that is already gone (killed in an earlier round) is skipped instead of being counted.
+    is read back from the Store right before the kill, and its lease from Redis: its attempt must still be
+    active and held by that process. A pid already gone (killed in an earlier round) is skipped.
     """
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        candidates = [r for r in run.running() if (_executor_pid(r) or 0) not in killed | {0}]
+        candidates = [r for r in run.running() if (run.executor_pid(r) or 0) not in killed | {0}]
         random.shuffle(candidates)
         for seen in candidates:
             try:
                 now = run.store.get_rollout(seen.rollout_id, retries=0, timeout=2)
             except Exception:  # the Store is busy: try the next candidate
                 continue
-            if not isinstance(now, AttemptedRollout) or now.status != "running":
+            if not isinstance(now, AttemptedRollout) or now.status not in ACTIVE_ROLLOUT:
                 continue
-            pid = _executor_pid(now)
+            pid = run.executor_pid(now)
             if pid is None or now.attempt.attempt_id != seen.attempt.attempt_id or pid in killed:
                 continue
             killed.add(pid)
@@ -304,9 +315,9 @@ def with_malformed(tasks: list[dict[str, Any]]) -> list[Any]:
 
 CHAOS_DISPATCHER_ID = "chaos-bridge"
 SCENARIOS: dict[str, Scenario] = {
-    "kill-workers": Scenario("kill-workers", kill_workers),
-    "restart-redis": Scenario("restart-redis", restart_redis),
-    "store-outage": Scenario("store-outage", pause_store),
+    "kill-workers": Scenario("kill-workers", kill_workers, stack_overrides=MID_EPISODE),
+    "restart-redis": Scenario("restart-redis", restart_redis, stack_overrides=MID_EPISODE),
+    "store-outage": Scenario("store-outage", pause_store, stack_overrides=MID_EPISODE),
     "flaky-env-llm": Scenario(
         "flaky-env-llm",
         no_fault,
@@ -317,8 +328,8 @@ SCENARIOS: dict[str, Scenario] = {
             "policy_error_rate": 0.4,
         },
     ),
-    "kill-bridge": Scenario("kill-bridge", kill_bridge),
-    "redeliver": Scenario("redeliver", redeliver_running),
+    "kill-bridge": Scenario("kill-bridge", kill_bridge, stack_overrides=MID_EPISODE),
+    "redeliver": Scenario("redeliver", redeliver_running, stack_overrides=MID_EPISODE),
     "malformed": Scenario("malformed", no_fault, inputs=with_malformed),
 }
 
@@ -392,6 +403,8 @@ def run_scenario(
         fault.join(timeout=30)
         observer.join(timeout=10)
         result = audit(run, stack)
+        run.redis.close()
+        run.store.close()
     finally:
         stack.stop()
     result.name = scenario.name

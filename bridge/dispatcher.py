@@ -7,8 +7,14 @@ dequeues and rollouts stay ``queuing`` in the Store, where their clock has not s
 Nothing dequeued is stranded: a rollout is recorded in flight before it is published; if the broker
 refuses it after retries it is handed back to the Store queue (``requeuing``). A crash between dequeue
 and publish is repaired by ``reconcile``: on start and every minute, attempts this dispatcher claimed
-that are still ``preparing`` and not in flight are published again under the same task id (the worker's
-lease makes a duplicate harmless) or handed back when they are too old to start in time.
+that are still ``preparing``, not in flight and not leased by an executor are published again under the
+same task id (the worker's lease makes a duplicate harmless) or handed back when they are too old to
+start in time. Workers do not mark attempts ``running`` (their first span does), so the lease is what
+tells a started attempt from a stranded one. The same scan frees the slots of workers that died with
+their messages unacknowledged (the broker would redeliver them only after the visibility timeout, and
+their slots would be counted busy until then). Because a Redis restart without persistence loses
+leases until their holders renew them on the next heartbeat, nothing is repaired before it looked so
+on two scans at least ``confirm_s`` apart.
 
 Only one bridge dispatches at a time (a Redis lock renewed by the loop); others wait as hot standbys.
 """
@@ -63,6 +69,9 @@ class Dispatcher:
         self._broker_failures = 0
         self._empty_polls = 0
         self._next_gauges = 0.0
+        self._suspects: dict[str, float] = {}  # attempt id -> when reconcile first saw it stranded (monotonic)
+        # Longer than it takes every live executor to renew its lease (one heartbeat) after Redis lost them.
+        self.confirm_s = 2 * settings.heartbeat_interval_s + 5.0
 
     # --- the loop ------------------------------------------------------------------------------
 
@@ -165,39 +174,85 @@ class Dispatcher:
     # --- repair ----------------------------------------------------------------------------------
 
     def reconcile(self) -> int:
-        """Re-publish or hand back attempts we claimed that no message carries; returns how many."""
+        """Repair what crashes left behind; returns how many attempts were re-published or handed back.
+
+        * stranded: an active attempt this dispatcher claimed that no message carries and nobody holds
+          (a bridge crash between dequeue and publish, broker data loss, a freed orphan below): published
+          again under the same task id, or handed back when too old to start in time. A ``running`` one
+          (its dead executor shipped spans) is published too: the takeover reports it ``failed`` (infra)
+          and the Store's retry policy decides, sooner than its watchdog or the broker's visibility timeout.
+        * orphaned: an in-flight entry whose executor started it and is gone (no lease): a worker killed
+          with its messages unacknowledged, which the broker redelivers only after the visibility timeout.
+          Its slot is freed at once, and the attempt then counts as stranded.
+        Both only after two scans ``confirm_s`` apart (see the module docstring).
+        """
         self._next_reconcile = time.monotonic() + RECONCILE_EVERY_S
         try:
-            rollouts, _ = self.store.list_rollouts(status_in=[RolloutStatus.PREPARING])
-            inflight: set[str] = set()
+            rollouts, _ = self.store.list_rollouts(status_in=[RolloutStatus.PREPARING, RolloutStatus.RUNNING])
+            inflight: dict[str, str] = {}
             for queue in self.queues:
-                inflight |= capacity.inflight_ids(self.redis, queue)
                 capacity.prune_stale(self.redis, queue, self.settings.visibility_timeout_s)
+                inflight.update(dict.fromkeys(capacity.inflight_ids(self.redis, queue), queue))
+            active = {
+                r.attempt.attempt_id: r
+                for r in rollouts
+                if isinstance(r, AttemptedRollout)
+                and r.attempt.status in (AttemptStatus.PREPARING, AttemptStatus.RUNNING)
+            }
+            facts = capacity.executions(self.redis, set(inflight) | set(active))
         except (StoreError, redis.RedisError) as exc:
             log.warning("reconciliation skipped: %s", exc)
             self._next_reconcile = time.monotonic() + 10.0
             return 0
+        orphans = {
+            aid for aid, fact in facts.items() if aid in inflight and not fact.leased and (fact.started or fact.done)
+        }
+        stranded = {
+            aid for aid, rollout in active.items() if aid not in inflight and self._abandoned(rollout, facts[aid])
+        }
+        confirmed = self._confirm(orphans | stranded)
+        for aid in sorted(confirmed & orphans):
+            self._forget_inflight(inflight[aid], aid)
+            metrics.ORPHANS_FREED.inc()
+            log.warning("[attempt=%s] its executor is gone (no lease): slot freed", aid)
+            if aid in active and not facts[aid].done:
+                stranded.add(aid)
         repaired = 0
-        for rollout in rollouts:
-            if not isinstance(rollout, AttemptedRollout):
-                continue
-            attempt = rollout.attempt
-            if attempt.status != AttemptStatus.PREPARING or attempt.worker_id != self.settings.dispatcher_id:
-                continue
-            if attempt.attempt_id in inflight:
-                continue
+        for aid in sorted(confirmed & stranded):
+            rollout = active[aid]
             repaired += 1
-            age = time.time() - (attempt.start_time or time.time())
-            if age > self.settings.max_queue_wait_s:
+            age = time.time() - (rollout.attempt.start_time or time.time())
+            if age > self.settings.max_queue_wait_s and rollout.attempt.status == AttemptStatus.PREPARING:
                 self.hand_back(rollout, "stranded")
             elif self.dispatch(rollout):
                 metrics.REPUBLISHED.inc()
                 log.warning(
-                    "[rollout=%s attempt=%s] was stranded (bridge crash or broker loss); re-published",
+                    "[rollout=%s attempt=%s] was stranded (%s); re-published",
                     rollout.rollout_id,
-                    attempt.attempt_id,
+                    aid,
+                    "its executor died" if facts[aid].started else "bridge crash or broker loss",
                 )
         return repaired
+
+    def _abandoned(self, rollout: AttemptedRollout, fact: capacity.Execution) -> bool:
+        """Ours, and nobody runs it: neither leased nor finished, and claimed by us or started by our workers."""
+        if fact.leased or fact.done:
+            return False
+        if rollout.attempt.status == AttemptStatus.PREPARING:
+            return fact.started or rollout.attempt.worker_id == self.settings.dispatcher_id
+        return fact.started  # running: only attempts our workers executed
+
+    def _confirm(self, seen: set[str]) -> set[str]:
+        """The ids seen now that were already seen at least ``confirm_s`` ago; schedules the re-check."""
+        now = time.monotonic()
+        self._suspects = {aid: self._suspects.get(aid, now) for aid in seen}
+        confirmed = {aid for aid, first in self._suspects.items() if now - first >= self.confirm_s}
+        for aid in confirmed:
+            del self._suspects[aid]
+        if self._suspects:
+            log.info("%d attempts look stranded or orphaned; re-checking in %.0fs", len(self._suspects), self.confirm_s)
+            self._next_reconcile = min(self._next_reconcile, min(self._suspects.values()) + self.confirm_s + 0.5)
+        return confirmed
 
     # --- leadership ------------------------------------------------------------------------------
 

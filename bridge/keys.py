@@ -33,6 +33,11 @@ def lease(attempt_id: str) -> str:
     return f"{PREFIX}:lease:{attempt_id}"
 
 
+def started(attempt_id: str) -> str:
+    """Set by the first executor to start an attempt: a later one is a takeover and reads the Store first."""
+    return f"{PREFIX}:started:{attempt_id}"
+
+
 def done(attempt_id: str) -> str:
     """Set once an attempt's final status was reported, so a redelivery never runs it again."""
     return f"{PREFIX}:done:{attempt_id}"

@@ -13,6 +13,9 @@ DEQUEUED = Counter("agl_bridge_dequeued_total", "Rollouts claimed from the Store
 PUBLISHED = Counter("agl_bridge_published_total", "Rollouts published to the broker", ["queue"])
 HANDED_BACK = Counter("agl_bridge_handed_back_total", "Dequeued rollouts returned to the Store queue", ["reason"])
 REPUBLISHED = Counter("agl_bridge_republished_total", "Stranded attempts re-published by reconciliation")
+ORPHANS_FREED = Counter(
+    "agl_bridge_orphans_freed_total", "In-flight slots freed because the attempt's executor was gone (no lease)"
+)
 STORE_ERRORS = Counter("agl_bridge_store_errors_total", "Failed Store requests", ["kind"])
 BROKER_ERRORS = Counter("agl_bridge_broker_errors_total", "Failed broker (Redis) operations")
 IN_FLIGHT = Gauge("agl_bridge_in_flight", "Attempts published and not yet finished", ["queue"])

@@ -1,7 +1,8 @@
 """The two mechanisms the performance work added, checked on their own against real Redis and the real SDK.
 
-* ``workers.span_encoding.encode`` must produce the very spans the SDK's encoder does (the Store and the
-  trainer read them), only faster: compared attribute by attribute after decoding both.
+* ``workers.span_encoding.encode`` with token ids kept beside the spans must produce the very spans the
+  SDK's encoder does with them as attributes (the Store and the trainer read them): compared attribute by
+  attribute after decoding both.
 * ``bridge.capacity.notify_freed``/``wait_for_freed``: a worker's wake-up ends the full bridge's wait,
   and without one the wait still ends at its bound.
 """
@@ -23,26 +24,47 @@ from bridge import capacity, keys
 from tests.conftest import TEST_REDIS_URL
 from workers.span_encoding import encode
 
+TOKEN_KEYS = ("prompt_token_ids", "response_token_ids")
 
-def _spans() -> tuple[ReadableSpan, ...]:
+
+def _spans() -> tuple[tuple[ReadableSpan, ...], tuple[ReadableSpan, ...], dict[int, dict[str, list[int]]]]:
+    """The same spans twice: token ids as ordinary attributes (the SDK's way), and kept beside the spans."""
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     tracer = provider.get_tracer("test")
+    lists: dict[int, dict[str, list[int]]] = {}
     for i in range(6):
         attributes = {
             "step.index": i,
             "name": "x" * i,
-            "prompt_token_ids": list(range(100 * i, 100 * i + 300)),
-            "response_token_ids": [7, 8, 9],  # short: left to the SDK
             "flags": [True, False] * 40,  # bools are not ints in OTLP
             "ratio": 0.5,
         }
-        with tracer.start_as_current_span(f"span-{i}", attributes=attributes):
-            pass
+        tokens = {"prompt_token_ids": list(range(100 * i, 100 * i + 300)), "response_token_ids": [7, 8, 9]}
+        with tracer.start_as_current_span(f"span-{i}", attributes={**attributes, **tokens}) as span:
+            lists[span.get_span_context().span_id] = tokens
     with tracer.start_as_current_span("no-attributes"):
         pass
-    return exporter.get_finished_spans()
+    with_tokens = exporter.get_finished_spans()
+    without = tuple(_without_tokens(span) for span in with_tokens)
+    return with_tokens, without, lists
+
+
+def _without_tokens(span: ReadableSpan) -> ReadableSpan:
+    attributes = {k: v for k, v in (span.attributes or {}).items() if k not in TOKEN_KEYS}
+    return ReadableSpan(
+        name=span.name,
+        context=span.context,
+        parent=span.parent,
+        resource=span.resource,
+        attributes=attributes,
+        kind=span.kind,
+        status=span.status,
+        start_time=span.start_time,
+        end_time=span.end_time,
+        instrumentation_scope=span.instrumentation_scope,
+    )
 
 
 def _decoded(payload: bytes) -> dict[bytes, tuple[dict[str, bytes], bytes, bytes, bytes]]:
@@ -64,11 +86,12 @@ def _decoded(payload: bytes) -> dict[bytes, tuple[dict[str, bytes], bytes, bytes
     return out
 
 
-def test_span_encoding_matches_the_sdk_encoder() -> None:
-    spans = _spans()
-    ours, sdk = _decoded(encode(spans)), _decoded(encode_spans(spans).SerializeToString())
-    assert len(ours) == len(spans) == 7
+def test_token_ids_kept_beside_spans_encode_as_the_sdk_encodes_attributes() -> None:
+    with_tokens, without, lists = _spans()
+    ours, sdk = _decoded(encode(without, lists)), _decoded(encode_spans(with_tokens).SerializeToString())
+    assert len(ours) == len(with_tokens) == 7
     assert ours == sdk
+    assert _decoded(encode(without)) != sdk  # the lists really come from the side table
 
 
 @pytest.fixture

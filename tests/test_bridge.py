@@ -8,8 +8,14 @@ from pathlib import Path
 
 import httpx
 import pytest
+import redis
 
+from bridge import capacity, keys
+from bridge.dispatcher import Dispatcher
+from bridge.models import AttemptedRollout
+from bridge.settings import load_settings
 from bridge.stack import LocalStack
+from bridge.store import StoreClient
 from tests.conftest import stack_for
 from tests.helpers import API, attempts, enqueue, rollout, split_tasks, wait_finished
 
@@ -58,7 +64,8 @@ def test_a_rollout_stranded_between_dequeue_and_publish_is_republished(clean_sto
     ).json()
     assert claimed and claimed[0]["rollout_id"] == rid
     stranded_attempt = claimed[0]["attempt"]["attempt_id"]
-    stack = stack_for(clean_store, tmp_path, workers=1, concurrency=2)
+    # Heartbeats every second: reconcile confirms a stranded attempt after two heartbeats and 5 s.
+    stack = stack_for(clean_store, tmp_path, workers=1, concurrency=2, extra_env={"HEARTBEAT_INTERVAL_S": "1"})
     with stack:
         view = wait_finished(clean_store.store_url, [rid], timeout_s=60)[rid]
         bridge_log = stack.process("bridge").log_path.read_text()
@@ -66,3 +73,38 @@ def test_a_rollout_stranded_between_dequeue_and_publish_is_republished(clean_sto
     assert view["attempt"]["attempt_id"] == stranded_attempt  # same attempt, run once
     assert len(attempts(clean_store.store_url, rid)) == 1
     assert "stranded" in bridge_log
+
+
+class _RecordingPublisher:
+    """Stands in for the broker so the test sees exactly which attempts reconcile re-publishes."""
+
+    def __init__(self) -> None:
+        self.published: list[str] = []
+
+    def publish(self, rollout: AttemptedRollout, queue: str) -> None:
+        self.published.append(rollout.attempt.attempt_id)
+
+
+def test_reconcile_spares_leased_attempts_and_repairs_the_rest_only_when_confirmed(clean_store: LocalStack) -> None:
+    """No `running` mark is sent by workers: a `preparing` attempt an executor holds the lease of is running."""
+    settings = load_settings(store_url=clean_store.store_url, broker_url=clean_store.broker_url)
+    client = redis.Redis.from_url(clean_store.broker_url)
+    store = StoreClient(clean_store.store_url)
+    enqueue(clean_store.store_url, split_tasks(2))
+    claimed = store.dequeue(2, settings.dispatcher_id)
+    running, stranded = (rollout.attempt.attempt_id for rollout in claimed)
+    client.set(keys.lease(running), "some-executor", px=60_000)  # executing, no message in flight
+    publisher = _RecordingPublisher()
+    dispatcher = Dispatcher(settings, store, client, publisher)  # type: ignore[arg-type]
+    dispatcher.confirm_s = 1.0
+    try:
+        assert dispatcher.reconcile() == 0  # first sight: only suspected
+        assert publisher.published == []
+        time.sleep(1.2)
+        assert dispatcher.reconcile() == 1
+        assert publisher.published == [stranded]  # never the leased one
+        assert stranded in capacity.inflight_ids(client, settings.default_queue)
+    finally:
+        client.delete(keys.lease(running))
+        client.close()
+        store.close()

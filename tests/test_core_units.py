@@ -166,3 +166,18 @@ def test_redaction() -> None:
     assert redact_url("http://h:1/v1") == "http://h:1/v1"
     assert "sk-123" not in redact_text("failed: api_key=sk-123 at redis://:pw@h:1")
     assert "pw" not in redact_text("at redis://:pw@h:1")
+
+
+def test_watchdog_may_act_only_near_the_rollouts_own_limits() -> None:
+    from bridge.models import RolloutConfig
+    from workers.heartbeat import watchdog_may_act
+
+    t0 = 1_000_000.0
+    assert not watchdog_may_act(RolloutConfig(), t0, t0, t0 + 86_400)  # no limits: the watchdog never acts
+    timeout = RolloutConfig(timeout_seconds=60)
+    assert not watchdog_may_act(timeout, t0, t0, t0 + 40)
+    assert watchdog_may_act(timeout, t0, t0, t0 + 50)  # within the margin (20%, at least 2 s) of 60 s
+    unresponsive = RolloutConfig(unresponsive_seconds=30)
+    assert watchdog_may_act(unresponsive, t0, t0, t0 + 29)
+    assert not watchdog_may_act(unresponsive, t0, t0 + 20, t0 + 29)  # a recent heartbeat keeps it quiet
+    assert watchdog_may_act(RolloutConfig(unresponsive_seconds=3), t0, t0, t0 + 1.5)  # 2 s margin at least

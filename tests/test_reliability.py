@@ -10,10 +10,11 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+from bridge import keys
 from bridge.errors import Superseded
 from bridge.redact import redact_text
 from bridge.settings import ConfigError, load_settings
-from workers.lease import Lease
+from workers.lease import Claim, Lease, mark_done
 from workers.ratelimit import LLMRateLimiter, RateLimit
 
 TEST_REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/11")
@@ -106,6 +107,23 @@ def test_lease_admits_one_executor_and_survives_a_lost_key(client: redis.Redis) 
     mine.release()
     assert theirs.acquire()
     theirs.release()
+
+
+def test_claim_tells_first_starts_takeovers_held_and_finished_attempts(client: redis.Redis) -> None:
+    attempt = f"at-claim-{uuid.uuid4().hex[:8]}"
+    try:
+        first = Lease(client, attempt, 5)
+        assert first.claim(60) == Claim(True, first_start=True)
+        assert Lease(client, attempt, 5).claim(60) == Claim(False)  # held: a duplicate delivery
+        first.release()
+        takeover = Lease(client, attempt, 5)
+        assert takeover.claim(60) == Claim(True, first_start=False)  # started before: read the Store first
+        takeover.release()
+        mark_done(client, attempt, "succeeded", 60)
+        assert Lease(client, attempt, 5).claim(60) == Claim(False, done_status="succeeded")
+        assert client.exists(keys.lease(attempt)) == 0  # a finished attempt is not leased again
+    finally:
+        client.delete(keys.lease(attempt), keys.started(attempt), keys.done(attempt))
 
 
 def test_settings_accept_password_and_tls_redis_urls_and_never_show_secrets() -> None:

@@ -54,13 +54,10 @@ def test_results_page_one_and_past_the_end() -> None:
     catalog = default_catalog()
     hits = tuple(p.asin for p in catalog.products[:50])
     page1 = join_pieces(results_page("x", hits, 1, catalog))
-    assert "< Prev" not in page1 and page1.startswith(
-        "Instruction: [SEP] x [SEP] Back to Search [SEP] Page 1"
-    )
+    assert "< Prev" not in page1 and page1.startswith("Instruction: [SEP] x [SEP] Back to Search [SEP] Page 1")
     page6 = join_pieces(results_page("x", hits, 6, catalog))
     assert (
-        page6
-        == "Instruction: [SEP] x [SEP] Back to Search [SEP] Page 6 (Total results: 50) [SEP] < Prev [SEP] Next >"
+        page6 == "Instruction: [SEP] x [SEP] Back to Search [SEP] Page 6 (Total results: 50) [SEP] < Prev [SEP] Next >"
     )
 
 

@@ -119,9 +119,7 @@ def test_worked_example_b09hx5cd2d() -> None:
     assert count_attribute_matches(product, goal.attributes) == 3
     full, info = compute_reward(product, {"color": "heather charcoal", "size": "small"}, goal)
     assert full == 1.0 and info["w_att"] == 0.5 and info["w_option"] == 2 / 6 and info["w_price"] == 1 / 6
-    assert compute_reward(product, {"color": "heather grey", "size": "small"}, goal)[0] == pytest.approx(
-        5 / 6
-    )
+    assert compute_reward(product, {"color": "heather grey", "size": "small"}, goal)[0] == pytest.approx(5 / 6)
     assert compute_reward(product, {}, goal)[0] == pytest.approx(4 / 6)
     assert info["noun_extractor"] in ("spacy", "heuristic")
 

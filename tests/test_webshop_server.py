@@ -72,9 +72,7 @@ def client(base_url: str) -> Iterator[httpx.Client]:
 
 def test_health(client: httpx.Client) -> None:
     body = client.get("/health").json()
-    assert (
-        body["status"] == "ok" and body["products"] == 1000 and body["goals"] == 6923 and body["tasks"] == 13
-    )
+    assert body["status"] == "ok" and body["products"] == 1000 and body["goals"] == 6923 and body["tasks"] == 13
 
 
 def test_reset_by_task_and_full_episode(client: httpx.Client) -> None:
@@ -82,9 +80,7 @@ def test_reset_by_task_and_full_episode(client: httpx.Client) -> None:
     sid, info = reset["session_id"], reset["info"]
     assert sid.startswith("session_") and len(sid) == len("session_") + 12
     assert reset["observation"] == f"WebShop [SEP] Instruction: [SEP] {info['instruction']} [SEP] Search"
-    assert (
-        info["task_id"] == HAIR_TASK and info["scored"] and reset["done"] is False and reset["reward"] == 0.0
-    )
+    assert info["task_id"] == HAIR_TASK and info["scored"] and reset["done"] is False and reset["reward"] == 0.0
     # The ws_<ASIN>_<n> handle is the task file's own id; no other target field may appear.
     assert set(info) == {"instruction", "scored", "task_id", "goal_index", "available_actions"}
     for action in ("search[i need a 120 ml hair mask treatment]", "click[B09R4RJSFP]", "click[120ml]"):
@@ -149,9 +145,7 @@ def test_concurrent_steps_on_one_session_are_serialised(base_url: str, client: h
 
     async def hammer() -> list[int]:
         async with httpx.AsyncClient(base_url=base_url, timeout=10.0) as ac:
-            calls = [
-                ac.post("/step", json={"session_id": sid, "action": "search[hair mask]"}) for _ in range(20)
-            ]
+            calls = [ac.post("/step", json={"session_id": sid, "action": "search[hair mask]"}) for _ in range(20)]
             return [r.json()["info"]["steps"] for r in await asyncio.gather(*calls)]
 
     assert sorted(asyncio.run(hammer())) == list(range(1, 21))

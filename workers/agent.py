@@ -152,9 +152,9 @@ class Episode:
                 span.set_attribute("gen_ai.usage.output_tokens", reply.completion_tokens)
                 span.set_attribute("gen_ai.usage.completion_tokens", reply.completion_tokens)
             if reply.prompt_token_ids is not None:
-                span.set_attribute("prompt_token_ids", reply.prompt_token_ids)
+                self.telemetry.attach_ints(span, "prompt_token_ids", reply.prompt_token_ids)
             if reply.response_token_ids is not None:
-                span.set_attribute("response_token_ids", reply.response_token_ids)
+                self.telemetry.attach_ints(span, "response_token_ids", reply.response_token_ids)
             span.set_attribute("llm.retries", reply.retries)
             span.set_attribute("llm.latency_ms", round((time.perf_counter() - started) * 1000, 2))
             if self.settings.trace_content:

@@ -5,8 +5,15 @@ The order matters for the two guarantees the trainer depends on:
   the rollout's latest live attempt, and a takeover never mixes a second execution into an attempt
   that already has spans (it fails the attempt instead, so the Store's retry policy starts a clean one);
 * the reward the episode earned: spans, the reward span last, are flushed *before* the final status,
-  the fence is checked again right before reporting (the Store never refuses a stale report), and if the
+  the fence is checked again before reporting (the Store never refuses a stale report), and if the
   reward span cannot be delivered the attempt is reported ``failed`` (telemetry), never ``succeeded``.
+
+The fence is a view of the rollout no older than ``FENCE_MAX_AGE_S``. The dequeue answer is such a view
+(the bridge publishes right after it) and every heartbeat renews it, so a short first execution makes no
+Store reads at all: its requests are the bridge's share of a dequeue, one span batch and the final report.
+The Store is read anyway on a takeover (another executor started the attempt), when the view is older,
+and whenever the Store's watchdog could have acted on the attempt since (the only thing besides people
+that changes an attempt behind its executor's back, and deterministic: ``watchdog_may_act``).
 """
 
 from __future__ import annotations
@@ -36,9 +43,9 @@ from workers import llm as llm_mod
 from workers import metrics as worker_metrics
 from workers.agent import Episode, EpisodeResult
 from workers.failures import FailureClass, classify
-from workers.heartbeat import AttemptWatch, fence
+from workers.heartbeat import AttemptWatch, fence, watchdog_may_act
 from workers.inputs import parse_task_input
-from workers.lease import Lease, executor_id, finished_status, mark_done
+from workers.lease import Lease, executor_id, mark_done
 from workers.ratelimit import LLMRateLimiter, RateLimit
 from workers.resources import WorkerResources
 from workers.telemetry import AttemptTelemetry, current_trace_id
@@ -74,6 +81,11 @@ class AttemptRun:
         self.started = time.time()
         self.trace_id = current_trace_id()
         self.rollout: AttemptedRollout | None = None
+        self.lease: Lease | None = None
+        self.watch: AttemptWatch | None = None
+        self.telemetry: AttemptTelemetry | None = None
+        self.dequeued_at = self.started  # the attempt's start_time once the payload is parsed
+        self.viewed_at = 0.0  # epoch s of the freshest view of the rollout that passed the fence
 
     @property
     def attempted(self) -> AttemptedRollout:
@@ -91,17 +103,20 @@ class AttemptRun:
         self.rollout = rollout
         self.rid, self.aid = rollout.rollout_id, rollout.attempt.attempt_id
         self.log = RolloutLogger(log, {"rollout_id": self.rid, "attempt_id": self.aid, "task_id": self.celery_task_id})
-        done = finished_status(self.res.redis, self.aid)
-        if done is not None:
-            return self._skip(f"attempt already finished here ({done}); duplicate delivery ignored")
+        self.dequeued_at = rollout.attempt.start_time or self.started
         lease = Lease(self.res.redis, self.aid, self.settings.lease_ttl_s)
-        if not lease.acquire():
+        # The started marker must outlive any redelivery of this message.
+        claim = lease.claim(started_ttl_s=2 * self.settings.visibility_timeout_s)
+        if claim.done_status is not None:
+            return self._skip(f"attempt already finished here ({claim.done_status}); duplicate delivery ignored")
+        if not claim.acquired:
             # Not dropped: if the holder died, its lease lapses and the re-check takes the attempt over.
             raise DuplicateDelivery(
                 f"another executor holds the lease ({lease.holder()})", retry_in_s=lease.remaining_s()
             )
+        self.lease = lease
         try:
-            return self._run_leased(lease)
+            return self._run_leased(lease, first_start=claim.first_start)
         finally:
             try:
                 lease.release()
@@ -110,21 +125,27 @@ class AttemptRun:
 
     # --- phases ------------------------------------------------------------------------------
 
-    def _run_leased(self, lease: Lease) -> Outcome:
-        try:
-            current = self.res.store.get_rollout(self.rid)
-        except UnknownIdError:
-            return self._skip("the Store does not know this rollout (it restarted?); dropping the task")
-        reason = fence(current, self.aid)
-        if reason is not None:
-            return self._skip(f"not running: {reason}")
-        assert isinstance(current, AttemptedRollout)
-        if current.attempt.status == AttemptStatus.RUNNING:
-            # A previous executor started this attempt and died (we now hold its expired lease). Its spans
-            # are already in the attempt: running again would mix two executions into one trace.
-            return self._report_failure(
-                FailureClass.INFRA, "the worker executing this attempt was lost mid-episode; not re-run in place"
-            )
+    def _run_leased(self, lease: Lease, *, first_start: bool) -> Outcome:
+        if first_start and self._view_is_fresh(self.dequeued_at, alive_at=self.dequeued_at):
+            self.viewed_at = self.dequeued_at  # the dequeue answer the bridge published moments ago
+        else:
+            sent_at = time.time()
+            try:
+                current = self.res.store.get_rollout(self.rid)
+            except UnknownIdError:
+                return self._skip("the Store does not know this rollout (it restarted?); dropping the task")
+            reason = fence(current, self.aid)
+            if reason is not None:
+                return self._skip(f"not running: {reason}")
+            assert isinstance(current, AttemptedRollout)
+            if current.attempt.status == AttemptStatus.RUNNING:
+                # A previous executor started this attempt and died (we now hold its expired lease). Its spans
+                # are already in the attempt: running again would mix two executions into one trace. (One
+                # that died before shipping a span left nothing behind, and its attempt is run here cleanly.)
+                return self._report_failure(
+                    FailureClass.INFRA, "the worker executing this attempt was lost mid-episode; not re-run in place"
+                )
+            self.viewed_at = sent_at
         try:
             task = parse_task_input(self.attempted.input, max_chars=self.settings.max_instruction_chars)
         except InvalidInputError as exc:
@@ -134,13 +155,8 @@ class AttemptRun:
             target = llm_mod.resolve_target(resources, self.attempted, self.settings)
         except llm_mod.LLMError as exc:
             return self._report_failure(FailureClass.LLM, str(exc))
-        # An explicit `running` (not only the first span, which may be seconds away): `preparing` must mean
-        # "no executor started it", because the bridge's reconcile re-publishes `preparing` attempts that no
-        # message carries (after a Redis restart, say) and a takeover re-runs them. Without this mark an
-        # attempt still buffering its first spans looked stranded and was executed twice (chaos: restart-redis).
-        self.res.store.update_attempt(
-            self.rid, self.aid, status=AttemptStatus.RUNNING, worker_id=self.executor, last_heartbeat_time=time.time()
-        )
+        # No explicit `running` mark: the first stored span sets it (6.1). The bridge's reconcile tells a
+        # started attempt from a stranded one by its lease in Redis, not by the Store status.
         self.log.info(
             "started on %s (llm=%s via %s, trace=%s)", self.executor, target.model, target.source, self.trace_id
         )
@@ -154,15 +170,22 @@ class AttemptRun:
             service_name=self.settings.service_name,
             traces_url=self.settings.traces_endpoint,
         )
+        interval = self._heartbeat_interval()
         watch = AttemptWatch(
             self.rid,
             self.aid,
             lease,
             telemetry,
-            interval_s=self._heartbeat_interval(),
+            interval_s=interval,
             flush_interval_s=self.settings.span_flush_interval_s,
             deadline=self._episode_deadline(),
+            executor=self.executor,
+            unresponsive_s=self.attempted.config.unresponsive_seconds,
+            first_beat_in_s=interval - (time.time() - self.dequeued_at),  # the clock started at the dequeue
+            viewed_at=self.viewed_at,
+            alive_at=self.dequeued_at,
         )
+        self.watch, self.telemetry = watch, telemetry
         self.res.monitor.watch(watch)
         limiter = self._rate_limiter(target.model)
         try:
@@ -188,6 +211,7 @@ class AttemptRun:
                 result = episode.run()
                 root.set_attribute("episode.reward", result.reward)
                 root.set_attribute("episode.steps", result.steps)
+            self._check_lease()  # a stalled executor whose attempt was taken over writes nothing into it
             # Within the episode's budget: retrying past Celery's soft limit would turn a telemetry failure
             # into a "timeout"; at least one try is always made.
             telemetry.flush(deadline=min(self._report_deadline(), self._episode_deadline() - 1.0))
@@ -246,7 +270,13 @@ class AttemptRun:
         """Re-check the fence, then report; returns an Outcome only when the report was withheld."""
         deadline = self._report_deadline()
         try:
-            reason = fence(self.res.store.get_rollout(self.rid), self.aid)
+            try:
+                reason, must_read = self._lease_lost(), self._must_read_before_report()
+            except redis.RedisError as exc:
+                self.log.warning("could not check the lease before reporting (%r); reading the Store", exc)
+                reason, must_read = None, True
+            if reason is None and must_read:
+                reason = fence(self.res.store.get_rollout(self.rid), self.aid)
             if reason is not None:
                 self.log.warning("withholding the %s report: %s", status, reason)
                 return Outcome("skipped", f"report withheld: {reason}", FailureClass.CANCELLED)
@@ -281,6 +311,43 @@ class AttemptRun:
             data["span_bytes_exported"] = telemetry.bytes_exported
             data["span_export_ms"] = round(telemetry.export_seconds * 1000, 2)
         return {k: v for k, v in data.items() if v is not None}
+
+    # --- fencing -----------------------------------------------------------------------------
+
+    def _view_is_fresh(self, viewed_at: float, *, alive_at: float) -> bool:
+        """A view of the rollout taken at ``viewed_at`` still holds: recent enough, and no watchdog since."""
+        if self.rollout is None:
+            return False
+        now = time.time()
+        if now - viewed_at > self.settings.fence_max_age_s:
+            return False
+        return not watchdog_may_act(self.rollout.config, self.dequeued_at, alive_at, now)
+
+    def _must_read_before_report(self) -> bool:
+        viewed, alive = self.viewed_at, self.dequeued_at
+        if self.watch is not None:
+            viewed, alive = max(viewed, self.watch.viewed_at), max(alive, self.watch.alive_at)
+        if self.telemetry is not None:
+            alive = max(alive, self.telemetry.delivered_at)
+        return not self._view_is_fresh(viewed, alive_at=alive)
+
+    def _check_lease(self) -> None:
+        try:
+            reason = self._lease_lost()
+        except redis.RedisError as exc:
+            self.log.warning("could not check the lease (%r); the report will read the Store", exc)
+            return
+        if reason is not None:
+            raise Superseded(reason)
+
+    def _lease_lost(self) -> str | None:
+        """Why we no longer execute this attempt (another executor took it over), or None.
+
+        Raises RedisError when Redis cannot tell; the caller then reads the Store instead.
+        """
+        if self.lease is None or self.lease.renew():
+            return None
+        return "another executor took this attempt over (the lease is not ours)"
 
     # --- helpers -----------------------------------------------------------------------------
 

@@ -1,9 +1,11 @@
 """One background thread per worker process that keeps every running attempt alive and fenced.
 
-For each attempt it watches, on every interval it renews the Redis lease, sends
-``last_heartbeat_time`` to the Store and reads the rollout back: if the attempt is no longer the
-latest, or the Store marked it ``timeout``/``unresponsive``, or the rollout finished or was cancelled,
-the attempt is flagged and the agent loop stops at its next check (store-protocol.md section 10).
+For each attempt it watches, on every interval it renews the Redis lease and reads the rollout: if the
+attempt is no longer the latest, or the Store marked it ``timeout``/``unresponsive``, or the rollout
+finished or was cancelled, the attempt is flagged and the agent loop stops at its next check
+(store-protocol.md section 10). Then, only for rollouts with ``unresponsive_seconds`` (the watchdog
+ignores liveness otherwise) and only when no span was stored since the last beat, it sends
+``last_heartbeat_time``.
 It also ships buffered spans every few seconds, because stored spans keep the attempt alive too.
 
 One thread serves all attempts of the process, so a ``-P threads`` worker with 128 slots runs one
@@ -20,7 +22,7 @@ from dataclasses import dataclass, field
 import redis
 
 from bridge.errors import StoreError, Superseded, TelemetryError, UnknownIdError
-from bridge.models import ACTIVE_ATTEMPT, ACTIVE_ROLLOUT, AttemptedRollout
+from bridge.models import ACTIVE_ATTEMPT, ACTIVE_ROLLOUT, AttemptedRollout, RolloutConfig
 from bridge.store import StoreClient
 from workers.lease import Lease
 from workers.telemetry import AttemptTelemetry
@@ -40,6 +42,11 @@ class AttemptWatch:
     interval_s: float
     flush_interval_s: float
     deadline: float | None = None  # epoch seconds after which the episode must stop
+    executor: str | None = None  # host:pid:thread, sent as the attempt's worker_id with heartbeats
+    unresponsive_s: float | None = None  # the rollout's unresponsive_seconds: heartbeats are sent only with one
+    first_beat_in_s: float | None = None  # default interval_s; sooner when the attempt waited in the broker
+    viewed_at: float = 0.0  # epoch s of the latest read of the rollout that passed the fence
+    alive_at: float = 0.0  # epoch s of the latest heartbeat the Store accepted
     stop_reason: str | None = None
     next_beat: float = field(default_factory=lambda: time.monotonic())
     beats: int = 0
@@ -47,7 +54,8 @@ class AttemptWatch:
     reporting: bool = False  # the final report is under way: keep the lease, stop fencing (it is our own report)
 
     def __post_init__(self) -> None:
-        self.next_beat = time.monotonic() + self.interval_s
+        first = self.interval_s if self.first_beat_in_s is None else self.first_beat_in_s
+        self.next_beat = time.monotonic() + max(0.0, first)
 
     def stop(self, reason: str) -> None:
         if self.stop_reason is None:
@@ -60,6 +68,20 @@ class AttemptWatch:
             raise TimeoutError("the rollout's time budget ran out before the episode finished")
         if self.stop_reason is not None:
             raise Superseded(self.stop_reason)
+
+
+def watchdog_may_act(config: RolloutConfig, started_at: float, alive_at: float, now: float) -> bool:
+    """Whether the Store's watchdog could have marked the attempt ``timeout``/``unresponsive`` by ``now``.
+
+    Its scan compares the attempt's start (the dequeue) with ``timeout_seconds`` and its last heartbeat
+    with ``unresponsive_seconds`` (store-protocol.md 6.3); nothing else changes an attempt behind its
+    executor's back except people. The margin covers clock skew between this host and the Store.
+    """
+
+    def near(elapsed: float, limit: float | None) -> bool:
+        return limit is not None and limit > 0 and elapsed > limit - max(2.0, 0.2 * limit)
+
+    return near(now - started_at, config.timeout_seconds) or near(now - alive_at, config.unresponsive_seconds)
 
 
 def fence(rollout: object, attempt_id: str) -> str | None:
@@ -117,7 +139,8 @@ class HeartbeatMonitor:
     def _service(self, watch: AttemptWatch) -> None:
         now = time.monotonic()
         telemetry = watch.telemetry
-        if telemetry is not None and telemetry.pending and now - telemetry.last_flush >= watch.flush_interval_s:
+        due = telemetry is not None and telemetry.pending and now - telemetry.last_flush >= watch.flush_interval_s
+        if telemetry is not None and due and self._still_ours(watch):
             try:
                 # Bounded: a failed flush keeps the spans for the next tick instead of stalling this thread.
                 telemetry.flush(deadline=time.time() + watch.interval_s)
@@ -127,38 +150,59 @@ class HeartbeatMonitor:
             watch.next_beat = now + watch.interval_s
             self.beat(watch)
 
-    def beat(self, watch: AttemptWatch) -> None:
+    def _still_ours(self, watch: AttemptWatch) -> bool:
+        """Renew the lease before shipping spans: an executor that stalled past its lease must not write
+        into an attempt another executor has taken over (a Redis outage is not a reason to stop)."""
         try:
-            if not watch.lease.renew():
-                watch.stop("lost the execution lease (another executor took over)")
-                return
+            if watch.lease.renew():
+                return True
         except redis.RedisError as exc:
             log.warning("could not renew lease of %s (will retry): %r", watch.attempt_id, exc)
-        if watch.reporting:
+            return True
+        watch.stop("lost the execution lease (another executor took over)")
+        return False
+
+    def beat(self, watch: AttemptWatch) -> None:
+        if not self._still_ours(watch) or watch.reporting:
             return
         try:
             # A short timeout: one thread serves every attempt of the process, and a Store that hangs
             # (paused, overloaded) must not keep it from renewing the other attempts' leases.
             timeout = max(1.0, min(watch.interval_s, HEARTBEAT_TIMEOUT_S))
+            # Read first: any update of the latest attempt makes the Store recompute the rollout's status from
+            # it, so a heartbeat sent after a cancellation turns `cancelled` back into `preparing` (observed
+            # with agentlightning 0.3.0). Only an attempt that passed this read is touched.
+            sent_at = time.time()
+            reason = fence(self._store.get_rollout(watch.rollout_id, retries=0, timeout=timeout), watch.attempt_id)
+            if reason is not None:
+                # The final report may have landed while this beat was in flight: the rollout then reads finished
+                # because of our own report, which is no reason to stop (and no warning worth logging).
+                if not watch.reporting:
+                    watch.stop(reason)
+                return
+            watch.viewed_at = max(watch.viewed_at, sent_at)
+            watch.beats += 1
             exported = watch.telemetry.spans_exported if watch.telemetry is not None else 0
+            if not watch.unresponsive_s or watch.reporting:
+                return  # without unresponsive_seconds the watchdog never looks at liveness: nothing to send
             if exported > watch.spans_at_last_beat:
                 # Spans stored since the last beat already refreshed the attempt's heartbeat, on the Store's
-                # clock (store-protocol.md 6.4): skip the heartbeat request; the fence read below still sees
-                # a timeout/unresponsive mark, a newer attempt or a cancellation.
+                # clock (store-protocol.md 6.4): no heartbeat request.
                 watch.spans_at_last_beat = exported
-            else:
-                attempt = self._store.update_attempt(
-                    watch.rollout_id, watch.attempt_id, last_heartbeat_time=time.time(), retries=0, timeout=timeout
-                )
-                if attempt.status not in ACTIVE_ATTEMPT and not watch.reporting:
-                    watch.stop(f"the Store marked the attempt {attempt.status}")
-                    return
-            watch.beats += 1
-            reason = fence(self._store.get_rollout(watch.rollout_id, retries=0, timeout=timeout), watch.attempt_id)
-            # The final report may have landed while this beat was in flight: the rollout then reads finished
-            # because of our own report, which is no reason to stop (and no warning worth logging).
-            if reason is not None and not watch.reporting:
-                watch.stop(reason)
+                return
+            sent_at = time.time()
+            attempt = self._store.update_attempt(
+                watch.rollout_id,
+                watch.attempt_id,
+                last_heartbeat_time=sent_at,
+                worker_id=watch.executor,  # the Store learns who runs it, at no extra cost
+                retries=0,
+                timeout=timeout,
+            )
+            if attempt.status not in ACTIVE_ATTEMPT and not watch.reporting:
+                watch.stop(f"the Store marked the attempt {attempt.status}")
+                return
+            watch.alive_at = sent_at
         except UnknownIdError:
             watch.stop("the Store no longer knows this rollout (it restarted?)")
         except StoreError as exc:

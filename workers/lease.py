@@ -11,6 +11,7 @@ import os
 import socket
 import threading
 import uuid
+from dataclasses import dataclass
 
 import redis
 
@@ -24,6 +25,14 @@ _RENEW = (
     "if not v then return redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2]) and 1 or 0 end "
     "return 0"
 )
+# One round trip at task start: finished already? someone else executing? the first start of the attempt?
+_CLAIM = (
+    "local done = redis.call('get', KEYS[2]) "
+    "if done then return {0, done} end "
+    "if not redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return {1, ''} end "
+    "if redis.call('set', KEYS[3], ARGV[1], 'NX', 'EX', ARGV[3]) then return {2, '1'} end "
+    "return {2, '0'}"
+)
 _RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
 
 
@@ -32,15 +41,44 @@ def executor_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{threading.get_native_id()}"
 
 
+@dataclass(frozen=True)
+class Claim:
+    acquired: bool
+    first_start: bool = False  # no executor started this attempt before (else: a takeover after a crash)
+    done_status: str | None = None  # the attempt was already reported with this status
+
+
 class Lease:
     def __init__(self, client: redis.Redis, attempt_id: str, ttl_s: float) -> None:
         self._client = client
+        self.attempt_id = attempt_id
         self.key = keys.lease(attempt_id)
         self.ttl_ms = int(ttl_s * 1000)
         self.token = f"{executor_id()}:{uuid.uuid4().hex[:8]}"
 
     def acquire(self) -> bool:
         return bool(self._client.set(self.key, self.token, nx=True, px=self.ttl_ms))
+
+    def claim(self, started_ttl_s: float) -> Claim:
+        """Take the lease unless the attempt is finished or held; note whether this is its first start.
+
+        The started marker must outlive any redelivery of the task (``started_ttl_s``: the broker's
+        visibility timeout and more), or a takeover would be taken for a first start.
+        """
+        code, value = self._client.eval(
+            _CLAIM,
+            3,
+            self.key,
+            keys.done(self.attempt_id),
+            keys.started(self.attempt_id),
+            self.token,
+            self.ttl_ms,
+            max(1, int(started_ttl_s)),
+        )
+        text = value.decode() if isinstance(value, bytes) else str(value)
+        if int(code) == 0:
+            return Claim(False, done_status=text)
+        return Claim(int(code) == 2, first_start=text == "1")
 
     def renew(self) -> bool:
         return bool(self._client.eval(_RENEW, 1, self.key, self.token, self.ttl_ms))

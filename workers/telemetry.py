@@ -119,6 +119,7 @@ class AttemptTelemetry:
         self._export = export
         self._traces_url = traces_url  # None: the Store's /v1/traces
         self._buffer: list[ReadableSpan] = []
+        self._int_lists: dict[int, dict[str, Sequence[int]]] = {}  # kept beside the spans: span_encoding
         self._buffer_lock = threading.Lock()
         self._flush_lock = threading.Lock()
         self.spans_exported = 0
@@ -126,6 +127,7 @@ class AttemptTelemetry:
         self.export_requests = 0
         self.export_seconds = 0.0
         self.last_flush = time.monotonic()
+        self.delivered_at = 0.0  # epoch s when the latest delivered batch was sent: stored spans are heartbeats
 
     @property
     def destination(self) -> str:
@@ -152,7 +154,10 @@ class AttemptTelemetry:
             self.last_flush = time.monotonic()
             if not batch or not self._export:
                 return
-            payload = span_encoding.encode(batch)  # the SDK's encoder, token-id lists fast
+            with self._buffer_lock:
+                lists = {sid: self._int_lists[sid] for sid in map(_span_id, batch) if sid in self._int_lists}
+            payload = span_encoding.encode(batch, lists)
+            sent_at = time.time()
             started = time.perf_counter()
             try:
                 self._post(payload, deadline)
@@ -166,8 +171,12 @@ class AttemptTelemetry:
             finally:
                 self.export_seconds += time.perf_counter() - started
                 self.export_requests += 1
+            with self._buffer_lock:
+                for sid in lists:
+                    del self._int_lists[sid]
             self.spans_exported += len(batch)
             self.bytes_exported += len(payload)
+            self.delivered_at = sent_at
 
     def _post(self, payload: bytes, deadline: float | None) -> None:
         if self._traces_url is None:
@@ -187,6 +196,7 @@ class AttemptTelemetry:
         self._processor.shutdown()
         with self._buffer_lock:
             self._buffer.clear()
+            self._int_lists.clear()
 
     @contextmanager
     def span(self, name: str, attributes: dict[str, Any] | None = None) -> Iterator[trace.Span]:
@@ -195,6 +205,15 @@ class AttemptTelemetry:
             name, attributes=_flat(attributes or {}), record_exception=True, set_status_on_exception=True
         ) as span:
             yield span
+
+    def attach_ints(self, span: trace.Span, key: str, values: Sequence[int]) -> None:
+        """A long integer attribute (token ids) of ``span``, exported with it without per-element checks.
+
+        ``values`` must hold plain ints; it is not copied, so it must not change afterwards.
+        """
+        sid = span.get_span_context().span_id
+        with self._buffer_lock:
+            self._int_lists.setdefault(sid, {})[key] = values
 
     def emit_reward(self, reward: float) -> None:
         """The reward span in the format the trainer's adapters read (store-protocol.md 8)."""
@@ -222,6 +241,11 @@ def _flat(attributes: dict[str, Any]) -> dict[str, Any]:
 def _homogeneous(values: Sequence[Any]) -> bool:
     ints = all(isinstance(v, int) and not isinstance(v, bool) for v in values)
     return ints or all(isinstance(v, str) for v in values)
+
+
+def _span_id(span: ReadableSpan) -> int:
+    context = span.get_span_context()
+    return context.span_id if context is not None else 0
 
 
 def current_trace_id() -> str | None:
