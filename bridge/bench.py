@@ -234,6 +234,7 @@ def run_workload(
     views = client.rollouts(ids)
     summary = summarize(views, wall, cpu, requests)
     summary["unfinished"] = len(ids) - len(done)
+    summary["sustained_rollouts_per_s"] = _round(bm.sustained_rate(views, args.concurrency), 3)
     summary["rss_mb_total"] = round(sampler.peak_total.get(memory_group, 0.0), 1)
     summary["rss_mb_peak_process"] = round(sampler.peak_process_mb(memory_group), 1)
     summary["dispatch_incl_queue_p50_ms"] = _round(bm.percentile(bm.latencies_ms(views), 50))
@@ -278,6 +279,7 @@ def print_table(result: dict[str, Any]) -> None:
         ("rollouts/s", result["rollouts_per_s"]),
         (f"ideal rollouts/s ({result['ideal_basis']})", result["ideal_rollouts_per_s"]),
         ("efficiency", result["efficiency"]),
+        ("sustained rollouts/s, efficiency", f"{result['sustained_rollouts_per_s']}, {result['sustained_efficiency']}"),
         ("Store requests/rollout", result["store_requests_per_rollout"]),
         ("spans, bytes exported/rollout", f"{result['spans_per_rollout']}, {result['span_bytes_per_rollout']}"),
         ("bridge CPU ms/rollout", result["bridge_cpu_ms_per_rollout"]),
@@ -363,6 +365,7 @@ def _bench(stack: LocalStack, args: argparse.Namespace, say: Any) -> int:
     say(f"workload: {args.rollouts} rollouts on {args.concurrency} slots")
     summary, _, marks = run_workload(client, args, resources_id, groups, "worker")
     ideal_rps, basis = ideal(summary, args, store_rps)
+    sustained = summary["sustained_rollouts_per_s"]
     result: dict[str, Any] = {
         "config": {k: getattr(args, k) for k in ("rollouts", "llm_latency_ms", "env_latency_ms", "concurrency")}
         | {"workers": args.workers, "pool": args.pool, "task_events": not args.no_task_events}
@@ -372,6 +375,7 @@ def _bench(stack: LocalStack, args: argparse.Namespace, say: Any) -> int:
         "ideal_basis": basis,
         "store_capacity_rps": round(store_rps, 1),
         "efficiency": round(summary["rollouts_per_s"] / ideal_rps, 3) if ideal_rps else None,
+        "sustained_efficiency": round(sustained / ideal_rps, 3) if ideal_rps and sustained else None,
         "worker_rss_mb_total": summary["rss_mb_total"],
         "worker_rss_mb_peak": summary["rss_mb_peak_process"],
         "store_cpu_ms_per_rollout": summary.get("store_cpu_ms_per_rollout"),

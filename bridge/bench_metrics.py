@@ -220,3 +220,17 @@ def dequeue_to_start_ms(views: list[dict[str, Any]]) -> list[float]:
         if start is not None and attempt.get("start_time") is not None:
             out.append(max(0.0, (start - float(attempt["start_time"])) * 1000))
     return out
+
+
+def sustained_rate(views: list[dict[str, Any]], slots: int) -> float | None:
+    """Rollouts finished per second while every slot had work: from the dequeue that filled the last free
+    slot to the last dequeue (after it the queue is empty and slots go idle one by one). A whole-run rate
+    also counts that tail, which for long rollouts is a large part of a short run.
+    """
+    attempts = [v.get("attempt") or {} for v in views]
+    starts = sorted(float(a["start_time"]) for a in attempts if a.get("start_time"))
+    if len(starts) <= slots:
+        return None
+    begin, end = starts[slots - 1], starts[-1]
+    finished = sum(1 for a in attempts if a.get("end_time") and begin < float(a["end_time"]) <= end)
+    return finished / (end - begin) if end > begin else None
