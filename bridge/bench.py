@@ -11,12 +11,15 @@ Phases: (1) dispatch probes: rollouts enqueued one by one while slots are free, 
 Agent Lightning's own runner (n_runners = C) on the same Store, after our workers are stopped.
 
 Which pool (measured with this benchmark): `-P prefork -c 8` for CPU-heavy agents and small slot
-counts (~115 MB per slot). For LLM-bound agents `-P threads` (the task code is thread-safe: per-process
-clients are shared, per-attempt state lives in its objects), but with no more slots per process than
-one core of Python serves (the GIL): at 2,000 ms steps a slot costs ~10 ms of task CPU per second, so
-one process of 128 threads was GIL-bound (53% of ideal, 137 ms worker CPU/rollout) where two of 64
-(--workers 2) reached 61% (104 ms/rollout, 300 MB in all). What bounds 128 slots on 2 cores is CPU:
-a rollout costs ~190 ms in all (worker ~100, Store ~58 for its 24 spans, stand-ins ~22, bridge ~4).
+counts (~100 MB per slot). For LLM-bound agents `-P threads` (the task code is thread-safe: per-process
+clients are shared, per-attempt state lives in its objects): one process of 128 threads sustained 92% of
+ideal at 2,000 ms per LLM call in 159 MB. Python runs one core per process (the GIL), so when calls are
+fast, use a process per core: at 500 ms, two processes of 64 threads did 23.5 rollouts/s where one of
+128 did 14.4. What bounds 128 slots on 2 cores below ~1 s per call is CPU: a rollout costs ~60-90 ms
+in all (worker 25-60 depending on GIL contention, Store ~20 for its 24 spans, stand-ins ~9, bridge ~2).
+
+"Sustained" figures count only the time every slot had work (from the dequeue that filled the last
+free slot to the last dequeue), leaving out the ramp-up and the tail of the last wave.
 
 Timeline figures: `dispatch_enqueue_to_dequeue_p50_ms` (the bridge's Store poll while slots are free),
 `dispatch_dequeue_to_start_p50_ms` and, with every slot busy, `dequeue_to_start_p50/p99_ms` (publish,
