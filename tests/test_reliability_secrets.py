@@ -118,7 +118,7 @@ def test_no_secret_reaches_messages_flower_store_or_logs(services: LocalStack, a
             store_url=services.store_url,
             broker_url=auth_redis,
             webshop_url=services.webshop_url,
-            llm_base_url=services.llm_base_url,
+            policy_latency_ms=100.0,  # its own stand-in, slow enough that every episode outlasts the tap's poll
             workers=1,
             concurrency=2,
             flower=True,
@@ -149,8 +149,9 @@ def test_no_secret_reaches_messages_flower_store_or_logs(services: LocalStack, a
     assert [final[rid]["status"] for rid in ids] == ["succeeded"] * 4 + ["failed"]
 
     messages = tap.decoded()
-    # The tap polls every 50 ms: the four real episodes sit in the unacked hash for their whole run and must
-    # have been caught; the malformed one may be consumed before a poll (MONITOR below still sees it).
+    # The tap polls every 50 ms: the four real episodes (several 100 ms LLM calls each) sit in the unacked hash
+    # for their whole run and must have been caught; the malformed one may be consumed before a poll (MONITOR
+    # below still sees it).
     caught = {aid for aid in attempt_ids if any(aid in m for m in messages)}
     assert set(attempt_ids[:4]) <= caught, f"the tap missed messages: {set(attempt_ids[:4]) - caught}"
     for text in messages:
