@@ -40,7 +40,7 @@ def create_app(settings: Settings) -> Celery:
         broker_connection_max_retries=None,
         task_soft_time_limit=settings.soft_time_limit(None),
         task_time_limit=settings.hard_time_limit(None),
-        worker_send_task_events=settings.task_events,  # for Flower; measurable CPU in the pool's parent
+        worker_send_task_events=settings.task_events,  # for Flower's task list
         # No task-sent events from the bridge: each was a second broker publish per rollout (profiled: about a
         # third of the bridge's CPU), and Flower lists a task from the worker's own events once it is received.
         task_send_sent_event=False,
