@@ -188,7 +188,9 @@ def _kill_an_executor(run: ChaosRun, killed: set[int], timeout_s: float = 30.0) 
     """
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        candidates = [r for r in run.running() if (run.executor_pid(r) or 0) not in killed | {0}]
+        candidates = [
+            r for r in run.latest.values() if r.status in ACTIVE_ROLLOUT and run.executor_pid(r) not in killed | {None}
+        ]
         random.shuffle(candidates)
         for seen in candidates:
             try:

@@ -31,7 +31,7 @@ import redis
 
 from bridge import broker, capacity, keys, metrics
 from bridge.errors import PublishError, StoreError, UnknownIdError
-from bridge.models import AttemptedRollout, AttemptStatus, RolloutStatus
+from bridge.models import ACTIVE_ATTEMPT, AttemptedRollout, AttemptStatus, RolloutStatus
 from bridge.publisher import Publisher, describe
 from bridge.settings import Settings
 from bridge.store import StoreClient
@@ -196,8 +196,7 @@ class Dispatcher:
             active = {
                 r.attempt.attempt_id: r
                 for r in rollouts
-                if isinstance(r, AttemptedRollout)
-                and r.attempt.status in (AttemptStatus.PREPARING, AttemptStatus.RUNNING)
+                if isinstance(r, AttemptedRollout) and r.attempt.status in ACTIVE_ATTEMPT
             }
             facts = capacity.executions(self.redis, set(inflight) | set(active))
         except (StoreError, redis.RedisError) as exc:

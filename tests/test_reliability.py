@@ -98,15 +98,18 @@ def test_per_model_limits_override_the_defaults() -> None:
 def test_lease_admits_one_executor_and_survives_a_lost_key(client: redis.Redis) -> None:
     attempt = f"at-{uuid.uuid4().hex[:8]}"
     mine, theirs = Lease(client, attempt, 5), Lease(client, attempt, 5)
-    assert mine.acquire()
-    assert not theirs.acquire()
-    assert 0 < theirs.remaining_s() <= 5
-    client.delete(mine.key)  # Redis restarted without persistence: the live executor takes it back
-    assert mine.renew()
-    assert not theirs.renew()  # someone else's lease is never taken over by a renewal
-    mine.release()
-    assert theirs.acquire()
-    theirs.release()
+    try:
+        assert mine.claim(60).acquired
+        assert not theirs.claim(60).acquired
+        assert 0 < theirs.remaining_s() <= 5
+        client.delete(mine.key)  # Redis restarted without persistence: the live executor takes it back
+        assert mine.renew()
+        assert not theirs.renew()  # someone else's lease is never taken over by a renewal
+        mine.release()
+        assert theirs.claim(60).acquired
+        theirs.release()
+    finally:
+        client.delete(keys.lease(attempt), keys.started(attempt))
 
 
 def test_claim_tells_first_starts_takeovers_held_and_finished_attempts(client: redis.Redis) -> None:
@@ -164,7 +167,7 @@ def test_a_password_protected_redis_works_through_a_url(tmp_path: pytest.TempPat
         proc.wait_healthy()
         assert not redis_answers(f"redis://127.0.0.1:{port}/0")  # the password is really required
         client = redis.Redis.from_url(url)
-        assert Lease(client, "at-auth", 5).acquire()
+        assert Lease(client, "at-auth", 5).claim(60).acquired
         assert LLMRateLimiter(client, "m", RateLimit(rpm=60)).acquire() < 0.2
         client.close()
     finally:

@@ -389,16 +389,14 @@ class AttemptRun:
         return min(interval, unresponsive / 3) if unresponsive else interval
 
     def _episode_deadline(self) -> float:
-        start = self.attempted.attempt.start_time or self.started
-        return start + self.settings.soft_time_limit(self.attempted.config.timeout_seconds)
+        return self.dequeued_at + self.settings.soft_time_limit(self.attempted.config.timeout_seconds)
 
     def _report_deadline(self) -> float:
         if self.rollout is None:  # an unparsable payload: report it within the grace period
             return time.time() + REPORT_GRACE_S
         timeout = self.rollout.config.timeout_seconds
-        start = self.rollout.attempt.start_time or self.started
         if timeout:
-            return max(start + timeout, time.time() + 5)
+            return max(self.dequeued_at + timeout, time.time() + 5)
         return time.time() + REPORT_GRACE_S
 
 

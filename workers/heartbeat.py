@@ -139,20 +139,24 @@ class HeartbeatMonitor:
     def _service(self, watch: AttemptWatch) -> None:
         now = time.monotonic()
         telemetry = watch.telemetry
-        due = telemetry is not None and telemetry.pending and now - telemetry.last_flush >= watch.flush_interval_s
-        if telemetry is not None and due and self._still_ours(watch):
+        flush_due = telemetry is not None and telemetry.pending and now - telemetry.last_flush >= watch.flush_interval_s
+        beat_due = now >= watch.next_beat and watch.stop_reason is None
+        # One lease renewal per tick, before anything is written to the Store for this attempt.
+        if not (flush_due or beat_due) or not self._still_ours(watch):
+            return
+        if flush_due and telemetry is not None:
             try:
                 # Bounded: a failed flush keeps the spans for the next tick instead of stalling this thread.
                 telemetry.flush(deadline=time.time() + watch.interval_s)
             except TelemetryError as exc:
                 log.warning("span flush for attempt %s failed, will retry: %s", watch.attempt_id, exc)
-        if now >= watch.next_beat and watch.stop_reason is None:
+        if beat_due:
             watch.next_beat = now + watch.interval_s
             self.beat(watch)
 
     def _still_ours(self, watch: AttemptWatch) -> bool:
-        """Renew the lease before shipping spans: an executor that stalled past its lease must not write
-        into an attempt another executor has taken over (a Redis outage is not a reason to stop)."""
+        """Renew the lease before touching the Store: an executor that stalled past its lease must not
+        write into an attempt another executor has taken over (a Redis outage is not a reason to stop)."""
         try:
             if watch.lease.renew():
                 return True
@@ -163,7 +167,8 @@ class HeartbeatMonitor:
         return False
 
     def beat(self, watch: AttemptWatch) -> None:
-        if not self._still_ours(watch) or watch.reporting:
+        """Fence read, then a heartbeat where one is needed; the caller has just renewed the lease."""
+        if watch.reporting:
             return
         try:
             # A short timeout: one thread serves every attempt of the process, and a Store that hangs

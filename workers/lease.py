@@ -56,9 +56,6 @@ class Lease:
         self.ttl_ms = int(ttl_s * 1000)
         self.token = f"{executor_id()}:{uuid.uuid4().hex[:8]}"
 
-    def acquire(self) -> bool:
-        return bool(self._client.set(self.key, self.token, nx=True, px=self.ttl_ms))
-
     def claim(self, started_ttl_s: float) -> Claim:
         """Take the lease unless the attempt is finished or held; note whether this is its first start.
 
@@ -98,8 +95,3 @@ class Lease:
 
 def mark_done(client: redis.Redis, attempt_id: str, status: str, ttl_s: float) -> None:
     client.set(keys.done(attempt_id), status, ex=int(ttl_s))
-
-
-def finished_status(client: redis.Redis, attempt_id: str) -> str | None:
-    value = client.get(keys.done(attempt_id))
-    return value.decode() if isinstance(value, bytes) else value

@@ -151,11 +151,10 @@ class AttemptTelemetry:
         with self._flush_lock:
             with self._buffer_lock:
                 batch, self._buffer = self._buffer, []
+                lists = {sid: self._int_lists.pop(sid) for sid in map(_span_id, batch) if sid in self._int_lists}
             self.last_flush = time.monotonic()
             if not batch or not self._export:
                 return
-            with self._buffer_lock:
-                lists = {sid: self._int_lists[sid] for sid in map(_span_id, batch) if sid in self._int_lists}
             payload = span_encoding.encode(batch, lists)
             sent_at = time.time()
             started = time.perf_counter()
@@ -164,6 +163,7 @@ class AttemptTelemetry:
             except StoreError as exc:
                 with self._buffer_lock:
                     self._buffer = batch + self._buffer
+                    self._int_lists.update(lists)
                 raise TelemetryError(
                     f"could not deliver {len(batch)} spans of attempt {self.attempt_id} to "
                     f"{redact_url(self.destination)} (AGENT_LIGHTNING_OTLP_ENDPOINT): {exc}"
@@ -171,9 +171,6 @@ class AttemptTelemetry:
             finally:
                 self.export_seconds += time.perf_counter() - started
                 self.export_requests += 1
-            with self._buffer_lock:
-                for sid in lists:
-                    del self._int_lists[sid]
             self.spans_exported += len(batch)
             self.bytes_exported += len(payload)
             self.delivered_at = sent_at
