@@ -1,19 +1,18 @@
-"""``python -m bridge``: the dispatcher, plus the operator commands (demo, status, bench)."""
+"""``python -m bridge``: the dispatcher (``run``, the default) and the operator tools.
+
+The tools live in ``bridge.tools`` and are imported only when their command is given, so the dispatcher
+never loads them; a tool that cannot be imported fails with its reason instead of vanishing from --help.
+"""
 
 from __future__ import annotations
 
 import argparse
-import logging
-import signal
+import importlib
 import sys
-import threading
-from collections.abc import Callable, Sequence
-from types import FrameType
-from typing import Any
+from collections.abc import Sequence
+from types import ModuleType
 
-from bridge.settings import ConfigError, Settings, load_settings
-
-log = logging.getLogger("bridge")
+from bridge.core.settings import ConfigError, load_settings
 
 DESCRIPTION = """\
 Move Agent Lightning rollouts from the Store into Celery.
@@ -21,82 +20,45 @@ Move Agent Lightning rollouts from the Store into Celery.
 With no command (or `run`), the bridge claims rollouts from the Store at AGENT_LIGHTNING_STORE_URL,
 only as many as the Celery workers have free slots, and publishes each as the task
 `workers.run_rollout` (task id = attempt id). Start the workers with `celery -A workers worker`.
-Configuration comes from the environment and `.env` (see .env.example).
+Configuration comes from the environment and `.env` (see .env.example and docs/configuration.md).
 """
 
 EPILOG = """\
-commands:
-  run      dispatch rollouts (the default)
-  demo     bring up a whole local stack, run rollouts through it, tear it down
-  status   Store counts, broker queues, workers and in-flight rollouts
-  bench    measure throughput and overheads on a local stack
-  chaos    kill, pause and corrupt a local stack; audit that no rollout was lost or run twice
-
 Exit codes: 0 on a clean stop (SIGINT/SIGTERM), 2 on invalid configuration, 1 on other errors.
 """
 
+TOOLS: dict[str, tuple[str, str]] = {
+    "demo": ("bridge.tools.demo", "bring up a whole local stack, run rollouts through it, tear it down"),
+    "status": ("bridge.tools.status", "Store counts, broker queues, workers and in-flight rollouts"),
+    "bench": ("bridge.tools.bench.run", "measure throughput and overheads on a local stack"),
+    "chaos": (
+        "bridge.tools.chaos.run",
+        "inject faults into a local stack; audit that no rollout was lost or run twice",
+    ),
+}
+"""Command -> (module, one-line summary). Each module exposes ``add_arguments(parser)`` and ``main(args)``."""
+
+
+class ToolUnavailable(RuntimeError):
+    """A tool's module failed to import (a missing optional dependency, usually)."""
+
 
 def _run(args: argparse.Namespace) -> int:
-    settings = load_settings()
-    return run_bridge(settings, metrics_port=args.metrics_port)
+    from bridge.dispatch.service import run_bridge
+
+    return run_bridge(load_settings(), metrics_port=args.metrics_port)
 
 
-def run_bridge(settings: Settings, *, metrics_port: int | None = None) -> int:
-    import redis
-
-    from bridge.dispatcher import Dispatcher
-    from bridge.logs import configure_logging
-    from bridge.publisher import Publisher
-    from bridge.redact import redact_url
-    from bridge.store import StoreClient
-    from bridge.tracing import setup_process_tracing
-
-    configure_logging(settings.log_level, settings.log_json)
-    setup_process_tracing(settings.service_name + "-bridge")
-    stop = threading.Event()
-    _install_signal_handlers(stop)
-    port = metrics_port if metrics_port is not None else settings.metrics_port
-    if port is not None:
-        from prometheus_client import start_http_server
-
-        start_http_server(port, addr=settings.metrics_host)
-        log.info("metrics on http://%s:%d/metrics", settings.metrics_host, port)
-    store = StoreClient(
-        settings.store_base,
-        token=settings.store_token,
-        timeout_s=settings.store_timeout_s,
-        retries=settings.store_retries,
-    )
-    if not store.health():
-        log.warning("the Store at %s does not answer yet; the bridge keeps trying", redact_url(settings.store_base))
-    client = redis.Redis.from_url(settings.broker_url, socket_timeout=5, socket_connect_timeout=5)
-    dispatcher = Dispatcher(settings, store, client, Publisher(settings), stop)
+def load_tool(name: str) -> ModuleType:
+    module_name = TOOLS[name][0]
     try:
-        dispatcher.run()
-    finally:
-        store.close()
-    return 0
+        return importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ToolUnavailable(f"'python -m bridge {name}' cannot load ({module_name}): {exc}") from exc
 
 
-def _install_signal_handlers(stop: threading.Event) -> None:
-    def handle(signum: int, _frame: FrameType | None) -> None:
-        log.info("received %s: finishing the publish in hand and stopping", signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGINT, handle)
-    signal.signal(signal.SIGTERM, handle)
-
-
-def _lazy(module: str) -> Callable[[argparse.Namespace], int]:
-    def call(args: argparse.Namespace) -> int:
-        import importlib
-
-        return int(importlib.import_module(module).main(args))
-
-    return call
-
-
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; only ``command``'s tool module is imported, to add its own arguments."""
     parser = argparse.ArgumentParser(
         prog="python -m bridge",
         description=DESCRIPTION,
@@ -107,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     run = sub.add_parser(
         "run",
-        help="dispatch rollouts (default)",
+        help="dispatch rollouts (the default)",
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -115,44 +77,28 @@ def build_parser() -> argparse.ArgumentParser:
         "--metrics-port",
         type=int,
         default=None,
-        help="serve Prometheus metrics on 127.0.0.1:PORT (default: BRIDGE_METRICS_PORT, off)",
+        help="serve Prometheus metrics on BRIDGE_METRICS_HOST:PORT (default: BRIDGE_METRICS_PORT, off)",
     )
     run.set_defaults(func=_run)
-    for name, module, register in _extra_commands():
-        register(
-            sub.add_parser(name, help=_summary(module.__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
-        )
+    for name, (_module, summary) in TOOLS.items():
+        tool_parser = sub.add_parser(name, help=summary, formatter_class=argparse.RawDescriptionHelpFormatter)
+        if name == command:
+            module = load_tool(name)
+            tool_parser.description = module.__doc__
+            module.add_arguments(tool_parser)
+            tool_parser.set_defaults(func=module.main)
     return parser
 
 
-def _summary(doc: str | None) -> str:
-    """First line of a module docstring, safe for argparse (which %-formats help strings)."""
-    first = (doc or "").strip().splitlines()[0] if (doc or "").strip() else ""
-    return first.replace("%", "%%")
-
-
-def _extra_commands() -> list[tuple[str, object, Callable[[argparse.ArgumentParser], None]]]:
-    """Commands that live in their own modules; each exposes ``add_arguments`` and ``main``."""
-    import importlib
-
-    found: list[tuple[str, object, Callable[[argparse.ArgumentParser], None]]] = []
-    for name in ("demo", "status", "bench", "chaos"):
-        try:
-            module = importlib.import_module(f"bridge.{name}")
-        except ImportError:
-            continue
-
-        def register(p: argparse.ArgumentParser, module: Any = module, name: str = name) -> None:
-            module.add_arguments(p)
-            p.set_defaults(func=_lazy(f"bridge.{name}"))
-
-        found.append((name, module, register))
-    return found
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args_in = list(sys.argv[1:] if argv is None else argv)
+    command = args_in[0] if args_in and args_in[0] in TOOLS else None
+    try:
+        parser = build_parser(command)
+    except ToolUnavailable as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    args = parser.parse_args(args_in)
     try:
         return int(args.func(args))
     except ConfigError as error:

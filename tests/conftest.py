@@ -1,25 +1,8 @@
-"""Shared, expensive processes for the integration tests, started once per session.
-
-Redis (the one on 127.0.0.1:6379 if it answers, on a database of its own, else a fresh redis-server),
-a real ``agl store``, the WebShop server and the LLM stand-in live for the whole session. Workers and
-the bridge are started per module, because tests kill and reconfigure them.
-"""
+"""Test-session set-up shared by unit and integration tests."""
 
 from __future__ import annotations
 
-import os
 import signal
-from collections.abc import Iterator
-from pathlib import Path
-
-import httpx
-import pytest
-import redis
-
-from bridge.stack import LocalStack, StackConfig, redis_answers
-from tests.helpers import cancel_unfinished
-
-TEST_REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/11")
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -29,73 +12,3 @@ def _interrupt(signum: int, frame: object) -> None:
 # A CI timeout or `kill` sends SIGTERM: turn it into KeyboardInterrupt so fixtures tear down the processes
 # they started (they run in their own sessions and would otherwise outlive the test run).
 signal.signal(signal.SIGTERM, _interrupt)
-
-
-@pytest.fixture(scope="session")
-def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("stack-logs")
-
-
-@pytest.fixture(scope="session")
-def services(log_dir: Path) -> Iterator[LocalStack]:
-    """Broker, Store, WebShop server and LLM stand-in: started once, torn down at the end."""
-    broker = TEST_REDIS_URL if redis_answers(TEST_REDIS_URL) else None
-    if broker:
-        redis.Redis.from_url(broker).flushdb()
-    # The Prometheus tracker lets tests/test_bench.py read the Store's own request counters.
-    config = StackConfig(broker_url=broker, workers=0, bridge=False, log_dir=log_dir, store_tracker="prometheus")
-    stack = LocalStack(config)
-    try:
-        stack.start_services(lambda message: print(message))
-        yield stack
-    finally:
-        stack.stop()
-
-
-NEUTRAL_RESOURCES = {
-    "note": {
-        "resource_type": "prompt_template",
-        "template": "no main_llm: workers use OPENAI_API_BASE",
-        "engine": "f-string",
-    }
-}
-
-
-@pytest.fixture(autouse=True)
-def no_leftover_llm_resource(request: pytest.FixtureRequest) -> None:
-    """Each test starts with no ``main_llm`` in the Store's latest resources, as on a fresh Store.
-
-    The Store cannot delete resources, and rollouts enqueued without ``resources_id`` are stamped with the
-    latest ones: a ``main_llm`` published by one test (the benchmark, the LLM proxy test) would otherwise
-    route every later test's LLM calls. A neutral update makes the latest carry none again.
-    """
-    if "services" not in request.fixturenames:
-        return
-    services: LocalStack = request.getfixturevalue("services")
-    latest = httpx.get(f"{services.store_url}/v1/agl/resources/latest", timeout=30).json()
-    if latest and "main_llm" in (latest.get("resources") or {}):
-        httpx.post(f"{services.store_url}/v1/agl/resources", json=NEUTRAL_RESOURCES, timeout=30).raise_for_status()
-
-
-@pytest.fixture
-def clean_store(services: LocalStack) -> Iterator[LocalStack]:
-    """Leaves no unfinished rollout behind for the next test's bridge, and a clean broker database."""
-    cancel_unfinished(services.store_url)
-    redis.Redis.from_url(services.broker_url).flushdb()
-    yield services
-    cancel_unfinished(services.store_url)
-
-
-def stack_for(services: LocalStack, log_dir: Path, **config: object) -> LocalStack:
-    """A stack reusing the session's services, adding its own workers/bridge."""
-    stack = LocalStack(
-        StackConfig(
-            store_url=services.store_url,
-            broker_url=services.broker_url,
-            webshop_url=services.webshop_url,
-            llm_base_url=services.llm_base_url,
-            log_dir=log_dir,
-            **config,  # type: ignore[arg-type]
-        )
-    )
-    return stack

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
 
+from bridge.tools.stack import LocalStack, StackConfig
+
 API = "/v1/agl"
+TEST_REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/11")
 
 
 def split_tasks(limit: int, split: str = "test") -> list[dict[str, Any]]:
@@ -90,3 +95,18 @@ def purchases(webshop_url: str, session_id: str) -> list[dict[str, Any]]:
     response = httpx.get(f"{webshop_url}/purchases", params={"session_id": session_id}, timeout=30)
     response.raise_for_status()
     return list(response.json()["items"])
+
+
+def stack_for(services: LocalStack, log_dir: Path, **config: object) -> LocalStack:
+    """A stack reusing the session's services, adding its own workers/bridge."""
+    stack = LocalStack(
+        StackConfig(
+            store_url=services.store_url,
+            broker_url=services.broker_url,
+            webshop_url=services.webshop_url,
+            llm_base_url=services.llm_base_url,
+            log_dir=log_dir,
+            **config,  # type: ignore[arg-type]
+        )
+    )
+    return stack

@@ -1,4 +1,4 @@
-"""Offline WebShop-compatible text environment server (spec: shared/docs/webshop-env.md).
+"""Offline WebShop-compatible text environment server (spec: docs/webshop-env.md).
 
 Run it with ``python -m webshop_env serve``; list tasks with ``python -m webshop_env tasks``
 or :func:`load_tasks`.

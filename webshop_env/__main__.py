@@ -98,16 +98,12 @@ def _serve(args: argparse.Namespace) -> None:
     from webshop_env.env import EnvSettings
     from webshop_env.server import ServerConfig, create_app
 
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = ServerConfig(
         max_sessions=args.max_sessions,
         session_ttl_s=args.session_ttl,
         seed=args.seed,
-        env=EnvSettings(
-            strict_search=args.strict_search, max_steps=args.max_steps, expose_goal=args.expose_goal
-        ),
+        env=EnvSettings(strict_search=args.strict_search, max_steps=args.max_steps, expose_goal=args.expose_goal),
         latency_ms=args.latency_ms,
         error_rate=args.error_rate,
         timeout_rate=args.timeout_rate,

@@ -50,8 +50,6 @@ def clickables(state: EpisodeState, option_values: dict[str, tuple[str, ...]] | 
     return list(NAV_BUTTONS)
 
 
-def available_actions(
-    state: EpisodeState, option_values: dict[str, tuple[str, ...]] | None = None
-) -> dict[str, Any]:
+def available_actions(state: EpisodeState, option_values: dict[str, tuple[str, ...]] | None = None) -> dict[str, Any]:
     """AgentBench-shaped ``{"has_search_bar", "clickables"}``."""
     return {"has_search_bar": state.page is Page.SEARCH, "clickables": clickables(state, option_values)}

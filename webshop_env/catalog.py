@@ -1,6 +1,6 @@
 """Product catalog: loading the shipped WebShop data and pricing products.
 
-The catalog is the 1,000 real WebShop products (spec section 8) exactly as
+The catalog is the 1,000 real WebShop products (docs/webshop-env.md section 8) exactly as
 WebShop's own loader prepared them.  Prices of products sold at a range are
 drawn once per product from a generator seeded by the asin, so every server
 start (and every ``tasks`` listing) sees the same prices.
@@ -97,9 +97,7 @@ def _read_attribute_file(path: Path) -> dict[str, dict[str, Any]]:
 def _product_from_document(index: int, doc: dict[str, Any], extra: dict[str, Any], seed: int) -> Product:
     raw = doc["product"]
     pricing = tuple(float(p) for p in raw.get("pricing") or [DEFAULT_PRICE])
-    options = {
-        str(name): tuple(str(v) for v in values) for name, values in (raw.get("options") or {}).items()
-    }
+    options = {str(name): tuple(str(v) for v in values) for name, values in (raw.get("options") or {}).items()}
     return Product(
         asin=str(raw["asin"]),
         index=index,

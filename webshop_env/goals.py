@@ -1,4 +1,4 @@
-"""Goals (tasks): human tasks with real targets plus synthetic goals (spec section 6).
+"""Goals (tasks): human tasks with real targets plus synthetic goals (docs/webshop-env.md section 6).
 
 The goal list is the 13 human tasks whose target is in the 1,000-product catalog
 (file order) followed by the 6,910 synthetic goals (catalog order, option

@@ -1,8 +1,8 @@
 """Rule-based WebShop decision logic used by the heuristic LLM stand-in.
 
-This is not a model. It reads the current WebShop text observation (spec sections 3.1-3.5),
+This is not a model. It reads the current WebShop text observation (docs/webshop-env.md sections 3.1-3.5),
 the actions already taken in the episode and, when known, the pages they led to, and returns the
-next action (spec section 4). It exists
+next action (docs/webshop-env.md section 4). It exists
 so that the Celery agent loop, the benchmarks and the tests have an OpenAI-compatible "LLM"
 that is fast, free, deterministic and plays well enough for scores to mean something
 (it aims to beat the WebShop paper's rule baseline, 45.6 average score / 9.6% success).
@@ -82,7 +82,7 @@ POSITION_WEIGHT = 0.05
 
 
 class Page(StrEnum):
-    """Page kinds the heuristic distinguishes (spec section 3)."""
+    """Page kinds the heuristic distinguishes (docs/webshop-env.md section 3)."""
 
     SEARCH = "search"  # "WebShop [SEP] Instruction: ... [SEP] Search"
     RESULTS = "results"  # has "Page p (Total results: n)"

@@ -1,4 +1,4 @@
-"""Purchase reward (spec section 7).
+"""Purchase reward (docs/webshop-env.md section 7).
 
 reward = r_type * (N_att + N_opt + r_price) / (|attributes| + |options| + 1)
 

@@ -1,4 +1,4 @@
-"""BM25 product search approximating WebShop's Lucene/Pyserini engine (spec section 5).
+"""BM25 product search approximating WebShop's Lucene/Pyserini engine (docs/webshop-env.md section 5).
 
 Upstream indexes one text field per product (title, description, first bullet,
 options sentence; the catalog's ``contents`` field is exactly that text) with

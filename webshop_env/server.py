@@ -1,4 +1,4 @@
-"""HTTP API (spec section 1): POST /reset, POST /step, GET /health, DELETE /sessions/{id}.
+"""HTTP API (docs/webshop-env.md section 1): POST /reset, POST /step, GET /health, DELETE /sessions/{id}.
 
 The catalog, search index and goals are built once in ``create_app``, before
 the server accepts connections; requests then only touch in-memory state.
@@ -107,9 +107,7 @@ class WebShopServer:
         if sid is None:
             return None
         if not isinstance(sid, str) or not sid or len(sid) > MAX_SESSION_ID_CHARS:
-            raise ApiError(
-                400, f"session_id must be a non-empty string of at most {MAX_SESSION_ID_CHARS} chars"
-            )
+            raise ApiError(400, f"session_id must be a non-empty string of at most {MAX_SESSION_ID_CHARS} chars")
         return sid
 
     def resolve_goal(self, data: dict[str, Any]) -> Any:
@@ -119,9 +117,7 @@ class WebShopServer:
         if task_id is not None:
             goal = goals.by_task_id.get(str(task_id))
             if goal is None:
-                raise ApiError(
-                    404, f"unknown task_id {task_id!r}; list tasks with `python -m webshop_env tasks`"
-                )
+                raise ApiError(404, f"unknown task_id {task_id!r}; list tasks with `python -m webshop_env tasks`")
             return goal
         goal_id = data.get("goal_id")
         if goal_id is not None:

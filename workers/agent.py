@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 
 import openai
 
-from bridge.settings import Settings
+from bridge.core.settings import Settings
 from workers import llm as llm_mod
 from workers.inputs import TaskInput
 from workers.prompts import Conversation, parse_action, step_prompt

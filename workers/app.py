@@ -16,38 +16,28 @@ from typing import Any
 from celery import Celery, bootsteps
 from celery.concurrency.thread import TaskPool as ThreadTaskPool
 
-from bridge.settings import Settings, get_settings
+from bridge.core.message import TASK_NAME, base_app
+from bridge.core.settings import Settings, get_settings
 
-TASK_NAME = "workers.run_rollout"
+__all__ = ["TASK_NAME", "app", "create_app"]
+
 THREADS_WAKEUP_S = 0.05
 
 
 def create_app(settings: Settings) -> Celery:
-    app = Celery("workers", broker=settings.broker_url, include=["workers.tasks", "workers.signals"])
+    app = base_app(settings, "workers", include=("workers.tasks", "workers.signals"))
     app.conf.update(
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         task_acks_on_failure_or_timeout=True,
         worker_prefetch_multiplier=1,
-        task_ignore_result=True,
-        result_backend=None,
-        task_serializer="json",
-        accept_content=["json"],
-        task_default_queue=settings.default_queue,
-        task_create_missing_queues=True,
-        broker_transport_options={"visibility_timeout": int(settings.visibility_timeout_s)},
-        broker_connection_retry_on_startup=True,
         broker_connection_max_retries=None,
         task_soft_time_limit=settings.soft_time_limit(None),
         task_time_limit=settings.hard_time_limit(None),
         worker_send_task_events=settings.task_events,  # for Flower's task list
-        # No task-sent events from the bridge: each was a second broker publish per rollout (profiled: about a
-        # third of the bridge's CPU), and Flower lists a task from the worker's own events once it is received.
-        task_send_sent_event=False,
         worker_hijack_root_logger=False,
         worker_redirect_stdouts=False,
         worker_cancel_long_running_tasks_on_connection_loss=False,
-        broker_pool_limit=64,
     )
     app.steps["consumer"].add(ThreadsWakeup)
     return app

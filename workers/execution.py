@@ -27,7 +27,7 @@ from typing import Any
 import redis
 from pydantic import ValidationError
 
-from bridge.errors import (
+from bridge.core.errors import (
     DuplicateDelivery,
     InvalidInputError,
     StoreError,
@@ -36,9 +36,9 @@ from bridge.errors import (
     TelemetryError,
     UnknownIdError,
 )
-from bridge.logs import RolloutLogger
-from bridge.models import AttemptedRollout, AttemptStatus
-from bridge.redact import redact_text
+from bridge.core.logs import RolloutLogger
+from bridge.core.models import AttemptedRollout, AttemptStatus
+from bridge.core.redact import redact_text
 from workers import llm as llm_mod
 from workers import metrics as worker_metrics
 from workers.agent import Episode, EpisodeResult
@@ -254,7 +254,7 @@ class AttemptRun:
         """Bad input fails the same way every time: make this attempt the rollout's last before reporting it.
 
         Setting ``max_attempts`` to this attempt's sequence id makes the Store derive ``failed`` from the
-        report instead of requeuing (store-protocol.md 6.2). Done before the report, so no retry attempt can
+        report instead of requeuing (docs/store-protocol.md 6.2). Done before the report, so no retry attempt can
         be dequeued in between, and the latest attempt keeps the error in its metadata.
         """
         if self.rollout is None:

@@ -10,7 +10,7 @@ from enum import StrEnum
 
 from celery.exceptions import SoftTimeLimitExceeded
 
-from bridge.errors import (
+from bridge.core.errors import (
     InvalidInputError,
     LLMError,
     StoreError,

@@ -3,7 +3,7 @@
 For each attempt it watches, on every interval it renews the Redis lease and reads the rollout: if the
 attempt is no longer the latest, or the Store marked it ``timeout``/``unresponsive``, or the rollout
 finished or was cancelled, the attempt is flagged and the agent loop stops at its next check
-(store-protocol.md section 10). Then, only for rollouts with ``unresponsive_seconds`` (the watchdog
+(docs/store-protocol.md section 10). Then, only for rollouts with ``unresponsive_seconds`` (the watchdog
 ignores liveness otherwise) and only when no span was stored since the last beat, it sends
 ``last_heartbeat_time``.
 It also ships buffered spans every few seconds, because stored spans keep the attempt alive too.
@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 
 import redis
 
-from bridge.errors import StoreError, Superseded, TelemetryError, UnknownIdError
-from bridge.models import ACTIVE_ATTEMPT, ACTIVE_ROLLOUT, AttemptedRollout, RolloutConfig
-from bridge.store import StoreClient
+from bridge.core.errors import StoreError, Superseded, TelemetryError, UnknownIdError
+from bridge.core.models import ACTIVE_ATTEMPT, ACTIVE_ROLLOUT, AttemptedRollout, RolloutConfig
+from bridge.core.store import StoreClient
 from workers.lease import Lease
 from workers.telemetry import AttemptTelemetry
 
@@ -74,7 +74,7 @@ def watchdog_may_act(config: RolloutConfig, started_at: float, alive_at: float, 
     """Whether the Store's watchdog could have marked the attempt ``timeout``/``unresponsive`` by ``now``.
 
     Its scan compares the attempt's start (the dequeue) with ``timeout_seconds`` and its last heartbeat
-    with ``unresponsive_seconds`` (store-protocol.md 6.3); nothing else changes an attempt behind its
+    with ``unresponsive_seconds`` (docs/store-protocol.md 6.3); nothing else changes an attempt behind its
     executor's back except people. The margin covers clock skew between this host and the Store.
     """
 
@@ -192,7 +192,7 @@ class HeartbeatMonitor:
                 return  # without unresponsive_seconds the watchdog never looks at liveness: nothing to send
             if exported > watch.spans_at_last_beat:
                 # Spans stored since the last beat already refreshed the attempt's heartbeat, on the Store's
-                # clock (store-protocol.md 6.4): no heartbeat request.
+                # clock (docs/store-protocol.md 6.4): no heartbeat request.
                 watch.spans_at_last_beat = exported
                 return
             sent_at = time.time()

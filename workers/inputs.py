@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from bridge.errors import InvalidInputError
+from bridge.core.errors import InvalidInputError
 
 
 @dataclass(frozen=True)

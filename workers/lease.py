@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import redis
 
-from bridge import keys
+from bridge.core import keys
 
 # Renew our lease; if the key vanished (Redis restarted without persistence, or it expired while the
 # heartbeat thread was stalled) and nobody else took it, take it back instead of abandoning a live episode.

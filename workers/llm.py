@@ -1,6 +1,6 @@
 """Which LLM a rollout talks to, and one chat call with bounded, Retry-After-aware retries.
 
-Resolution follows store-protocol.md section 5: the rollout's resources (by id, else the latest),
+Resolution follows docs/store-protocol.md section 5: the rollout's resources (by id, else the latest),
 ``main_llm`` of type ``llm`` (used as is) or ``proxy_llm`` (rewritten to the per-attempt URL so the
 proxy files its spans under this attempt); with neither, ``OPENAI_API_BASE`` + ``WEBSHOP_MODEL``.
 Everything goes through the ``openai`` SDK, so vLLM, OpenAI and the stand-in are interchangeable.
@@ -18,10 +18,10 @@ from typing import Any
 import httpx
 import openai
 
-from bridge.backoff import backoff_delay
-from bridge.errors import LLMError
-from bridge.models import AttemptedRollout, LLMResource, ResourcesUpdate
-from bridge.settings import Settings
+from bridge.core.backoff import backoff_delay
+from bridge.core.errors import LLMError
+from bridge.core.models import AttemptedRollout, LLMResource, ResourcesUpdate
+from bridge.core.settings import Settings
 from workers import metrics as worker_metrics
 
 log = logging.getLogger("workers.llm")
@@ -45,7 +45,7 @@ class LLMTarget:
 
 
 def proxy_attempt_url(endpoint: str, rollout_id: str, attempt_id: str) -> str:
-    """Per-attempt base URL of an LLM proxy (store-protocol.md 5, steps 1-4)."""
+    """Per-attempt base URL of an LLM proxy (docs/store-protocol.md 5, steps 1-4)."""
     url = endpoint[:-1] if endpoint.endswith("/") else endpoint
     had_v1 = url.endswith("/v1")
     if had_v1:

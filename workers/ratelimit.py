@@ -5,7 +5,7 @@ own (N workers at ``10/m`` start ``10*N`` tasks a minute), and it limits task *s
 episode makes a dozen LLM calls at its own pace. An endpoint's quota (OpenAI's RPM/TPM, a vLLM server's
 capacity) is global, so the budget has to live where every worker sees it: the broker's Redis.
 
-The bucket holds two levels in one hash (``bridge.keys.ratelimit(model)``):
+The bucket holds two levels in one hash (``bridge.core.keys.ratelimit(model)``):
 
 * requests: refilled at ``rpm/60`` per second, capped at ``rpm * burst_s / 60`` (at least 1), and
   charged one unit *before* each call;
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import redis
 
-from bridge import keys
+from bridge.core import keys
 
 log = logging.getLogger("workers.ratelimit")
 

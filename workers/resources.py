@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import redis
 
-from bridge.settings import Settings, get_settings
-from bridge.store import StoreClient
+from bridge.core.settings import Settings, get_settings
+from bridge.core.store import StoreClient
 from workers.heartbeat import HeartbeatMonitor
 from workers.webshop import WebShopClient
 

@@ -1,9 +1,9 @@
 """Per-process set-up of a worker, hooked on Celery's own signals.
 
-* ``worker_ready``/``worker_shutting_down``: advertise and withdraw this node's slots (bridge.capacity);
+* ``worker_ready``/``worker_shutting_down``: advertise and withdraw this node's slots (bridge.core.capacity);
 * ``worker_process_init`` (prefork children) and ``worker_init`` (threads/solo): logging and tracing;
 * ``task_revoked`` with ``expired``: a message that waited too long in the broker is handed back to the
-  Store queue instead of leaving its attempt ``preparing`` forever (store-protocol.md 10.4);
+  Store queue instead of leaving its attempt ``preparing`` forever (docs/store-protocol.md 10.4);
 * ``worker_init`` also starts the node's Prometheus exporter (``WORKER_METRICS_PORT``), before the pool
   forks; ``task_prerun``/``task_postrun`` record dequeue-to-start and outcomes (workers.metrics).
 """
@@ -18,13 +18,13 @@ from typing import Any
 import redis
 from celery import signals
 
-from bridge import capacity
-from bridge.errors import StoreError
-from bridge.logs import configure_logging
-from bridge.models import AttemptStatus, RolloutStatus
-from bridge.settings import get_settings
-from bridge.store import StoreClient
-from bridge.tracing import setup_process_tracing
+from bridge.core import capacity
+from bridge.core.errors import StoreError
+from bridge.core.logs import configure_logging
+from bridge.core.models import AttemptStatus, RolloutStatus
+from bridge.core.settings import get_settings
+from bridge.core.store import StoreClient
+from bridge.core.tracing import setup_process_tracing
 from workers import metrics as worker_metrics
 from workers.app import TASK_NAME
 

@@ -8,9 +8,9 @@ from typing import Any
 import redis
 from celery import Task
 
-from bridge import capacity
-from bridge.backoff import backoff_delay
-from bridge.errors import DuplicateDelivery
+from bridge.core import capacity
+from bridge.core.backoff import backoff_delay
+from bridge.core.errors import DuplicateDelivery
 from workers.app import TASK_NAME, app
 from workers.execution import AttemptRun, Outcome, is_retryable_before_progress
 from workers.resources import get_resources

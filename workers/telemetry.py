@@ -1,4 +1,4 @@
-"""Spans for one attempt, delivered to the Store where the trainer reads them (store-protocol.md 7-8).
+"""Spans for one attempt, delivered to the Store where the trainer reads them (docs/store-protocol.md 7-8).
 
 Each attempt gets its own ``TracerProvider`` whose resource names the rollout and the attempt, so the
 Store files every span under the right attempt without any per-span bookkeeping. Ended spans are
@@ -46,9 +46,9 @@ from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.util.instrumentation import InstrumentationInfo, InstrumentationScope
 from opentelemetry.trace import Status, StatusCode
 
-from bridge.errors import StoreError, TelemetryError
-from bridge.redact import redact_url
-from bridge.store import StoreClient
+from bridge.core.errors import StoreError, TelemetryError
+from bridge.core.redact import redact_url
+from bridge.core.store import StoreClient
 from workers import span_encoding
 
 log = logging.getLogger("workers.telemetry")
@@ -213,7 +213,7 @@ class AttemptTelemetry:
             self._int_lists.setdefault(sid, {})[key] = values
 
     def emit_reward(self, reward: float) -> None:
-        """The reward span in the format the trainer's adapters read (store-protocol.md 8)."""
+        """The reward span in the format the trainer's adapters read (docs/store-protocol.md 8)."""
         with self.tracer.start_as_current_span(REWARD_SPAN) as span:
             span.set_attribute("agentlightning.reward.0.name", "primary")
             span.set_attribute("agentlightning.reward.0.value", float(reward))

@@ -1,4 +1,4 @@
-"""HTTP client for the WebShop environment server (webshop-env.md section 1).
+"""HTTP client for the WebShop environment server (docs/webshop-env.md section 1).
 
 Retries are bounded and only where repeating a request cannot change the episode: connection
 failures before the request was sent, and 5xx/429 answers (the server did not apply the action).
@@ -15,9 +15,9 @@ from typing import Any
 
 import httpx
 
-from bridge.backoff import backoff_delay
-from bridge.errors import WebShopError
-from bridge.http import service_client
+from bridge.core.backoff import backoff_delay
+from bridge.core.errors import WebShopError
+from bridge.core.http import service_client
 from workers import metrics as worker_metrics
 
 log = logging.getLogger("workers.webshop")

@@ -1,0 +1,61 @@
+"""The task message both processes agree on: its name, its keyword arguments and the Celery settings
+that must match on the publishing and the executing side.
+
+The bridge publishes by name through an app built here, so it never imports the worker stack (agent,
+LLM client, telemetry). The worker's app (``workers.app``) starts from the same base and adds what
+only an executor needs (acks_late, prefetch, time limits, events).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+
+from bridge.core.models import AttemptedRollout
+from bridge.core.settings import Settings
+
+TASK_NAME = "workers.run_rollout"
+"""The one task: one message = one Store attempt, and the task id is the attempt id."""
+
+
+def task_kwargs(rollout: AttemptedRollout, queue: str) -> dict[str, Any]:
+    """The message body: the rollout as the Store returned it (no secret in it) and the queue it was
+    routed to, so the worker frees the right slot."""
+    return {"rollout": rollout.model_dump(mode="json"), "queue": queue}
+
+
+def base_app(settings: Settings, main: str, include: tuple[str, ...] = ()) -> Celery:
+    """A Celery app with the broker settings both sides must share (broker, serializer, visibility)."""
+    app = Celery(main, broker=settings.broker_url, include=list(include))
+    app.conf.update(
+        task_serializer="json",
+        accept_content=["json"],
+        task_ignore_result=True,
+        result_backend=None,
+        task_default_queue=settings.default_queue,
+        task_create_missing_queues=True,
+        broker_transport_options={"visibility_timeout": int(settings.visibility_timeout_s)},
+        broker_connection_retry_on_startup=True,
+        broker_pool_limit=64,
+        # No task-sent events from the bridge: each was a second broker publish per rollout (profiled: about
+        # a third of the bridge's CPU); Flower lists a task from the worker's own events once it is received.
+        task_send_sent_event=False,
+    )
+    return app
+
+
+def publishing_app(settings: Settings) -> tuple[Celery, Any]:
+    """The bridge's app and a stand-in for the task, registered under its name.
+
+    OpenTelemetry's Celery instrumentation closes a publish span only for a task it finds in the current
+    app's registry; a name-only ``send_task`` would leave every publish span open. The stand-in is never
+    executed here: workers run the real task of the same name.
+    """
+    app = base_app(settings, "bridge")
+
+    @app.task(name=TASK_NAME)
+    def run_rollout(rollout: dict[str, Any], queue: str | None = None) -> None:  # pragma: no cover - never runs
+        raise RuntimeError(f"{TASK_NAME} runs on the workers (celery -A workers worker), not in the bridge")
+
+    return app, app.tasks[TASK_NAME]

@@ -1,0 +1,270 @@
+"""The one client for the Agent Lightning Store's REST API (docs/store-protocol.md).
+
+Error handling follows section 9 of the protocol: connection errors, timeouts and 5xx answers other
+than a store-level ``ValueError`` are transient and retried with jittered exponential backoff;
+4xx answers and ``ValueError`` are permanent. A connection the Store reset (it closes the socket
+after a 500 on ``/v1/traces``) is retried on a fresh connection, which httpx's pool gives us.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import httpx
+
+from bridge.core.backoff import backoff_delay
+from bridge.core.errors import StoreRejected, StoreUnavailable, UnknownIdError
+from bridge.core.http import service_client
+from bridge.core.models import Attempt, AttemptedRollout, ResourcesUpdate, Rollout
+from bridge.core.redact import redact_url
+
+log = logging.getLogger("bridge.core.store")
+
+API = "/v1/agl"
+_TRANSIENT_EXCEPTIONS = (httpx.TransportError,)
+
+
+class StoreClient:
+    """Thread-safe (httpx.Client is) synchronous client, one per process."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        token: str | None = None,
+        timeout_s: float = 30.0,
+        retries: int = 5,
+        resources_ttl_s: float = 30.0,
+        max_connections: int = 64,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.retries = retries
+        self._client = service_client(base_url, token=token, timeout_s=timeout_s, max_connections=max_connections)
+        self._resources_ttl_s = resources_ttl_s
+        self._resources_cache: dict[str, tuple[float, ResourcesUpdate]] = {}
+        self._cache_lock = threading.Lock()
+        self.requests_sent = 0
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> StoreClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- transport -----------------------------------------------------------------------------
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Any = None,
+        content: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+        retries: int | None = None,
+        deadline: float | None = None,
+        timeout: float | None = None,
+    ) -> httpx.Response:
+        """Send one request, retrying transient failures until ``retries`` or ``deadline`` runs out."""
+        budget = self.retries if retries is None else retries
+        attempt = 0
+        while True:
+            try:
+                self.requests_sent += 1
+                response = self._client.request(
+                    method,
+                    path,
+                    json=json,
+                    params=params,
+                    content=content,
+                    headers=headers,
+                    timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
+                )
+                error = self._classify(response, path)
+                if error is None:
+                    return response
+            except _TRANSIENT_EXCEPTIONS as exc:
+                url = path if "://" in path else f"{self.base_url}{path}"
+                error = StoreUnavailable(f"Store unreachable at {redact_url(url)}: {exc!r}", path=path)
+            if isinstance(error, StoreRejected):
+                raise error
+            delay = backoff_delay(attempt, base_s=0.5, cap_s=10.0)
+            out_of_time = deadline is not None and time.time() + delay > deadline
+            if (deadline is None and attempt >= budget) or out_of_time:
+                raise error
+            log.warning("%s %s failed (%s); retry %d in %.1fs", method, path, error, attempt + 1, delay)
+            time.sleep(delay)
+            attempt += 1
+
+    @staticmethod
+    def _classify(response: httpx.Response, path: str) -> StoreRejected | StoreUnavailable | None:
+        code = response.status_code
+        if code < 400:
+            return None
+        detail = _detail(response)
+        message = f"Store answered {code} for {path}: {detail}"
+        if code >= 500:
+            error_type = _error_type(response)
+            if error_type == "ValueError" or error_type == "ResponseValidationError":
+                if "not found" in detail.lower() or error_type == "ResponseValidationError":
+                    return UnknownIdError(message, status_code=code, path=path)
+                return StoreRejected(message, status_code=code, path=path)
+            return StoreUnavailable(message, status_code=code, path=path)
+        if code in (408, 429):
+            return StoreUnavailable(message, status_code=code, path=path)
+        return StoreRejected(message, status_code=code, path=path)
+
+    def _json(self, method: str, path: str, **kwargs: Any) -> Any:
+        return self.request(method, API + path, **kwargs).json()
+
+    # --- endpoints -----------------------------------------------------------------------------
+
+    def health(self) -> bool:
+        try:
+            response = self._client.get(API + "/health", timeout=3.0)
+            return response.status_code == 200 and response.json().get("status") == "ok"
+        except (httpx.HTTPError, ValueError):
+            return False
+
+    def enqueue(self, requests: Iterable[Mapping[str, Any]]) -> list[Rollout]:
+        data = self._json("POST", "/queues/rollouts/enqueue", json={"rollouts": list(requests)})
+        return [Rollout.model_validate(item) for item in data]
+
+    def dequeue(self, limit: int, worker_id: str, *, timeout: float = 10.0) -> list[AttemptedRollout]:
+        """Claim up to ``limit`` rollouts. Not idempotent: never retried blindly (a lost answer strands them)."""
+        if limit <= 0:
+            return []
+        data = self._json(
+            "POST",
+            "/queues/rollouts/dequeue",
+            json={"limit": limit, "worker_id": worker_id},
+            retries=0,
+            timeout=timeout,
+        )
+        return [AttemptedRollout.model_validate(item) for item in data or []]
+
+    def get_rollout(
+        self, rollout_id: str, *, retries: int | None = None, timeout: float | None = None
+    ) -> Rollout | AttemptedRollout:
+        data = self._json("GET", f"/rollouts/{rollout_id}", retries=retries, timeout=timeout)
+        if data is None:
+            raise UnknownIdError(f"rollout {rollout_id} is unknown to the Store", path=f"/rollouts/{rollout_id}")
+        return _rollout(data)
+
+    def list_rollouts(
+        self, *, status_in: Iterable[str] = (), rollout_ids: Iterable[str] = (), limit: int = -1
+    ) -> tuple[list[Rollout | AttemptedRollout], int]:
+        params: list[tuple[str, str | int]] = [("status_in", s) for s in status_in]
+        params += [("rollout_id_in", r) for r in rollout_ids]
+        params.append(("limit", limit))
+        data = self._json("GET", "/rollouts", params=params)
+        return [_rollout(item) for item in data["items"]], int(data["total"])
+
+    def count_rollouts(self, status: str) -> int:
+        return self.list_rollouts(status_in=[status], limit=1)[1]
+
+    def list_attempts(self, rollout_id: str) -> list[Attempt]:
+        data = self._json("GET", f"/rollouts/{rollout_id}/attempts")
+        return [Attempt.model_validate(item) for item in data["items"]]
+
+    def update_attempt(
+        self,
+        rollout_id: str,
+        attempt_id: str,
+        *,
+        deadline: float | None = None,
+        retries: int | None = None,
+        timeout: float | None = None,
+        **fields: Any,
+    ) -> Attempt:
+        body = {k: v for k, v in fields.items() if v is not None}
+        data = self._json(
+            "POST",
+            f"/rollouts/{rollout_id}/attempts/{attempt_id}",
+            json=body,
+            deadline=deadline,
+            retries=retries,
+            timeout=timeout,
+        )
+        return Attempt.model_validate(data)
+
+    def update_rollout(self, rollout_id: str, **fields: Any) -> Rollout:
+        data = self._json("POST", f"/rollouts/{rollout_id}", json=fields)
+        return Rollout.model_validate(data)
+
+    def get_resources(self, resources_id: str | None) -> ResourcesUpdate | None:
+        """Resources by id (cached briefly: they are read once per rollout), else the latest."""
+        now = time.monotonic()
+        if resources_id is not None:
+            with self._cache_lock:
+                cached = self._resources_cache.get(resources_id)
+            if cached and now - cached[0] < self._resources_ttl_s:
+                return cached[1]
+        path = f"/resources/{resources_id}" if resources_id else "/resources/latest"
+        data = self._json("GET", path)
+        if data is None:
+            return None
+        update = ResourcesUpdate.model_validate(data)
+        with self._cache_lock:
+            self._resources_cache[update.resources_id] = (now, update)
+            if len(self._resources_cache) > 256:
+                oldest = min(self._resources_cache, key=lambda k: self._resources_cache[k][0])
+                self._resources_cache.pop(oldest, None)
+        return update
+
+    def spans(self, rollout_id: str, attempt_id: str = "latest") -> list[dict[str, Any]]:
+        data = self._json("GET", "/spans", params={"rollout_id": rollout_id, "attempt_id": attempt_id})
+        return list(data["items"])
+
+    def post_traces(self, payload: bytes, *, deadline: float | None = None) -> None:
+        """OTLP/HTTP protobuf export; a 500 here also closes the connection, which the retry handles."""
+        self.request(
+            "POST",
+            "/v1/traces",
+            content=payload,
+            headers={"Content-Type": "application/x-protobuf"},
+            deadline=deadline,
+        )
+
+    def wait_rollouts(self, rollout_ids: list[str], timeout_s: float = 0.0) -> list[Rollout]:
+        data = self._json("POST", "/waits/rollouts", json={"rollout_ids": rollout_ids, "timeout": timeout_s})
+        return [Rollout.model_validate(item) for item in data or []]
+
+    def statistics(self) -> dict[str, Any]:
+        return dict(self._json("GET", "/statistics"))
+
+
+def _rollout(data: dict[str, Any]) -> Rollout | AttemptedRollout:
+    if data.get("attempt"):
+        return AttemptedRollout.model_validate(data)
+    return Rollout.model_validate(data)
+
+
+def _detail(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:200] or response.reason_phrase
+    if isinstance(body, dict):
+        detail = body.get("detail", body)
+        if body.get("traceback"):
+            last = str(body["traceback"]).strip().splitlines()[-1:]
+            return f"{detail} ({last[0] if last else ''})"
+        return str(detail)[:500]
+    return str(body)[:500]
+
+
+def _error_type(response: httpx.Response) -> str | None:
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    return body.get("error_type") if isinstance(body, dict) else None

@@ -1,0 +1,58 @@
+"""The bridge process: wire the Store client, Redis and the publisher into the dispatch loop and run it
+until SIGINT/SIGTERM, finishing the publish in hand."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from types import FrameType
+
+import redis
+
+from bridge.core.logs import configure_logging
+from bridge.core.redact import redact_url
+from bridge.core.settings import Settings
+from bridge.core.store import StoreClient
+from bridge.core.tracing import setup_process_tracing
+from bridge.dispatch.dispatcher import Dispatcher
+from bridge.dispatch.publisher import Publisher
+
+log = logging.getLogger("bridge")
+
+
+def run_bridge(settings: Settings, *, metrics_port: int | None = None) -> int:
+    configure_logging(settings.log_level, settings.log_json)
+    setup_process_tracing(settings.service_name + "-bridge")
+    stop = threading.Event()
+    _install_signal_handlers(stop)
+    port = metrics_port if metrics_port is not None else settings.metrics_port
+    if port is not None:
+        from prometheus_client import start_http_server
+
+        start_http_server(port, addr=settings.metrics_host)
+        log.info("metrics on http://%s:%d/metrics", settings.metrics_host, port)
+    store = StoreClient(
+        settings.store_base,
+        token=settings.store_token,
+        timeout_s=settings.store_timeout_s,
+        retries=settings.store_retries,
+    )
+    if not store.health():
+        log.warning("the Store at %s does not answer yet; the bridge keeps trying", redact_url(settings.store_base))
+    client = redis.Redis.from_url(settings.broker_url, socket_timeout=5, socket_connect_timeout=5)
+    dispatcher = Dispatcher(settings, store, client, Publisher(settings), stop)
+    try:
+        dispatcher.run()
+    finally:
+        store.close()
+    return 0
+
+
+def _install_signal_handlers(stop: threading.Event) -> None:
+    def handle(signum: int, _frame: FrameType | None) -> None:
+        log.info("received %s: finishing the publish in hand and stopping", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGINT, handle)
+    signal.signal(signal.SIGTERM, handle)

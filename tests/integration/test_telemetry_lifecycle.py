@@ -1,0 +1,104 @@
+"""Per-attempt telemetry: no growth over a thousand attempts, and an undeliverable reward span fails the attempt."""
+
+from __future__ import annotations
+
+import os
+import threading
+import tracemalloc
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from bridge.core.store import StoreClient
+from bridge.tools.stack import LocalStack
+from tests.helpers import API, cancel_unfinished, enqueue, split_tasks, stack_for, wait_finished
+from tests.otlp_collector import OtlpCollector, rejects_reward
+from workers.telemetry import AttemptTelemetry
+
+pytestmark = pytest.mark.integration
+
+ATTEMPTS = 1000
+WARMUP = 100
+
+
+def _open_fds() -> int:
+    return len(os.listdir(f"/proc/{os.getpid()}/fd"))
+
+
+def test_a_thousand_attempt_providers_leave_no_threads_sockets_or_memory(services: LocalStack) -> None:
+    created = httpx.post(f"{services.store_url}{API}/rollouts", json={"input": {"probe": True}}, timeout=30).json()
+    rid, aid = created["rollout_id"], created["attempt"]["attempt_id"]
+    store = StoreClient(services.store_url, retries=2)
+    exported = 0
+
+    def one_attempt() -> None:
+        nonlocal exported
+        telemetry = AttemptTelemetry(store, rollout_id=rid, attempt_id=aid, service_name="leak-probe")
+        with telemetry.span("webshop.episode"), telemetry.span("webshop.step", {"step.index": 1}):
+            pass
+        telemetry.emit_reward(1.0)
+        telemetry.flush()
+        exported += telemetry.spans_exported
+        telemetry.close()
+
+    try:
+        for _ in range(WARMUP):
+            one_attempt()
+        tracemalloc.start()
+        threads, fds = threading.active_count(), _open_fds()
+        baseline = tracemalloc.take_snapshot()
+        for _ in range(ATTEMPTS - WARMUP):
+            one_attempt()
+        grown = sum(stat.size_diff for stat in tracemalloc.take_snapshot().compare_to(baseline, "filename"))
+        tracemalloc.stop()
+        print(
+            f"\n[telemetry] {ATTEMPTS} attempts: threads {threads}->{threading.active_count()}, "
+            f"fds {fds}->{_open_fds()}, traced memory growth {grown / 1024:.1f} KiB over the last {ATTEMPTS - WARMUP}"
+        )
+        assert exported == 3 * ATTEMPTS
+        assert threading.active_count() == threads
+        assert _open_fds() <= fds + 2  # the shared client's pool may hold one more keep-alive socket
+        assert grown < 256 * 1024  # a TracerProvider per attempt kept ~1 KB each (at-fork hook): 860 KiB here
+    finally:
+        store.close()
+        httpx.post(f"{services.store_url}{API}/rollouts/{rid}", json={"status": "cancelled"}, timeout=30)
+
+
+@pytest.fixture(scope="module")
+def refusing_collector() -> Iterator[OtlpCollector]:
+    with OtlpCollector(reject=rejects_reward) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def refused(
+    services: LocalStack, refusing_collector: OtlpCollector, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalStack]:
+    """A worker whose AGENT_LIGHTNING_OTLP_ENDPOINT answers 500 to any batch holding the reward span."""
+    cancel_unfinished(services.store_url)
+    env = {"AGENT_LIGHTNING_OTLP_ENDPOINT": f"{refusing_collector.endpoint}/v1/traces", "STORE_RETRIES": "1"}
+    stack = stack_for(services, tmp_path_factory.mktemp("refused"), workers=1, concurrency=3, extra_env=env)
+    stack.start()
+    yield stack
+    stack.stop()
+    cancel_unfinished(services.store_url)
+
+
+def test_undeliverable_reward_span_fails_the_attempt_as_telemetry(
+    refused: LocalStack, refusing_collector: OtlpCollector
+) -> None:
+    rollout_ids = enqueue(refused.store_url, split_tasks(3), config={"timeout_seconds": 20})
+    final = wait_finished(refused.store_url, rollout_ids, timeout_s=90)
+    for view in final.values():
+        assert view["status"] == "failed", view
+        meta = view["attempt"]["metadata"]
+        assert meta["failure_class"] == "telemetry"
+        assert "could not deliver" in meta["error"] and "AGENT_LIGHTNING_OTLP_ENDPOINT" in meta["error"]
+    # The endpoint setting is honoured: every rollout's batch holding its reward span reached that collector.
+    refused_rollouts = {
+        s.resource["agentlightning.rollout_id"]
+        for s in refusing_collector.rejected
+        if s.name == "agentlightning.annotation"
+    }
+    assert set(rollout_ids) <= refused_rollouts

@@ -1,0 +1,172 @@
+"""The VERL path: the real ``agentlightning.LLMProxy`` in front of the stand-in, published as ``proxy_llm``.
+
+Workers must call the proxy through the per-attempt URL, the proxy's spans must land in that attempt,
+and ``LlmProxyTraceToTriplet`` must give each rollout the env reward. Two things the 0.3.0 proxy needs
+with the LiteLLM this project resolves (1.108.x), found while making this run, are set in ``serve``:
+* LiteLLM refuses to start without a master key, and the launcher's default ``/health`` probe then
+  needs that key (its 401 path imports ``prisma``, absent, and answers 500): we set ``LITELLM_MASTER_KEY``,
+  publish it as the resource's ``api_key`` and probe ``/health/liveliness``;
+* the proxy re-points its OTLP exporter by assigning the private ``_endpoint``, which
+  opentelemetry-exporter-otlp-proto-http 1.45 no longer reads (the URL is fixed in the exporter's
+  transport at construction), so its spans went to localhost:4318: we set ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``
+  to the Store's ``/v1/traces`` for the proxy process.
+
+Run as a script (``python tests/test_traces_proxy.py PORT STORE BACKEND MODEL``) it serves the proxy.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+MODEL = "webshop-heuristic-standin"
+ROLLOUTS = 20
+PROXY_SPANS = {"raw_gen_ai_request", "litellm_request"}
+
+
+def serve(port: int, store_url: str, backend: str, model: str) -> None:
+    """The proxy as a trainer would start it, bound to the Store through Agent Lightning's own client."""
+    import asyncio
+
+    from agentlightning import LLMProxy
+    from agentlightning.store.client_server import LightningStoreClient
+    from agentlightning.utils.server_launcher import PythonServerLauncherArgs
+
+    async def run() -> None:
+        args = PythonServerLauncherArgs(
+            port=port, host="127.0.0.1", launch_mode="thread", healthcheck_url="/health/liveliness"
+        )
+        params = {"model": f"hosted_vllm/{model}", "api_base": backend}
+        models: Any = [{"model_name": model, "litellm_params": params}]
+        proxy = LLMProxy(launcher_args=args, store=LightningStoreClient(store_url), model_list=models)
+        await proxy.start()
+        print("PROXY READY", flush=True)
+        stop = asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+        await stop.wait()
+        await proxy.stop()
+
+    asyncio.run(run())
+
+
+if __name__ == "__main__":
+    serve(int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4])
+    raise SystemExit(0)
+
+from agentlightning import Span  # noqa: E402 (the script above must not pay for these imports twice)
+from agentlightning.adapter import LlmProxyTraceToTriplet  # noqa: E402
+
+from bridge.tools.stack import LocalStack, free_port  # noqa: E402
+from tests.helpers import (  # noqa: E402
+    API,
+    cancel_unfinished,
+    enqueue,
+    purchases,
+    spans,
+    split_tasks,
+    stack_for,
+    wait_finished,
+)
+from tests.otlp_collector import reward_value  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def proxy(services: LocalStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    port, key = free_port(), f"sk-test-{secrets.token_hex(8)}"
+    env = {
+        **os.environ,
+        "LITELLM_MASTER_KEY": key,
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"{services.store_url}/v1/traces",
+    }
+    log = Path(tmp_path_factory.mktemp("proxy")) / "proxy.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, __file__, str(port), services.store_url, services.llm_base_url, MODEL],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 150
+        while b"PROXY READY" not in log.read_bytes():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.5)
+        yield {"endpoint": f"http://127.0.0.1:{port}/v1", "api_key": key}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def via_proxy(
+    services: LocalStack, proxy: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[LocalStack, str]]:
+    cancel_unfinished(services.store_url)
+    resource = {"main_llm": {"resource_type": "proxy_llm", "model": MODEL, "sampling_parameters": {}, **proxy}}
+    published = httpx.post(f"{services.store_url}{API}/resources", json=resource, timeout=30).json()
+    stack = stack_for(services, tmp_path_factory.mktemp("via-proxy"), workers=2, concurrency=4)
+    try:
+        stack.start()
+        yield stack, published["resources_id"]
+    finally:
+        stack.stop()
+        cancel_unfinished(services.store_url)
+        # Later tests enqueue without a resources id and would get the stopped proxy: point them at the stand-in.
+        plain = {"main_llm": {"resource_type": "llm", "endpoint": services.llm_base_url, "model": MODEL}}
+        httpx.post(f"{services.store_url}{API}/resources", json=plain, timeout=30)
+
+
+def _env_reward(stack: LocalStack, view: dict[str, Any]) -> float:
+    ledger = purchases(stack.webshop_url, view["attempt"]["metadata"]["env_session_id"])
+    return float(ledger[0]["reward"]) if ledger else 0.0
+
+
+def test_proxy_spans_land_in_the_attempt_and_the_proxy_adapter_gives_the_env_reward(
+    via_proxy: tuple[LocalStack, str],
+) -> None:
+    stack, resources_id = via_proxy
+    rollout_ids = enqueue(stack.store_url, split_tasks(ROLLOUTS), resources_id=resources_id)
+    final = wait_finished(stack.store_url, rollout_ids, timeout_s=300)
+    assert {v["status"] for v in final.values()} == {"succeeded"}, {k: v["status"] for k, v in final.items()}
+    adapter = LlmProxyTraceToTriplet()
+    finals, per_rollout = [], []
+    for rid, view in final.items():
+        assert view["resources_id"] == resources_id
+        meta = view["attempt"]["metadata"]
+        stored = spans(stack.store_url, rid)
+        assert {s["attempt_id"] for s in stored} == {view["attempt"]["attempt_id"]}
+        names = [s["name"] for s in stored]
+        assert names.count("raw_gen_ai_request") == meta["llm_calls"], names  # every call went through the proxy
+        llm_spans = [s for s in stored if s["name"] == "openai.chat.completion"]
+        assert {s["attributes"]["llm.source"] for s in llm_spans} == {"proxy_llm"}
+        triplets = adapter.adapt([Span.model_validate(item) for item in stored])
+        assert len(triplets) == meta["llm_calls"]
+        rewarded = [t.reward for t in triplets if t.reward is not None]
+        expected = _env_reward(stack, view)
+        assert rewarded == [expected] == [value for value in map(reward_value, stored) if value is not None]
+        assert triplets[-1].reward == expected
+        finals.append(expected)
+        per_rollout.append(len(stored))
+    print(
+        f"\n[proxy] LlmProxyTraceToTriplet: {len(finals)}/{len(final)} rollouts matched; rewards {finals}; "
+        f"spans/rollout incl. proxy spans mean {sum(per_rollout) / len(per_rollout):.1f}"
+    )
+    assert sum(finals) > 0
