@@ -77,7 +77,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         "--metrics-port",
         type=int,
         default=None,
-        help="serve Prometheus metrics on BRIDGE_METRICS_HOST:PORT (default: BRIDGE_METRICS_PORT, off)",
+        help="serve Prometheus metrics on METRICS_HOST:PORT (default: BRIDGE_METRICS_PORT, off)",
     )
     run.set_defaults(func=_run)
     for name, (_module, summary) in TOOLS.items():

@@ -69,12 +69,19 @@ def _goal_rng(task_id: str, seed: int) -> random.Random:
     return random.Random(f"upper:{seed}:{task_id}")
 
 
-def _human_goal(record: dict[str, Any], product: Product, seed: int) -> Goal:
-    instruction = str(record["instruction"]).strip().strip(".")
-    target = record.get("target_attributes") or {}
-    upper, clause = price_upper_and_clause(product.price, _goal_rng(record["task_id"], seed))
+def _goal_for(
+    product: Product,
+    task_id: str,
+    instruction: str,
+    attributes: tuple[str, ...],
+    goal_options: tuple[GoalOption, ...],
+    seed: int,
+) -> Goal:
+    """A goal to buy ``product``: human and synthetic goals differ only in their words and options;
+    the price limit is drawn per task id, so a goal reads the same on every load."""
+    upper, clause = price_upper_and_clause(product.price, _goal_rng(task_id, seed))
     return Goal(
-        task_id=str(record["task_id"]),
+        task_id=task_id,
         asin=product.asin,
         name=product.title,
         query=product.query,
@@ -82,9 +89,22 @@ def _human_goal(record: dict[str, Any], product: Product, seed: int) -> Goal:
         product_category=product.product_category,
         instruction=instruction,
         instruction_text=instruction + clause,
-        attributes=tuple(target.get("attributes") or ()),
-        goal_options=tuple((None, str(v)) for v in target.get("options") or ()),
+        attributes=attributes,
+        goal_options=goal_options,
         price_upper=upper,
+    )
+
+
+def _human_goal(record: dict[str, Any], product: Product, seed: int) -> Goal:
+    instruction = str(record["instruction"]).strip().strip(".")
+    target = record.get("target_attributes") or {}
+    return _goal_for(
+        product,
+        str(record["task_id"]),
+        instruction,
+        tuple(target.get("attributes") or ()),
+        tuple((None, str(v)) for v in target.get("options") or ()),
+        seed,
     )
 
 
@@ -98,22 +118,7 @@ def _synthetic_goals(product: Product, seed: int) -> list[Goal]:
         options_text = ", and ".join(f"{n}: {v}" for n, v in pairs)
         text = product.instruction + (f" with {options_text}" if pairs else "")
         task_id = f"syn_{product.asin}_{k}"
-        upper, clause = price_upper_and_clause(product.price, _goal_rng(task_id, seed))
-        goals.append(
-            Goal(
-                task_id=task_id,
-                asin=product.asin,
-                name=product.title,
-                query=product.query,
-                category=product.category,
-                product_category=product.product_category,
-                instruction=text,
-                instruction_text=text + clause,
-                attributes=product.instruction_attributes,
-                goal_options=pairs,
-                price_upper=upper,
-            )
-        )
+        goals.append(_goal_for(product, task_id, text, product.instruction_attributes, pairs, seed))
     return goals
 
 

@@ -61,7 +61,7 @@ class Episode:
         with self.telemetry.span("webshop.env.reset", {"webshop.request": str(self.task.reset_request())}):
             obs = self.env.reset(self.task.reset_request())
         result = EpisodeResult(0.0, 0, False, False, 0, 0, 0, obs.session_id)
-        conversation = Conversation(self.task.instruction)
+        conversation = Conversation()
         try:
             for step in range(1, self.settings.max_steps + 1):
                 self.check_stop()

@@ -16,10 +16,10 @@ from typing import Any
 from celery import Celery, bootsteps
 from celery.concurrency.thread import TaskPool as ThreadTaskPool
 
-from bridge.core.message import TASK_NAME, base_app
+from bridge.core.message import base_app
 from bridge.core.settings import Settings, get_settings
 
-__all__ = ["TASK_NAME", "app", "create_app"]
+__all__ = ["app", "create_app"]
 
 THREADS_WAKEUP_S = 0.05
 

@@ -104,7 +104,6 @@ class HeartbeatMonitor:
         self._watches: set[AttemptWatch] = set()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
-        self._stopped = threading.Event()
 
     def watch(self, watch: AttemptWatch) -> None:
         with self._lock:
@@ -118,16 +117,9 @@ class HeartbeatMonitor:
         with self._lock:
             self._watches.discard(watch)
 
-    @property
-    def watching(self) -> int:
-        with self._lock:
-            return len(self._watches)
-
-    def shutdown(self) -> None:
-        self._stopped.set()
-
     def _run(self) -> None:
-        while not self._stopped.wait(TICK_S):
+        while True:  # a daemon thread: it ends with its process
+            time.sleep(TICK_S)
             with self._lock:
                 watches = list(self._watches)
             for watch in watches:

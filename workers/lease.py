@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import redis
 
-from bridge.core import keys
+from bridge.core import keys, locks
 
 # Renew our lease; if the key vanished (Redis restarted without persistence, or it expired while the
 # heartbeat thread was stalled) and nobody else took it, take it back instead of abandoning a live episode.
@@ -33,7 +33,6 @@ _CLAIM = (
     "if redis.call('set', KEYS[3], ARGV[1], 'NX', 'EX', ARGV[3]) then return {2, '1'} end "
     "return {2, '0'}"
 )
-_RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
 
 
 def executor_id() -> str:
@@ -81,7 +80,7 @@ class Lease:
         return bool(self._client.eval(_RENEW, 1, self.key, self.token, self.ttl_ms))
 
     def release(self) -> None:
-        self._client.eval(_RELEASE, 1, self.key, self.token)
+        locks.release(self._client, self.key, self.token)
 
     def remaining_s(self) -> float:
         """Seconds until the lease lapses (0 when it is gone): how long a duplicate delivery should wait."""

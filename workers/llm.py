@@ -20,6 +20,7 @@ import openai
 
 from bridge.core.backoff import backoff_delay
 from bridge.core.errors import LLMError
+from bridge.core.http import retry_after_s
 from bridge.core.models import AttemptedRollout, LLMResource, ResourcesUpdate
 from bridge.core.settings import Settings
 from workers import metrics as worker_metrics
@@ -124,7 +125,6 @@ def chat(
     retries: int,
     max_backoff_s: float,
     before_call: Callable[[], object] | None = None,
-    should_stop: Callable[[], bool] | None = None,
 ) -> ChatResult:
     """One completion. 429 honours Retry-After (capped); 5xx and network errors back off; other 4xx fail.
 
@@ -153,7 +153,7 @@ def chat(
         except openai.RateLimitError as exc:
             worker_metrics.observe_llm(time.perf_counter() - started, "rate_limited", target.source)
             rate_limited += 1
-            delay = _retry_after(exc.response) or backoff_delay(attempt, base_s=1.0, cap_s=max_backoff_s)
+            delay = retry_after_s(exc.response, with_ms=True) or backoff_delay(attempt, base_s=1.0, cap_s=max_backoff_s)
             problem: str = f"429 rate limited: {_short(exc)}"
         except openai.APIStatusError as exc:
             worker_metrics.observe_llm(time.perf_counter() - started, "error", target.source)
@@ -175,8 +175,6 @@ def chat(
             problem = f"answer is not valid JSON: {_short(exc)}"
         if attempt >= retries:
             raise LLMError(f"LLM at {target.base_url} failed after {attempt + 1} tries: {problem}")
-        if should_stop is not None and should_stop():
-            raise LLMError(f"LLM call abandoned: the attempt was stopped ({problem})")
         delay = min(delay, max_backoff_s)
         log.warning("LLM call failed (%s); retry %d in %.1fs", problem, attempt + 1, delay)
         time.sleep(delay)
@@ -256,22 +254,6 @@ def _int_list(value: Any) -> list[int] | None:
     if type(value) is list and (not value or set(map(type, value)) == {int}):
         return value
     return None
-
-
-def _retry_after(response: httpx.Response | None) -> float | None:
-    if response is None:
-        return None
-    value = response.headers.get("retry-after-ms")
-    if value is not None:
-        try:
-            return float(value) / 1000.0
-        except ValueError:
-            pass
-    value = response.headers.get("retry-after")
-    try:
-        return max(0.0, float(value)) if value is not None else None
-    except ValueError:
-        return None
 
 
 def _short(exc: Exception) -> str:

@@ -84,8 +84,7 @@ def step_prompt(step: int, max_steps: int, observation: str, clickables: list[st
 class Conversation:
     """The message list sent to the LLM, with old observations shortened."""
 
-    def __init__(self, instruction: str) -> None:
-        self.instruction = instruction
+    def __init__(self) -> None:
         self.messages: list[dict[str, str]] = [{"role": "system", "content": SYSTEM_PROMPT}]
 
     def observe(self, text: str) -> None:

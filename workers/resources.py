@@ -41,12 +41,7 @@ def get_resources() -> WorkerResources:
 
 
 def _build(settings: Settings) -> WorkerResources:
-    store = StoreClient(
-        settings.store_base,
-        token=settings.store_token,
-        timeout_s=settings.store_timeout_s,
-        retries=settings.store_retries,
-    )
+    store = StoreClient.from_settings(settings)
     client = redis.Redis.from_url(settings.broker_url, socket_timeout=10, socket_connect_timeout=5)
     webshop = WebShopClient(
         str(settings.webshop_url),

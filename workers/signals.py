@@ -3,7 +3,8 @@
 * ``worker_ready``/``worker_shutting_down``: advertise and withdraw this node's slots (bridge.core.capacity);
 * ``worker_process_init`` (prefork children) and ``worker_init`` (threads/solo): logging and tracing;
 * ``task_revoked`` with ``expired``: a message that waited too long in the broker is handed back to the
-  Store queue instead of leaving its attempt ``preparing`` forever (docs/store-protocol.md 10.4);
+  Store queue instead of leaving its attempt ``preparing`` forever (docs/store-protocol.md section 10,
+  "Handing a rollout back");
 * ``worker_init`` also starts the node's Prometheus exporter (``WORKER_METRICS_PORT``), before the pool
   forks; ``task_prerun``/``task_postrun`` record dequeue-to-start and outcomes (workers.metrics).
 """
@@ -21,12 +22,12 @@ from celery import signals
 from bridge.core import capacity
 from bridge.core.errors import StoreError
 from bridge.core.logs import configure_logging
+from bridge.core.message import TASK_NAME
 from bridge.core.models import AttemptStatus, RolloutStatus
-from bridge.core.settings import get_settings
+from bridge.core.settings import Settings, get_settings
 from bridge.core.store import StoreClient
 from bridge.core.tracing import setup_process_tracing
 from workers import metrics as worker_metrics
-from workers.app import TASK_NAME
 
 log = logging.getLogger("workers.signals")
 
@@ -74,11 +75,18 @@ def _on_shutting_down(**_: Any) -> None:
             pass
 
 
-@signals.worker_init.connect
-def _on_worker_init(**_: Any) -> None:
+def _set_up_logging_and_tracing() -> Settings:
+    """Shared by both init hooks: ``worker_init`` is the only one a threads/solo worker gets, and each
+    prefork child gets ``worker_process_init`` (the set-up is idempotent where both fire)."""
     settings = get_settings()
     configure_logging(settings.log_level, settings.log_json)
     setup_process_tracing(settings.service_name + "-worker")
+    return settings
+
+
+@signals.worker_init.connect
+def _on_worker_init(**_: Any) -> None:
+    settings = _set_up_logging_and_tracing()
     if settings.worker_metrics_port is not None:
         worker_metrics.serve(settings.worker_metrics_port, settings.metrics_host)
 
@@ -104,9 +112,7 @@ def _on_task_postrun(sender: Any = None, retval: Any = None, state: str | None =
 
 @signals.worker_process_init.connect
 def _on_process_init(**_: Any) -> None:
-    settings = get_settings()
-    configure_logging(settings.log_level, settings.log_json)
-    setup_process_tracing(settings.service_name + "-worker")
+    settings = _set_up_logging_and_tracing()
     # Build the child's clients now, not in its first task: measured, the first rollout of each prefork
     # child spent ~0.5 s more between "received" and "started" (client and TLS context construction).
     try:

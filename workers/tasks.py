@@ -11,8 +11,10 @@ from celery import Task
 from bridge.core import capacity
 from bridge.core.backoff import backoff_delay
 from bridge.core.errors import DuplicateDelivery
-from workers.app import TASK_NAME, app
-from workers.execution import AttemptRun, Outcome, is_retryable_before_progress
+from bridge.core.message import TASK_NAME
+from workers.app import app
+from workers.execution import AttemptRun, is_retryable_before_progress
+from workers.reporting import Outcome
 from workers.resources import get_resources
 
 log = logging.getLogger("workers.tasks")

@@ -48,7 +48,7 @@ from opentelemetry.trace import Status, StatusCode
 
 from bridge.core.errors import StoreError, TelemetryError
 from bridge.core.redact import redact_url
-from bridge.core.store import StoreClient
+from bridge.core.store import TRACES, StoreClient
 from workers import span_encoding
 
 log = logging.getLogger("workers.telemetry")
@@ -131,7 +131,7 @@ class AttemptTelemetry:
 
     @property
     def destination(self) -> str:
-        return self._traces_url or f"{self._store.base_url}/v1/traces"
+        return self._traces_url or self._store.base_url + TRACES
 
     def _collect(self, span: ReadableSpan) -> None:
         with self._buffer_lock:

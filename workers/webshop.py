@@ -17,13 +17,14 @@ import httpx
 
 from bridge.core.backoff import backoff_delay
 from bridge.core.errors import WebShopError
-from bridge.core.http import service_client
+from bridge.core.http import retry_after_s, service_client
 from workers import metrics as worker_metrics
 
 log = logging.getLogger("workers.webshop")
 
 _SAFE_TO_RETRY = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 _RETRY_STATUS = {429, 500, 502, 503, 504}
+MAX_RETRY_AFTER_S = 30.0  # a server asking for longer is not waited on beyond this
 
 
 @dataclass
@@ -78,7 +79,7 @@ class WebShopClient:
                 if response.status_code not in _RETRY_STATUS:
                     break
                 problem = f"{response.status_code} {response.text[:200]}"
-                retry_after = _retry_after(response)
+                retry_after = retry_after_s(response, cap_s=MAX_RETRY_AFTER_S)
             except httpx.TransportError as exc:
                 worker_metrics.observe_env(path.strip("/"), time.perf_counter() - started, "transport")
                 if not idempotent and not isinstance(exc, _SAFE_TO_RETRY):
@@ -114,11 +115,3 @@ class WebShopClient:
         raw_info = data.get("info")
         info: dict[str, Any] = raw_info if isinstance(raw_info, dict) else {}
         return Observation(session_id, observation, done, float(reward), info)
-
-
-def _retry_after(response: httpx.Response) -> float | None:
-    value = response.headers.get("Retry-After")
-    try:
-        return min(30.0, max(0.0, float(value))) if value is not None else None
-    except ValueError:
-        return None

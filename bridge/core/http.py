@@ -1,4 +1,5 @@
-"""The one way this project builds an HTTP client for a service it calls (Store, WebShop)."""
+"""The one way this project builds an HTTP client for a service it calls (Store, WebShop, LLM) and reads
+its answers' pacing hints."""
 
 from __future__ import annotations
 
@@ -18,3 +19,26 @@ def service_client(base_url: str, *, token: str | None, timeout_s: float, max_co
         timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 5.0)),
         limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
     )
+
+
+def retry_after_s(
+    response: httpx.Response | None, *, with_ms: bool = False, cap_s: float | None = None
+) -> float | None:
+    """The wait a throttled service asked for, in seconds, or None when it named none we can read.
+
+    ``with_ms`` also honours ``retry-after-ms`` (OpenAI-compatible servers send it, and it wins over the
+    coarser ``retry-after``). A negative value means no wait; ``cap_s`` bounds a server that asks too much.
+    Only the delta-seconds form is read: an HTTP-date is treated as absent, so the caller's backoff applies.
+    """
+    if response is None:
+        return None
+    for name in ("retry-after-ms", "retry-after") if with_ms else ("retry-after",):
+        value = response.headers.get(name)
+        if value is None:
+            continue
+        try:
+            seconds = max(0.0, float(value) / (1000.0 if name == "retry-after-ms" else 1.0))
+        except ValueError:
+            continue
+        return seconds if cap_s is None else min(cap_s, seconds)
+    return None

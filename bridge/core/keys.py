@@ -14,13 +14,14 @@ def capacity_pattern(queue: str) -> str:
     return f"{PREFIX}:capacity:{queue}:*"
 
 
+def worker_capacity_pattern(worker: str) -> str:
+    """Every queue's slot key of one worker node: it has started once one exists (``bridge.tools.stack``)."""
+    return f"{PREFIX}:capacity:*:{worker}"
+
+
 def inflight(queue: str) -> str:
     """Sorted set of attempt ids published to ``queue`` and not yet finished (score: publish time)."""
     return f"{PREFIX}:inflight:{queue}"
-
-
-def inflight_pattern() -> str:
-    return f"{PREFIX}:inflight:*"
 
 
 def slot_freed(queue: str) -> str:
@@ -51,8 +52,3 @@ def bridge_leader() -> str:
 def ratelimit(model: str) -> str:
     """Token bucket for one LLM model, shared by every worker on every host."""
     return f"{PREFIX}:ratelimit:{model}"
-
-
-def recent_errors() -> str:
-    """Capped list of the latest rollout failures, for ``bridge status``."""
-    return f"{PREFIX}:errors"

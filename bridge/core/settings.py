@@ -8,7 +8,6 @@ line naming the variable (exit code 2), never with a traceback in the middle of 
 
 from __future__ import annotations
 
-import sys
 from functools import lru_cache
 from typing import Annotated, Any
 
@@ -16,6 +15,7 @@ from pydantic import AliasChoices, Field, HttpUrl, ValidationError, field_valida
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from bridge.core.redact import redact_url
+from bridge.core.store import TRACES
 
 EXIT_CONFIG_ERROR = 2
 
@@ -260,7 +260,7 @@ class Settings(BaseSettings):
     def traces_endpoint(self) -> str:
         if self.otlp_endpoint is not None:
             return str(self.otlp_endpoint)
-        return f"{self.store_base}/v1/traces"
+        return self.store_base + TRACES
 
     def queue_for_mode(self, mode: str | None) -> str:
         return self.queue_by_mode.get(mode or "", self.default_queue)
@@ -323,8 +323,3 @@ def load_settings(**overrides: Any) -> Settings:
 def get_settings() -> Settings:
     """Process-wide settings, read once."""
     return load_settings()
-
-
-def exit_on_config_error(error: ConfigError) -> None:
-    print(f"error: {error.message}", file=sys.stderr)
-    raise SystemExit(EXIT_CONFIG_ERROR)

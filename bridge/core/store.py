@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -22,9 +22,15 @@ from bridge.core.http import service_client
 from bridge.core.models import Attempt, AttemptedRollout, ResourcesUpdate, Rollout
 from bridge.core.redact import redact_url
 
+if TYPE_CHECKING:  # settings reads TRACES from here at runtime: a type-only import keeps the two acyclic
+    from bridge.core.settings import Settings
+
 log = logging.getLogger("bridge.core.store")
 
 API = "/v1/agl"
+"""Prefix of every Store REST path; the one spelling of it (tools and tests import it from here)."""
+TRACES = "/v1/traces"
+"""The Store's OTLP/HTTP span endpoint, beside (not under) the REST API."""
 _TRANSIENT_EXCEPTIONS = (httpx.TransportError,)
 
 
@@ -48,6 +54,19 @@ class StoreClient:
         self._resources_cache: dict[str, tuple[float, ResourcesUpdate]] = {}
         self._cache_lock = threading.Lock()
         self.requests_sent = 0
+
+    @classmethod
+    def from_settings(
+        cls, settings: Settings, *, timeout_s: float | None = None, retries: int | None = None
+    ) -> StoreClient:
+        """A client configured by the STORE_* settings; a short-lived caller (a status probe) may ask for
+        a shorter timeout or fewer retries than the long-lived processes."""
+        return cls(
+            settings.store_base,
+            token=settings.store_token,
+            timeout_s=settings.store_timeout_s if timeout_s is None else timeout_s,
+            retries=settings.store_retries if retries is None else retries,
+        )
 
     def close(self) -> None:
         self._client.close()
@@ -228,7 +247,7 @@ class StoreClient:
         """OTLP/HTTP protobuf export; a 500 here also closes the connection, which the retry handles."""
         self.request(
             "POST",
-            "/v1/traces",
+            TRACES,
             content=payload,
             headers={"Content-Type": "application/x-protobuf"},
             deadline=deadline,

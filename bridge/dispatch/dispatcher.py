@@ -29,7 +29,7 @@ import uuid
 
 import redis
 
-from bridge.core import capacity, keys
+from bridge.core import capacity, keys, locks
 from bridge.core.errors import PublishError, StoreError, UnknownIdError
 from bridge.core.models import ACTIVE_ATTEMPT, AttemptedRollout, AttemptStatus, RolloutStatus
 from bridge.core.settings import Settings
@@ -43,9 +43,6 @@ LEADER_TTL_S = 15
 FULL_CAPACITY_WAIT_S = 0.2
 RECONCILE_EVERY_S = 60.0
 GAUGES_EVERY_S = 1.0
-
-_RENEW = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0"
-_RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
 
 
 class Dispatcher:
@@ -156,7 +153,10 @@ class Dispatcher:
         return True
 
     def hand_back(self, rollout: AttemptedRollout, reason: str) -> None:
-        """Put a claimed rollout back at the tail of the Store queue (docs/store-protocol.md 10.4)."""
+        """Put a claimed rollout back at the tail of the Store queue.
+
+        See docs/store-protocol.md section 10, "Handing a rollout back".
+        """
         try:
             self.store.update_rollout(rollout.rollout_id, status=RolloutStatus.REQUEUING)
             metrics.HANDED_BACK.labels(reason).inc()
@@ -258,7 +258,7 @@ class Dispatcher:
 
     def _ensure_leader(self) -> bool:
         key, ttl_ms = keys.bridge_leader(), LEADER_TTL_S * 1000
-        if self._leader and self.redis.eval(_RENEW, 1, key, self._token, ttl_ms):
+        if self._leader and locks.renew(self.redis, key, self._token, ttl_ms):
             return True
         was_leader = self._leader
         self._leader = bool(self.redis.set(key, self._token, nx=True, px=ttl_ms))
@@ -273,7 +273,7 @@ class Dispatcher:
     def _resign(self) -> None:
         if self._leader:
             try:
-                self.redis.eval(_RELEASE, 1, keys.bridge_leader(), self._token)
+                locks.release(self.redis, keys.bridge_leader(), self._token)
             except redis.RedisError:
                 pass
             self._leader = False

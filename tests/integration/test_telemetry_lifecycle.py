@@ -10,10 +10,17 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from bridge.core.store import StoreClient
+from bridge.core.store import API, StoreClient
 from bridge.tools.stack import LocalStack
-from tests.helpers import API, cancel_unfinished, enqueue, split_tasks, stack_for, wait_finished
-from tests.otlp_collector import OtlpCollector, rejects_reward
+from tests.helpers import (
+    OtlpCollector,
+    cancel_unfinished,
+    enqueue,
+    rejects_reward,
+    split_tasks,
+    stack_for,
+    wait_finished,
+)
 from workers.telemetry import AttemptTelemetry
 
 pytestmark = pytest.mark.integration

@@ -11,7 +11,8 @@ with the LiteLLM this project resolves (1.108.x), found while making this run, a
   transport at construction), so its spans went to localhost:4318: we set ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``
   to the Store's ``/v1/traces`` for the proxy process.
 
-Run as a script (``python tests/test_traces_proxy.py PORT STORE BACKEND MODEL``) it serves the proxy.
+Run as a script (``python tests/integration/test_telemetry_llm_proxy.py PORT STORE BACKEND MODEL``) it serves
+the proxy.
 """
 
 from __future__ import annotations
@@ -19,9 +20,7 @@ from __future__ import annotations
 import os
 import secrets
 import signal
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -63,21 +62,20 @@ if __name__ == "__main__":
     serve(int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4])
     raise SystemExit(0)
 
-from agentlightning import Span  # noqa: E402 (the script above must not pay for these imports twice)
-from agentlightning.adapter import LlmProxyTraceToTriplet  # noqa: E402
-
-from bridge.tools.stack import LocalStack, free_port  # noqa: E402
+# The tests' imports: the script above must not pay for them.
+from bridge.core.store import API, TRACES  # noqa: E402
+from bridge.tools.procs import PYTHON, ManagedProcess, free_port  # noqa: E402
+from bridge.tools.stack import LocalStack  # noqa: E402
 from tests.helpers import (  # noqa: E402
-    API,
     cancel_unfinished,
     enqueue,
     purchases,
+    reward_value,
     spans,
     split_tasks,
     stack_for,
     wait_finished,
 )
-from tests.otlp_collector import reward_value  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
@@ -89,30 +87,21 @@ def proxy(services: LocalStack, tmp_path_factory: pytest.TempPathFactory) -> Ite
         **os.environ,
         "LITELLM_MASTER_KEY": key,
         "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"{services.store_url}/v1/traces",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"{services.store_url}{TRACES}",
     }
     log = Path(tmp_path_factory.mktemp("proxy")) / "proxy.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, __file__, str(port), services.store_url, services.llm_base_url, MODEL],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
+    argv = [PYTHON, __file__, str(port), services.store_url, services.llm_base_url, MODEL]
+
+    def ready() -> bool:
+        return log.exists() and b"PROXY READY" in log.read_bytes()
+
+    proc = ManagedProcess("llm-proxy", argv, log, ready, env=env, startup_timeout_s=150, waiting_for="PROXY READY")
+    proc.start()
     try:
-        deadline = time.monotonic() + 150
-        while b"PROXY READY" not in log.read_bytes():
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.5)
+        proc.wait_healthy()
         yield {"endpoint": f"http://127.0.0.1:{port}/v1", "api_key": key}
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+        proc.stop(timeout_s=20)
 
 
 @pytest.fixture(scope="module")
@@ -146,6 +135,11 @@ def test_proxy_spans_land_in_the_attempt_and_the_proxy_adapter_gives_the_env_rew
     rollout_ids = enqueue(stack.store_url, split_tasks(ROLLOUTS), resources_id=resources_id)
     final = wait_finished(stack.store_url, rollout_ids, timeout_s=300)
     assert {v["status"] for v in final.values()} == {"succeeded"}, {k: v["status"] for k, v in final.items()}
+    # Imported here, not at the top: importing agentlightning starts a process (gpustat runs `uname`), and
+    # collecting this module under -m "not integration" must start none.
+    from agentlightning import Span
+    from agentlightning.adapter import LlmProxyTraceToTriplet
+
     adapter = LlmProxyTraceToTriplet()
     finals, per_rollout = [], []
     for rid, view in final.items():

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+
+from bridge.tools.procs import PYTHON, free_port, serving
 
 ROOT = Path(__file__).resolve().parents[2]
 MAX_SESSIONS = 40
@@ -19,49 +17,14 @@ STARTUP_DEADLINE_S = 90.0
 HAIR_TASK = "ws_B09R4RJSFP_8603"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="session")
-def base_url() -> Iterator[str]:
-    port = _free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "webshop_env",
-        "serve",
-        "--port",
-        str(port),
-        "--max-sessions",
-        str(MAX_SESSIONS),
-        "--log-level",
-        "warning",
-    ]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + STARTUP_DEADLINE_S
-    try:
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited: {proc.stderr.read().decode() if proc.stderr else ''}")
-            try:
-                if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"server not healthy within {STARTUP_DEADLINE_S}s")
-            time.sleep(0.2)
+def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    url = f"http://127.0.0.1:{free_port()}"
+    argv = [PYTHON, "-m", "webshop_env", "serve", "--port", url.rsplit(":", 1)[1]]
+    argv += ["--max-sessions", str(MAX_SESSIONS), "--log-level", "warning"]
+    log_dir = tmp_path_factory.mktemp("webshop-server")
+    with serving("webshop", argv, f"{url}/health", timeout_s=STARTUP_DEADLINE_S, log_dir=log_dir, cwd=ROOT):
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 @pytest.fixture

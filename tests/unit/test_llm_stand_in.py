@@ -1,28 +1,13 @@
-"""Tests of the heuristic LLM stand-in: its WebShop rules, then its HTTP server as a real process."""
+"""The heuristic LLM stand-in's WebShop rules: what it reads from the conversation and which action it picks.
+
+Its HTTP server, started as a real process, is tested in tests/integration/test_llm_stand_in_server.py.
+"""
 
 from __future__ import annotations
 
-import concurrent.futures
-import socket
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
-
-import httpx
-import openai
-import pytest
-
-from webshop_env.heuristic import (
-    Page,
-    classify,
-    decide,
-    parse_item,
-    price_limit,
-    search_query,
-    split_pieces,
-)
-from webshop_env.policy import STANDIN_MODEL, extract_observation, read_conversation
+from webshop_env.heuristic import decide, price_limit, search_query
+from webshop_env.page_reader import Page, classify, parse_item, split_pieces
+from webshop_env.policy import extract_observation, read_conversation
 
 INSTRUCTION = "i need a 120 ml hair mask treatment, and price lower than 130.00 dollars"
 SEARCH_PAGE = f"WebShop [SEP] Instruction: [SEP] {INSTRUCTION} [SEP] Search"
@@ -44,9 +29,6 @@ SHIRT_PAGE = (
     "[SEP] size [SEP] small [SEP] large [SEP] x-large [SEP] Slim Fit Shirt [SEP] Price: $19.99 to $25.0 "
     "[SEP] Rating: N.A. [SEP] Description [SEP] Features [SEP] Reviews [SEP] Buy Now"
 )
-
-
-# ---------------------------------------------------------------- heuristic
 
 
 def test_search_page_searches_instruction_without_price_clause() -> None:
@@ -187,122 +169,3 @@ def test_conversation_reading_takes_step_cap_and_skips_feedback_only_turns() -> 
     assert conversation.observation == SEARCH_PAGE
     assert conversation.max_steps == 20
     assert conversation.pages_after == [""]
-
-
-# ---------------------------------------------------------------- HTTP server as a subprocess
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def start_server(*extra: str) -> tuple[subprocess.Popen[bytes], str]:
-    """Start `python -m webshop_env.policy` and wait (bounded) until /health answers."""
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "webshop_env.policy", "--port", str(port), *extra],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 20.0
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"policy server exited: {proc.stderr.read().decode() if proc.stderr else ''}")
-        try:
-            if httpx.get(f"{base}/health", timeout=0.5).status_code == 200:
-                return proc, base
-        except httpx.TransportError:
-            time.sleep(0.1)
-    stop_server(proc)
-    raise RuntimeError(f"policy server on {base} not healthy within 20 s")
-
-
-def stop_server(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=10)
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[str]:
-    proc, base = start_server()
-    yield base
-    stop_server(proc)
-
-
-def chat_messages() -> list[dict[str, str]]:
-    return [
-        {"role": "system", "content": "You are a shopping agent."},
-        {"role": "user", "content": f"Step 1 of 15\nObservation: {SEARCH_PAGE}"},
-    ]
-
-
-def test_openai_client_gets_parsable_action_and_usage(server: str) -> None:
-    client = openai.OpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0)
-    reply = client.chat.completions.create(model="anything", messages=chat_messages())  # type: ignore[arg-type]
-    assert reply.model == STANDIN_MODEL
-    content = reply.choices[0].message.content or ""
-    assert content.splitlines()[-1] == "Action: search[120 ml hair mask treatment]"
-    assert content.startswith("Thought: ")
-    assert reply.usage is not None and reply.usage.total_tokens > reply.usage.completion_tokens > 0
-    plain = httpx.post(f"{server}/v1/chat/completions", json={"messages": chat_messages()}).json()
-    assert "prompt_token_ids" not in plain and "token_ids" not in plain["choices"][0]  # vLLM: only when asked
-    asked = {"messages": chat_messages(), "return_token_ids": True}
-    raw = httpx.post(f"{server}/v1/chat/completions", json=asked).json()
-    assert len(raw["prompt_token_ids"]) == raw["usage"]["prompt_tokens"]
-    assert len(raw["choices"][0]["token_ids"]) == raw["usage"]["completion_tokens"]
-
-
-def test_any_path_prefix_and_models_and_bad_input(server: str) -> None:
-    url = f"{server}/rollout/ro-1/attempt/at-2/v1/chat/completions"
-    assert httpx.post(url, json={"messages": chat_messages()}).status_code == 200
-    assert httpx.post(f"{server}/chat/completions", json={"messages": chat_messages()}).status_code == 200
-    assert httpx.get(f"{server}/v1/models").json()["data"][0]["id"] == STANDIN_MODEL
-    bad = httpx.post(f"{server}/v1/chat/completions", content=b"{not json")
-    assert bad.status_code == 400 and "error" in bad.json()
-    assert httpx.post(f"{server}/v1/chat/completions", json={"messages": []}).status_code == 400
-    assert httpx.post(f"{server}/v1/chat/completions", json=[1]).status_code == 400
-
-
-def test_error_rate_one_gives_429_with_retry_after_or_500() -> None:
-    proc, base = start_server("--error-rate", "1.0", "--seed", "7")
-    try:
-        statuses = []
-        for _ in range(20):
-            resp = httpx.post(f"{base}/v1/chat/completions", json={"messages": chat_messages()})
-            statuses.append(resp.status_code)
-            assert "error" in resp.json()
-            if resp.status_code == 429:
-                assert resp.headers["Retry-After"] == "1"
-        assert set(statuses) == {429, 500}
-    finally:
-        stop_server(proc)
-
-
-def test_latency_knob_delays_without_serialising() -> None:
-    proc, base = start_server("--latency-ms", "300")
-    try:
-        started = time.monotonic()
-        httpx.post(f"{base}/v1/chat/completions", json={"messages": chat_messages()})
-        assert time.monotonic() - started >= 0.3
-        with httpx.Client(limits=httpx.Limits(max_connections=50)) as client:
-            started = time.monotonic()
-            with concurrent.futures.ThreadPoolExecutor(20) as pool:
-                codes = list(
-                    pool.map(
-                        lambda _: (
-                            client.post(f"{base}/v1/chat/completions", json={"messages": chat_messages()}).status_code
-                        ),
-                        range(20),
-                    )
-                )
-            assert codes == [200] * 20
-            assert time.monotonic() - started < 2.0  # 20 x 300 ms would be 6 s if serialised
-    finally:
-        stop_server(proc)

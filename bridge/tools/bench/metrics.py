@@ -1,71 +1,56 @@
-"""What ``python -m bridge bench`` reads to compute its figures: /proc process trees and Prometheus counters.
+"""What ``python -m bridge bench`` reads to compute its figures: process trees (psutil) and Prometheus counters.
 
-CPU and memory come from ``/proc/<pid>/stat`` and ``/proc/<pid>/status`` of whole process trees (a
-prefork worker is a parent plus its pool children), so nothing is estimated. Store requests come from
-the Store's own counters (``agl store --tracker prometheus`` serves ``agl_http_total`` at
-``/v1/prometheus/``), so every client is counted, ours and the SDK runner's alike.
+CPU and memory come from whole process trees (a prefork worker is a parent plus its pool children),
+read through ``psutil``, so nothing is estimated. Store requests come from the Store's own counters
+(``agl store --tracker prometheus`` serves ``agl_http_total`` at ``/v1/prometheus/``), so every client
+is counted, ours and the SDK runner's alike.
 """
 
 from __future__ import annotations
 
-import math
-import os
 import re
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import psutil
 
-_TICKS = os.sysconf("SC_CLK_TCK")
-_PAGE = os.sysconf("SC_PAGE_SIZE")
+from bridge.tools.stats import mean, percentile
+
+__all__ = ["mean", "percentile"]  # re-exported: the benchmark's figures use the tools' one implementation
+
 _HTTP_TOTAL = re.compile(r"^agl_http_total\{(?P<labels>.*)\}\s+(?P<value>[0-9.eE+-]+)$")  # paths hold {rollout_id}
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 
-# --- /proc ---------------------------------------------------------------------------------------
-
-
-def _children_map() -> dict[int, list[int]]:
-    children: dict[int, list[int]] = defaultdict(list)
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as handle:
-                stat = handle.read().decode(errors="replace")
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()
-        children[int(fields[1])].append(int(entry))
-    return children
+# --- process trees -------------------------------------------------------------------------------
 
 
 def tree(roots: Iterable[int]) -> list[int]:
-    """The roots and all their live descendants."""
-    children = _children_map()
+    """The roots and all their live descendants (pool children come and go: read it at each sample)."""
     found: list[int] = []
-    stack = [r for r in roots if os.path.exists(f"/proc/{r}")]
-    while stack:
-        pid = stack.pop()
-        found.append(pid)
-        stack.extend(children.get(pid, []))
+    for root in roots:
+        if root <= 0:  # "not started": pid 0 would be the kernel's whole tree to psutil
+            continue
+        try:
+            process = psutil.Process(root)
+            found += [process.pid, *(child.pid for child in process.children(recursive=True))]
+        except psutil.Error:  # gone since
+            continue
     return found
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU of one process, including children it has already reaped."""
+    """User + system CPU of one process, including children it has already reaped (recycled pool children)."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            stat = handle.read().decode(errors="replace")
-    except OSError:
+        times = psutil.Process(pid).cpu_times()
+    except psutil.Error:
         return 0.0
-    fields = stat[stat.rfind(")") + 2 :].split()
-    utime, stime, cutime, cstime = (int(fields[i]) for i in (11, 12, 13, 14))
-    return (utime + stime + cutime + cstime) / _TICKS
+    return float(times.user + times.system + times.children_user + times.children_system)
 
 
 def tree_cpu_seconds(roots: Iterable[int]) -> float:
@@ -73,10 +58,10 @@ def tree_cpu_seconds(roots: Iterable[int]) -> float:
 
 
 def rss_mb(pid: int) -> float:
+    """Resident memory of one process in MiB; 0 for one that is gone."""
     try:
-        with open(f"/proc/{pid}/statm", "rb") as handle:
-            return int(handle.read().split()[1]) * _PAGE / 2**20
-    except (OSError, IndexError, ValueError):
+        return float(psutil.Process(pid).memory_info().rss) / 2**20
+    except psutil.Error:
         return 0.0
 
 
@@ -155,22 +140,6 @@ def diff_counts(after: dict[str, float], before: dict[str, float], minus: dict[s
         if value > 0:
             out[key] = value
     return out
-
-
-# --- statistics ----------------------------------------------------------------------------------
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """Nearest-rank percentile (q in 0..100); None for no data."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q / 100 * len(ordered)))
-    return ordered[min(rank, len(ordered)) - 1]
-
-
-def mean(values: Sequence[float]) -> float | None:
-    return sum(values) / len(values) if values else None
 
 
 class Stopwatch:

@@ -9,7 +9,7 @@ average score (x100) and the success rate (reward == 1.0), the two numbers WebSh
 Why over HTTP rather than calling the heuristic directly: the number then also checks the
 observation strings, the message contract and both servers, the way the Celery agent loop uses them.
 
-    .venv/bin/python bench/policy_score.py --limit 500 --concurrency 32
+    .venv/bin/python -m bridge.tools.bench.policy_score --limit 500 --concurrency 32
 """
 
 from __future__ import annotations
@@ -17,17 +17,17 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
+
+from bridge.tools.procs import PYTHON, free_port, serving
 
 SYSTEM_PROMPT = (
     "You are a web shopping agent. Each turn you see a WebShop observation. Reply with one line "
@@ -46,45 +46,6 @@ class EpisodeResult:
     invalid: int
     finished: bool
     error: str | None = None
-
-
-def free_port() -> int:
-    """An unused local TCP port for a subprocess server."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@contextmanager
-def serve(args: list[str], health_url: str, deadline_s: float) -> Iterator[None]:
-    """Run a server subprocess for the duration of the block, once its health URL answers."""
-    proc = subprocess.Popen([sys.executable, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        wait_healthy(proc, health_url, deadline_s)
-        yield
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=15)
-
-
-def wait_healthy(proc: subprocess.Popen[bytes], url: str, deadline_s: float) -> None:
-    """Poll `url` until 200, failing early with the server's stderr when it exits."""
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            stderr = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-            raise RuntimeError(f"server for {url} exited with {proc.returncode}:\n{stderr[-2000:]}")
-        try:
-            if httpx.get(url, timeout=1.0).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"{url} not healthy within {deadline_s:.0f} s")
 
 
 def load_task_ids(split: str, limit: int) -> list[str]:
@@ -218,14 +179,14 @@ def main() -> None:
         if not env_url:
             port = free_port()
             env_url = f"http://127.0.0.1:{port}"
-            cmd = ["-m", "webshop_env", "serve", "--port", str(port), *args.env_args.split()]
-            stack.enter_context(serve(cmd, f"{env_url}/health", args.startup_timeout))
+            cmd = [PYTHON, "-m", "webshop_env", "serve", "--port", str(port), *args.env_args.split()]
+            stack.enter_context(serving("webshop", cmd, f"{env_url}/health", timeout_s=args.startup_timeout))
         policy_url = args.policy_url
         if not policy_url:
             port = free_port()
             policy_url = f"http://127.0.0.1:{port}"
-            cmd = ["-m", "webshop_env.policy", "--port", str(port)]
-            stack.enter_context(serve(cmd, f"{policy_url}/health", 30.0))
+            cmd = [PYTHON, "-m", "webshop_env.policy", "--port", str(port)]
+            stack.enter_context(serving("policy", cmd, f"{policy_url}/health", timeout_s=30.0))
         task_ids = load_task_ids(args.split, args.limit)
         limits = httpx.Limits(max_connections=args.concurrency * 2, max_keepalive_connections=args.concurrency * 2)
         client = stack.enter_context(httpx.Client(timeout=60.0, limits=limits))

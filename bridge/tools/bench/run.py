@@ -3,7 +3,7 @@
 Starts (or reuses, with the --*-url options) a real `agl store --tracker prometheus`, Redis, the
 WebShop server and the LLM stand-in, plus K Celery workers and the bridge; runs a fixed WebShop
 workload and prints a table (with --json, one JSON object as the last line). Every figure is measured:
-Store requests from the Store's own Prometheus counters, CPU and RSS from /proc of the process trees,
+Store requests from the Store's own Prometheus counters, CPU and RSS of the process trees (psutil),
 dispatch latency and durations from the Store's rollout and attempt times.
 
 Phases: (1) dispatch probes: rollouts enqueued one by one while slots are free, enqueue -> task start;
@@ -34,15 +34,16 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from bridge.tools.bench import metrics as bm
+from bridge.tools.bench.client import BenchClient
+from bridge.tools.bench.report import ideal, print_table, summarize
 from bridge.tools.stack import PYTHON, LocalStack, ManagedProcess, StackConfig
+from bridge.tools.stats import rounded
 
-API = "/v1/agl"
 SOAK_ROLLOUTS = 5000
 SOAK_EARLY = 1000
 STAND_IN_MODEL = "webshop-heuristic"
@@ -71,115 +72,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--llm-url", default=None, help="reuse this LLM base URL (then --llm-latency-ms is its own)")
     add("--log-dir", type=Path, default=None, help="where component logs go (default: a temp dir)")
     add("--json", action="store_true", help="print the figures as one JSON object on the last line")
-
-
-class BenchClient:
-    """The benchmark's own Store calls, counted so they can be subtracted from the Store's counters."""
-
-    def __init__(self, store_url: str) -> None:
-        self.url = store_url
-        self.http = httpx.Client(base_url=store_url + API, timeout=60)
-        self.own: dict[str, float] = {}
-
-    def call(self, method: str, path: str, **kwargs: Any) -> Any:
-        key = f"{method} {API}{path}"
-        self.own[key] = self.own.get(key, 0.0) + 1
-        response = self.http.request(method, path, **kwargs)
-        response.raise_for_status()
-        return response.json()
-
-    def enqueue(self, inputs: list[dict[str, Any]], resources_id: str) -> list[str]:
-        ids: list[str] = []
-        for start in range(0, len(inputs), 500):
-            chunk = inputs[start : start + 500]
-            body = {"rollouts": [{"input": i, "mode": "train", "resources_id": resources_id} for i in chunk]}
-            ids += [r["rollout_id"] for r in self.call("POST", "/queues/rollouts/enqueue", json=body)]
-        return ids
-
-    def wait(self, ids: list[str], timeout_s: float, on_progress: Any = None) -> set[str]:
-        finished: set[str] = set()
-        deadline = time.monotonic() + timeout_s
-        while len(finished) < len(ids) and time.monotonic() < deadline:
-            pending = [r for r in ids if r not in finished]
-            for start in range(0, len(pending), 1000):
-                body = {"rollout_ids": pending[start : start + 1000], "timeout": 0}
-                finished |= {r["rollout_id"] for r in self.call("POST", "/waits/rollouts", json=body)}
-            if on_progress is not None:
-                on_progress(len(finished))
-            if len(finished) < len(ids):
-                time.sleep(1.0)
-        return finished
-
-    def rollouts(self, ids: list[str]) -> list[dict[str, Any]]:
-        views: list[dict[str, Any]] = []
-        for start in range(0, len(ids), 100):
-            params = [("rollout_id_in", r) for r in ids[start : start + 100]]
-            views += self.call("GET", "/rollouts", params=params)["items"]
-        return views
-
-    def store_capacity_rps(self, seconds: float = 2.0) -> float:
-        """Cheapest W-request rate one client reaches: the ceiling that bounds any executor at 0 ms."""
-        done, deadline = 0, time.monotonic() + seconds
-        started = time.monotonic()
-        while time.monotonic() < deadline:
-            self.call("POST", "/queues/rollouts/dequeue", json={"limit": 0})
-            done += 1
-        return done / (time.monotonic() - started)
-
-
-# --- figures -------------------------------------------------------------------------------------
-
-
-def summarize(
-    views: list[dict[str, Any]], wall_s: float, cpu: dict[str, float], requests: dict[str, float] | None
-) -> dict[str, Any]:
-    n = len(views)
-    metas = [(v.get("attempt") or {}).get("metadata") or {} for v in views]
-    durations = [
-        (v["attempt"]["end_time"] - v["attempt"]["start_time"]) * 1000
-        for v in views
-        if (v.get("attempt") or {}).get("end_time") and v["attempt"].get("start_time")
-    ]
-    statuses: dict[str, int] = {}
-    for view in views:
-        statuses[view["status"]] = statuses.get(view["status"], 0) + 1
-    total_requests = sum(requests.values()) if requests is not None else None
-    return {
-        "rollouts": n,
-        "statuses": statuses,
-        "wall_s": round(wall_s, 2),
-        "rollouts_per_s": round(n / wall_s, 3) if wall_s else None,
-        "store_requests_per_rollout": round(total_requests / n, 2) if n and total_requests is not None else None,
-        "store_requests_by_endpoint": {k: round(v / n, 3) for k, v in sorted((requests or {}).items())} if n else {},
-        "mean_steps": _round(bm.mean([float(m["steps"]) for m in metas if "steps" in m])),
-        "mean_llm_calls": _round(bm.mean([float(m["llm_calls"]) for m in metas if "llm_calls" in m])),
-        "spans_per_rollout": _round(bm.mean([float(m["spans_exported"]) for m in metas if "spans_exported" in m])),
-        "span_bytes_per_rollout": _round(
-            bm.mean([float(m["span_bytes_exported"]) for m in metas if "span_bytes_exported" in m])
-        ),
-        "rollout_duration_p50_ms": _round(bm.percentile(durations, 50)),
-        "rollout_duration_p99_ms": _round(bm.percentile(durations, 99)),
-        **{f"{name}_cpu_ms_per_rollout": round(seconds * 1000 / n, 2) if n else None for name, seconds in cpu.items()},
-    }
-
-
-def _round(value: float | None, digits: int = 2) -> float | None:
-    return None if value is None else round(value, digits)
-
-
-def ideal(summary: dict[str, Any], args: argparse.Namespace, store_rps: float) -> tuple[float | None, str]:
-    """C / (time one rollout needs at the given latencies); at 0 ms, the Store-bound rate instead."""
-    calls, steps = summary.get("mean_llm_calls"), summary.get("mean_steps")
-    if args.llm_latency_ms <= 0 and args.env_latency_ms <= 0:
-        per = summary.get("store_requests_per_rollout")
-        return (round(store_rps / per, 2), "store-bound") if per else (None, "store-bound")
-    if calls is None or steps is None:
-        return None, "latency-bound"
-    seconds = calls * args.llm_latency_ms / 1000 + (steps + 1) * args.env_latency_ms / 1000
-    return round(args.concurrency / seconds, 3), "latency-bound"
-
-
-# --- phases --------------------------------------------------------------------------------------
 
 
 def load_inputs(split: str, count: int, offset: int = 0) -> list[dict[str, Any]]:
@@ -219,8 +111,8 @@ def run_workload(
     sampler = bm.MemorySampler(groups).start()
     marks: dict[str, float] = {}
 
-    def progress(finished: int) -> None:
-        if args.soak and finished >= SOAK_EARLY and "early" not in marks:
+    def progress(finished: Mapping[str, str]) -> None:
+        if args.soak and len(finished) >= SOAK_EARLY and "early" not in marks:
             marks["early"] = sampler.sample()[memory_group]
 
     watch = bm.Stopwatch(groups)
@@ -237,12 +129,12 @@ def run_workload(
     views = client.rollouts(ids)
     summary = summarize(views, wall, cpu, requests)
     summary["unfinished"] = len(ids) - len(done)
-    summary["sustained_rollouts_per_s"] = _round(bm.sustained_rate(views, args.concurrency), 3)
+    summary["sustained_rollouts_per_s"] = rounded(bm.sustained_rate(views, args.concurrency), 3)
     summary["rss_mb_total"] = round(sampler.peak_total.get(memory_group, 0.0), 1)
     summary["rss_mb_peak_process"] = round(sampler.peak_process_mb(memory_group), 1)
-    summary["dispatch_incl_queue_p50_ms"] = _round(bm.percentile(bm.latencies_ms(views), 50))
+    summary["dispatch_incl_queue_p50_ms"] = rounded(bm.percentile(bm.latencies_ms(views), 50))
     gaps = bm.dequeue_to_start_ms(views)  # the workload keeps every slot busy: how long a claimed rollout idles
-    summary.update({f"dequeue_to_start_p{q}_ms": _round(bm.percentile(gaps, q)) for q in (50, 99)})
+    summary.update({f"dequeue_to_start_p{q}_ms": rounded(bm.percentile(gaps, q)) for q in (50, 99)})
     return summary, views, marks
 
 
@@ -271,7 +163,7 @@ def start_peer(stack: LocalStack, client: BenchClient, args: argparse.Namespace)
         str(args.concurrency),
     ]
     argv += ["--poll-interval-s", "1.0"] + (["--export-spans"] if args.peer_spans else [])
-    return stack._spawn("peer", argv, polled, env=stack.component_env(), timeout=300)
+    return stack.spawn("peer", argv, polled, timeout=300, waiting_for=f"{args.concurrency} runners polling the Store")
 
 
 def stop_ours(stack: LocalStack) -> None:
@@ -279,52 +171,6 @@ def stop_ours(stack: LocalStack) -> None:
         if name in stack.processes:
             stack.processes.pop(name).stop()
     stack.workers.clear()
-
-
-# --- output --------------------------------------------------------------------------------------
-
-
-def print_table(result: dict[str, Any]) -> None:
-    rows = [
-        ("rollouts (succeeded)", f"{result['rollouts']} ({result['statuses'].get('succeeded', 0)})"),
-        ("rollouts/s", result["rollouts_per_s"]),
-        (f"ideal rollouts/s ({result['ideal_basis']})", result["ideal_rollouts_per_s"]),
-        ("efficiency", result["efficiency"]),
-        ("sustained rollouts/s, efficiency", f"{result['sustained_rollouts_per_s']}, {result['sustained_efficiency']}"),
-        ("Store requests/rollout", result["store_requests_per_rollout"]),
-        ("spans, bytes exported/rollout", f"{result['spans_per_rollout']}, {result['span_bytes_per_rollout']}"),
-        ("bridge CPU ms/rollout", result["bridge_cpu_ms_per_rollout"]),
-        ("worker CPU ms/rollout", result["worker_cpu_ms_per_rollout"]),
-        ("Store CPU ms/rollout", result["store_cpu_ms_per_rollout"]),
-        (
-            "env, LLM stand-in CPU ms/rollout",
-            f"{result.get('env_cpu_ms_per_rollout')}, {result.get('llm_stand_in_cpu_ms_per_rollout')}",
-        ),
-        (
-            "dequeue -> task start ms p50/p99",
-            f"{result['dequeue_to_start_p50_ms']}/{result['dequeue_to_start_p99_ms']}",
-        ),
-        ("worker RSS MB total (peak process)", f"{result['worker_rss_mb_total']} ({result['worker_rss_mb_peak']})"),
-        ("dispatch ms p50/p95/p99 (free slots)", "/".join(str(result[f"dispatch_p{q}_ms"]) for q in (50, 95, 99))),
-        ("rollout duration ms p50/p99", f"{result['rollout_duration_p50_ms']}/{result['rollout_duration_p99_ms']}"),
-        ("mean steps / LLM calls", f"{result['mean_steps']} / {result['mean_llm_calls']}"),
-    ]
-    if "memory_mb_at_1000" in result:
-        rows.append(("worker RSS MB at 1000 / end", f"{result['memory_mb_at_1000']} / {result['memory_mb_at_end']}"))
-    if "peer_rollouts_per_s" in result:
-        rows += [
-            ("peer rollouts/s", result["peer_rollouts_per_s"]),
-            ("ratio vs peer", result["ratio_vs_peer"]),
-            ("peer Store requests/rollout", result["peer_store_requests_per_rollout"]),
-            ("peer CPU ms/rollout", result["peer_cpu_ms_per_rollout"]),
-            ("peer RSS MB total", result["peer_rss_mb_total"]),
-        ]
-    width = max(len(name) for name, _ in rows)
-    print(f"workload: {result['config']}")
-    for name, value in rows:
-        print(f"  {name:<{width}}  {value}")
-    for key, value in result["store_requests_by_endpoint"].items():
-        print(f"    {key:<60} {value}")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -390,16 +236,16 @@ def _bench(stack: LocalStack, args: argparse.Namespace, say: Any) -> int:
         "worker_rss_mb_total": summary["rss_mb_total"],
         "worker_rss_mb_peak": summary["rss_mb_peak_process"],
         "store_cpu_ms_per_rollout": summary.get("store_cpu_ms_per_rollout"),
-        **{f"dispatch_p{q}_ms": _round(bm.percentile(probes, q)) for q in (50, 95, 99)},
+        **{f"dispatch_p{q}_ms": rounded(bm.percentile(probes, q)) for q in (50, 95, 99)},
         "dispatch_probes": len(probes),
-        "dispatch_enqueue_to_dequeue_p50_ms": _round(bm.percentile(claim, 50)),
-        "dispatch_dequeue_to_start_p50_ms": _round(bm.percentile(bm.dequeue_to_start_ms(probe_views), 50)),
+        "dispatch_enqueue_to_dequeue_p50_ms": rounded(bm.percentile(claim, 50)),
+        "dispatch_dequeue_to_start_p50_ms": rounded(bm.percentile(bm.dequeue_to_start_ms(probe_views), 50)),
     }
     if args.soak:
         early, end = marks.get("early"), marks.get("end")
-        result["memory_mb_at_1000"] = _round(early, 1)
-        result["memory_mb_at_end"] = _round(end, 1)
-        result["memory_growth_pct"] = _round((end - early) / early * 100) if early and end else None
+        result["memory_mb_at_1000"] = rounded(early, 1)
+        result["memory_mb_at_end"] = rounded(end, 1)
+        result["memory_growth_pct"] = rounded((end - early) / early * 100) if early and end else None
     if args.peer:
         say("peer: stopping our workers and the bridge, starting Agent Lightning's runner")
         stop_ours(stack)

@@ -15,7 +15,7 @@ time, then reports three load figures and one memory figure:
   latency is mostly queueing;
 * memory: the server's RSS growth per idle session after opening 2,000 sessions.
 
-    python bench/webshop_bench.py [--mode both|paced|saturation] [--rate 500]
+    python -m bridge.tools.bench.webshop [--mode both|paced|saturation] [--rate 500]
         [--sessions 64] [--paced-seconds 10] [--steps 40] [--idle-sessions 2000]
 """
 
@@ -25,70 +25,52 @@ import argparse
 import asyncio
 import json
 import logging
+import math
 import os
 import random
-import socket
-import statistics
-import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
+
+from bridge.tools.procs import PYTHON, ManagedProcess, free_port, http_ok
+from bridge.tools.stats import percentile
 
 logger = logging.getLogger("bench.webshop")
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def rss_kib(pid: int) -> int:
-    """Resident set size of ``pid`` in KiB, from /proc."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise RuntimeError("no VmRSS line")
+    """Resident set size of ``pid`` in KiB."""
+    return int(psutil.Process(pid).memory_info().rss // 1024)
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of ``pid`` so far, from /proc/<pid>/stat."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU time of ``pid`` so far."""
+    times = psutil.Process(pid).cpu_times()
+    return float(times.user + times.system)
 
 
-def start_server(port: int, max_sessions: int) -> tuple[subprocess.Popen[bytes], float]:
+def start_server(port: int, max_sessions: int) -> tuple[ManagedProcess, float]:
     """Start the server and wait until /health answers; returns the process and seconds to healthy."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "webshop_env",
-        "serve",
-        "--port",
-        str(port),
-        "--max-sessions",
-        str(max_sessions),
-        "--log-level",
-        "warning",
-    ]
+    argv = [PYTHON, "-m", "webshop_env", "serve", "--port", str(port), "--max-sessions", str(max_sessions)]
+    argv += ["--log-level", "warning"]
+    url = f"http://127.0.0.1:{port}/health"
+    log_path = Path(tempfile.mkdtemp(prefix="agl-webshop-bench-")) / "webshop.log"
+    server = ManagedProcess("webshop", argv, log_path, lambda: http_ok(url), startup_timeout_s=120, cwd=ROOT)
+    server.waiting_for, server.poll_s = f"GET {url}", 0.05  # fine polling: start-up time is a reported figure
     started = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=ROOT)
-    deadline = started + 120
-    while time.perf_counter() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError("server exited during start-up")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return proc, time.perf_counter() - started
-        except httpx.TransportError:
-            pass
-        time.sleep(0.05)
-    proc.kill()
-    raise TimeoutError("server did not become healthy in 120 s")
+    server.start()
+    try:
+        server.wait_healthy()
+    except BaseException:
+        server.stop()
+        raise
+    return server, time.perf_counter() - started
 
 
 def next_action(observation_info: dict[str, Any], rng: random.Random, query: str) -> tuple[str, str]:
@@ -176,8 +158,9 @@ class RawClient:
 
 
 def pct(values: list[float], q: float) -> float:
-    """The ``q``-th percentile of ``values`` (seconds) in milliseconds."""
-    return statistics.quantiles(values, n=100)[int(q) - 1] * 1000 if len(values) > 1 else float("nan")
+    """The ``q``-th percentile of ``values`` (seconds) in milliseconds; NaN without data."""
+    value = percentile(values, q)
+    return value * 1000 if value is not None else math.nan
 
 
 def print_latencies(label: str, lat: dict[str, list[float]]) -> None:
@@ -257,7 +240,8 @@ def main() -> int:
     parser.add_argument("--idle-sessions", type=int, default=2000, help="sessions opened for the memory figure")
     args = parser.parse_args()
     port = free_port()
-    proc, startup = start_server(port, max_sessions=args.idle_sessions + args.sessions + 10)
+    server, startup = start_server(port, max_sessions=args.idle_sessions + args.sessions + 10)
+    pid = server.pid or 0  # started: it has a pid
     url = f"http://127.0.0.1:{port}"
     try:
         health = httpx.get(f"{url}/health").json()
@@ -265,18 +249,17 @@ def main() -> int:
         print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start")
         print(
             f"start-up: {startup:.2f}s to healthy (server-side build {health['startup_s']}s, "
-            f"nouns by {health['noun_extractor']}), RSS {rss_kib(proc.pid) / 1024:.0f} MiB"
+            f"nouns by {health['noun_extractor']}), RSS {rss_kib(pid) / 1024:.0f} MiB"
         )
         asyncio.run(serial_phase(port, 400))
         if args.mode in ("both", "paced"):
-            asyncio.run(paced_phase(port, proc.pid, args.sessions, args.rate, args.paced_seconds))
+            asyncio.run(paced_phase(port, pid, args.sessions, args.rate, args.paced_seconds))
         if args.mode in ("both", "saturation"):
-            asyncio.run(saturation_phase(port, proc.pid, args.sessions, args.steps))
+            asyncio.run(saturation_phase(port, pid, args.sessions, args.steps))
         print(f"machine: load average {os.getloadavg()[0]:.1f} after the load phases")
-        asyncio.run(idle_phase(url, proc.pid, args.idle_sessions))
+        asyncio.run(idle_phase(url, pid, args.idle_sessions))
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        server.stop(timeout_s=10)
     return 0
 
 

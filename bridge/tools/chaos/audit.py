@@ -1,78 +1,96 @@
-"""The chaos audit: what the Store, the worker logs and the WebShop ledger say after a scenario.
+"""The chaos audit: what the Store, Redis and the WebShop ledger say after a scenario.
 
 Four counts per scenario, each of which must be 0 (bridge.tools.chaos.run runs the scenarios and prints them):
 
 * lost: rollouts not finished by the scenario's deadline;
-* twice: attempts executed twice in effect: spans of two episode executions in one attempt (two
-  distinct ``webshop.episode`` roots), or two final reports for one attempt in the worker logs;
+* twice: attempts executed twice in effect. Three facts, any one counts:
+  spans of two episode executions in one attempt (two distinct ``webshop.episode`` roots in the Store);
+  an attempt's final report (status, reporting executor, its start and duration) that changed after the
+  observer first saw it, i.e. a second report; an attempt whose ``done`` marker in Redis (written by the
+  executor right after its report) names another status than the Store holds, i.e. two reports that
+  disagreed;
 * flipped: rollouts whose status changed after they were first seen finished (a late report);
 * bad reward: succeeded attempts whose reward is not what the WebShop server's purchase ledger says.
+
+Nothing here reads worker logs or the inside of a lease token: both are free to change.
 """
 
 from __future__ import annotations
 
 import collections
-import re
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
+import redis
+from rich.table import Table
 
-from bridge.tools.stack import LocalStack
-
-if TYPE_CHECKING:
-    from bridge.tools.chaos.run import ChaosRun
-
-_REPORTED = re.compile(r"attempt=(at-[0-9a-f]+)[^\]\n]*\] reported (succeeded|failed)")
-
-
-@dataclass
-class ScenarioResult:
-    name: str
-    enqueued: int = 0
-    succeeded: int = 0
-    failed: collections.Counter[str] = field(default_factory=collections.Counter)
-    lost: int = 0
-    executed_twice: int = 0
-    flipped: int = 0
-    bad_reward: int = 0
-    seconds: float = 0.0
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def clean(self) -> bool:
-        return self.lost == self.executed_twice == self.flipped == self.bad_reward == 0
+from bridge.core import keys
+from bridge.core.models import ACTIVE_ATTEMPT, Attempt
+from bridge.tools.chaos.state import REPORTED, ChaosRun, FinalReport, ScenarioResult
+from bridge.tools.render import cell, to_text
 
 
-def audit(run: ChaosRun, stack: LocalStack) -> ScenarioResult:
-    """Count the four zeros from ground truth the workers cannot fake: Store, worker logs, WebShop ledger."""
+def audit(run: ChaosRun) -> ScenarioResult:
+    """Count the four zeros from ground truth the workers cannot fake: Store, Redis, WebShop ledger."""
     result = ScenarioResult(name="", enqueued=len(run.rollout_ids), notes=run.notes)
-    reports = _reports_in_logs(stack.log_dir)
-    result.executed_twice += sum(1 for count in reports.values() if count > 1)
-    ledger = _ledger(stack.webshop_url)
+    ledger = _ledger(run.stack.webshop_url)
+    attempts = {rid: run.store.list_attempts(rid) for rid in run.rollout_ids}
+    markers = _redis_markers(run.redis, [a.attempt_id for items in attempts.values() for a in items])
     for rid in run.rollout_ids:
         final = run.latest.get(rid)
         status = run.first_final.get(rid)
         if status is None or final is None:
             result.lost += 1
             continue
+        meta = final.attempt.metadata or {}
         if status == "succeeded":
             result.succeeded += 1
         else:
-            meta = final.attempt.metadata or {}
             result.failed[str(meta.get("failure_class") or status)] += 1
-        for attempt in run.store.list_attempts(rid):
-            if _episode_roots(run.store.spans(rid, attempt.attempt_id)) > 1:
+        for attempt in attempts[rid]:
+            reason = _second_execution(run, attempt, markers.get(attempt.attempt_id, (None, False)))
+            if reason is not None:
                 result.executed_twice += 1
-                run.note(f"two executions in {rid}/{attempt.attempt_id}")
-        meta = final.attempt.metadata or {}
+                run.note(f"{reason} in {rid}/{attempt.attempt_id}")
         if final.status == "succeeded" and meta.get("done"):
             bought = ledger.get(str(meta.get("env_session_id")), [])
             if len(bought) != 1 or bought[0] != meta.get("reward"):
                 result.bad_reward += 1
     result.flipped = len(run.flipped)
     return result
+
+
+def _second_execution(run: ChaosRun, attempt: Attempt, marker: tuple[str | None, bool]) -> str | None:
+    """Why ``attempt`` counts as executed twice, or None. Notes a finished attempt that is still leased."""
+    if _episode_roots(run.store.spans(attempt.rollout_id, attempt.attempt_id)) > 1:
+        return "two executions"
+    report, first = FinalReport.of(attempt), run.first_report.get(attempt.attempt_id)
+    if report is not None and first is not None and report != first:
+        return (
+            f"a second final report ({first.status} by {first.worker_id}, then {report.status} by {report.worker_id})"
+        )
+    done, leased = marker
+    if done in REPORTED and attempt.status in REPORTED and done != attempt.status:
+        return f"two final reports (Redis says {done}, the Store {attempt.status})"
+    if leased and attempt.status not in ACTIVE_ATTEMPT:
+        run.note(f"{attempt.attempt_id} is {attempt.status} and still leased by an executor")
+    return None
+
+
+def _redis_markers(client: redis.Redis, attempt_ids: list[str]) -> dict[str, tuple[str | None, bool]]:
+    """Attempt id -> (status of its ``done`` marker, whether a lease is held), in one round trip."""
+    if not attempt_ids:
+        return {}
+    pipe = client.pipeline(transaction=False)
+    for aid in attempt_ids:
+        pipe.get(keys.done(aid))
+        pipe.exists(keys.lease(aid))
+    answers = pipe.execute()
+    out: dict[str, tuple[str | None, bool]] = {}
+    for i, aid in enumerate(attempt_ids):
+        done = answers[2 * i]
+        out[aid] = (done.decode() if isinstance(done, bytes) else done, bool(answers[2 * i + 1]))
+    return out
 
 
 def _episode_roots(spans: list[dict[str, Any]]) -> int:
@@ -82,14 +100,6 @@ def _episode_roots(spans: list[dict[str, Any]]) -> int:
         s["parent_id"] for s in spans if s.get("name") in ("webshop.step", "webshop.env.reset") and s.get("parent_id")
     }
     return len(roots)
-
-
-def _reports_in_logs(log_dir: Path) -> collections.Counter[str]:
-    counts: collections.Counter[str] = collections.Counter()
-    for path in log_dir.glob("worker*.log"):
-        for match in _REPORTED.finditer(path.read_text(errors="replace")):
-            counts[match.group(1)] += 1
-    return counts
 
 
 def _ledger(webshop_url: str) -> dict[str, list[float]]:
@@ -103,16 +113,20 @@ def _ledger(webshop_url: str) -> dict[str, list[float]]:
 
 
 def format_table(results: list[ScenarioResult]) -> str:
-    header = (
-        f"{'scenario':<15}{'enq':>5}{'ok':>5}  {'failed by class':<28}"
-        f"{'lost':>5}{'twice':>6}{'flip':>5}{'badrw':>6}{'secs':>7}"
-    )
-    lines = [header, "-" * len(header)]
+    """The scenarios as a plain-text table (printed by the CLI and by the test suite), notes under each row."""
+    table = Table(box=None, pad_edge=False, show_edge=False)
+    table.add_column("scenario")
+    for name in ("enq", "ok"):
+        table.add_column(name, justify="right")
+    table.add_column("failed by class")
+    for name in ("lost", "twice", "flip", "badrw", "secs"):
+        table.add_column(name, justify="right")
     for r in results:
         failed = ",".join(f"{k}={v}" for k, v in sorted(r.failed.items())) or "-"
-        lines.append(
-            f"{r.name:<15}{r.enqueued:>5}{r.succeeded:>5}  {failed:<28}{r.lost:>5}{r.executed_twice:>6}"
-            f"{r.flipped:>5}{r.bad_reward:>6}{r.seconds:>7.0f}"
+        table.add_row(
+            *map(cell, (r.name, r.enqueued, r.succeeded, failed, r.lost, r.executed_twice, r.flipped, r.bad_reward)),
+            cell(f"{r.seconds:.0f}"),
         )
-        lines += [f"{'':<15}  note: {n}" for n in r.notes]
-    return "\n".join(lines)
+        for note in r.notes:
+            table.add_row("", "", "", cell(f"note: {note}"))
+    return to_text(table)

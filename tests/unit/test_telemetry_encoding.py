@@ -1,27 +1,17 @@
-"""The two mechanisms the performance work added, checked on their own against real Redis and the real SDK.
-
-* ``workers.span_encoding.encode`` with token ids kept beside the spans must produce the very spans the
-  SDK's encoder does with them as attributes (the Store and the trainer read them): compared attribute by
-  attribute after decoding both.
-* ``bridge.core.capacity.notify_freed``/``wait_for_freed``: a worker's wake-up ends the full bridge's wait,
-  and without one the wait still ends at its bound.
-"""
+"""Telemetry encoding: token ids kept beside the spans (``workers.span_encoding.encode``) must give the very
+OTLP payload the SDK's encoder gives with them as attributes (the Store and the trainer read them): compared
+attribute by attribute after decoding both."""
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
+from typing import Any
 
-import pytest
-import redis
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from bridge.core import capacity, keys
-from tests.helpers import TEST_REDIS_URL
 from workers.span_encoding import encode
 
 TOKEN_KEYS = ("prompt_token_ids", "response_token_ids")
@@ -35,7 +25,7 @@ def _spans() -> tuple[tuple[ReadableSpan, ...], tuple[ReadableSpan, ...], dict[i
     tracer = provider.get_tracer("test")
     lists: dict[int, dict[str, list[int]]] = {}
     for i in range(6):
-        attributes = {
+        attributes: dict[str, Any] = {
             "step.index": i,
             "name": "x" * i,
             "flags": [True, False] * 40,  # bools are not ints in OTLP
@@ -92,27 +82,3 @@ def test_token_ids_kept_beside_spans_encode_as_the_sdk_encodes_attributes() -> N
     assert len(ours) == len(with_tokens) == 7
     assert ours == sdk
     assert _decoded(encode(without)) != sdk  # the lists really come from the side table
-
-
-@pytest.fixture
-def client() -> Iterator[redis.Redis]:
-    connection = redis.Redis.from_url(TEST_REDIS_URL, socket_timeout=5)
-    try:
-        connection.ping()
-    except redis.RedisError as exc:
-        pytest.skip(f"no Redis at {TEST_REDIS_URL}: {exc}")
-    yield connection
-    connection.close()
-
-
-def test_a_freed_slot_wakes_the_waiting_bridge(client: redis.Redis) -> None:
-    queue = f"test-wakeup-{uuid.uuid4().hex[:8]}"
-    try:
-        assert capacity.wait_for_freed(client, [queue], 0.1) is False  # nothing freed: the bound ends it
-        capacity.notify_freed(client, queue)
-        capacity.notify_freed(client, queue)
-        assert capacity.wait_for_freed(client, [queue], 5.0) is True
-        assert client.exists(keys.slot_freed(queue)) == 0  # a burst of wake-ups is consumed at once
-        assert capacity.wait_for_freed(client, [queue], 0.1) is False
-    finally:
-        client.delete(keys.slot_freed(queue))

@@ -1,0 +1,71 @@
+"""The benchmark's own Store client: raw REST calls, each one counted.
+
+The Store's Prometheus counters count every client's requests, the benchmark's too; what this client
+sends is subtracted from them (``metrics.diff_counts``), so the figures count only the executors'.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import httpx
+
+from bridge.tools.rollouts import wait_for_rollouts
+
+API = "/v1/agl"
+
+
+class BenchClient:
+    """The benchmark's own Store calls, counted so they can be subtracted from the Store's counters."""
+
+    def __init__(self, store_url: str) -> None:
+        self.url = store_url
+        self.http = httpx.Client(base_url=store_url + API, timeout=60)
+        self.own: dict[str, float] = {}
+
+    def call(self, method: str, path: str, **kwargs: Any) -> Any:
+        key = f"{method} {API}{path}"
+        self.own[key] = self.own.get(key, 0.0) + 1
+        response = self.http.request(method, path, **kwargs)
+        response.raise_for_status()
+        return response.json()
+
+    def enqueue(self, inputs: list[dict[str, Any]], resources_id: str) -> list[str]:
+        ids: list[str] = []
+        for start in range(0, len(inputs), 500):
+            chunk = inputs[start : start + 500]
+            body = {"rollouts": [{"input": i, "mode": "train", "resources_id": resources_id} for i in chunk]}
+            ids += [r["rollout_id"] for r in self.call("POST", "/queues/rollouts/enqueue", json=body)]
+        return ids
+
+    def finished(self, ids: list[str]) -> dict[str, str]:
+        """The finished ones among ``ids`` (rollout id -> status), through a counted request."""
+        body = {"rollout_ids": ids, "timeout": 0}
+        return {r["rollout_id"]: str(r["status"]) for r in self.call("POST", "/waits/rollouts", json=body)}
+
+    def wait(
+        self, ids: list[str], timeout_s: float, on_progress: Callable[[Mapping[str, str]], None] | None = None
+    ) -> set[str]:
+        """Until every rollout of ``ids`` finished or ``timeout_s`` passed; returns the finished ids."""
+        return set(wait_for_rollouts(self.finished, ids, timeout_s, on_progress=on_progress))
+
+    def rollouts(self, ids: list[str]) -> list[dict[str, Any]]:
+        views: list[dict[str, Any]] = []
+        for start in range(0, len(ids), 100):
+            params = [("rollout_id_in", r) for r in ids[start : start + 100]]
+            views += self.call("GET", "/rollouts", params=params)["items"]
+        return views
+
+    def store_capacity_rps(self, seconds: float = 2.0) -> float:
+        """Cheapest W-request rate one client reaches: the ceiling that bounds any executor at 0 ms."""
+        done, deadline = 0, time.monotonic() + seconds
+        started = time.monotonic()
+        while time.monotonic() < deadline:
+            self.call("POST", "/queues/rollouts/dequeue", json={"limit": 0})
+            done += 1
+        return done / (time.monotonic() - started)
+
+
+# --- figures -------------------------------------------------------------------------------------

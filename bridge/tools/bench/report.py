@@ -1,0 +1,105 @@
+"""The benchmark's figures: a phase's summary, the ideal rate it is held against, and the printed table."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from rich.table import Table
+
+from bridge.tools.render import cell, console, key_value_table
+from bridge.tools.stats import mean, percentile, rounded
+
+
+def summarize(
+    views: list[dict[str, Any]], wall_s: float, cpu: dict[str, float], requests: dict[str, float] | None
+) -> dict[str, Any]:
+    """The figures of one phase from the Store's rollout views, the CPU it cost and the requests it made."""
+    n = len(views)
+    metas = [(v.get("attempt") or {}).get("metadata") or {} for v in views]
+    durations = [
+        (v["attempt"]["end_time"] - v["attempt"]["start_time"]) * 1000
+        for v in views
+        if (v.get("attempt") or {}).get("end_time") and v["attempt"].get("start_time")
+    ]
+    statuses: dict[str, int] = {}
+    for view in views:
+        statuses[view["status"]] = statuses.get(view["status"], 0) + 1
+    total_requests = sum(requests.values()) if requests is not None else None
+    return {
+        "rollouts": n,
+        "statuses": statuses,
+        "wall_s": round(wall_s, 2),
+        "rollouts_per_s": round(n / wall_s, 3) if wall_s else None,
+        "store_requests_per_rollout": round(total_requests / n, 2) if n and total_requests is not None else None,
+        "store_requests_by_endpoint": {k: round(v / n, 3) for k, v in sorted((requests or {}).items())} if n else {},
+        "mean_steps": rounded(mean([float(m["steps"]) for m in metas if "steps" in m])),
+        "mean_llm_calls": rounded(mean([float(m["llm_calls"]) for m in metas if "llm_calls" in m])),
+        "spans_per_rollout": rounded(mean([float(m["spans_exported"]) for m in metas if "spans_exported" in m])),
+        "span_bytes_per_rollout": rounded(
+            mean([float(m["span_bytes_exported"]) for m in metas if "span_bytes_exported" in m])
+        ),
+        "rollout_duration_p50_ms": rounded(percentile(durations, 50)),
+        "rollout_duration_p99_ms": rounded(percentile(durations, 99)),
+        **{f"{name}_cpu_ms_per_rollout": round(seconds * 1000 / n, 2) if n else None for name, seconds in cpu.items()},
+    }
+
+
+def ideal(summary: dict[str, Any], args: argparse.Namespace, store_rps: float) -> tuple[float | None, str]:
+    """C / (time one rollout needs at the given latencies); at 0 ms, the Store-bound rate instead."""
+    calls, steps = summary.get("mean_llm_calls"), summary.get("mean_steps")
+    if args.llm_latency_ms <= 0 and args.env_latency_ms <= 0:
+        per = summary.get("store_requests_per_rollout")
+        return (round(store_rps / per, 2), "store-bound") if per else (None, "store-bound")
+    if calls is None or steps is None:
+        return None, "latency-bound"
+    seconds = calls * args.llm_latency_ms / 1000 + (steps + 1) * args.env_latency_ms / 1000
+    return round(args.concurrency / seconds, 3), "latency-bound"
+
+
+def print_table(result: dict[str, Any]) -> None:
+    """The figures a person reads, on stdout before the JSON line (which carries them all)."""
+    rows: list[tuple[str, object]] = [
+        ("rollouts (succeeded)", f"{result['rollouts']} ({result['statuses'].get('succeeded', 0)})"),
+        ("rollouts/s", result["rollouts_per_s"]),
+        (f"ideal rollouts/s ({result['ideal_basis']})", result["ideal_rollouts_per_s"]),
+        ("efficiency", result["efficiency"]),
+        ("sustained rollouts/s, efficiency", f"{result['sustained_rollouts_per_s']}, {result['sustained_efficiency']}"),
+        ("Store requests/rollout", result["store_requests_per_rollout"]),
+        ("spans, bytes exported/rollout", f"{result['spans_per_rollout']}, {result['span_bytes_per_rollout']}"),
+        ("bridge CPU ms/rollout", result["bridge_cpu_ms_per_rollout"]),
+        ("worker CPU ms/rollout", result["worker_cpu_ms_per_rollout"]),
+        ("Store CPU ms/rollout", result["store_cpu_ms_per_rollout"]),
+        (
+            "env, LLM stand-in CPU ms/rollout",
+            f"{result.get('env_cpu_ms_per_rollout')}, {result.get('llm_stand_in_cpu_ms_per_rollout')}",
+        ),
+        (
+            "dequeue -> task start ms p50/p99",
+            f"{result['dequeue_to_start_p50_ms']}/{result['dequeue_to_start_p99_ms']}",
+        ),
+        ("worker RSS MB total (peak process)", f"{result['worker_rss_mb_total']} ({result['worker_rss_mb_peak']})"),
+        ("dispatch ms p50/p95/p99 (free slots)", "/".join(str(result[f"dispatch_p{q}_ms"]) for q in (50, 95, 99))),
+        ("rollout duration ms p50/p99", f"{result['rollout_duration_p50_ms']}/{result['rollout_duration_p99_ms']}"),
+        ("mean steps / LLM calls", f"{result['mean_steps']} / {result['mean_llm_calls']}"),
+    ]
+    if "memory_mb_at_1000" in result:
+        rows.append(("worker RSS MB at 1000 / end", f"{result['memory_mb_at_1000']} / {result['memory_mb_at_end']}"))
+    if "peer_rollouts_per_s" in result:
+        rows += [
+            ("peer rollouts/s", result["peer_rollouts_per_s"]),
+            ("ratio vs peer", result["ratio_vs_peer"]),
+            ("peer Store requests/rollout", result["peer_store_requests_per_rollout"]),
+            ("peer CPU ms/rollout", result["peer_cpu_ms_per_rollout"]),
+            ("peer RSS MB total", result["peer_rss_mb_total"]),
+        ]
+    out = console(sys.stdout)
+    out.print(key_value_table(rows, title=f"workload: {result['config']}"))
+    endpoints = Table(title="Store requests per rollout, by endpoint", title_justify="left", box=None)
+    endpoints.add_column("endpoint")
+    endpoints.add_column("per rollout", justify="right")
+    for key, value in result["store_requests_by_endpoint"].items():
+        endpoints.add_row(cell(key), cell(value))
+    out.print(endpoints)
+    sys.stdout.flush()

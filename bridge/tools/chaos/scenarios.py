@@ -1,0 +1,238 @@
+"""The chaos scenarios: each a fault injected into a running stack, placed by the run's progress.
+
+``bridge.tools.chaos.run`` starts a stack per scenario, calls its fault in a thread and audits the result.
+A fault reads facts to aim (the Store's rollout views, the attempt leases in Redis, the workers' own
+list of the tasks they run) and notes what it did, which the tests assert on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from bridge.core.message import TASK_NAME, task_kwargs
+from bridge.core.models import ACTIVE_ROLLOUT, FINISHED_ROLLOUT, AttemptedRollout
+from bridge.tools.chaos.state import ChaosRun
+
+CHAOS_DISPATCHER_ID = "chaos-bridge"
+RETRY_CONFIG: dict[str, Any] = {
+    "max_attempts": 3,
+    "retry_condition": ["failed", "unresponsive", "timeout"],
+    "unresponsive_seconds": 30,
+    "timeout_seconds": 150,
+}
+# Short intervals so the heartbeat, the lease and the Store's watchdog all react within a scenario.
+CHAOS_ENV = {
+    "HEARTBEAT_INTERVAL_S": "1",
+    "LEASE_TTL_S": "4",
+    "SPAN_FLUSH_INTERVAL_S": "1",
+    "STORE_TIMEOUT_S": "5",
+    "WEBSHOP_TIMEOUT_S": "2",
+    "LLM_MAX_BACKOFF_S": "4",
+    "MAX_STEPS": "8",
+    "ROLLOUT_DEFAULT_TIMEOUT_S": "150",
+    "BRIDGE_MAX_QUEUE_WAIT_S": "60",
+    "BROKER_VISIBILITY_TIMEOUT_S": "300",
+    "BRIDGE_POLL_MIN_S": "0.3",
+    "BRIDGE_POLL_MAX_S": "1.0",
+    "LOG_LEVEL": "INFO",
+}
+# Faults must land mid-episode: at 0 ms an episode lasts a few hundred ms and 100 rollouts finish in seconds,
+# before a fault can find one running. 200 ms per LLM call makes episodes last about 1.5 s.
+MID_EPISODE: dict[str, Any] = {"policy_latency_ms": 200.0}
+MALFORMED: list[Any] = [
+    "a string",
+    42,
+    None,
+    [1, 2],
+    {},
+    {"task_id": "x"},
+    {"instruction": 7},
+    {"instruction": ["buy"]},
+    {"instruction": ""},
+    {"instruction": "   "},
+    {"instruction": "x" * 1_000_000},
+    {"instruction": "buy a shirt", "task_id": 5},
+    {"instruction": "buy a shirt", "goal_id": "abc"},
+    {"instruction": "buy a shirt", "goal_id": -1},
+    {"instruction": "buy a shirt", "goal_id": True},
+    {"instruction": {"nested": "object"}},
+    {"instruction": "buy a shirt", "task_id": ""},
+    {"instruction": "buy a shirt", "task_id": "t" * 500},
+    {"instruction": None},
+    "",
+]
+
+
+@dataclass
+class Scenario:
+    """A named fault, the inputs it runs on, and the stack and rollout settings it needs."""
+
+    name: str
+    fault: Callable[[ChaosRun], None]
+    inputs: Callable[[list[dict[str, Any]]], list[Any]] = lambda tasks: list(tasks)
+    stack_overrides: dict[str, Any] = field(default_factory=dict)
+    rollout_config: dict[str, Any] = field(default_factory=dict)
+
+
+# --- faults --------------------------------------------------------------------------------------
+
+
+def _kill_an_executor(run: ChaosRun, killed: set[int], timeout_s: float = 30.0) -> int | None:
+    """SIGKILL a pool process while it runs an episode; returns its pid once a kill really landed.
+
+    The observer's view is up to half a second old (an episode here lasts about two), so each candidate
+    is read back from the Store right before the kill: its attempt must still be active, leased in Redis,
+    and listed by the workers as running in that same process (asked once more, right before the kill).
+    A pid already gone (killed in an earlier round) is skipped.
+    """
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        pids = run.executor_pids()
+        candidates = [
+            r
+            for r in run.latest.values()
+            if r.status in ACTIVE_ROLLOUT and pids.get(r.attempt.attempt_id) not in killed | {None}
+        ]
+        random.shuffle(candidates)
+        for seen in candidates:
+            aid = seen.attempt.attempt_id
+            try:
+                now = run.store.get_rollout(seen.rollout_id, retries=0, timeout=2)
+            except Exception:  # the Store is busy: try the next candidate
+                continue
+            if not isinstance(now, AttemptedRollout) or now.status not in ACTIVE_ROLLOUT:
+                continue
+            if now.attempt.attempt_id != aid or not run.leased(aid):
+                continue
+            pid = run.executor_pids().get(aid)
+            if pid is None or pid in killed:
+                continue
+            killed.add(pid)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+            return pid
+        time.sleep(0.3)
+    run.note("no running pool process to kill")
+    return None
+
+
+def kill_workers(run: ChaosRun) -> None:
+    """SIGKILL a pool process mid-episode 3 times, then a worker's main process 3 times (replaced each time)."""
+    killed: set[int] = set()
+    for round_ in range(3):
+        run.wait_progress(run.share(0.1 * (round_ + 1)), 90)
+        pid = _kill_an_executor(run, killed)
+        if pid is not None:
+            run.note(f"killed pool process {pid}")
+    for round_ in range(3):
+        run.wait_progress(run.share(0.4 + 0.15 * round_), 90)
+        victim = next((w for w in run.stack.workers if w.alive()), None)
+        if victim is None or victim.pid is None:
+            break
+        os.kill(victim.pid, signal.SIGKILL)
+        run.stack.workers.remove(victim)
+        run.note(f"killed worker main process {victim.pid} ({victim.name})")
+        run.stack.add_worker()
+
+
+def restart_redis(run: ChaosRun) -> None:
+    """Restart the broker's Redis (append-only file kept) while rollouts are in flight."""
+    if "redis" not in run.services.processes:
+        run.note("skipped: the broker was not started by this stack")
+        return
+    run.wait_progress(run.share(0.3), 120)
+    run.services.restart("redis")  # SIGTERM: Redis syncs its append-only file first
+    run.note("restarted Redis")
+
+
+def pause_store(run: ChaosRun, seconds: float = 15.0) -> None:
+    """Stop the Store's traffic for 15 s (SIGSTOP), then let it through (SIGCONT)."""
+    store = run.process("store")
+    if store is None or store.pid is None:
+        run.note("skipped: the Store was not started by this stack")
+        return
+    run.wait_progress(run.share(0.3), 120)
+    os.killpg(store.pid, signal.SIGSTOP)
+    try:
+        time.sleep(seconds)
+    finally:
+        os.killpg(store.pid, signal.SIGCONT)
+    run.note(f"paused the Store for {seconds:.0f}s")
+
+
+def kill_bridge(run: ChaosRun) -> None:
+    """SIGKILL the bridge, leave rollouts claimed but never published (as a crash right after a dequeue
+    would), start the bridge again: its reconciliation must publish them."""
+    for round_ in range(2):
+        run.wait_progress(run.share(0.25 + 0.35 * round_), 120, running=False)
+        bridge = run.stack.processes["bridge"]
+        bridge.signal(signal.SIGKILL)
+        if bridge.proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                bridge.proc.wait(timeout=10)
+        claimed = run.store.dequeue(5, CHAOS_DISPATCHER_ID)
+        run.note(f"killed the bridge; {len(claimed)} rollouts left claimed and unpublished")
+        run.stack.start_bridge()
+
+
+def redeliver_running(run: ChaosRun) -> None:
+    """Publish the message of running (and of finished) attempts again, same task id, while they run."""
+    app = run.celery()
+    sent = 0
+
+    def publish(rollout: AttemptedRollout) -> None:
+        nonlocal sent
+        kwargs = task_kwargs(rollout, "rollouts")
+        app.send_task(TASK_NAME, kwargs=kwargs, task_id=rollout.attempt.attempt_id, queue="rollouts")
+        sent += 1
+
+    for _ in range(4):
+        run.wait_for(lambda: len(run.running()) >= 3, 60)
+        for rollout in run.running()[:5]:
+            publish(rollout)
+        time.sleep(2.0)
+    for rollout in [r for r in run.latest.values() if r.status in FINISHED_ROLLOUT][:5]:
+        publish(rollout)
+    run.note(f"re-published {sent} messages of running or finished attempts")
+
+
+def no_fault(run: ChaosRun) -> None:
+    """Faults come from the environment and the LLM (stack overrides) or from the inputs."""
+
+
+def with_malformed(tasks: list[dict[str, Any]]) -> list[Any]:
+    """The tasks with every malformed input spread among them, the total count unchanged."""
+    mixed: list[Any] = list(tasks[: max(0, len(tasks) - len(MALFORMED))])
+    for i, bad in enumerate(MALFORMED):
+        mixed.insert((i * 5) % (len(mixed) + 1), bad)
+    return mixed
+
+
+SCENARIOS: dict[str, Scenario] = {
+    "kill-workers": Scenario("kill-workers", kill_workers, stack_overrides=MID_EPISODE),
+    "restart-redis": Scenario("restart-redis", restart_redis, stack_overrides=MID_EPISODE),
+    "store-outage": Scenario("store-outage", pause_store, stack_overrides=MID_EPISODE),
+    "flaky-env-llm": Scenario(
+        "flaky-env-llm",
+        no_fault,
+        stack_overrides={
+            "env_error_rate": 0.10,
+            "env_timeout_rate": 0.05,
+            "env_stall_s": 3.0,
+            "policy_error_rate": 0.4,
+        },
+    ),
+    "kill-bridge": Scenario("kill-bridge", kill_bridge, stack_overrides=MID_EPISODE),
+    "redeliver": Scenario("redeliver", redeliver_running, stack_overrides=MID_EPISODE),
+    "malformed": Scenario("malformed", no_fault, inputs=with_malformed),
+}

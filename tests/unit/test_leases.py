@@ -1,0 +1,47 @@
+"""Execution leases in Redis: one executor per attempt, takeovers told apart from first starts, finished
+attempts never leased again.
+
+The tests use the Redis at ``TEST_REDIS_URL`` if it answers (no process is started) and skip otherwise."""
+
+from __future__ import annotations
+
+import uuid
+
+import redis
+
+from bridge.core import keys
+from workers.lease import Claim, Lease, mark_done
+
+
+def test_lease_admits_one_executor_and_survives_a_lost_key(redis_client: redis.Redis) -> None:
+    attempt = f"at-{uuid.uuid4().hex[:8]}"
+    mine, theirs = Lease(redis_client, attempt, 5), Lease(redis_client, attempt, 5)
+    try:
+        assert mine.claim(60).acquired
+        assert not theirs.claim(60).acquired
+        assert 0 < theirs.remaining_s() <= 5
+        redis_client.delete(mine.key)  # Redis restarted without persistence: the live executor takes it back
+        assert mine.renew()
+        assert not theirs.renew()  # someone else's lease is never taken over by a renewal
+        mine.release()
+        assert theirs.claim(60).acquired
+        theirs.release()
+    finally:
+        redis_client.delete(keys.lease(attempt), keys.started(attempt))
+
+
+def test_claim_tells_first_starts_takeovers_held_and_finished_attempts(redis_client: redis.Redis) -> None:
+    attempt = f"at-claim-{uuid.uuid4().hex[:8]}"
+    try:
+        first = Lease(redis_client, attempt, 5)
+        assert first.claim(60) == Claim(True, first_start=True)
+        assert Lease(redis_client, attempt, 5).claim(60) == Claim(False)  # held: a duplicate delivery
+        first.release()
+        takeover = Lease(redis_client, attempt, 5)
+        assert takeover.claim(60) == Claim(True, first_start=False)  # started before: read the Store first
+        takeover.release()
+        mark_done(redis_client, attempt, "succeeded", 60)
+        assert Lease(redis_client, attempt, 5).claim(60) == Claim(False, done_status="succeeded")
+        assert redis_client.exists(keys.lease(attempt)) == 0  # a finished attempt is not leased again
+    finally:
+        redis_client.delete(keys.lease(attempt), keys.started(attempt), keys.done(attempt))

@@ -1,0 +1,57 @@
+"""Settings: every variable is checked at start, and a bad one is named in one readable message."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from bridge.core.settings import ConfigError, load_settings
+
+STORE = {"AGENT_LIGHTNING_STORE_URL": "http://127.0.0.1:4747"}
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: object) -> None:
+    for name in list(os.environ):
+        if name.startswith(("AGENT_LIGHTNING", "CELERY_", "BRIDGE_", "WEBSHOP_", "OPENAI_", "BROKER_", "ROLLOUT_")):
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(str(tmp_path))  # no stray .env
+
+
+def test_missing_store_url_names_the_variable(clean_env: None) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    assert "AGENT_LIGHTNING_STORE_URL: is required" in info.value.message
+
+
+def test_invalid_values_name_their_variables(clean_env: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AGENT_LIGHTNING_STORE_URL", "not a url")
+    monkeypatch.setenv("MAX_STEPS", "0")
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    assert "AGENT_LIGHTNING_STORE_URL" in info.value.message and "MAX_STEPS" in info.value.message
+
+
+def test_visibility_timeout_must_cover_the_hard_limit_and_queue_wait(
+    clean_env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AGENT_LIGHTNING_STORE_URL", STORE["AGENT_LIGHTNING_STORE_URL"])
+    monkeypatch.setenv("BROKER_VISIBILITY_TIMEOUT_S", "600")
+    monkeypatch.setenv("ROLLOUT_DEFAULT_TIMEOUT_S", "900")
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    assert "BROKER_VISIBILITY_TIMEOUT_S" in info.value.message
+
+
+def test_queue_by_mode_mapping_and_redaction(clean_env: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AGENT_LIGHTNING_STORE_URL", STORE["AGENT_LIGHTNING_STORE_URL"])
+    monkeypatch.setenv("QUEUE_BY_MODE", "train=rollouts-train, val=rollouts-eval")
+    monkeypatch.setenv("CELERY_BROKER_URL", "redis://:hunter2@127.0.0.1:6379/0")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-secret")
+    settings = load_settings()
+    assert settings.queue_for_mode("train") == "rollouts-train"
+    assert settings.queue_for_mode("test") == "rollouts"
+    assert settings.all_queues() == ["rollouts", "rollouts-eval", "rollouts-train"]
+    shown = str(settings.redacted())
+    assert "hunter2" not in shown and "sk-secret" not in shown
