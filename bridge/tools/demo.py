@@ -34,7 +34,7 @@ from bridge.core.models import FINISHED_ROLLOUT, AttemptedRollout, Rollout, Roll
 from bridge.core.redact import redact_url
 from bridge.core.settings import ConfigError, Settings, format_validation_error, load_settings
 from bridge.core.store import StoreClient
-from bridge.tools.render import console, key_value_table
+from bridge.tools.render import console, key_value_table, show
 from bridge.tools.rollouts import store_poll, wait_for_rollouts
 from bridge.tools.stack import LocalStack, StackConfig, StackError, http_ok, redis_answers
 from bridge.tools.stats import percentile, rounded
@@ -81,8 +81,7 @@ def main(args: argparse.Namespace) -> int:
         started = time.time()
         finished = _follow(store, broker, settings.all_queues(), rollout_ids, started, args.timeout)
         summary = _summary(store, rollout_ids, finished, time.time() - started, stack)
-        console(sys.stdout).print(render(summary))
-        sys.stdout.flush()
+        show(render(summary), sys.stdout)
         if args.json:
             print(json.dumps(summary), flush=True)
         if args.keep:

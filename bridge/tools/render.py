@@ -23,6 +23,15 @@ def console(stream: TextIO) -> Console:
     return Console(file=stream, width=None if tty else PLAIN_WIDTH, highlight=False, soft_wrap=not tty)
 
 
+def show(renderable: RenderableType, stream: TextIO) -> None:
+    """Print ``renderable``: styled on a terminal, as ``to_text`` (no padding, no escape codes) otherwise."""
+    if stream.isatty():
+        console(stream).print(renderable)
+    else:
+        stream.write(to_text(renderable) + "\n")
+    stream.flush()
+
+
 def to_text(renderable: RenderableType, width: int = PLAIN_WIDTH) -> str:
     """``renderable`` as plain text, for callers that print or assert on a string."""
     buffer = io.StringIO()

@@ -65,7 +65,7 @@ def test_chaos_table_lists_counts_and_notes() -> None:
         "secs",
     ]
     assert lines[1].split() == ["redeliver", "100", "99", "env=1", "0", "0", "0", "0", "0"]
-    assert "note: re-published 25 messages" in lines[2]
+    assert lines[2] == "  redeliver note: re-published 25 messages"
 
 
 def test_a_final_report_is_identified_by_the_execution_that_sent_it() -> None:

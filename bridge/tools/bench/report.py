@@ -8,7 +8,7 @@ from typing import Any
 
 from rich.table import Table
 
-from bridge.tools.render import cell, console, key_value_table
+from bridge.tools.render import cell, key_value_table, show
 from bridge.tools.stats import mean, percentile, rounded
 
 
@@ -94,12 +94,10 @@ def print_table(result: dict[str, Any]) -> None:
             ("peer CPU ms/rollout", result["peer_cpu_ms_per_rollout"]),
             ("peer RSS MB total", result["peer_rss_mb_total"]),
         ]
-    out = console(sys.stdout)
-    out.print(key_value_table(rows, title=f"workload: {result['config']}"))
+    show(key_value_table(rows, title=f"workload: {result['config']}"), sys.stdout)
     endpoints = Table(title="Store requests per rollout, by endpoint", title_justify="left", box=None)
     endpoints.add_column("endpoint")
     endpoints.add_column("per rollout", justify="right")
     for key, value in result["store_requests_by_endpoint"].items():
         endpoints.add_row(cell(key), cell(value))
-    out.print(endpoints)
-    sys.stdout.flush()
+    show(endpoints, sys.stdout)
