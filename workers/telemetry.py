@@ -13,7 +13,7 @@ The per-attempt tracer is built directly, not through a ``TracerProvider``: the 
 registers an ``os.register_at_fork`` hook in its constructor that can never be removed, about 1 KB
 kept forever per attempt. The tracer has no exporter thread and no socket of its own (the Store
 client's pool is shared by every attempt of the process), so attempts do not grow threads, file
-descriptors or memory; ``tests/test_traces_telemetry.py`` checks that over a thousand attempts.
+descriptors or memory; ``tests/integration/test_telemetry_lifecycle.py`` checks that over a thousand attempts.
 It samples everything: an operator's sampler must never drop training data.
 
 No span carries a locally stamped sequence id: the Store assigns them in arrival order, which is

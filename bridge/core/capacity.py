@@ -69,7 +69,11 @@ class Execution:
 
     leased: bool  # an executor holds it now
     started: bool  # an executor started it at some point
-    done: bool  # its final status was reported
+    reported: str | None  # the final status it was reported with (its ``done`` marker), if any
+
+    @property
+    def done(self) -> bool:
+        return self.reported is not None
 
 
 def executions(client: redis.Redis, attempt_ids: Iterable[str]) -> dict[str, Execution]:
@@ -80,9 +84,16 @@ def executions(client: redis.Redis, attempt_ids: Iterable[str]) -> dict[str, Exe
     for aid in ids:
         pipe.exists(keys.lease(aid))
         pipe.exists(keys.started(aid))
-        pipe.exists(keys.done(aid))
-    flags = [bool(found) for found in pipe.execute()]
-    return {aid: Execution(*flags[3 * i : 3 * i + 3]) for i, aid in enumerate(ids)}
+        pipe.get(keys.done(aid))
+    answers = pipe.execute()
+    return {
+        aid: Execution(bool(answers[3 * i]), bool(answers[3 * i + 1]), _text(answers[3 * i + 2]))
+        for i, aid in enumerate(ids)
+    }
+
+
+def _text(value: bytes | str | None) -> str | None:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def oldest_inflight_age(client: redis.Redis, queue: str) -> float | None:

@@ -33,7 +33,7 @@ from bridge.core import capacity
 from bridge.core.models import FINISHED_ROLLOUT, AttemptedRollout, Rollout, RolloutStatus
 from bridge.core.redact import redact_url
 from bridge.core.settings import ConfigError, Settings, format_validation_error, load_settings
-from bridge.core.store import StoreClient
+from bridge.core.store import API, StoreClient
 from bridge.tools.render import console, key_value_table, show
 from bridge.tools.rollouts import store_poll, wait_for_rollouts
 from bridge.tools.stack import LocalStack, StackConfig, StackError, http_ok, redis_answers
@@ -133,7 +133,7 @@ def _stack_config(settings: Settings, store_configured: bool, args: argparse.Nam
         say(f"CELERY_BROKER_URL={redact_url(broker)} does not answer; starting a local Redis instead")
         broker = None
     store = settings.store_base if store_configured else None
-    if store and not http_ok(f"{store}/v1/agl/health", {"status": "ok"}):
+    if store and not http_ok(f"{store}{API}/health", {"status": "ok"}):
         say(f"AGENT_LIGHTNING_STORE_URL={redact_url(store)} does not answer; starting `agl store` instead")
         store = None
     webshop = str(settings.webshop_url).rstrip("/") if "webshop_url" in chosen else None

@@ -19,6 +19,7 @@ from pathlib import Path
 import redis
 
 from bridge.core import keys
+from bridge.core.store import API
 from bridge.tools.procs import (
     PYTHON,
     ManagedProcess,
@@ -154,7 +155,7 @@ class LocalStack:
         say(f"broker: started Redis at {url}")
 
     def _ensure_store(self, say: Callable[[str], None]) -> None:
-        if self.store_url and http_ok(f"{self.store_url}/v1/agl/health", {"status": "ok"}):
+        if self.store_url and http_ok(f"{self.store_url}{API}/health", {"status": "ok"}):
             say(f"store: using {self.store_url}")
             return
         agl = find_executable("agl")
@@ -169,7 +170,7 @@ class LocalStack:
         if self.config.store_tracker:
             argv += ["--tracker", self.config.store_tracker]
         env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
-        self._spawn("store", argv, lambda: http_ok(f"{url}/v1/agl/health", {"status": "ok"}), env=env, timeout=90)
+        self._spawn("store", argv, lambda: http_ok(f"{url}{API}/health", {"status": "ok"}), env=env, timeout=90)
         self.store_url = url
         say(f"store: started `agl store` at {url}")
 

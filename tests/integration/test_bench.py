@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -45,7 +46,7 @@ REQUIRED = {
 PEER = {"peer_rollouts_per_s", "ratio_vs_peer", "peer_store_requests_per_rollout", "peer_cpu_ms_per_rollout"}
 
 
-def _bench(services: LocalStack, log_dir: Path, *extra: str, timeout_s: float = 420) -> dict[str, object]:
+def _bench(services: LocalStack, log_dir: Path, *extra: str, timeout_s: float = 420) -> dict[str, Any]:
     argv = [
         sys.executable,
         "-m",
@@ -88,8 +89,9 @@ def test_bench_prints_every_figure_as_json(services: LocalStack, tmp_path: Path)
     assert result["worker_cpu_ms_per_rollout"] > 0 and result["worker_rss_mb_total"] > 0
     assert result["dispatch_probes"] == 4
     # Dispatch split in two with the worker's own start time: the bridge's Store poll, then the hand-off.
-    assert result["dispatch_enqueue_to_dequeue_p50_ms"] >= 0 and result["dispatch_dequeue_to_start_p50_ms"] >= 0
-    assert result["dequeue_to_start_p50_ms"] >= 0
+    # Each is a real interval on a quiet local stack: positive, and far below the run's own deadline.
+    for figure in ("dispatch_enqueue_to_dequeue_p50_ms", "dispatch_dequeue_to_start_p50_ms", "dequeue_to_start_p50_ms"):
+        assert 0 < result[figure] < 30_000, (figure, result[figure])
 
 
 def test_bench_runs_the_agent_lightning_runner_side_by_side(services: LocalStack, tmp_path: Path) -> None:

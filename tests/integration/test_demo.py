@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from bridge.core.store import API
 from bridge.tools.stack import LocalStack, http_ok
 from tests.helpers import cancel_unfinished
 
@@ -104,5 +105,5 @@ def test_demo_runs_rollouts_prints_a_summary_and_ctrl_c_stops_only_its_processes
         with pytest.raises(httpx.TransportError):
             httpx.get(url, timeout=2)
     # ... and the configured services it merely used still answer.
-    assert http_ok(f"{services.store_url}/v1/agl/health", {"status": "ok"})
+    assert http_ok(f"{services.store_url}{API}/health", {"status": "ok"})
     assert http_ok(f"{services.webshop_url}/health", {"status": "ok"})

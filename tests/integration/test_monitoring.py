@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from bridge.core.message import TASK_NAME
 from bridge.tools.stack import LocalStack
 from tests.helpers import cancel_unfinished, enqueue, split_tasks, stack_for, wait_finished
 
@@ -187,7 +188,7 @@ def test_flower_shows_rollout_attempt_and_instruction_behind_basic_auth(ops: dic
     tasks = httpx.get(f"{stack.flower_url}/api/tasks", auth=FLOWER_AUTH, timeout=10).json()
     final = ops["final"]
     assert isinstance(final, dict)
-    shown = {task_id: task for task_id, task in tasks.items() if task.get("name") == "workers.run_rollout"}
+    shown = {task_id: task for task_id, task in tasks.items() if task.get("name") == TASK_NAME}
     for rid in ops["good"]:  # type: ignore[attr-defined]
         attempt_id = final[rid]["attempt"]["attempt_id"]
         assert attempt_id in shown, f"{attempt_id} not in Flower"

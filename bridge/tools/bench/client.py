@@ -12,9 +12,8 @@ from typing import Any
 
 import httpx
 
+from bridge.core.store import API
 from bridge.tools.rollouts import wait_for_rollouts
-
-API = "/v1/agl"
 
 
 class BenchClient:

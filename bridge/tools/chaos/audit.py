@@ -21,10 +21,9 @@ import collections
 from typing import Any
 
 import httpx
-import redis
 from rich.table import Table
 
-from bridge.core import keys
+from bridge.core import capacity
 from bridge.core.models import ACTIVE_ATTEMPT, Attempt
 from bridge.tools.chaos.state import REPORTED, ChaosRun, FinalReport, ScenarioResult
 from bridge.tools.render import cell, to_text
@@ -35,7 +34,7 @@ def audit(run: ChaosRun) -> ScenarioResult:
     result = ScenarioResult(name="", enqueued=len(run.rollout_ids), notes=run.notes)
     ledger = _ledger(run.stack.webshop_url)
     attempts = {rid: run.store.list_attempts(rid) for rid in run.rollout_ids}
-    markers = _redis_markers(run.redis, [a.attempt_id for items in attempts.values() for a in items])
+    facts = capacity.executions(run.redis, [a.attempt_id for items in attempts.values() for a in items])
     for rid in run.rollout_ids:
         final = run.latest.get(rid)
         status = run.first_final.get(rid)
@@ -48,7 +47,7 @@ def audit(run: ChaosRun) -> ScenarioResult:
         else:
             result.failed[str(meta.get("failure_class") or status)] += 1
         for attempt in attempts[rid]:
-            reason = _second_execution(run, attempt, markers.get(attempt.attempt_id, (None, False)))
+            reason = _second_execution(run, attempt, facts[attempt.attempt_id])
             if reason is not None:
                 result.executed_twice += 1
                 run.note(f"{reason} in {rid}/{attempt.attempt_id}")
@@ -60,7 +59,7 @@ def audit(run: ChaosRun) -> ScenarioResult:
     return result
 
 
-def _second_execution(run: ChaosRun, attempt: Attempt, marker: tuple[str | None, bool]) -> str | None:
+def _second_execution(run: ChaosRun, attempt: Attempt, fact: capacity.Execution) -> str | None:
     """Why ``attempt`` counts as executed twice, or None. Notes a finished attempt that is still leased."""
     if _episode_roots(run.store.spans(attempt.rollout_id, attempt.attempt_id)) > 1:
         return "two executions"
@@ -69,28 +68,12 @@ def _second_execution(run: ChaosRun, attempt: Attempt, marker: tuple[str | None,
         return (
             f"a second final report ({first.status} by {first.worker_id}, then {report.status} by {report.worker_id})"
         )
-    done, leased = marker
+    done = fact.reported
     if done in REPORTED and attempt.status in REPORTED and done != attempt.status:
         return f"two final reports (Redis says {done}, the Store {attempt.status})"
-    if leased and attempt.status not in ACTIVE_ATTEMPT:
+    if fact.leased and attempt.status not in ACTIVE_ATTEMPT:
         run.note(f"{attempt.attempt_id} is {attempt.status} and still leased by an executor")
     return None
-
-
-def _redis_markers(client: redis.Redis, attempt_ids: list[str]) -> dict[str, tuple[str | None, bool]]:
-    """Attempt id -> (status of its ``done`` marker, whether a lease is held), in one round trip."""
-    if not attempt_ids:
-        return {}
-    pipe = client.pipeline(transaction=False)
-    for aid in attempt_ids:
-        pipe.get(keys.done(aid))
-        pipe.exists(keys.lease(aid))
-    answers = pipe.execute()
-    out: dict[str, tuple[str | None, bool]] = {}
-    for i, aid in enumerate(attempt_ids):
-        done = answers[2 * i]
-        out[aid] = (done.decode() if isinstance(done, bytes) else done, bool(answers[2 * i + 1]))
-    return out
 
 
 def _episode_roots(spans: list[dict[str, Any]]) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -46,9 +47,9 @@ def test_a_process_that_exits_while_starting_fails_with_its_log(tmp_path: Path) 
 def test_process_tree_readings_include_children() -> None:
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
-        assert child.pid in metrics.tree([__import__("os").getpid()])
+        assert child.pid in metrics.tree([os.getpid()])
         assert metrics.rss_mb(child.pid) > 0 and metrics.tree([0]) == []
-        assert metrics.tree_cpu_seconds([child.pid]) >= 0.0
+        assert metrics.tree_cpu_seconds([child.pid]) < 5.0  # a sleeping child has used next to no CPU
     finally:
         child.kill()
         child.wait()
