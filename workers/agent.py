@@ -2,7 +2,9 @@
 
 It knows nothing about Celery or the Store's state machine: it gets an environment, an LLM and a
 telemetry object, and a ``check_stop`` callback that raises when the attempt must stop (superseded,
-cancelled, out of time). The reward it returns is exactly what the environment reported.
+cancelled, out of time). The stop check and the episode's ``deadline`` also go into every LLM call, whose
+retries would otherwise outlast the budget (nothing else interrupts a thread of a ``-P threads`` worker).
+The reward it returns is exactly what the environment reported.
 """
 
 from __future__ import annotations
@@ -56,6 +58,10 @@ class Episode:
     check_stop: Callable[[], None]
     before_llm_call: Callable[[], object] | None = None  # waits for the global rate limit (workers.ratelimit)
     after_llm_call: Callable[[int | None], None] | None = None  # charges the tokens a call used
+    # Epoch seconds at which the episode must stop (the attempt's soft limit). Passed into every LLM call
+    # with ``check_stop``: under ``-P threads`` Celery enforces no time limit, so only this bounds the
+    # LLM's retries and each request's timeout (workers.llm.chat).
+    deadline: float | None = None
 
     def run(self) -> EpisodeResult:
         with self.telemetry.span("webshop.env.reset", {"webshop.request": str(self.task.reset_request())}):
@@ -137,6 +143,9 @@ class Episode:
                 retries=self.settings.llm_retries,
                 max_backoff_s=self.settings.llm_max_backoff_s,
                 before_call=self.before_llm_call,
+                check_stop=self.check_stop,
+                deadline=self.deadline,
+                timeout_s=self.settings.llm_timeout_s,
             )
             result.llm_calls += 1
             result.llm_rate_limited += reply.rate_limited

@@ -38,6 +38,7 @@ from bridge.core.errors import (
 from bridge.core.logs import RolloutLogger
 from bridge.core.models import AttemptedRollout, AttemptStatus
 from bridge.core.redact import redact_text
+from workers import clock
 from workers import llm as llm_mod
 from workers.agent import Episode
 from workers.failures import FailureClass, classify
@@ -64,7 +65,9 @@ class AttemptRun(AttemptReporter):
         self.rollout = rollout
         self.rid, self.aid = rollout.rollout_id, rollout.attempt.attempt_id
         self.log = RolloutLogger(log, {"rollout_id": self.rid, "attempt_id": self.aid, "task_id": self.celery_task_id})
-        self.dequeued_at = rollout.attempt.start_time or self.started
+        # The Store's clock stamped the dequeue: on ours, the attempt's budget and the watchdog are judged right.
+        start = rollout.attempt.start_time
+        self.dequeued_at = clock.to_local(start) if start else self.started
         lease = Lease(self.res.redis, self.aid, self.settings.lease_ttl_s)
         # The started marker must outlive any redelivery of this message.
         claim = lease.claim(started_ttl_s=2 * self.settings.visibility_timeout_s)
@@ -77,6 +80,9 @@ class AttemptRun(AttemptReporter):
             )
         self.lease = lease
         try:
+            kept = None if claim.first_start else self._pending_report()
+            if kept is not None:  # the episode ran in an earlier delivery: deliver its report, nothing else
+                return self._deliver_kept(kept)
             return self._run_leased(lease, first_start=claim.first_start)
         finally:
             try:
@@ -158,6 +164,7 @@ class AttemptRun(AttemptReporter):
                 telemetry=telemetry,
                 settings=self.settings,
                 check_stop=watch.check,
+                deadline=watch.deadline,
                 before_llm_call=partial(limiter.acquire, watch.check) if limiter else None,
                 after_llm_call=limiter.charge_tokens if limiter else None,
             )
@@ -245,5 +252,6 @@ class AttemptRun(AttemptReporter):
 
 
 def is_retryable_before_progress(exc: BaseException) -> bool:
-    """Infrastructure errors worth a Celery retry: nothing of the episode has happened yet."""
+    """Infrastructure errors worth a Celery retry: nothing of the episode has happened yet, or the episode
+    has run and its report is kept in Redis (``ReportPending``, a StoreUnavailable), which the retry delivers."""
     return isinstance(exc, (StoreUnavailable, redis.ConnectionError, redis.TimeoutError))

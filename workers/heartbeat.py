@@ -1,15 +1,21 @@
-"""One background thread per worker process that keeps every running attempt alive and fenced.
+"""Two background threads per worker process that keep every running attempt alive and fenced.
 
-For each attempt it watches, on every interval it renews the Redis lease and reads the rollout: if the
-attempt is no longer the latest, or the Store marked it ``timeout``/``unresponsive``, or the rollout
-finished or was cancelled, the attempt is flagged and the agent loop stops at its next check
-(docs/store-protocol.md section 10). Then, only for rollouts with ``unresponsive_seconds`` (the watchdog
-ignores liveness otherwise) and only when no span was stored since the last beat, it sends
-``last_heartbeat_time``.
-It also ships buffered spans every few seconds, because stored spans keep the attempt alive too.
+* The *lease* thread renews the Redis leases of all the process's attempts in one pipelined round trip,
+  every ``min(interval, lease TTL / 4)``, and does nothing else: no Store call can delay it, so a slow or
+  hung Store never lets a live attempt's lease lapse (which would let the bridge's reconcile or a
+  redelivery take over live work). A renewal that finds the attempt owned by a later claim, or already
+  reported, flags the attempt and the agent loop stops at its next check, without writing anything more.
+* The *Store* thread, on every interval, reads the rollout: if the attempt is no longer the latest, or the
+  Store marked it ``timeout``/``unresponsive``, or the rollout finished or was cancelled, the attempt is
+  flagged (docs/store-protocol.md section 10). Then, only for rollouts with ``unresponsive_seconds`` (the
+  watchdog ignores liveness otherwise) and only when no span was stored since the last beat, it sends
+  ``last_heartbeat_time``. It also ships buffered spans every few seconds, because stored spans keep the
+  attempt alive too. Each of its Store calls is bounded by what the latest renewal guarantees: it must end
+  while the lease is still known to be ours, so nothing is written after a takeover could have happened;
+  an attempt whose lease is not known to be live gets no Store call until the next renewal.
 
-One thread serves all attempts of the process, so a ``-P threads`` worker with 128 slots runs one
-heartbeat thread, not 128. Each Store call here makes a single try: the next tick is the retry.
+One pair of threads serves all attempts of the process, so a ``-P threads`` worker with 128 slots runs two
+threads, not 128. Each Store call here makes a single try: the next tick is the retry.
 """
 
 from __future__ import annotations
@@ -24,13 +30,16 @@ import redis
 from bridge.core.errors import StoreError, Superseded, TelemetryError, UnknownIdError
 from bridge.core.models import ACTIVE_ATTEMPT, ACTIVE_ROLLOUT, AttemptedRollout, RolloutConfig
 from bridge.core.store import StoreClient
-from workers.lease import Lease
+from workers.lease import Lease, Renewal, renew_all
 from workers.telemetry import AttemptTelemetry
 
 log = logging.getLogger("workers.heartbeat")
 
 TICK_S = 0.25
 HEARTBEAT_TIMEOUT_S = 5.0
+RENEW_MAX_EVERY_S = 10.0  # at most this long between renewals (the bridge waits two of them after Redis data loss)
+LEASE_MARGIN_S = 1.0  # a Store call must end this long before the lease could lapse
+MIN_STORE_CALL_S = 0.5  # less lease left than this: wait for the next renewal instead of calling the Store
 
 
 @dataclass(eq=False)
@@ -52,6 +61,7 @@ class AttemptWatch:
     beats: int = 0
     spans_at_last_beat: int = 0  # spans exported when the previous beat ran
     reporting: bool = False  # the final report is under way: keep the lease, stop fencing (it is our own report)
+    lease_unknown: bool = False  # the latest renewal could not reach Redis: nobody can claim through it either
 
     def __post_init__(self) -> None:
         first = self.interval_s if self.first_beat_in_s is None else self.first_beat_in_s
@@ -103,69 +113,127 @@ class HeartbeatMonitor:
         self._redis = redis_client
         self._watches: set[AttemptWatch] = set()
         self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
+        self._closed = threading.Event()
+        self._renewals_failed = 0
 
     def watch(self, watch: AttemptWatch) -> None:
         with self._lock:
             self._watches.add(watch)
-            if self._thread is None or not self._thread.is_alive():
-                # Started lazily so that under prefork it lives in the child, not the parent.
-                self._thread = threading.Thread(target=self._run, name="attempt-heartbeat", daemon=True)
-                self._thread.start()
+            if not self._threads or not all(t.is_alive() for t in self._threads):
+                # Started lazily so that under prefork they live in the child, not the parent.
+                self._threads = [
+                    threading.Thread(target=self._renew_loop, name="attempt-leases", daemon=True),
+                    threading.Thread(target=self._store_loop, name="attempt-heartbeat", daemon=True),
+                ]
+                for thread in self._threads:
+                    thread.start()
 
     def unwatch(self, watch: AttemptWatch) -> None:
         with self._lock:
             self._watches.discard(watch)
 
-    def _run(self) -> None:
-        while True:  # a daemon thread: it ends with its process
-            time.sleep(TICK_S)
-            with self._lock:
-                watches = list(self._watches)
+    def close(self) -> None:
+        """Stop both threads (tests; a worker process simply exits, they are daemons)."""
+        self._closed.set()
+        for thread in self._threads:
+            thread.join(timeout=15)
+
+    def _snapshot(self) -> list[AttemptWatch]:
+        with self._lock:
+            return list(self._watches)
+
+    # --- the lease thread --------------------------------------------------------------------
+
+    def _renew_every(self, watches: list[AttemptWatch]) -> float:
+        """Often enough that a lease never lapses and that Redis data loss is repaired within one interval."""
+        every = min((min(w.interval_s, w.lease.ttl_s / 4) for w in watches), default=1.0)
+        return max(TICK_S, min(every, RENEW_MAX_EVERY_S))
+
+    def _renew_loop(self) -> None:
+        while True:
+            try:
+                watches = self._snapshot()
+                self.renew(watches)
+            except Exception:  # the thread must survive anything
+                log.exception("lease renewal failed")
+                watches = []
+            if self._closed.wait(self._renew_every(watches)):
+                return
+
+    def renew(self, watches: list[AttemptWatch]) -> None:
+        """Renew every watched attempt's lease in one round trip; flag the ones that are no longer ours."""
+        if not watches:
+            return
+        try:
+            results = renew_all(self._redis, [w.lease for w in watches])
+        except redis.RedisError as exc:
+            self._renewals_failed += 1
+            if self._renewals_failed == 1 or self._renewals_failed % 20 == 0:
+                log.warning("could not renew %d leases (will retry): %r", len(watches), exc)
             for watch in watches:
+                watch.lease_unknown = True  # a Redis outage is not a reason to stop a live episode
+            return
+        self._renewals_failed = 0
+        for watch, result in zip(watches, results, strict=True):
+            watch.lease_unknown = False
+            if watch.reporting or result is Renewal.HELD:
+                continue  # while reporting, a lapse is our own report's done marker
+            if result is Renewal.DONE:
+                watch.stop("the attempt was already reported (another executor finished it)")
+            else:
+                watch.stop("lost the execution lease (another executor took over)")
+
+    # --- the Store thread --------------------------------------------------------------------
+
+    def _store_loop(self) -> None:
+        while not self._closed.wait(TICK_S):
+            for watch in self._snapshot():
                 try:
                     self._service(watch)
                 except Exception:  # the thread must survive anything one attempt throws
                     log.exception("heartbeat failed for attempt %s", watch.attempt_id)
+
+    def store_budget(self, watch: AttemptWatch) -> float | None:
+        """Seconds one Store call for ``watch`` may take, or None when it must not be made now.
+
+        The call must end while the latest renewal still guarantees that the attempt is ours; with Redis
+        unreachable nobody can take the attempt over either, so the usual bound applies.
+        """
+        cap = max(1.0, min(watch.interval_s, HEARTBEAT_TIMEOUT_S))
+        if watch.lease_unknown:
+            return cap
+        left = watch.lease.valid_until - time.monotonic() - LEASE_MARGIN_S
+        if left < MIN_STORE_CALL_S:
+            return None
+        return min(cap, left)
 
     def _service(self, watch: AttemptWatch) -> None:
         now = time.monotonic()
         telemetry = watch.telemetry
         flush_due = telemetry is not None and telemetry.pending and now - telemetry.last_flush >= watch.flush_interval_s
         beat_due = now >= watch.next_beat and watch.stop_reason is None
-        # One lease renewal per tick, before anything is written to the Store for this attempt.
-        if not (flush_due or beat_due) or not self._still_ours(watch):
+        if not (flush_due or beat_due):
             return
+        budget = self.store_budget(watch)
+        if budget is None:
+            return  # lost, or not renewed lately: write nothing until a renewal says it is ours
         if flush_due and telemetry is not None:
             try:
                 # Bounded: a failed flush keeps the spans for the next tick instead of stalling this thread.
-                telemetry.flush(deadline=time.time() + watch.interval_s)
+                telemetry.flush(deadline=time.time() + budget, timeout=budget)
             except TelemetryError as exc:
                 log.warning("span flush for attempt %s failed, will retry: %s", watch.attempt_id, exc)
-        if beat_due:
+            budget = self.store_budget(watch)
+        if beat_due and budget is not None:
             watch.next_beat = now + watch.interval_s
-            self.beat(watch)
+            self.beat(watch, timeout=budget)
 
-    def _still_ours(self, watch: AttemptWatch) -> bool:
-        """Renew the lease before touching the Store: an executor that stalled past its lease must not
-        write into an attempt another executor has taken over (a Redis outage is not a reason to stop)."""
-        try:
-            if watch.lease.renew():
-                return True
-        except redis.RedisError as exc:
-            log.warning("could not renew lease of %s (will retry): %r", watch.attempt_id, exc)
-            return True
-        watch.stop("lost the execution lease (another executor took over)")
-        return False
-
-    def beat(self, watch: AttemptWatch) -> None:
-        """Fence read, then a heartbeat where one is needed; the caller has just renewed the lease."""
+    def beat(self, watch: AttemptWatch, *, timeout: float = HEARTBEAT_TIMEOUT_S) -> None:
+        """Fence read, then a heartbeat where one is needed; ``timeout`` bounds each Store call."""
         if watch.reporting:
             return
         try:
-            # A short timeout: one thread serves every attempt of the process, and a Store that hangs
-            # (paused, overloaded) must not keep it from renewing the other attempts' leases.
-            timeout = max(1.0, min(watch.interval_s, HEARTBEAT_TIMEOUT_S))
             # Read first: any update of the latest attempt makes the Store recompute the rollout's status from
             # it, so a heartbeat sent after a cancellation turns `cancelled` back into `preparing` (observed
             # with agentlightning 0.3.0). Only an attempt that passed this read is touched.
@@ -187,6 +255,9 @@ class HeartbeatMonitor:
                 # clock (docs/store-protocol.md 6.4): no heartbeat request.
                 watch.spans_at_last_beat = exported
                 return
+            left = self.store_budget(watch)
+            if left is None:
+                return  # the read used up what the latest renewal guarantees: the next beat sends it
             sent_at = time.time()
             attempt = self._store.update_attempt(
                 watch.rollout_id,
@@ -194,7 +265,7 @@ class HeartbeatMonitor:
                 last_heartbeat_time=sent_at,
                 worker_id=watch.executor,  # the Store learns who runs it, at no extra cost
                 retries=0,
-                timeout=timeout,
+                timeout=min(timeout, left),
             )
             if attempt.status not in ACTIVE_ATTEMPT and not watch.reporting:
                 watch.stop(f"the Store marked the attempt {attempt.status}")

@@ -1,38 +1,100 @@
 """A Redis lease on an attempt: the idempotency guard against Celery's at-least-once delivery.
 
-The attempt id is the Celery task id. Whoever holds ``agl:lease:<attempt>`` executes it; a second
-delivery of the same message while the lease is live does nothing. The lease expires on its own when
-its holder dies (no renewal), so a redelivery after a crash can take over.
+The attempt id is the Celery task id. Three keys per attempt (``bridge.core.keys``):
+
+* ``agl:lease:<attempt>``: who executes it *now*; expires on its own when its holder stops renewing it, so
+  a redelivery after a crash can take over (the bridge's reconcile also reads it);
+* ``agl:owner:<attempt>``: who claimed it *last*, as an epoch-prefixed token (``<epoch>:<host:pid:thread>:<rand>``).
+  It outlives the lease, and each claim raises the epoch by one. A renewal succeeds only for this owner and
+  never after the done marker, so an executor that stalled past its lease and was taken over learns at its
+  next renewal that the attempt is no longer its own, and stops without writing (it cannot re-create the
+  lease, as an unconditional renewal could);
+* ``agl:started:<attempt>``: set by the first claim; a later claim is a takeover and reads the Store first.
+
+Redis data loss (a restart without persistence, FLUSHDB) drops all three. A live executor's next renewal
+restores them, the started marker included, because the bridge's reconcile tells a started attempt from a
+stranded one by lease and started marker. If two executors renew after such a loss (a takeover raced the
+loss), the higher epoch wins: epochs only grow through claims, so the higher one is the later claim.
+
+Public API, kept small because ``workers.execution``, ``workers.reporting`` and ``workers.heartbeat`` share it:
+``Lease.claim``, ``Lease.renew`` (bool), ``Lease.release``, ``Lease.remaining_s``, ``Lease.holder``,
+``Lease.valid_until`` (monotonic time up to which our lease is known to be live), ``renew_all`` (every
+lease of a process in one round trip), ``mark_done`` and ``free_slot``.
 """
 
 from __future__ import annotations
 
+import enum
 import os
 import socket
 import threading
+import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import redis
 
 from bridge.core import keys, locks
 
-# Renew our lease; if the key vanished (Redis restarted without persistence, or it expired while the
-# heartbeat thread was stalled) and nobody else took it, take it back instead of abandoning a live episode.
-_RENEW = (
-    "local v = redis.call('get', KEYS[1]) "
-    "if v == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end "
-    "if not v then return redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2]) and 1 or 0 end "
-    "return 0"
-)
+# KEYS: lease, done, started, owner. ARGV: our executor token, lease ttl ms, started/owner ttl s.
 # One round trip at task start: finished already? someone else executing? the first start of the attempt?
-_CLAIM = (
-    "local done = redis.call('get', KEYS[2]) "
-    "if done then return {0, done} end "
-    "if not redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return {1, ''} end "
-    "if redis.call('set', KEYS[3], ARGV[1], 'NX', 'EX', ARGV[3]) then return {2, '1'} end "
-    "return {2, '0'}"
-)
+# A claim raises the owner's epoch by one, so whoever held the attempt before can never renew it again.
+_CLAIM = """
+local done = redis.call('get', KEYS[2])
+if done then return {0, done, ''} end
+if redis.call('exists', KEYS[1]) == 1 then return {1, '', ''} end
+local owner = redis.call('get', KEYS[4])
+local epoch = 1
+if owner then epoch = (tonumber(string.match(owner, '^(%d+):')) or 0) + 1 end
+local token = string.format('%d', epoch) .. ':' .. ARGV[1]
+redis.call('set', KEYS[1], token, 'PX', ARGV[2])
+redis.call('set', KEYS[4], token, 'EX', ARGV[3])
+local first = '0'
+if redis.call('set', KEYS[3], token, 'NX', 'EX', ARGV[3]) then first = '1' end
+return {2, first, token}
+"""
+
+# KEYS: lease, owner, started, done of each lease in turn (4 per lease). ARGV: token, lease ttl ms, started/owner
+# ttl s of each lease in turn (3 per lease). One call renews every lease of a process, atomically.
+# Per lease: 1 (held: lease extended, or restored after data loss together with owner and started marker),
+# 0 (lost: a later claim owns the attempt, or we never claimed it) or 2 (done: the attempt was reported;
+# nobody renews it again).
+_RENEW = """
+local out = {}
+for i = 0, #KEYS / 4 - 1 do
+  local lease, owner_key, started, done = KEYS[4 * i + 1], KEYS[4 * i + 2], KEYS[4 * i + 3], KEYS[4 * i + 4]
+  local token, ttl_ms, keep_s = ARGV[3 * i + 1], ARGV[3 * i + 2], ARGV[3 * i + 3]
+  local ours = tonumber(string.match(token, '^(%d+):')) or 0
+  local result = 1
+  if redis.call('exists', done) == 1 then
+    result = 2
+  elseif ours < 1 then
+    result = 0
+  else
+    local owner = redis.call('get', owner_key)
+    if owner and owner ~= token and (tonumber(string.match(owner, '^(%d+):')) or 0) >= ours then result = 0 end
+  end
+  if result == 1 then
+    redis.call('set', lease, token, 'PX', ttl_ms)
+    redis.call('set', owner_key, token, 'EX', keep_s)
+    redis.call('set', started, token, 'NX', 'EX', keep_s)
+  end
+  out[i + 1] = result
+end
+return out
+"""
+
+# KEYS: in-flight set, lease. ARGV: attempt id, our token ('' when we never held the attempt).
+# The in-flight entry is per attempt id, shared by every delivery of it: only clear it when no other executor
+# holds the attempt right now, or a duplicate (or a stale executor) would free the live execution's slot.
+_FREE_SLOT = """
+local holder = redis.call('get', KEYS[2])
+if holder and holder ~= ARGV[2] then return 0 end
+return redis.call('zrem', KEYS[1], ARGV[1])
+"""
+
+DEFAULT_STARTED_TTL_S = 4 * 3600.0
 
 
 def executor_id() -> str:
@@ -47,40 +109,84 @@ class Claim:
     done_status: str | None = None  # the attempt was already reported with this status
 
 
+class Renewal(enum.Enum):
+    """What a renewal found: still ours, taken over by a later claim, or already reported."""
+
+    HELD = 1
+    LOST = 0
+    DONE = 2
+
+
 class Lease:
     def __init__(self, client: redis.Redis, attempt_id: str, ttl_s: float) -> None:
         self._client = client
         self.attempt_id = attempt_id
         self.key = keys.lease(attempt_id)
         self.ttl_ms = int(ttl_s * 1000)
-        self.token = f"{executor_id()}:{uuid.uuid4().hex[:8]}"
+        self.ttl_s = ttl_s
+        # Epoch-prefixed by ``claim``; until then nothing in Redis can match it.
+        self.token = f"0:{executor_id()}:{uuid.uuid4().hex[:8]}"
+        self._suffix = self.token.split(":", 1)[1]
+        self.started_ttl_s = DEFAULT_STARTED_TTL_S
+        # Monotonic time until which the lease is known to be ours: set from the send time of the latest
+        # successful claim or renewal (Redis starts the TTL later than that, so this errs on the safe side).
+        self.valid_until = 0.0
+
+    def _keys(self) -> list[str]:
+        aid = self.attempt_id
+        return [self.key, keys.owner(aid), keys.started(aid), keys.done(aid)]
+
+    def _args(self) -> list[str | int]:
+        return [self.token, self.ttl_ms, max(1, int(self.started_ttl_s))]
 
     def claim(self, started_ttl_s: float) -> Claim:
         """Take the lease unless the attempt is finished or held; note whether this is its first start.
 
-        The started marker must outlive any redelivery of the task (``started_ttl_s``: the broker's
-        visibility timeout and more), or a takeover would be taken for a first start.
+        The started marker and the owner key must outlive any redelivery of the task (``started_ttl_s``:
+        the broker's visibility timeout and more), or a takeover would be taken for a first start and a
+        stale executor could take an attempt back.
         """
-        code, value = self._client.eval(
+        self.started_ttl_s = max(1.0, started_ttl_s)
+        sent = time.monotonic()
+        code, value, token = self._client.eval(
             _CLAIM,
-            3,
+            4,
             self.key,
             keys.done(self.attempt_id),
             keys.started(self.attempt_id),
-            self.token,
+            keys.owner(self.attempt_id),
+            self._suffix,
             self.ttl_ms,
-            max(1, int(started_ttl_s)),
+            max(1, int(self.started_ttl_s)),
         )
-        text = value.decode() if isinstance(value, bytes) else str(value)
+        text = _text(value) or ""
         if int(code) == 0:
             return Claim(False, done_status=text)
+        if int(code) == 2:
+            self.token = _text(token) or self.token
+            self.valid_until = sent + self.ttl_s
         return Claim(int(code) == 2, first_start=text == "1")
 
     def renew(self) -> bool:
-        return bool(self._client.eval(_RENEW, 1, self.key, self.token, self.ttl_ms))
+        """Extend the lease if the attempt is still ours and unreported; False means stop without writing.
+
+        After Redis data loss this restores the lease, the owner key and the started marker.
+        Raises ``redis.RedisError`` when Redis cannot tell.
+        """
+        return renew_all(self._client, [self])[0] is Renewal.HELD
+
+    def _apply(self, answer: object, sent: float) -> Renewal:
+        result = Renewal(int(answer))  # type: ignore[call-overload]
+        if result is Renewal.HELD:
+            self.valid_until = max(self.valid_until, sent + self.ttl_s)
+        else:
+            self.valid_until = 0.0
+        return result
 
     def release(self) -> None:
+        """Drop our lease (never another executor's); the owner key stays, so nobody older can renew."""
         locks.release(self._client, self.key, self.token)
+        self.valid_until = 0.0
 
     def remaining_s(self) -> float:
         """Seconds until the lease lapses (0 when it is gone): how long a duplicate delivery should wait."""
@@ -88,9 +194,41 @@ class Lease:
         return max(0.0, ttl_ms / 1000.0)
 
     def holder(self) -> str | None:
-        value = self._client.get(self.key)
-        return value.decode() if isinstance(value, bytes) else value
+        return _text(self._client.get(self.key))
+
+
+def renew_all(client: redis.Redis, leases: Sequence[Lease]) -> list[Renewal]:
+    """Renew every lease in one Redis call (one script over all of them), whatever the Store is doing.
+
+    Returns one result per lease, in order. Raises ``redis.RedisError`` when Redis cannot tell.
+    """
+    if not leases:
+        return []
+    script = client.register_script(_RENEW)  # EVALSHA; the script is loaded again after a Redis restart
+    sent = time.monotonic()
+    answers = script(
+        keys=[key for lease in leases for key in lease._keys()],
+        args=[arg for lease in leases for arg in lease._args()],
+    )
+    return [lease._apply(answer, sent) for lease, answer in zip(leases, answers, strict=True)]
 
 
 def mark_done(client: redis.Redis, attempt_id: str, status: str, ttl_s: float) -> None:
     client.set(keys.done(attempt_id), status, ex=int(ttl_s))
+
+
+def free_slot(client: redis.Redis, queue: str, attempt_id: str, token: str | None = None) -> bool:
+    """Clear the attempt's in-flight entry unless another executor holds the attempt now; True if cleared.
+
+    ``token`` is the caller's own lease token when it executed the attempt (its lease may still be there if
+    the release failed); a delivery that never held the attempt passes None. The entry is per attempt id and
+    shared by every delivery: a rejected duplicate, an expired redelivery or a stale executor that was taken
+    over must leave the live execution's slot counted.
+    """
+    return bool(client.eval(_FREE_SLOT, 2, keys.inflight(queue), keys.lease(attempt_id), attempt_id, token or ""))
+
+
+def _text(value: object) -> str | None:
+    if value is None:
+        return None
+    return value.decode() if isinstance(value, bytes) else str(value)

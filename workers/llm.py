@@ -4,6 +4,10 @@ Resolution follows docs/store-protocol.md section 5: the rollout's resources (by
 ``main_llm`` of type ``llm`` (used as is) or ``proxy_llm`` (rewritten to the per-attempt URL so the
 proxy files its spans under this attempt); with neither, ``OPENAI_API_BASE`` + ``WEBSHOP_MODEL``.
 Everything goes through the ``openai`` SDK, so vLLM, OpenAI and the stand-in are interchangeable.
+
+A call never outlives its attempt: ``chat`` takes the episode's deadline and stop check, caps each try's
+timeout at the time left and stops retrying at the deadline (``TimeoutError``, class ``timeout``). Under
+``-P threads`` this is the only bound, as Celery's time limits work only under prefork.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import openai
@@ -24,6 +28,9 @@ from bridge.core.http import retry_after_s
 from bridge.core.models import AttemptedRollout, LLMResource, ResourcesUpdate
 from bridge.core.settings import Settings
 from workers import metrics as worker_metrics
+
+if TYPE_CHECKING:
+    from openai._types import RequestOptions  # a TypedDict: only its name is used, at type-checking time
 
 log = logging.getLogger("workers.llm")
 
@@ -125,8 +132,18 @@ def chat(
     retries: int,
     max_backoff_s: float,
     before_call: Callable[[], object] | None = None,
+    check_stop: Callable[[], None] | None = None,
+    deadline: float | None = None,
+    timeout_s: float | None = None,
 ) -> ChatResult:
     """One completion. 429 honours Retry-After (capped); 5xx and network errors back off; other 4xx fail.
+
+    ``deadline`` (epoch seconds) is the attempt's budget and ``check_stop`` its stop check (raises when
+    the attempt is superseded, cancelled or out of time). Under ``-P threads`` nothing else bounds this
+    call: Celery's soft/hard time limits exist only under prefork, and a warm shutdown waits for the
+    thread. So each try's timeout (``timeout_s``, else the client's) is capped at the time left, the stop
+    check runs before every try and during every back-off, and no try or back-off starts that would end
+    past the deadline: ``TimeoutError`` is raised instead, which ``workers.failures`` classes ``timeout``.
 
     The body is posted as built, through the SDK's generic ``post`` (same auth, base URL, timeouts and
     typed errors as ``chat.completions.create``), and the answer is read as plain JSON. Profiled at 0 ms
@@ -141,12 +158,17 @@ def chat(
     body["messages"] = messages
     attempt = 0
     rate_limited = 0
+    if timeout_s is None:
+        timeout_s = _client_timeout(client)
+    problem = ""
     while True:
+        _stop_if_due(check_stop, deadline, problem)
         if before_call is not None:
-            before_call()
+            before_call()  # the rate limiter's wait runs the stop check itself
+        options = _request_options(deadline, timeout_s, problem)
         started = time.perf_counter()
         try:
-            response = client.post("/chat/completions", cast_to=httpx.Response, body=body)
+            response = client.post("/chat/completions", cast_to=httpx.Response, body=body, options=options)
             result = _to_result(_json_object(response), time.perf_counter() - started, attempt, rate_limited)
             worker_metrics.observe_llm(time.perf_counter() - started, "ok", target.source)
             return result
@@ -154,7 +176,7 @@ def chat(
             worker_metrics.observe_llm(time.perf_counter() - started, "rate_limited", target.source)
             rate_limited += 1
             delay = retry_after_s(exc.response, with_ms=True) or backoff_delay(attempt, base_s=1.0, cap_s=max_backoff_s)
-            problem: str = f"429 rate limited: {_short(exc)}"
+            problem = f"429 rate limited: {_short(exc)}"
         except openai.APIStatusError as exc:
             worker_metrics.observe_llm(time.perf_counter() - started, "error", target.source)
             if exc.status_code < 500 and exc.status_code != 408:
@@ -173,12 +195,62 @@ def chat(
             worker_metrics.observe_llm(time.perf_counter() - started, "error", target.source)
             delay = backoff_delay(attempt, base_s=1.0, cap_s=max_backoff_s)
             problem = f"answer is not valid JSON: {_short(exc)}"
+        if deadline is not None and deadline - time.time() < MIN_TRY_S:
+            # This try was cut by the budget (its timeout was capped at the time left), not by the LLM.
+            raise TimeoutError(f"the rollout's time budget ran out while calling the LLM (last try: {problem})")
         if attempt >= retries:
             raise LLMError(f"LLM at {target.base_url} failed after {attempt + 1} tries: {problem}")
         delay = min(delay, max_backoff_s)
+        if deadline is not None and time.time() + delay >= deadline:
+            raise TimeoutError(
+                f"the rollout's time budget runs out before LLM retry {attempt + 1} (last try: {problem})"
+            )
         log.warning("LLM call failed (%s); retry %d in %.1fs", problem, attempt + 1, delay)
-        time.sleep(delay)
+        _sleep(delay, check_stop)
         attempt += 1
+
+
+STOP_CHECK_EVERY_S = 0.5  # a back-off re-runs the stop check at least this often
+MIN_TRY_S = 0.05  # a try with less time left than this is not started
+
+
+def _stop_if_due(check_stop: Callable[[], None] | None, deadline: float | None, problem: str) -> None:
+    """Raise if the attempt must stop: its own stop check first (it knows why), then the deadline."""
+    if check_stop is not None:
+        check_stop()
+    if deadline is not None and deadline - time.time() < MIN_TRY_S:
+        last = f" (last try: {problem})" if problem else ""
+        raise TimeoutError(f"the rollout's time budget ran out while calling the LLM{last}")
+
+
+def _request_options(deadline: float | None, timeout_s: float | None, problem: str) -> RequestOptions:
+    """This try's timeout: the configured one, never past the deadline (connect, read, write and pool
+    each get the capped value; the read timeout bounds each wait for bytes, so a server that never
+    answers is cut at the deadline)."""
+    if deadline is None:
+        return {} if timeout_s is None else {"timeout": httpx.Timeout(timeout_s, connect=min(10.0, timeout_s))}
+    left = deadline - time.time()
+    if left < MIN_TRY_S:
+        raise TimeoutError(f"the rollout's time budget ran out while calling the LLM (last try: {problem or 'none'})")
+    cap = left if timeout_s is None else min(timeout_s, left)
+    return {"timeout": httpx.Timeout(cap, connect=min(10.0, cap))}
+
+
+def _client_timeout(client: openai.OpenAI) -> float | None:
+    """The read timeout the client was built with (``make_client``: ``LLM_TIMEOUT_S``)."""
+    timeout = client.timeout
+    if isinstance(timeout, httpx.Timeout):
+        return timeout.read
+    return float(timeout) if isinstance(timeout, (int, float)) else None
+
+
+def _sleep(delay: float, check_stop: Callable[[], None] | None) -> None:
+    """A back-off that a cancelled or superseded attempt leaves within ``STOP_CHECK_EVERY_S``."""
+    end = time.monotonic() + delay
+    while (left := end - time.monotonic()) > 0:
+        time.sleep(min(left, STOP_CHECK_EVERY_S))
+        if check_stop is not None:
+            check_stop()
 
 
 def _json_object(response: httpx.Response) -> dict[str, Any]:

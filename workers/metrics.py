@@ -61,6 +61,11 @@ LLM_SECONDS = Histogram(
     buckets=_LATENCY_BUCKETS,
 )
 LLM_RATE_LIMITED = Counter("agl_worker_llm_rate_limited_total", "LLM answers with HTTP 429", ["source"])
+RATELIMIT_BYPASSED = Counter(
+    "agl_worker_ratelimit_bypassed_total",
+    "Global LLM rate-limit operations skipped because Redis did not answer (workers/ratelimit.py: BYPASS_S back-off)",
+    ["op"],
+)
 ENV_SECONDS = Histogram(
     "agl_worker_env_request_seconds", "One WebShop request (reset or step)", ["op"], buckets=_LATENCY_BUCKETS
 )
@@ -111,6 +116,8 @@ def _export_zeros() -> None:
         LLM_RATE_LIMITED.labels(source)
     for op in ("reset", "step"):
         ENV_ERRORS.labels(op, "transport")
+    for op in ("acquire", "charge"):
+        RATELIMIT_BYPASSED.labels(op)
 
 
 # --- recording (any pool process) ---------------------------------------------------------------
@@ -151,6 +158,11 @@ def observe_llm(seconds: float, outcome: str, source: str) -> None:
     LLM_SECONDS.labels(outcome).observe(seconds)
     if outcome == "rate_limited":
         LLM_RATE_LIMITED.labels(source).inc()
+
+
+def observe_ratelimit_bypassed(op: str) -> None:
+    """One limiter operation (``acquire``, ``charge``, ``refund``) that went ahead without Redis."""
+    RATELIMIT_BYPASSED.labels(op).inc()
 
 
 def observe_env(op: str, seconds: float, outcome: int | str) -> None:

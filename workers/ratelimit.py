@@ -8,62 +8,102 @@ capacity) is global, so the budget has to live where every worker sees it: the b
 The bucket holds two levels in one hash (``bridge.core.keys.ratelimit(model)``):
 
 * requests: refilled at ``rpm/60`` per second, capped at ``rpm * burst_s / 60`` (at least 1), and
-  charged one unit *before* each call;
+  charged one unit *before* each call (below zero while calls hold reservations, see below);
 * tokens (optional): refilled at ``tpm/60`` per second, charged *after* each call with the tokens the
   endpoint reported (the count is unknown before). The level may go negative; a call waits until it
   is back above zero. That is how a large answer slows the next calls instead of being refused.
 
 Refill uses the Redis server's clock (``TIME``), so workers with skewed clocks share one fair bucket.
-If Redis cannot be reached, the limiter lets the call through with a warning: an outage of the
-limiter must not fail episodes that the endpoint itself would have served (the LLM client still honours
-429 + Retry-After).
+
+**Fair: a reservation, not a race.** ``acquire`` debits its request at once, even when the level is
+short, and gets back the time at which the level pays that debt back: its reserved slot. It then sleeps
+until the slot without asking Redis again and calls. Callers are served in the order Redis saw them,
+each ``60/rpm`` after the one before, so with N waiters the longest wait is about ``N * 60/rpm`` and no
+caller can starve. (Before, every waiter re-polled on a jittered cadence and whoever polled first after
+a refill won: a waiter could lose to newcomers until its rollout timed out.) A caller stopped while it
+waits (cancelled, superseded, out of time) gives its reservation back. Token debt (``LLM_TPM``) delays
+reservations made while it lasts by the time it takes to pay back; nobody re-polls for it either.
+
+**Fail fast: a back-off when Redis does not answer.** If Redis cannot be reached, the limiter lets the
+call through with a warning: an outage of the limiter must not fail episodes that the endpoint itself
+would have served (the LLM client still honours 429 + Retry-After). But every call into an unreachable
+Redis waits for the socket timeout, so after a failure the process skips the limiter entirely for
+``BYPASS_S`` seconds (``agl_worker_ratelimit_bypassed_total`` counts the skipped acquires and charges).
+After the back-off one caller probes Redis while the others keep skipping, so an outage costs one
+socket timeout per process per back-off period, not one per LLM call.
 """
 
 from __future__ import annotations
 
 import logging
-import random
+import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import redis
 
 from bridge.core import keys
+from workers import metrics as worker_metrics
 
 log = logging.getLogger("workers.ratelimit")
 
-MAX_SLEEP_S = 1.0  # re-check stop conditions at least this often while waiting for budget
+MAX_SLEEP_S = 1.0  # re-check stop conditions at least this often while waiting for a reserved slot
+BYPASS_S = 5.0  # after Redis failed to answer, skip the limiter this long (one probe per period)
 
-# KEYS[1] bucket; ARGV: rpm, tpm, burst_s, request_cost, token_cost, force (1 = debit even if short).
-# Returns the seconds to wait (as a string: Lua numbers would be truncated to integers), "0" if granted.
-_TAKE = """
+# KEYS[1] bucket; ARGV: rpm, tpm, burst_s, request_cost, token_cost.
+# Debits both costs at once (levels may go negative: that is the reservation) and returns the seconds until
+# the debt this call leaves is paid back, its reserved slot: "0" if the call may go at once. A negative
+# request_cost gives a reservation back (capped at the bucket's size). Returned as a string: Lua numbers
+# would be truncated to integers.
+_RESERVE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local rpm, tpm, burst = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local req_cost, tok_cost, force = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6] == '1'
+local req_cost, tok_cost = tonumber(ARGV[4]), tonumber(ARGV[5])
 local h = redis.call('HMGET', KEYS[1], 'req', 'tok', 'ts')
 local elapsed = math.max(0, now - (tonumber(h[3]) or now))
 local req, tok, wait = 0, 0, 0
 if rpm > 0 then
   local cap = math.max(1, rpm * burst / 60)
   req = math.min(cap, (tonumber(h[1]) or cap) + elapsed * rpm / 60)
-  if req < req_cost then wait = (req_cost - req) * 60 / rpm end
+  req = math.min(cap, req - req_cost)
+  if req_cost > 0 and req < 0 then wait = -req * 60 / rpm end
 end
 if tpm > 0 then
   local cap = math.max(1, tpm * burst / 60)
   tok = math.min(cap, (tonumber(h[2]) or cap) + elapsed * tpm / 60)
+  tok = tok - tok_cost
   if req_cost > 0 and tok < 0 then wait = math.max(wait, -tok * 60 / tpm) end
 end
-if wait == 0 or force then
-  req = req - req_cost
-  tok = tok - tok_cost
-  wait = 0
-end
 redis.call('HSET', KEYS[1], 'req', tostring(req), 'tok', tostring(tok), 'ts', tostring(now))
-redis.call('PEXPIRE', KEYS[1], 120000 + math.floor(burst * 1000))
+-- Kept while reservations are outstanding: a bucket that expired in debt would come back full.
+redis.call('PEXPIRE', KEYS[1], 120000 + math.floor(burst * 1000) + math.ceil(wait * 1000))
 return tostring(wait)
 """
+
+
+class _Outage:
+    """Per Redis connection pool: until when the limiter is skipped, and whether a probe is under way."""
+
+    def __init__(self) -> None:
+        self.until = 0.0  # time.monotonic() before which callers skip the limiter
+        self.lock = threading.Lock()
+
+
+_outages: weakref.WeakKeyDictionary[object, _Outage] = weakref.WeakKeyDictionary()
+_outages_lock = threading.Lock()
+
+
+def _outage_for(client: redis.Redis) -> _Outage:
+    """One back-off per Redis address and process, shared by every limiter (one per attempt) on it."""
+    pool = client.connection_pool
+    with _outages_lock:
+        outage = _outages.get(pool)
+        if outage is None:
+            outage = _outages[pool] = _Outage()
+        return outage
 
 
 @dataclass(frozen=True)
@@ -80,7 +120,7 @@ class RateLimit:
 
 
 class LLMRateLimiter:
-    """Waits for a model's shared budget before each call and charges the tokens it used afterwards."""
+    """Reserves a slot in a model's shared budget before each call and charges the tokens it used afterwards."""
 
     def __init__(self, client: redis.Redis, model: str, limit: RateLimit) -> None:
         self._client = client
@@ -88,37 +128,68 @@ class LLMRateLimiter:
         self.limit = limit
         self.key = keys.ratelimit(model)
         self.waited_s = 0.0
-        self._script = client.register_script(_TAKE)
+        self._script = client.register_script(_RESERVE)
+        self._outage = _outage_for(client)
 
     def acquire(self, check_stop: Callable[[], None] | None = None) -> float:
-        """Block until one request fits the budget; returns the seconds waited.
+        """Reserve one request and sleep until its slot; returns the seconds waited.
 
-        ``check_stop`` is called between sleeps so a cancelled or superseded attempt stops waiting
-        within a second instead of holding its slot until the budget frees up.
+        ``check_stop`` is called at least every ``MAX_SLEEP_S`` while waiting, so a cancelled, superseded
+        or timed-out attempt stops waiting within a second (and gives its reservation back) instead of
+        holding its slot until the budget frees up.
         """
         if not self.limit.active:
             return 0.0
         started = time.monotonic()
-        while True:
-            wait = self._take(requests=1, tokens=0, force=False)
-            if wait <= 0:
-                break
-            if check_stop is not None:
-                check_stop()
-            time.sleep(min(MAX_SLEEP_S, wait) * random.uniform(1.0, 1.2))  # jitter: waiters do not wake in step
+        wait = self._reserve(requests=1, tokens=0, op="acquire")
+        if wait > 0:
+            slot = started + wait
+            try:
+                while (left := slot - time.monotonic()) > 0:
+                    if check_stop is not None:
+                        check_stop()
+                    time.sleep(min(MAX_SLEEP_S, left))
+            except BaseException:
+                self._reserve(requests=-1, tokens=0, op="refund")  # the slot goes to the next caller
+                raise
         waited = time.monotonic() - started
         self.waited_s += waited
         return waited
 
     def charge_tokens(self, tokens: int | None) -> None:
-        """Debit what a finished call used; later calls wait while the token level is below zero."""
+        """Debit what a finished call used; later reservations wait while the token level is below zero."""
         if self.limit.tpm and tokens:
-            self._take(requests=0, tokens=tokens, force=True)
+            self._reserve(requests=0, tokens=tokens, op="charge")
 
-    def _take(self, *, requests: int, tokens: int, force: bool) -> float:
-        args = [self.limit.rpm or 0, self.limit.tpm or 0, self.limit.burst_s, requests, tokens, 1 if force else 0]
+    def _reserve(self, *, requests: int, tokens: int, op: str) -> float:
+        """Run the bucket script; 0 (go at once) while Redis is in its back-off or does not answer.
+
+        After a failure, one caller at a time asks Redis again once the back-off is over (the probe);
+        the others keep skipping meanwhile instead of each waiting out the socket timeout. While Redis
+        answers, no lock is taken.
+        """
+        outage = self._outage
+        probing = False
+        if outage.until:
+            if time.monotonic() < outage.until or not outage.lock.acquire(blocking=False):
+                worker_metrics.observe_ratelimit_bypassed(op)
+                return 0.0
+            probing = True
+        args = [self.limit.rpm or 0, self.limit.tpm or 0, self.limit.burst_s, requests, tokens]
         try:
-            return float(self._script(keys=[self.key], args=args))
+            wait = float(self._script(keys=[self.key], args=args))
         except redis.RedisError as exc:
-            log.warning("rate limiter for %s unavailable (%r); letting the call through", self.model, exc)
+            outage.until = time.monotonic() + BYPASS_S
+            log.warning(
+                "rate limiter for %s unavailable (%r); calls go through without it for the next %.0f s",
+                self.model,
+                exc,
+                BYPASS_S,
+            )
+            worker_metrics.observe_ratelimit_bypassed(op)
             return 0.0
+        finally:
+            if probing:
+                outage.lock.release()
+        outage.until = 0.0
+        return wait

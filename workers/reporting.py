@@ -9,13 +9,17 @@ redelivery of the message never runs the attempt again.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import redis
+from celery.exceptions import SoftTimeLimitExceeded
 
-from bridge.core.errors import StoreError, UnknownIdError
+from bridge.core import keys
+from bridge.core.backoff import backoff_delay
+from bridge.core.errors import StoreError, StoreUnavailable, UnknownIdError
 from bridge.core.logs import RolloutLogger
 from bridge.core.models import AttemptedRollout, AttemptStatus
 from workers import metrics as worker_metrics
@@ -41,6 +45,39 @@ class Outcome:
 
     def as_dict(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if v not in (None, "")}
+
+
+class ReportPending(StoreUnavailable):
+    """The final report is kept in Redis, but the Store did not take it in time: a Celery retry delivers it."""
+
+
+@dataclass(frozen=True)
+class PendingReport:
+    """A final report, decided once per attempt: every delivery of the attempt sends exactly this."""
+
+    status: AttemptStatus
+    metadata: dict[str, Any]
+    deadline: float  # epoch s: delivery is retried until then (the attempt's own deadline)
+
+    def to_json(self) -> str:
+        return json.dumps({"status": str(self.status), "metadata": self.metadata, "deadline": self.deadline})
+
+    @classmethod
+    def from_json(cls, raw: object) -> PendingReport | None:
+        """The kept report, or None when there is none (or it is unreadable: then the attempt is judged anew)."""
+        if not isinstance(raw, (bytes, str)):
+            return None
+        try:
+            data = json.loads(raw)
+            return cls(AttemptStatus(data["status"]), dict(data["metadata"]), float(data["deadline"]))
+        except (ValueError, KeyError, TypeError):
+            return None
+
+    def outcome(self) -> Outcome:
+        """What the task returns once this report was delivered."""
+        if self.status == AttemptStatus.SUCCEEDED:
+            return Outcome("succeeded", reward=self.metadata.get("reward"))
+        return Outcome("failed", str(self.metadata.get("error", "")), self.metadata.get("failure_class"))
 
 
 class AttemptReporter:
@@ -105,36 +142,132 @@ class AttemptReporter:
             self.log.warning("could not stop retries after an input error (the Store may retry it): %s", exc)
 
     def _report(self, status: AttemptStatus, metadata: dict[str, Any]) -> Outcome | None:
-        """Re-check the fence, then report; returns an Outcome only when the report was withheld."""
-        deadline = self._report_deadline()
+        """Decide the report once, keep it, deliver it; returns an Outcome unless ours was delivered as given.
+
+        The report is kept in Redis before the first try (``keys.pending_report``): if the Store stays away
+        longer than this delivery can wait, a Celery retry or a redelivery of the message sends exactly this
+        report instead of running the attempt again, which would find it ``running`` and fail an episode whose
+        spans and reward are already stored. A report kept by an earlier delivery wins over ours, so one
+        attempt never gets two different outcomes.
+        """
+        report = PendingReport(status, metadata, self._report_deadline())
+        kept = self._keep(report)
+        outcome = self._deliver(kept)
+        if kept is report or outcome is not None:
+            return outcome
+        return kept.outcome()
+
+    def _deliver_kept(self, report: PendingReport) -> Outcome:
+        """A retry or redelivery after the episode ran: deliver the kept report, never judge the attempt again."""
+        self.log.warning("delivering the %s report kept by an earlier delivery of this attempt", report.status)
+        self.viewed_at = 0.0  # no view of our own: the fence is read from the Store before reporting
+        return self._deliver(report) or report.outcome()
+
+    def _keep(self, report: PendingReport) -> PendingReport:
+        """Store ``report`` unless one is pending already, and return the one to deliver."""
+        key = keys.pending_report(self.aid)
+        ttl = int(max(60.0, report.deadline - time.time() + REPORT_GRACE_S))
         try:
-            try:
-                reason, must_read = self._lease_lost(), self._must_read_before_report()
-            except redis.RedisError as exc:
-                self.log.warning("could not check the lease before reporting (%r); reading the Store", exc)
-                reason, must_read = None, True
-            if reason is None and must_read:
-                reason = fence(self.res.store.get_rollout(self.rid), self.aid)
-            if reason is not None:
-                self.log.warning("withholding the %s report: %s", status, reason)
-                return Outcome("skipped", f"report withheld: {reason}", FailureClass.CANCELLED)
-            if status == AttemptStatus.FAILED and metadata.get("failure_class") == FailureClass.INPUT:
-                self._disable_retries()
-            self.res.store.update_attempt(
-                self.rid, self.aid, status=status, worker_id=self.executor, metadata=metadata, deadline=deadline
-            )
-            worker_metrics.observe_report(status, metadata, self.rollout.mode if self.rollout else None)
-        except UnknownIdError:
-            return self._skip("the Store no longer knows this rollout (it restarted?); report dropped")
-        except StoreError as exc:
-            self.log.error("could not deliver the %s report before the attempt's deadline: %s", status, exc)
-            raise
-        try:
-            mark_done(self.res.redis, self.aid, status, DONE_MARKER_TTL_S)
+            if self.res.redis.set(key, report.to_json(), nx=True, ex=ttl):
+                return report
+            kept = PendingReport.from_json(self.res.redis.get(key))
         except redis.RedisError as exc:
-            self.log.warning("could not record the finished marker: %r", exc)
+            self.log.warning("could not keep the %s report in Redis (%r); delivering it now", report.status, exc)
+            return report
+        if kept is None:
+            return report
+        if kept.status != report.status:
+            self.log.warning("a %s report was already decided for this attempt; delivering it", kept.status)
+        return kept
+
+    def _pending_report(self) -> PendingReport | None:
+        """The report an earlier delivery decided and could not deliver, if any."""
+        try:
+            return PendingReport.from_json(self.res.redis.get(keys.pending_report(self.aid)))
+        except redis.RedisError as exc:
+            self.log.warning("could not look for a kept report (%r)", exc)
+            return None
+
+    def _deliver(self, report: PendingReport) -> Outcome | None:
+        """Fence re-check and report, retried while the Store is unavailable, until the report's deadline.
+
+        Each round renews the lease first and waits on the Store at most half a lease, so a delivery that
+        outlasts a long outage keeps its lease. Past the deadline (or at Celery's soft time limit) it raises
+        ``ReportPending``, a StoreUnavailable: the task's retry then delivers the kept report.
+        """
+        attempt = 0
+        while True:
+            try:
+                return self._deliver_once(report)
+            except UnknownIdError:
+                return self._skip("the Store no longer knows this rollout (it restarted?); report dropped")
+            except StoreUnavailable as exc:
+                delay = backoff_delay(attempt, base_s=1.0, cap_s=10.0)
+                if time.time() + delay > report.deadline:
+                    self.log.error(
+                        "could not deliver the %s report before the attempt's deadline: %s", report.status, exc
+                    )
+                    raise ReportPending(f"the {report.status} report is kept for a retry: {exc}") from exc
+                self.log.warning("the Store did not take the %s report (%s); retry in %.1fs", report.status, exc, delay)
+                time.sleep(delay)
+                attempt += 1
+            except SoftTimeLimitExceeded as exc:
+                raise ReportPending(f"time limit reached while delivering the {report.status} report") from exc
+            except StoreError as exc:
+                self.log.error("the Store refused the %s report: %s", report.status, exc)
+                raise
+
+    def _deliver_once(self, report: PendingReport) -> Outcome | None:
+        status, metadata = report.status, report.metadata
+        bound = self.settings.store_timeout_s
+        if self.lease is not None:
+            bound = min(bound, max(1.0, self.settings.lease_ttl_s / 2))
+        try:
+            reason, must_read = self._lease_lost(), self._must_read_before_report()
+        except redis.RedisError as exc:
+            self.log.warning("could not check the lease before reporting (%r); reading the Store", exc)
+            reason, must_read = None, True
+        if reason is None and must_read:
+            current = self.res.store.get_rollout(self.rid, retries=0, timeout=bound)
+            if self._reported_already(current, status):  # an earlier delivery of this very report landed
+                self._finished(status)
+                return None
+            reason = fence(current, self.aid)
+            self.viewed_at = time.time()
+        if reason is not None:
+            # The kept report stays (it expires): a later delivery withholds it just the same.
+            self.log.warning("withholding the %s report: %s", status, reason)
+            return Outcome("skipped", f"report withheld: {reason}", FailureClass.CANCELLED)
+        if status == AttemptStatus.FAILED and metadata.get("failure_class") == FailureClass.INPUT:
+            self._disable_retries()
+        self.res.store.update_attempt(
+            self.rid,
+            self.aid,
+            status=status,
+            worker_id=self.executor,
+            metadata=metadata,
+            deadline=min(report.deadline, time.time() + bound),
+            timeout=bound,
+        )
+        worker_metrics.observe_report(status, metadata, self.rollout.mode if self.rollout else None)
+        self._finished(status)
         self.log.info("reported %s reward=%s steps=%s", status, metadata.get("reward"), metadata.get("steps"))
         return None
+
+    def _reported_already(self, current: object, status: AttemptStatus) -> bool:
+        return (
+            isinstance(current, AttemptedRollout)
+            and current.attempt.attempt_id == self.aid
+            and current.attempt.status == status
+        )
+
+    def _finished(self, status: str) -> None:
+        """Mark the attempt done (a redelivery skips it) and drop its kept report."""
+        try:
+            mark_done(self.res.redis, self.aid, str(status), DONE_MARKER_TTL_S)
+            self.res.redis.delete(keys.pending_report(self.aid))
+        except redis.RedisError as exc:
+            self.log.warning("could not record the finished marker: %r", exc)
 
     def _base_metadata(self, telemetry: AttemptTelemetry | None) -> dict[str, Any]:
         data: dict[str, Any] = {

@@ -1,4 +1,4 @@
-"""Per-process clients (Store, Redis, WebShop, heartbeat thread), created lazily after fork.
+"""Per-process clients (Store, Redis, WebShop, lease and heartbeat threads), created lazily after fork.
 
 Under prefork, sockets and threads made in the parent must not be used by the children, so the
 clients are built on first use in each process and rebuilt if the process id changes.

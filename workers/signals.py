@@ -4,14 +4,15 @@
 * ``worker_process_init`` (prefork children) and ``worker_init`` (threads/solo): logging and tracing;
 * ``task_revoked`` with ``expired``: a message that waited too long in the broker is handed back to the
   Store queue instead of leaving its attempt ``preparing`` forever (docs/store-protocol.md section 10,
-  "Handing a rollout back");
-* ``worker_init`` also starts the node's Prometheus exporter (``WORKER_METRICS_PORT``), before the pool
-  forks; ``task_prerun``/``task_postrun`` record dequeue-to-start and outcomes (workers.metrics).
+  "Handing a rollout back"), from a thread of its own: the signal runs inside Celery's consumer loop;
+* ``worker_init`` measures the Store's clock against this host's (``workers.clock``) and starts the
+  node's Prometheus exporter (``WORKER_METRICS_PORT``), before the pool forks; ``task_prerun``/``task_postrun`` record dequeue-to-start and outcomes (workers.metrics).
 """
 
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from typing import Any
@@ -27,7 +28,9 @@ from bridge.core.models import AttemptStatus, RolloutStatus
 from bridge.core.settings import Settings, get_settings
 from bridge.core.store import StoreClient
 from bridge.core.tracing import setup_process_tracing
+from workers import clock
 from workers import metrics as worker_metrics
+from workers.lease import free_slot
 
 log = logging.getLogger("workers.signals")
 
@@ -87,6 +90,8 @@ def _set_up_logging_and_tracing() -> Settings:
 @signals.worker_init.connect
 def _on_worker_init(**_: Any) -> None:
     settings = _set_up_logging_and_tracing()
+    # Before the pool forks, so every pool process inherits the offset; exits beyond CLOCK_SKEW_TOLERANCE_S.
+    clock.check_store_clock(settings)
     if settings.worker_metrics_port is not None:
         worker_metrics.serve(settings.worker_metrics_port, settings.metrics_host)
 
@@ -100,6 +105,8 @@ def _on_task_prerun(sender: Any = None, task: Any = None, kwargs: Any = None, **
     rollout = kwargs.get("rollout")
     attempt = rollout.get("attempt") if isinstance(rollout, dict) else None
     started = attempt.get("start_time") if isinstance(attempt, dict) else None
+    if isinstance(started, (int, float)):
+        started = clock.to_local(started)  # stamped by the Store's clock
     worker_metrics.observe_start(kwargs.get("queue"), started, time.time())
 
 
@@ -135,26 +142,81 @@ def _on_revoked(sender: Any = None, request: Any = None, expired: bool = False, 
     task_id = str(getattr(request, "id", ""))
     if _node and queue:
         try:
-            capacity.clear_inflight(_node["client"], queue, task_id)
+            # Not while another executor holds the attempt: a revoked duplicate must not free the live one's slot.
+            free_slot(_node["client"], queue, task_id)
         except redis.RedisError:
             pass
     if expired and isinstance(rollout, dict):
-        hand_back_expired(rollout)
+        _hand_back.submit(rollout)  # the Store calls run on a thread of their own, off the consumer loop
 
 
-def hand_back_expired(rollout: dict[str, Any]) -> None:
+class ExpiredHandBack:
+    """Hands expired messages' rollouts back to the Store from a thread of its own, never Celery's loop.
+
+    ``task_revoked`` runs inside the consumer's event loop (the main process of a prefork worker, the only
+    thread taking messages for every slot of the node): a Store read and update there, each up to
+    ``STORE_TIMEOUT_S`` with retries, would stop the whole node from taking messages while the Store is
+    slow, exactly when a burst of expiries arrives. The handler only queues the rollout; one daemon thread
+    per process, started lazily, does the Store calls. A hand-back that is lost (the process exits first)
+    costs nothing worse than before: the attempt stays ``preparing`` until the Store's watchdog or the
+    bridge's reconcile hands it back.
+    """
+
+    MAX_QUEUED = 10_000
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue[dict[str, Any]] = queue.Queue(maxsize=self.MAX_QUEUED)
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, rollout: dict[str, Any]) -> None:
+        """Queue a hand-back and return at once (called in the consumer loop)."""
+        try:
+            self._queue.put_nowait(rollout)
+        except queue.Full:
+            log.error("too many expired messages waiting to be handed back; dropping one (the watchdog will)")
+            return
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="expired-hand-back", daemon=True)
+                self._thread.start()
+
+    def join(self, timeout_s: float) -> bool:
+        """Wait until every queued hand-back was tried (tests); True if the queue drained in time."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._queue.unfinished_tasks == 0:
+                return True
+            time.sleep(0.05)
+        return False
+
+    def _run(self) -> None:
+        settings = get_settings()
+        with StoreClient.from_settings(settings, retries=2) as store:
+            while True:  # a daemon thread: it ends with its process
+                rollout = self._queue.get()
+                try:
+                    hand_back_expired(rollout, store)
+                except Exception:  # the thread must survive anything one rollout throws
+                    log.exception("handing back an expired rollout failed")
+                finally:
+                    self._queue.task_done()
+
+
+_hand_back = ExpiredHandBack()
+
+
+def hand_back_expired(rollout: dict[str, Any], store: StoreClient) -> None:
     """Requeue an expired message's rollout in the Store if its attempt is still the unstarted latest one."""
-    settings = get_settings()
     rid = rollout.get("rollout_id")
     aid = (rollout.get("attempt") or {}).get("attempt_id")
     if not isinstance(rid, str) or not isinstance(aid, str):
         return
-    with StoreClient(settings.store_base, token=settings.store_token, retries=2) as store:
-        try:
-            current = store.get_rollout(rid)
-            attempt = getattr(current, "attempt", None)
-            if attempt is not None and attempt.attempt_id == aid and attempt.status == AttemptStatus.PREPARING:
-                store.update_rollout(rid, status=RolloutStatus.REQUEUING)
-                log.warning("[rollout=%s attempt=%s] message expired in the broker; handed back", rid, aid)
-        except StoreError as exc:
-            log.error("[rollout=%s attempt=%s] expired message could not be handed back: %s", rid, aid, exc)
+    try:
+        current = store.get_rollout(rid)
+        attempt = getattr(current, "attempt", None)
+        if attempt is not None and attempt.attempt_id == aid and attempt.status == AttemptStatus.PREPARING:
+            store.update_rollout(rid, status=RolloutStatus.REQUEUING)
+            log.warning("[rollout=%s attempt=%s] message expired in the broker; handed back", rid, aid)
+    except StoreError as exc:
+        log.error("[rollout=%s attempt=%s] expired message could not be handed back: %s", rid, aid, exc)

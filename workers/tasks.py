@@ -14,6 +14,7 @@ from bridge.core.errors import DuplicateDelivery
 from bridge.core.message import TASK_NAME
 from workers.app import app
 from workers.execution import AttemptRun, is_retryable_before_progress
+from workers.lease import free_slot
 from workers.reporting import Outcome
 from workers.resources import get_resources
 
@@ -28,8 +29,9 @@ def run_rollout(self: Task, rollout: dict[str, Any], queue: str | None = None) -
     res = get_resources()
     task_id = str(self.request.id)
     final = True
+    run = AttemptRun(rollout, celery_task_id=task_id, res=res)
     try:
-        return AttemptRun(rollout, celery_task_id=task_id, res=res).execute().as_dict()
+        return run.execute().as_dict()
     except DuplicateDelivery as exc:
         final = False  # the slot belongs to the executor holding the lease
         if self.request.retries < MAX_INFRA_RETRIES:
@@ -47,12 +49,19 @@ def run_rollout(self: Task, rollout: dict[str, Any], queue: str | None = None) -
         raise
     finally:
         if final:
-            _release_slot(res.redis, queue or res.settings.default_queue, task_id)
+            token = run.lease.token if run.lease else None
+            _release_slot(res.redis, queue or res.settings.default_queue, task_id, token)
 
 
-def _release_slot(client: redis.Redis, queue: str, task_id: str) -> None:
+def _release_slot(client: redis.Redis, queue: str, task_id: str, token: str | None) -> None:
+    """Free the attempt's slot, unless another executor holds the attempt right now.
+
+    The in-flight entry is keyed by attempt id and shared by every delivery of it: a duplicate that was
+    skipped, or an executor that was taken over, must not free the slot of the live execution (the bridge
+    would then claim one rollout more than the workers can run). ``token`` is ours if we held the lease.
+    """
     try:
-        capacity.clear_inflight(client, queue, task_id)
-        capacity.notify_freed(client, queue)
+        if free_slot(client, queue, task_id, token):
+            capacity.notify_freed(client, queue)
     except redis.RedisError as exc:
         log.warning("could not clear in-flight entry %s (the bridge prunes it later): %r", task_id, exc)

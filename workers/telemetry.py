@@ -142,7 +142,7 @@ class AttemptTelemetry:
         with self._buffer_lock:
             return len(self._buffer)
 
-    def flush(self, *, deadline: float | None = None) -> None:
+    def flush(self, *, deadline: float | None = None, timeout: float | None = None) -> None:
         """Ship every ended span in one request; on failure keep them for the next try and raise.
 
         The caller turns a failed final flush into a ``failed``/``telemetry`` report: the reward span is
@@ -159,7 +159,7 @@ class AttemptTelemetry:
             sent_at = time.time()
             started = time.perf_counter()
             try:
-                self._post(payload, deadline)
+                self._post(payload, deadline, timeout)
             except StoreError as exc:
                 with self._buffer_lock:
                     self._buffer = batch + self._buffer
@@ -175,17 +175,19 @@ class AttemptTelemetry:
             self.bytes_exported += len(payload)
             self.delivered_at = sent_at
 
-    def _post(self, payload: bytes, deadline: float | None) -> None:
-        if self._traces_url is None:
+    def _post(self, payload: bytes, deadline: float | None, timeout: float | None = None) -> None:
+        """``timeout`` bounds each request (the heartbeat's flushes must end while the lease is ours)."""
+        if self._traces_url is None and timeout is None:
             self._store.post_traces(payload, deadline=deadline)
             return
         # An absolute URL bypasses the client's base URL but keeps its retry and reconnect policy.
         self._store.request(
             "POST",
-            self._traces_url,
+            self._traces_url or TRACES,
             content=payload,
             headers={"Content-Type": "application/x-protobuf"},
             deadline=deadline,
+            timeout=timeout,
         )
 
     def close(self) -> None:

@@ -1,11 +1,18 @@
-"""How the bridge knows how many rollouts the workers can take right now.
+"""How the bridge knows how many rollouts the workers can take right now, queue by queue.
 
 The attempt clock starts at dequeue (docs/store-protocol.md 6.3), so rollouts must not wait in the broker.
-Each worker advertises its execution slots per queue in Redis (an expiring key, refreshed every few
-seconds, so a dead worker's slots vanish on their own). The bridge records every attempt it publishes
-in a per-queue sorted set; the worker removes it when the task ends, whatever the outcome.
+Each worker node advertises its execution slots on every queue it consumes in Redis (an expiring key,
+refreshed every few seconds, so a dead worker's slots vanish on their own; the same number on each of its
+queues: the node runs that many tasks in all, whichever queues they come from). The bridge records
+every attempt it publishes in a per-queue sorted set; the worker removes it when the task ends,
+whatever the outcome.
 
-    free slots(queue) = sum of advertised slots on queue - attempts in flight on queue
+``SlotView.rooms`` turns that into how many more rollouts each queue can start now. A node's slots
+count once: in-flight attempts are placed on the nodes that consume their queue as a maximum flow
+would place them (each node holds at most its slots), and a queue's room is how many more of its
+rollouts that placement could still take. For a queue whose nodes consume nothing else this is plain
+``slots - in flight``; a node shared by two queues is not counted twice, and a queue whose in-flight
+attempts exceed what its nodes can hold gets a negative room (its unplaced excess), never a floored 0.
 
 This needs no Celery ``inspect`` broadcast (slow, and silent while workers are busy) and counts
 messages still waiting in the broker, which ``inspect active`` would miss.
@@ -96,6 +103,11 @@ def _text(value: bytes | str | None) -> str | None:
     return value.decode() if isinstance(value, bytes) else value
 
 
+def inflight_entries(client: redis.Redis, queue: str) -> dict[str, float]:
+    """Attempt id -> when it was recorded in flight (epoch seconds)."""
+    return {_text(m) or "": float(score) for m, score in client.zrange(keys.inflight(queue), 0, -1, withscores=True)}
+
+
 def oldest_inflight_age(client: redis.Redis, queue: str) -> float | None:
     oldest = client.zrange(keys.inflight(queue), 0, 0, withscores=True)
     return time.time() - float(oldest[0][1]) if oldest else None
@@ -111,8 +123,121 @@ def prune_stale(client: redis.Redis, queue: str, max_age_s: float) -> list[str]:
     return [m.decode() if isinstance(m, bytes) else str(m) for m in stale]
 
 
-def free_slots(client: redis.Redis, queues: Iterable[str]) -> dict[str, int]:
-    return {q: max(0, total_slots(client, q) - inflight_count(client, q)) for q in queues}
+@dataclass(frozen=True)
+class SlotView:
+    """One reading of the advertised slots and the in-flight counts of the bridge's queues."""
+
+    nodes: dict[str, tuple[int, frozenset[str]]]  # worker node -> (its slots, which of our queues it consumes)
+    inflight: dict[str, int]  # queue -> attempts published to it and not finished
+
+    def served(self) -> set[str]:
+        """The queues at least one live node consumes."""
+        return {q for _, queues in self.nodes.values() for q in queues}
+
+    def rooms(self) -> dict[str, int]:
+        """How many more rollouts each queue can start now (negative: its unplaced excess).
+
+        The nodes are grouped by the set of queues they consume (slots summed), which keeps the flow
+        network to a handful of vertices whatever the number of nodes; a queue's room is the extra flow
+        its rollouts could push through the network once every in-flight attempt is placed.
+        """
+        groups: dict[frozenset[str], int] = {}
+        for slots, queues in self.nodes.values():
+            if queues:
+                groups[queues] = groups.get(queues, 0) + slots
+        base, placed = _max_flow(groups, self.inflight)
+        out: dict[str, int] = {}
+        for queue, count in self.inflight.items():
+            unplaced = count - placed.get(queue, 0)
+            if unplaced > 0:
+                out[queue] = -unplaced
+                continue
+            more = sum(groups.values()) + 1  # more than could ever be placed: the flow finds the real room
+            total, _ = _max_flow(groups, {**self.inflight, queue: count + more})
+            out[queue] = total - base
+        return out
+
+
+def read_slots(client: redis.Redis, queues: Iterable[str]) -> SlotView:
+    """Every live node's slots on ``queues`` and each queue's in-flight count (one SCAN per queue, one pipeline)."""
+    names: dict[str, tuple[str, str]] = {}  # key -> (queue, node)
+    ours = list(queues)
+    for queue in ours:
+        prefix = keys.capacity(queue, "")
+        for name in client.scan_iter(match=keys.capacity_pattern(queue), count=500):
+            key = name.decode() if isinstance(name, bytes) else str(name)
+            names[key] = (queue, key[len(prefix) :])
+    pipe = client.pipeline(transaction=False)
+    for queue in ours:
+        pipe.zcard(keys.inflight(queue))
+    if names:
+        pipe.mget(list(names))
+    answers = pipe.execute()
+    inflight = {queue: int(answers[i]) for i, queue in enumerate(ours)}
+    values = answers[len(ours)] if names else []
+    slots: dict[str, int] = {}
+    consumed: dict[str, set[str]] = {}
+    for (queue, node), value in zip(names.values(), values, strict=True):
+        if value is None:  # expired between the SCAN and the MGET
+            continue
+        slots[node] = max(slots.get(node, 0), int(value))  # the same number on each queue: counted once
+        consumed.setdefault(node, set()).add(queue)
+    return SlotView({node: (slots[node], frozenset(consumed[node])) for node in slots}, inflight)
+
+
+def _max_flow(groups: dict[frozenset[str], int], demand: dict[str, int]) -> tuple[int, dict[str, int]]:
+    """Place ``demand`` (per queue) on node groups (capacity per group of the queues it consumes).
+
+    Edmonds-Karp on source -> queue (its demand) -> group (unbounded, where the group consumes the
+    queue) -> sink (the group's slots). Returns the total placed and how much of each queue was placed.
+    """
+    queues = [q for q in demand if demand[q] > 0]
+    order = list(groups)
+    src: object = ("s",)
+    sink: object = ("t",)
+    capacity_of: dict[tuple[object, object], int] = {}
+    edges: dict[object, list[object]] = {src: [], sink: []}
+
+    def add(a: object, b: object, cap: int) -> None:
+        capacity_of[(a, b)] = capacity_of.get((a, b), 0) + cap
+        capacity_of.setdefault((b, a), 0)
+        edges.setdefault(a, []).append(b)
+        edges.setdefault(b, []).append(a)
+
+    unbounded = sum(groups.values()) + sum(demand.values()) + 1
+    for q in queues:
+        add(src, ("q", q), demand[q])
+        for g in order:
+            if q in g:
+                add(("q", q), ("g", g), unbounded)
+    for g in order:
+        add(("g", g), sink, groups[g])
+    total = 0
+    while True:
+        parent: dict[object, object] = {src: src}
+        frontier: list[object] = [src]
+        while frontier and sink not in parent:
+            nxt: list[object] = []
+            for a in frontier:
+                for b in edges.get(a, []):
+                    if b not in parent and capacity_of[(a, b)] > 0:
+                        parent[b] = a
+                        nxt.append(b)
+            frontier = nxt
+        if sink not in parent:
+            break
+        path: list[tuple[object, object]] = []
+        node = sink
+        while node != src:
+            path.append((parent[node], node))
+            node = parent[node]
+        push = min(capacity_of[edge] for edge in path)
+        for a, b in path:
+            capacity_of[(a, b)] -= push
+            capacity_of[(b, a)] += push
+        total += push
+    placed = {q: capacity_of[(("q", q), src)] for q in queues}
+    return total, placed
 
 
 def notify_freed(client: redis.Redis, queue: str) -> None:

@@ -34,6 +34,15 @@ def lease(attempt_id: str) -> str:
     return f"{PREFIX}:lease:{attempt_id}"
 
 
+def owner(attempt_id: str) -> str:
+    """The token of the executor that claimed an attempt last (epoch-prefixed; outlives the lease).
+
+    A renewal succeeds only for this owner, so an executor whose lease lapsed and was taken over can
+    never take the attempt back (``workers.lease``).
+    """
+    return f"{PREFIX}:owner:{attempt_id}"
+
+
 def started(attempt_id: str) -> str:
     """Set by the first executor to start an attempt: a later one is a takeover and reads the Store first."""
     return f"{PREFIX}:started:{attempt_id}"
@@ -42,6 +51,15 @@ def started(attempt_id: str) -> str:
 def done(attempt_id: str) -> str:
     """Set once an attempt's final status was reported, so a redelivery never runs it again."""
     return f"{PREFIX}:done:{attempt_id}"
+
+
+def pending_report(attempt_id: str) -> str:
+    """The final report of an attempt whose episode has run, kept until the Store accepted it.
+
+    A retry or redelivery of the task delivers exactly this report instead of judging the attempt again
+    (``workers.reporting``); it expires some minutes after the attempt's deadline.
+    """
+    return f"{PREFIX}:report:{attempt_id}"
 
 
 def bridge_leader() -> str:

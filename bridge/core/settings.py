@@ -141,6 +141,11 @@ class Settings(BaseSettings):
     fence_max_age_s: float = Field(
         default=10.0, ge=0, le=300, validation_alias=AliasChoices("FENCE_MAX_AGE_S", "fence_max_age_s")
     )
+    # Largest difference between a worker's clock and the Store's that a worker starts with (measured at start
+    # from the Store's Date header, then corrected for in every comparison of the Store's timestamps); 0: no check.
+    clock_skew_tolerance_s: float = Field(
+        default=5.0, ge=0, validation_alias=AliasChoices("CLOCK_SKEW_TOLERANCE_S", "clock_skew_tolerance_s")
+    )
 
     # --- Bridge ----------------------------------------------------------------------------------
     dispatcher_id: str = Field(

@@ -1,8 +1,15 @@
 """The bridge's loop: claim only as many rollouts as workers can start, publish each, lose none.
 
-Backpressure: the number to dequeue is the free slot count from ``bridge.core.capacity`` (advertised worker
-slots minus attempts in flight). With no worker consuming there are no slots, so the bridge never
-dequeues and rollouts stay ``queuing`` in the Store, where their clock has not started yet.
+Backpressure, per queue: each queue's room comes from ``bridge.core.capacity`` (advertised worker slots,
+a node's counted once however many queues it consumes, minus attempts in flight; negative when a queue
+holds more than its nodes can run). A dequeue cannot choose the mode, and the mode picks the queue, so
+``bridge.dispatch.placement`` sizes each dequeue for any mix: a batch while every consumed queue has
+room, one rollout at a time while some are full (a rollout that cannot be placed is *parked* here,
+never published into a full queue, and nothing else is claimed until it is placed), none while all
+are. So no queue is claimed beyond its slots by more than the one parked rollout; with the single
+default queue the batch is ``min(free slots, BRIDGE_MAX_BATCH)``, one request per batch as before.
+With no worker consuming there are no slots, so the bridge never dequeues and rollouts stay
+``queuing`` in the Store, where their clock has not started yet.
 
 Nothing dequeued is stranded: a rollout is recorded in flight before it is published; if the broker
 refuses it after retries it is handed back to the Store queue (``requeuing``). A crash between dequeue
@@ -14,9 +21,13 @@ tells a started attempt from a stranded one. The same scan frees the slots of wo
 their messages unacknowledged (the broker would redeliver them only after the visibility timeout, and
 their slots would be counted busy until then). Because a Redis restart without persistence loses
 leases until their holders renew them on the next heartbeat, nothing is repaired before it looked so
-on two scans at least ``confirm_s`` apart.
+on two scans at least ``confirm_s`` apart. An in-flight entry older than ``BRIDGE_MAX_QUEUE_WAIT_S`` whose
+attempt was never started and is not leased is stranded as well (a bridge killed between recording the
+slot and the broker taking the message, which kombu's publish retries make seconds long, or a failed
+publish whose clean-up failed too): any message it had has expired, so its slot is freed and its
+attempt, if still ours and ``preparing``, handed back.
 
-Only one bridge dispatches at a time (a Redis lock renewed by the loop); others wait as hot standbys.
+Only one bridge dispatches at a time (``bridge.dispatch.leader``); others wait as hot standbys.
 """
 
 from __future__ import annotations
@@ -25,21 +36,20 @@ import logging
 import random
 import threading
 import time
-import uuid
 
 import redis
 
-from bridge.core import capacity, keys, locks
+from bridge.core import capacity
 from bridge.core.errors import PublishError, StoreError, UnknownIdError
 from bridge.core.models import ACTIVE_ATTEMPT, AttemptedRollout, AttemptStatus, RolloutStatus
 from bridge.core.settings import Settings
 from bridge.core.store import StoreClient
-from bridge.dispatch import broker, metrics
+from bridge.dispatch import broker, metrics, placement
+from bridge.dispatch.leader import LeaderLock
 from bridge.dispatch.publisher import Publisher, describe
 
 log = logging.getLogger("bridge.dispatch.dispatcher")
 
-LEADER_TTL_S = 15
 FULL_CAPACITY_WAIT_S = 0.2
 RECONCILE_EVERY_S = 60.0
 GAUGES_EVERY_S = 1.0
@@ -60,13 +70,13 @@ class Dispatcher:
         self.publisher = publisher
         self.stop = stop or threading.Event()
         self.queues = settings.all_queues()
-        self._token = f"{settings.dispatcher_id}:{uuid.uuid4().hex[:8]}"
-        self._leader = False
+        self._lock = LeaderLock(redis_client, settings.dispatcher_id)
         self._next_reconcile = 0.0
         self._store_failures = 0
         self._broker_failures = 0
         self._empty_polls = 0
         self._next_gauges = 0.0
+        self._parked: tuple[AttemptedRollout, str, float] | None = None  # rollout, its queue, parked at (monotonic)
         self._suspects: dict[str, float] = {}  # attempt id -> when reconcile first saw it stranded (monotonic)
         # Longer than it takes every live executor to renew its lease (one heartbeat) after Redis lost them.
         self.confirm_s = 2 * settings.heartbeat_interval_s + 5.0
@@ -79,7 +89,10 @@ class Dispatcher:
             while not self.stop.is_set():
                 self.stop.wait(self.tick())
         finally:
-            self._resign()
+            if self._parked is not None:  # claimed, never published: give it back rather than strand it
+                self.hand_back(self._parked[0], "shutdown")
+                self._parked = None
+            self._lock.release()
         log.info("bridge stopped")
 
     def tick(self) -> float:
@@ -87,7 +100,7 @@ class Dispatcher:
         try:
             if not self._ensure_leader():
                 return 2.0
-            free = capacity.free_slots(self.redis, self.queues)
+            view = capacity.read_slots(self.redis, self.queues)
             self._broker_failures = 0
         except redis.RedisError as exc:
             metrics.BROKER_ERRORS.inc()
@@ -97,14 +110,17 @@ class Dispatcher:
             return wait
         if time.monotonic() >= self._next_reconcile:
             self.reconcile()
+        rooms, served = view.rooms(), view.served()
         if time.monotonic() >= self._next_gauges:  # observability only: once a second, not every tick
             self._next_gauges = time.monotonic() + GAUGES_EVERY_S
-            self._update_gauges(free)
-        slots = sum(free.values())
-        if slots <= 0:
+            self._update_gauges(rooms)
+        if self._parked is not None:
+            return self._place_parked(rooms, served)
+        limit = placement.claim_limit(rooms, served, self.settings.max_batch)
+        if limit <= 0:
             return self._wait_for_slot()
-        limit = min(slots, self.settings.max_batch)
         try:
+            metrics.DEQUEUE_REQUESTS.inc()
             batch = self.store.dequeue(limit, self.settings.dispatcher_id)
             self._store_failures = 0
         except UnknownIdError as exc:  # never expected for dequeue; do not spin on it
@@ -120,7 +136,16 @@ class Dispatcher:
             return wait
         metrics.DEQUEUED.inc(len(batch))
         for rollout in batch:
-            self.dispatch(rollout)
+            queue = self.settings.queue_for_mode(rollout.mode)
+            if placement.fits(queue, rooms, served):
+                rooms[queue] -= 1
+                self.dispatch(rollout)
+            elif self._parked is None:
+                self._park(rollout, queue)
+            else:  # a second unplaceable rollout in one batch: only a queue nobody consumes can cause it
+                self.hand_back(rollout, "no_room")
+        if self._parked is not None:
+            return self._wait_for_slot()
         if len(batch) >= limit:
             return 0.0
         return self._next_poll(found_work=bool(batch))
@@ -132,6 +157,35 @@ class Dispatcher:
         return random.uniform(max(self.settings.poll_min_s, ceiling / 2), ceiling)
 
     # --- one rollout -----------------------------------------------------------------------------
+
+    def _park(self, rollout: AttemptedRollout, queue: str) -> None:
+        """Hold a claimed rollout whose queue has no room now (see ``bridge.dispatch.placement``)."""
+        self._parked = (rollout, queue, time.monotonic())
+        metrics.PARKED.set(1)
+        log.info("[rollout=%s] queue %s is full: held until a slot frees", rollout.rollout_id, queue)
+
+    def _place_parked(self, rooms: dict[str, int], served: set[str]) -> float:
+        """Publish the parked rollout once its queue has room; hand it back when it waited too long."""
+        assert self._parked is not None
+        rollout, queue, since = self._parked
+        if placement.fits(queue, rooms, served):
+            self._parked = None
+            metrics.PARKED.set(0)
+            self.dispatch(rollout)
+            return 0.0
+        bound = self.settings.max_queue_wait_s if queue in served else float(capacity.CAPACITY_TTL_S)
+        if time.monotonic() - since > bound:
+            self._parked = None
+            metrics.PARKED.set(0)
+            log.warning(
+                "[rollout=%s] %s for %.0fs: handing it back",
+                rollout.rollout_id,
+                f"queue {queue} full" if queue in served else f"no worker consumes queue {queue}",
+                bound,
+            )
+            self.hand_back(rollout, "no_room")
+            return 0.0
+        return self._wait_for_slot()
 
     def dispatch(self, rollout: AttemptedRollout) -> bool:
         """Publish, or hand back; returns True when the rollout is in the broker."""
@@ -185,15 +239,22 @@ class Dispatcher:
         * orphaned: an in-flight entry whose executor started it and is gone (no lease): a worker killed
           with its messages unacknowledged, which the broker redelivers only after the visibility timeout.
           Its slot is freed at once, and the attempt then counts as stranded.
-        Both only after two scans ``confirm_s`` apart (see the module docstring).
+        * lost in flight: an in-flight entry older than ``max_queue_wait_s`` that no executor started or
+          holds: its message never reached the broker or has expired unstarted. Its slot is freed, and
+          its attempt, if still ours and ``preparing``, counts as stranded (its attempt is at least as old
+          as the entry, so in practice it is handed back).
+        All only after two scans ``confirm_s`` apart (see the module docstring).
         """
         self._next_reconcile = time.monotonic() + RECONCILE_EVERY_S
         try:
             rollouts, _ = self.store.list_rollouts(status_in=[RolloutStatus.PREPARING, RolloutStatus.RUNNING])
             inflight: dict[str, str] = {}
+            recorded: dict[str, float] = {}  # attempt id -> when its in-flight entry was recorded
             for queue in self.queues:
                 capacity.prune_stale(self.redis, queue, self.settings.visibility_timeout_s)
-                inflight.update(dict.fromkeys(capacity.inflight_ids(self.redis, queue), queue))
+                entries = capacity.inflight_entries(self.redis, queue)
+                inflight.update(dict.fromkeys(entries, queue))
+                recorded.update(entries)
             active = {
                 r.attempt.attempt_id: r
                 for r in rollouts
@@ -210,7 +271,20 @@ class Dispatcher:
         stranded = {
             aid for aid, rollout in active.items() if aid not in inflight and self._abandoned(rollout, facts[aid])
         }
-        confirmed = self._confirm(orphans | stranded)
+        if self._parked is not None:  # claimed and deliberately not published yet
+            stranded.discard(self._parked[0].attempt.attempt_id)
+        lost = self._lost_in_flight(inflight, recorded, facts)
+        confirmed = self._confirm(orphans | stranded | lost)
+        for aid in sorted(confirmed & lost):
+            self._forget_inflight(inflight[aid], aid)
+            metrics.STRANDED_IN_FLIGHT.inc()
+            log.warning(
+                "[attempt=%s] in flight for %.0fs, never started, no lease: slot freed",
+                aid,
+                time.time() - recorded[aid],
+            )
+            if aid in active and active[aid].attempt.status == AttemptStatus.PREPARING and not facts[aid].done:
+                stranded.add(aid)
         for aid in sorted(confirmed & orphans):
             self._forget_inflight(inflight[aid], aid)
             metrics.ORPHANS_FREED.inc()
@@ -234,6 +308,19 @@ class Dispatcher:
                 )
         return repaired
 
+    def _lost_in_flight(
+        self, inflight: dict[str, str], recorded: dict[str, float], facts: dict[str, capacity.Execution]
+    ) -> set[str]:
+        """In-flight entries past the longest queue wait that nobody started or holds; schedules the next
+        scan for when the youngest unstarted entry would cross that age (at most every 10 s)."""
+        now, wait = time.time(), self.settings.max_queue_wait_s
+        unstarted = {aid for aid in inflight if not (facts[aid].leased or facts[aid].started or facts[aid].done)}
+        lost = {aid for aid in unstarted if now - recorded[aid] > wait}
+        pending = [recorded[aid] + wait + 1.0 - now for aid in unstarted - lost]
+        if pending:
+            self._next_reconcile = min(self._next_reconcile, time.monotonic() + max(10.0, min(pending)))
+        return lost
+
     def _abandoned(self, rollout: AttemptedRollout, fact: capacity.Execution) -> bool:
         """Ours, and nobody runs it: neither leased nor finished, and claimed by us or started by our workers."""
         if fact.leased or fact.done:
@@ -254,29 +341,11 @@ class Dispatcher:
             self._next_reconcile = min(self._next_reconcile, min(self._suspects.values()) + self.confirm_s + 0.5)
         return confirmed
 
-    # --- leadership ------------------------------------------------------------------------------
-
     def _ensure_leader(self) -> bool:
-        key, ttl_ms = keys.bridge_leader(), LEADER_TTL_S * 1000
-        if self._leader and locks.renew(self.redis, key, self._token, ttl_ms):
-            return True
-        was_leader = self._leader
-        self._leader = bool(self.redis.set(key, self._token, nx=True, px=ttl_ms))
-        metrics.IS_LEADER.set(1 if self._leader else 0)
-        if self._leader and not was_leader:
-            log.info("this bridge now dispatches (lock %s)", key)
-            self._next_reconcile = 0.0
-        elif not self._leader and not was_leader and random.random() < 0.05:
-            log.info("another bridge dispatches (%s); standing by", self.redis.get(key))
-        return self._leader
-
-    def _resign(self) -> None:
-        if self._leader:
-            try:
-                locks.release(self.redis, keys.bridge_leader(), self._token)
-            except redis.RedisError:
-                pass
-            self._leader = False
+        leading, newly = self._lock.ensure()
+        if newly:
+            self._next_reconcile = 0.0  # a new leader repairs what the last one left at once
+        return leading
 
     # --- helpers ---------------------------------------------------------------------------------
 

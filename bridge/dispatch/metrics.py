@@ -16,10 +16,24 @@ REPUBLISHED = Counter("agl_bridge_republished_total", "Stranded attempts re-publ
 ORPHANS_FREED = Counter(
     "agl_bridge_orphans_freed_total", "In-flight slots freed because the attempt's executor was gone (no lease)"
 )
+STRANDED_IN_FLIGHT = Counter(
+    "agl_bridge_stranded_in_flight_total",
+    "In-flight entries freed by reconciliation: older than the longest queue wait, never started, no lease",
+)
+DEQUEUE_REQUESTS = Counter("agl_bridge_dequeue_requests_total", "Dequeue requests sent to the Store")
+PARKED = Gauge("agl_bridge_parked", "Claimed rollouts held by the bridge until their queue has room (0 or 1)")
+TIMEOUTS_CLAMPED = Counter(
+    "agl_bridge_timeouts_clamped_total",
+    "Rollouts whose timeout_seconds was lowered to what the broker's visibility timeout covers",
+)
 STORE_ERRORS = Counter("agl_bridge_store_errors_total", "Failed Store requests", ["kind"])
 BROKER_ERRORS = Counter("agl_bridge_broker_errors_total", "Failed broker (Redis) operations")
 IN_FLIGHT = Gauge("agl_bridge_in_flight", "Attempts published and not yet finished", ["queue"])
-FREE_SLOTS = Gauge("agl_bridge_free_slots", "Worker slots not taken", ["queue"])
+FREE_SLOTS = Gauge(
+    "agl_bridge_free_slots",
+    "Rollouts the queue's workers can start now (negative: claimed beyond its slots)",
+    ["queue"],
+)
 QUEUE_DEPTH = Gauge("agl_bridge_queue_depth", "Messages waiting in the broker", ["queue"])
 OLDEST_QUEUED_AGE = Gauge(
     "agl_bridge_oldest_queued_age_seconds", "How long the oldest message in the broker queue has waited", ["queue"]
@@ -37,5 +51,5 @@ DISPATCH_LATENCY = Histogram(
 # Series a dashboard alerts on are exported at zero from the start, not only after the first error.
 for _kind in ("dequeue", "hand_back"):
     STORE_ERRORS.labels(_kind)
-for _reason in ("publish_failed", "stranded"):
+for _reason in ("publish_failed", "stranded", "no_room", "shutdown"):
     HANDED_BACK.labels(_reason)

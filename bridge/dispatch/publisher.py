@@ -4,6 +4,17 @@ The task id is the attempt id (the idempotency key end to end). The message carr
 Store returned it, which holds no secret: the LLM key and endpoint are read by the worker from its own
 settings or the Store's resources. Flower shows ``argsrepr``/``kwargsrepr``, set here to the ids and the
 start of the instruction.
+
+Time limits: the broker hands an unacknowledged message to another worker after its visibility timeout,
+so a rollout must end (hard limit) before ``BROKER_VISIBILITY_TIMEOUT_S - BRIDGE_MAX_QUEUE_WAIT_S``.
+Settings check that for ``ROLLOUT_DEFAULT_TIMEOUT_S`` at start-up; a rollout's own ``timeout_seconds``
+is only known here. One that asks for more is *clamped*: the message carries the rollout with
+``timeout_seconds`` lowered to the longest budget the broker covers (so the worker's own deadline, which
+is all the ``threads`` pool has, agrees with Celery's limits), a warning names both values and the
+setting to raise, and ``agl_bridge_timeouts_clamped_total`` counts it. Clamping was chosen over failing
+the rollout at dispatch: a trainer's generous ``timeout_seconds`` is usually a ceiling, not a need, so
+the rollout still runs and only an episode that really outlasts the bound ends as ``timeout``; handing it
+back would only bring it back with the same timeout.
 """
 
 from __future__ import annotations
@@ -18,6 +29,7 @@ from bridge.core.errors import PublishError
 from bridge.core.message import publishing_app, task_kwargs
 from bridge.core.models import AttemptedRollout
 from bridge.core.settings import Settings
+from bridge.dispatch import metrics
 
 log = logging.getLogger("bridge.publisher")
 
@@ -41,6 +53,7 @@ class Publisher:
     def publish(self, rollout: AttemptedRollout, queue: str) -> None:
         """Send one task; the broker client retries connection errors with its own bounded policy."""
         settings = self._settings
+        rollout = clamp_timeout(rollout, settings)
         timeout = rollout.config.timeout_seconds
         options: dict[str, Any] = {
             "task_id": rollout.attempt.attempt_id,
@@ -64,3 +77,32 @@ class Publisher:
         except (OperationalError, OSError, ConnectionError) as exc:
             raise PublishError(f"broker did not take rollout {rollout.rollout_id}: {exc!r}") from exc
         log.debug("published %s to %s in %.1f ms", describe(rollout), queue, (time.perf_counter() - started) * 1e3)
+
+
+def longest_timeout(settings: Settings) -> float:
+    """The largest ``timeout_seconds`` whose hard limit plus the longest queue wait stays under the
+    broker's visibility timeout, with 1 s to spare (``Settings.hard_time_limit`` is a share of the budget)."""
+    share = settings.hard_time_limit(1e6) / 1e6
+    return (settings.visibility_timeout_s - settings.max_queue_wait_s - 1.0) / share
+
+
+def clamp_timeout(rollout: AttemptedRollout, settings: Settings) -> AttemptedRollout:
+    """The rollout as it is published: unchanged, or with ``timeout_seconds`` lowered to what the broker covers."""
+    asked = rollout.config.timeout_seconds
+    bound = longest_timeout(settings)
+    if not asked or asked <= 0 or asked <= bound:
+        return rollout
+    metrics.TIMEOUTS_CLAMPED.inc()
+    log.warning(
+        "[rollout=%s attempt=%s] timeout_seconds %gs is longer than the broker covers: the message would be "
+        "redelivered while it runs (BROKER_VISIBILITY_TIMEOUT_S %gs - BRIDGE_MAX_QUEUE_WAIT_S %gs); "
+        "running it with %gs instead. Raise BROKER_VISIBILITY_TIMEOUT_S to allow longer rollouts",
+        rollout.rollout_id,
+        rollout.attempt.attempt_id,
+        asked,
+        settings.visibility_timeout_s,
+        settings.max_queue_wait_s,
+        bound,
+    )
+    config = rollout.config.model_copy(update={"timeout_seconds": bound})
+    return rollout.model_copy(update={"config": config})

@@ -1,9 +1,14 @@
-"""The bridge process on its own: backpressure, clean SIGTERM, repair of rollouts stranded by a crash."""
+"""The bridge process on its own: backpressure, clean SIGTERM, repair of rollouts stranded by a crash
+(between dequeue and publish, or between recording the slot and the broker taking the message), and
+time limits the broker's visibility timeout can cover."""
 
 from __future__ import annotations
 
+import base64
+import json
 import signal
 import time
+import uuid
 from pathlib import Path
 
 import httpx
@@ -15,6 +20,7 @@ from bridge.core.models import AttemptedRollout
 from bridge.core.settings import load_settings
 from bridge.core.store import API, StoreClient
 from bridge.dispatch.dispatcher import Dispatcher
+from bridge.dispatch.publisher import Publisher, longest_timeout
 from bridge.tools.stack import LocalStack
 from tests.helpers import attempts, enqueue, rollout, split_tasks, stack_for, wait_finished
 
@@ -105,5 +111,77 @@ def test_reconcile_spares_leased_attempts_and_repairs_the_rest_only_when_confirm
         assert stranded in capacity.inflight_ids(client, settings.default_queue)
     finally:
         client.delete(keys.lease(running))
+        client.close()
+        store.close()
+
+
+def test_reconcile_frees_in_flight_entries_no_message_carries_and_hands_their_attempts_back(
+    clean_store: LocalStack,
+) -> None:
+    """A bridge killed between recording the slot and the broker taking the message (or a failed publish
+    whose clean-up failed too) leaves an in-flight entry with no message, no started marker, no lease."""
+    settings = load_settings(store_url=clean_store.store_url, broker_url=clean_store.broker_url)
+    client = redis.Redis.from_url(clean_store.broker_url)
+    store = StoreClient(clean_store.store_url)
+    queue, old = settings.default_queue, time.time() - settings.max_queue_wait_s - 5
+    enqueue(clean_store.store_url, split_tasks(4))
+    killed, cleanup_failed, young, running = store.dequeue(4, settings.dispatcher_id)
+    store.update_rollout(cleanup_failed.rollout_id, status="requeuing")  # its hand-back went through
+    for item, recorded in ((killed, old), (cleanup_failed, old), (young, time.time()), (running, old)):
+        client.zadd(keys.inflight(queue), {item.attempt.attempt_id: recorded})
+    client.set(keys.started(running.attempt.attempt_id), "1", px=60_000)
+    client.set(keys.lease(running.attempt.attempt_id), "some-executor", px=60_000)
+    publisher = _RecordingPublisher()
+    dispatcher = Dispatcher(settings, store, client, publisher)  # type: ignore[arg-type]
+    dispatcher.confirm_s = 1.0
+    try:
+        assert dispatcher.reconcile() == 0  # first sight: only suspected
+        time.sleep(1.2)
+        assert dispatcher.reconcile() == 1
+        # The killed publish is repaired by the rule for stranded attempts: re-published while its attempt is
+        # young enough to start in time (here, where only the entry was aged), else handed back.
+        assert publisher.published == [killed.attempt.attempt_id]
+        entries = capacity.inflight_entries(client, queue)
+        assert set(entries) == {killed.attempt.attempt_id, young.attempt.attempt_id, running.attempt.attempt_id}
+        assert entries[killed.attempt.attempt_id] > old + 5  # recorded again by the new publish
+        assert rollout(clean_store.store_url, cleanup_failed.rollout_id)["status"] == "requeuing"  # left alone
+        assert rollout(clean_store.store_url, young.rollout_id)["status"] == "preparing"
+        # the young entry's turn comes when it reaches the longest queue wait, not a minute later
+        assert dispatcher._next_reconcile - time.monotonic() <= settings.max_queue_wait_s + 2
+    finally:
+        client.delete(keys.lease(running.attempt.attempt_id), keys.started(running.attempt.attempt_id))
+        client.close()
+        store.close()
+
+
+def test_a_timeout_the_broker_cannot_cover_is_clamped_at_publish(clean_store: LocalStack) -> None:
+    """A rollout whose hard limit plus the queue wait would pass the visibility timeout would be handed to a
+    second worker while it runs: its message carries the longest timeout the broker covers instead."""
+    settings = load_settings(store_url=clean_store.store_url, broker_url=clean_store.broker_url)
+    client = redis.Redis.from_url(clean_store.broker_url)
+    store = StoreClient(clean_store.store_url)
+    enqueue(clean_store.store_url, split_tasks(2), config={"timeout_seconds": 20_000})
+    enqueue(clean_store.store_url, split_tasks(1), config={"timeout_seconds": 600})
+    queue = f"test-clamp-{uuid.uuid4().hex[:8]}"
+    try:
+        for claimed in store.dequeue(3, settings.dispatcher_id):
+            Publisher(settings).publish(claimed, queue)
+        messages = [json.loads(raw) for raw in client.lrange(queue, 0, -1)]
+        assert len(messages) == 3
+        for message in messages:
+            _, kwargs, _ = json.loads(base64.b64decode(message["body"]))
+            timeout = kwargs["rollout"]["config"]["timeout_seconds"]
+            hard, soft = message["headers"]["timelimit"]  # Celery message protocol 2: [time_limit, soft]
+            assert hard + settings.max_queue_wait_s < settings.visibility_timeout_s
+            assert hard == settings.hard_time_limit(timeout) and soft == settings.soft_time_limit(timeout)
+        assert sorted(
+            json.loads(base64.b64decode(m["body"]))[1]["rollout"]["config"]["timeout_seconds"] for m in messages
+        ) == [
+            600,
+            pytest.approx(longest_timeout(settings)),
+            pytest.approx(longest_timeout(settings)),
+        ]
+    finally:
+        client.delete(queue)
         client.close()
         store.close()

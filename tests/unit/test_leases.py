@@ -27,7 +27,7 @@ def test_lease_admits_one_executor_and_survives_a_lost_key(redis_client: redis.R
         assert theirs.claim(60).acquired
         theirs.release()
     finally:
-        redis_client.delete(keys.lease(attempt), keys.started(attempt))
+        redis_client.delete(keys.lease(attempt), keys.started(attempt), keys.owner(attempt))
 
 
 def test_claim_tells_first_starts_takeovers_held_and_finished_attempts(redis_client: redis.Redis) -> None:
@@ -44,4 +44,4 @@ def test_claim_tells_first_starts_takeovers_held_and_finished_attempts(redis_cli
         assert Lease(redis_client, attempt, 5).claim(60) == Claim(False, done_status="succeeded")
         assert redis_client.exists(keys.lease(attempt)) == 0  # a finished attempt is not leased again
     finally:
-        redis_client.delete(keys.lease(attempt), keys.started(attempt), keys.done(attempt))
+        redis_client.delete(keys.lease(attempt), keys.started(attempt), keys.done(attempt), keys.owner(attempt))

@@ -17,11 +17,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from bridge.core import capacity
 from bridge.core.message import TASK_NAME, task_kwargs
 from bridge.core.models import ACTIVE_ROLLOUT, FINISHED_ROLLOUT, AttemptedRollout
 from bridge.tools.chaos.state import ChaosRun
 
 CHAOS_DISPATCHER_ID = "chaos-bridge"
+CHAOS_QUEUE = "rollouts"  # the default queue: chaos runs set no QUEUE_BY_MODE
 RETRY_CONFIG: dict[str, Any] = {
     "max_attempts": 3,
     "retry_condition": ["failed", "unresponsive", "timeout"],
@@ -172,7 +174,11 @@ def pause_store(run: ChaosRun, seconds: float = 15.0) -> None:
 
 def kill_bridge(run: ChaosRun) -> None:
     """SIGKILL the bridge, leave rollouts claimed but never published (as a crash right after a dequeue
-    would), start the bridge again: its reconciliation must publish them."""
+    would) and rollouts claimed and recorded in flight whose message never reached the broker (a crash
+    inside the publish, whose broker retries last seconds), start the bridge again: its reconciliation
+    must publish the first kind and, once their entries pass ``BRIDGE_MAX_QUEUE_WAIT_S``, free the
+    second kind's slots and hand them back (a fault-injection error is noted if their slots stay taken)."""
+    stranded: set[str] = set()
     for round_ in range(2):
         run.wait_progress(run.share(0.25 + 0.35 * round_), 120, running=False)
         bridge = run.stack.processes["bridge"]
@@ -181,8 +187,23 @@ def kill_bridge(run: ChaosRun) -> None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 bridge.proc.wait(timeout=10)
         claimed = run.store.dequeue(5, CHAOS_DISPATCHER_ID)
-        run.note(f"killed the bridge; {len(claimed)} rollouts left claimed and unpublished")
+        in_window = run.store.dequeue(5, CHAOS_DISPATCHER_ID)
+        for rollout in in_window:  # what ``Dispatcher.dispatch`` records before the publish that never ended
+            capacity.mark_inflight(run.redis, CHAOS_QUEUE, rollout.attempt.attempt_id)
+            stranded.add(rollout.attempt.attempt_id)
+        run.note(
+            f"killed the bridge; {len(claimed)} rollouts left claimed and unpublished, "
+            f"{len(in_window)} recorded in flight with no message"
+        )
         run.stack.start_bridge()
+    # The longest queue wait, two reconcile scans, the hand-back: well within two minutes.
+    started = time.monotonic()
+    run.wait_for(lambda: not stranded & capacity.inflight_ids(run.redis, CHAOS_QUEUE), 120)
+    left = stranded & capacity.inflight_ids(run.redis, CHAOS_QUEUE)
+    if left:
+        run.note(f"error: {len(left)} of {len(stranded)} in-flight entries with no message still hold a slot")
+    else:
+        run.note(f"{len(stranded)} in-flight entries with no message freed {time.monotonic() - started:.0f}s later")
 
 
 def redeliver_running(run: ChaosRun) -> None:
@@ -192,8 +213,8 @@ def redeliver_running(run: ChaosRun) -> None:
 
     def publish(rollout: AttemptedRollout) -> None:
         nonlocal sent
-        kwargs = task_kwargs(rollout, "rollouts")
-        app.send_task(TASK_NAME, kwargs=kwargs, task_id=rollout.attempt.attempt_id, queue="rollouts")
+        kwargs = task_kwargs(rollout, CHAOS_QUEUE)
+        app.send_task(TASK_NAME, kwargs=kwargs, task_id=rollout.attempt.attempt_id, queue=CHAOS_QUEUE)
         sent += 1
 
     for _ in range(4):

@@ -1,0 +1,50 @@
+"""The dispatch lock: only one bridge dispatches at a time, the others stand by as hot standbys.
+
+A Redis key holding a token unique to this process, renewed by the dispatch loop on every tick and
+expiring ``LEADER_TTL_S`` after the last renewal, so a killed leader is replaced within that long and two
+bridges never publish the same rollouts.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import uuid
+
+import redis
+
+from bridge.core import keys, locks
+from bridge.dispatch import metrics
+
+log = logging.getLogger("bridge.dispatch.dispatcher")
+
+LEADER_TTL_S = 15
+
+
+class LeaderLock:
+    def __init__(self, client: redis.Redis, dispatcher_id: str) -> None:
+        self.redis = client
+        self.token = f"{dispatcher_id}:{uuid.uuid4().hex[:8]}"
+        self.held = False
+
+    def ensure(self) -> tuple[bool, bool]:
+        """Renew or take the lock; returns (this bridge dispatches, it has just started to). Raises RedisError."""
+        key, ttl_ms = keys.bridge_leader(), LEADER_TTL_S * 1000
+        if self.held and locks.renew(self.redis, key, self.token, ttl_ms):
+            return True, False
+        was_held = self.held
+        self.held = bool(self.redis.set(key, self.token, nx=True, px=ttl_ms))
+        metrics.IS_LEADER.set(1 if self.held else 0)
+        if self.held and not was_held:
+            log.info("this bridge now dispatches (lock %s)", key)
+        elif not self.held and not was_held and random.random() < 0.05:
+            log.info("another bridge dispatches (%s); standing by", self.redis.get(key))
+        return self.held, self.held and not was_held
+
+    def release(self) -> None:
+        if self.held:
+            try:
+                locks.release(self.redis, keys.bridge_leader(), self.token)
+            except redis.RedisError:
+                pass
+            self.held = False

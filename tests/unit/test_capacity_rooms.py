@@ -1,0 +1,96 @@
+"""Room per queue (``bridge.core.capacity.SlotView.rooms``) and the claim size built on it
+(``bridge.dispatch.placement``): a node's slots count once however many queues it consumes, a queue
+claimed beyond its slots shows a negative room that no other queue's free slots hide, and a dequeue is
+sized so that any mix of modes in it can start.
+
+Slot adverts and in-flight entries are written to the Redis at ``TEST_REDIS_URL`` exactly as workers and
+the bridge write them (``capacity.advertise``/``mark_inflight``); the test skips without a Redis.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from bridge.core import capacity, keys
+from bridge.dispatch import placement
+
+
+@pytest.fixture
+def queues(redis_client: redis.Redis) -> Iterator[tuple[str, str]]:
+    tag = uuid.uuid4().hex[:8]
+    pair = (f"train-{tag}", f"val-{tag}")
+    yield pair
+    for queue in pair:
+        names = list(redis_client.scan_iter(match=keys.capacity_pattern(queue)))
+        redis_client.delete(keys.inflight(queue), *names)
+
+
+def fill(client: redis.Redis, queue: str, count: int) -> None:
+    for _ in range(count):
+        capacity.mark_inflight(client, queue, f"at-{uuid.uuid4().hex[:10]}")
+
+
+def test_a_node_on_two_queues_counts_its_slots_once(redis_client: redis.Redis, queues: tuple[str, str]) -> None:
+    train, val = queues
+    capacity.advertise(redis_client, "shared@host", [train, val], 4)
+    capacity.advertise(redis_client, "trainer@host", [train], 4)
+    view = capacity.read_slots(redis_client, [train, val])
+    assert view.nodes == {"shared@host": (4, frozenset({train, val})), "trainer@host": (4, frozenset({train}))}
+    assert view.rooms() == {train: 8, val: 4}
+    fill(redis_client, val, 4)  # the shared node is busy with val: train has only its own node left
+    assert capacity.read_slots(redis_client, [train, val]).rooms() == {train: 4, val: 0}
+    fill(redis_client, train, 4)
+    rooms = capacity.read_slots(redis_client, [train, val]).rooms()
+    assert rooms == {train: 0, val: 0}  # summed per queue, as before, this read 8 + 4 - 8 = 4 free slots
+    assert placement.claim_limit(rooms, {train, val}, 64) == 0
+
+
+def test_a_queue_claimed_beyond_its_slots_stays_negative(redis_client: redis.Redis, queues: tuple[str, str]) -> None:
+    train, val = queues
+    capacity.advertise(redis_client, "trainer@host", [train], 4)
+    capacity.advertise(redis_client, "validator@host", [val], 4)
+    fill(redis_client, train, 10)
+    rooms = capacity.read_slots(redis_client, [train, val]).rooms()
+    assert rooms == {train: -6, val: 4}  # not floored at 0, and val's slots do not count for train
+    # val has room, train has none: any rollout may be a train one, so one at a time.
+    assert placement.claim_limit(rooms, {train, val}, 64) == 1
+    assert not placement.fits(train, rooms, {train, val})
+    assert placement.fits(val, rooms, {train, val})
+
+
+def test_a_batch_is_sized_for_any_mix_of_modes(redis_client: redis.Redis, queues: tuple[str, str]) -> None:
+    train, val = queues
+    capacity.advertise(redis_client, "trainer@host", [train], 8)
+    capacity.advertise(redis_client, "validator@host", [val], 3)
+    view = capacity.read_slots(redis_client, [train, val, "nobody-consumes-this"])
+    rooms = view.rooms()
+    assert view.served() == {train, val}
+    assert placement.claim_limit(rooms, view.served(), 64) == 3  # three of either mode fit
+    assert placement.claim_limit(rooms, view.served(), 2) == 2
+    assert not placement.fits("nobody-consumes-this", rooms, view.served())  # parked, never published
+
+
+def test_the_single_default_queue_claims_a_whole_batch(redis_client: redis.Redis, queues: tuple[str, str]) -> None:
+    train, _ = queues
+    assert placement.claim_limit(capacity.read_slots(redis_client, [train]).rooms(), set(), 64) == 0  # no worker
+    capacity.advertise(redis_client, "a@host", [train], 8)
+    capacity.advertise(redis_client, "b@host", [train], 8)
+    fill(redis_client, train, 3)
+    view = capacity.read_slots(redis_client, [train])
+    assert view.rooms() == {train: 13}
+    assert placement.claim_limit(view.rooms(), view.served(), 64) == 13
+    assert placement.claim_limit(view.rooms(), view.served(), 4) == 4
+
+
+def test_rooms_of_a_large_cluster() -> None:
+    """The flow groups nodes by the queues they consume, so a large cluster is as cheap as a small one."""
+    nodes = {
+        f"n{i}@host": (8, frozenset({"a", "b"} if i % 3 == 0 else {"a"} if i % 3 == 1 else {"c"})) for i in range(300)
+    }
+    view = capacity.SlotView(nodes, {"a": 700, "b": 10, "c": 5})
+    # a: 100 nodes on {a, b} and 100 on {a}: 1600 slots in all, 10 of them held by b.
+    assert view.rooms() == {"a": 1600 - 700 - 10, "b": 800 - 10 - max(0, 700 - 800), "c": 800 - 5}

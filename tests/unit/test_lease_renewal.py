@@ -1,0 +1,161 @@
+"""The heartbeat's lease renewals do not wait for the Store: with a Store that answers slowly, every lease of
+a process with many attempts stays alive, and an attempt that is no longer ours gets no Store call at all.
+
+Real Redis at ``TEST_REDIS_URL`` (skips without one), real ``StoreClient`` and ``HeartbeatMonitor``; the Store
+is a local HTTP endpoint that answers after a delay, as a Store does under load.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import redis
+
+from bridge.core import keys
+from bridge.core.store import StoreClient
+from workers.heartbeat import AttemptWatch, HeartbeatMonitor
+from workers.lease import Lease, mark_done
+
+ATTEMPTS = 40
+LEASE_TTL_S = 2.0
+INTERVAL_S = 0.5  # heartbeat interval: a fence read per attempt every half second
+STORE_DELAY_S = 1.5  # every Store answer takes this long: one round over 40 attempts would take a minute
+
+
+class SlowStore:
+    """An HTTP endpoint that answers 503 after ``delay_s``, counting requests per path."""
+
+    def __init__(self, delay_s: float) -> None:
+        self.paths: list[str] = []
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _answer(self) -> None:
+                owner.paths.append(self.path)
+                length = int(self.headers.get("Content-Length") or 0)
+                if length:
+                    self.rfile.read(length)
+                time.sleep(delay_s)
+                try:
+                    self.send_response(503)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                except OSError:
+                    pass  # the client timed out first
+
+            do_GET = do_POST = _answer
+
+            def log_message(self, *_: object) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+@pytest.fixture
+def slow_store() -> Iterator[SlowStore]:
+    server = SlowStore(STORE_DELAY_S)
+    yield server
+    server.close()
+
+
+def _watch(lease: Lease) -> AttemptWatch:
+    return AttemptWatch(
+        f"ro-{lease.attempt_id}", lease.attempt_id, lease, None, interval_s=INTERVAL_S, flush_interval_s=60
+    )
+
+
+def test_many_leases_stay_alive_while_the_store_is_slow(redis_client: redis.Redis, slow_store: SlowStore) -> None:
+    run = uuid.uuid4().hex[:6]
+    leases = [Lease(redis_client, f"at-slow-{run}-{i}", LEASE_TTL_S) for i in range(ATTEMPTS)]
+    store = StoreClient(slow_store.url, retries=0)
+    monitor = HeartbeatMonitor(store, redis_client)
+    lapses: set[str] = set()
+    try:
+        for lease in leases:
+            assert lease.claim(60).acquired
+        watches = [_watch(lease) for lease in leases]
+        for watch in watches:
+            monitor.watch(watch)
+        end = time.monotonic() + 3 * LEASE_TTL_S
+        while time.monotonic() < end:
+            pipe = redis_client.pipeline(transaction=False)
+            for lease in leases:
+                pipe.get(lease.key)
+            for lease, holder in zip(leases, pipe.execute(), strict=True):
+                if holder != lease.token.encode():
+                    lapses.add(lease.attempt_id)
+            time.sleep(0.1)
+        assert len(slow_store.paths) >= 2  # the Store was really called, slowly
+        assert not lapses, f"{len(lapses)} of {ATTEMPTS} leases lapsed while the Store was slow"
+        assert [w.stop_reason for w in watches if w.stop_reason] == []
+    finally:
+        monitor.close()
+        store.close()
+        for lease in leases:
+            aid = lease.attempt_id
+            redis_client.delete(keys.lease(aid), keys.owner(aid), keys.started(aid))
+
+
+def test_an_attempt_reported_by_another_executor_stops_without_a_store_call(
+    redis_client: redis.Redis, slow_store: SlowStore
+) -> None:
+    aid = f"at-stale-{uuid.uuid4().hex[:6]}"
+    stale, taker = Lease(redis_client, aid, 0.3), Lease(redis_client, aid, 5)
+    store = StoreClient(slow_store.url, retries=0)
+    monitor = HeartbeatMonitor(store, redis_client)
+    try:
+        assert stale.claim(60).acquired
+        time.sleep(0.4)  # the stale executor stalled past its lease ...
+        assert taker.claim(60).acquired  # ... a redelivery took over, ran and reported the attempt
+        mark_done(redis_client, aid, "succeeded", 60)
+        taker.release()
+        watch = _watch(stale)
+        watch.next_beat = time.monotonic()  # a beat is due at once
+        monitor.watch(watch)
+        deadline = time.monotonic() + 3.0
+        while watch.stop_reason is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)
+        assert watch.stop_reason is not None and "reported" in watch.stop_reason
+        assert slow_store.paths == []  # no fence read, no heartbeat: nothing touched the taken-over attempt
+        assert redis_client.exists(keys.lease(aid)) == 0  # and the lease was not re-created
+        assert watch.lease.valid_until == 0.0
+    finally:
+        monitor.close()
+        store.close()
+        redis_client.delete(keys.lease(aid), keys.owner(aid), keys.started(aid), keys.done(aid))
+
+
+def test_the_lease_thread_repairs_redis_data_loss_within_one_interval(
+    redis_client: redis.Redis, slow_store: SlowStore
+) -> None:
+    aid = f"at-loss-{uuid.uuid4().hex[:6]}"
+    lease = Lease(redis_client, aid, 5)
+    store = StoreClient(slow_store.url, retries=0)
+    monitor = HeartbeatMonitor(store, redis_client)
+    try:
+        assert lease.claim(60).acquired
+        watch = _watch(lease)
+        monitor.watch(watch)
+        redis_client.delete(keys.lease(aid), keys.owner(aid), keys.started(aid))  # FLUSHDB, for this attempt
+        time.sleep(INTERVAL_S + 0.3)
+        # The bridge's reconcile looks at both: a started attempt without a lease is an orphan, a leased one is live.
+        assert redis_client.get(keys.lease(aid)) == lease.token.encode()
+        assert redis_client.exists(keys.started(aid), keys.owner(aid)) == 2
+        assert watch.stop_reason is None
+    finally:
+        monitor.close()
+        store.close()
+        redis_client.delete(keys.lease(aid), keys.owner(aid), keys.started(aid))

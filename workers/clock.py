@@ -1,0 +1,122 @@
+"""The Store's clock as this worker sees it: measured once at start, logged, and corrected for afterwards.
+
+The Store stamps an attempt's ``start_time`` (the dequeue) with its own clock, and its watchdog judges
+``timeout_seconds`` and ``unresponsive_seconds`` on that clock (docs/store-protocol.md 6.3). A worker compares
+those stamps with its own ``time.time()``: how long the attempt has run, when its budget ends, whether its
+view of the rollout is still fresh or the watchdog could have acted. A worker host whose clock is off by
+seconds would misjudge all of these by as much, so at start the worker measures the offset from the Store's
+``Date`` header, logs it, corrects Store timestamps by it (``to_local``), and refuses to start when the
+clocks are certainly further apart than ``CLOCK_SKEW_TOLERANCE_S`` (docs/operations.md, "Clocks").
+
+The ``Date`` header has whole seconds and uvicorn refreshes it once a second, so one reading bounds the
+Store's time to a 2 s window; a few readings a quarter second apart narrow that to about 1 s. Times the
+worker sends to the Store (heartbeats) stay on the worker's clock: the tolerance bounds their error.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
+
+import httpx
+
+from bridge.core.http import service_client
+from bridge.core.settings import Settings
+from bridge.core.store import API
+
+log = logging.getLogger("workers.clock")
+
+DATE_WINDOW_S = 2.0  # a Date header of D means the Store's time was in [D, D + 2): whole seconds, refreshed each second
+SAMPLES = 4
+SPACING_S = 0.25
+EXIT_CODE = 2  # as a bad setting: the process cannot run correctly here
+
+_offset_s = 0.0
+
+
+@dataclass(frozen=True)
+class ClockReading:
+    """The Store's clock minus this host's, known to lie within ``offset_s ± error_s`` seconds."""
+
+    offset_s: float
+    error_s: float
+
+    def certainly_beyond(self, tolerance_s: float) -> bool:
+        return abs(self.offset_s) - self.error_s > tolerance_s
+
+
+def measure(client: httpx.Client, path: str = API + "/health", samples: int = SAMPLES) -> ClockReading | None:
+    """Bound the offset from the ``Date`` headers of a few requests; None when the Store gives none.
+
+    Each answer was produced between our send (t0) and receipt (t1) while the Store's clock read
+    [D, D + DATE_WINDOW_S): the offset lies in [D - t1, D + DATE_WINDOW_S - t0]. The readings are intersected.
+    """
+    low, high = float("-inf"), float("inf")
+    for i in range(samples):
+        if i:
+            time.sleep(SPACING_S)
+        t0 = time.time()
+        response = client.get(path)
+        t1 = time.time()
+        header = response.headers.get("date")
+        if not header:
+            return None
+        try:
+            stamp = parsedate_to_datetime(header).timestamp()
+        except (TypeError, ValueError):
+            return None
+        sample_low, sample_high = stamp - t1, stamp + DATE_WINDOW_S - t0
+        if max(low, sample_low) > min(high, sample_high):  # a clock stepped meanwhile: keep the latest reading
+            low, high = sample_low, sample_high
+        else:
+            low, high = max(low, sample_low), min(high, sample_high)
+    return ClockReading((low + high) / 2, (high - low) / 2)
+
+
+def check_store_clock(settings: Settings) -> ClockReading | None:
+    """Measure, log and adopt the Store's clock offset at worker start; exit beyond the tolerance.
+
+    A Store that cannot be reached now does not stop the worker (it may start before the Store): the offset
+    is then taken as 0 and a warning says so.
+    """
+    try:
+        with service_client(settings.store_base, token=settings.store_token, timeout_s=5.0, max_connections=1) as c:
+            reading = measure(c)
+    except httpx.HTTPError as exc:
+        log.warning("could not measure the Store's clock (%r); assuming it agrees with this host's", exc)
+        return None
+    if reading is None:
+        log.warning("the Store sent no Date header; assuming its clock agrees with this host's")
+        return None
+    tolerance = settings.clock_skew_tolerance_s
+    if tolerance and reading.certainly_beyond(tolerance):
+        log.critical(
+            "this host's clock is %+.1f s (±%.1f) off the Store's, beyond CLOCK_SKEW_TOLERANCE_S=%g: "
+            "synchronise the clocks (NTP) before starting workers",
+            -reading.offset_s,
+            reading.error_s,
+            tolerance,
+        )
+        raise SystemExit(EXIT_CODE)
+    adopt(reading.offset_s)
+    log.info(
+        "Store clock offset %+.2f s (±%.2f); Store timestamps are corrected by it", reading.offset_s, reading.error_s
+    )
+    return reading
+
+
+def adopt(offset_s: float) -> None:
+    """Use ``offset_s`` (Store minus worker) from now on; forked pool processes inherit it."""
+    global _offset_s
+    _offset_s = offset_s
+
+
+def store_offset_s() -> float:
+    return _offset_s
+
+
+def to_local(store_time: float) -> float:
+    """A Store timestamp (epoch s on the Store's clock) on this host's clock."""
+    return store_time - _offset_s
