@@ -10,13 +10,15 @@ No tests live here.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -247,3 +249,15 @@ def reward_value(span: dict[str, Any]) -> float | None:
     if span.get("name") != REWARD_SPAN or attributes.get("agentlightning.reward.0.name") != "primary":
         return None
     return float(attributes["agentlightning.reward.0.value"])
+
+
+@contextlib.contextmanager
+def silent_llm_url() -> Iterator[str]:
+    """An OpenAI base URL whose server accepts connections (the kernel's backlog) and never replies."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}/v1"
+    finally:
+        listener.close()

@@ -4,7 +4,9 @@
 path the trainer's guarantees rest on (docs/store-protocol.md 6.2, 10): spans are flushed before the
 final status, the fence is re-checked right before reporting (the Store never refuses a stale report),
 a report that lost its fence is withheld, and a delivered report is marked done in Redis so that a
-redelivery of the message never runs the attempt again.
+redelivery of the message never runs the attempt again. The report itself is decided once and kept in
+Redis until the Store took it: a Celery retry or a redelivery delivers that report, it never judges an
+attempt whose episode has run a second time (issue 15, item 4; tests/integration/test_report_path.py).
 """
 
 from __future__ import annotations
@@ -171,7 +173,7 @@ class AttemptReporter:
             if self.res.redis.set(key, report.to_json(), nx=True, ex=ttl):
                 return report
             kept = PendingReport.from_json(self.res.redis.get(key))
-        except redis.RedisError as exc:
+        except (redis.RedisError, TypeError, ValueError) as exc:
             self.log.warning("could not keep the %s report in Redis (%r); delivering it now", report.status, exc)
             return report
         if kept is None:
@@ -197,25 +199,29 @@ class AttemptReporter:
         """
         attempt = 0
         while True:
-            try:
-                return self._deliver_once(report)
-            except UnknownIdError:
-                return self._skip("the Store no longer knows this rollout (it restarted?); report dropped")
-            except StoreUnavailable as exc:
+            try:  # around the wait too: Celery's soft limit may strike there
+                try:
+                    return self._deliver_once(report)
+                except UnknownIdError:
+                    return self._skip("the Store no longer knows this rollout (it restarted?); report dropped")
+                except StoreUnavailable as exc:
+                    error: StoreError = exc
+                except StoreError as exc:
+                    self.log.error("the Store refused the %s report: %s", report.status, exc)
+                    raise
                 delay = backoff_delay(attempt, base_s=1.0, cap_s=10.0)
                 if time.time() + delay > report.deadline:
                     self.log.error(
-                        "could not deliver the %s report before the attempt's deadline: %s", report.status, exc
+                        "could not deliver the %s report before the attempt's deadline: %s", report.status, error
                     )
-                    raise ReportPending(f"the {report.status} report is kept for a retry: {exc}") from exc
-                self.log.warning("the Store did not take the %s report (%s); retry in %.1fs", report.status, exc, delay)
+                    raise ReportPending(f"the {report.status} report is kept for a retry: {error}") from error
+                self.log.warning(
+                    "the Store did not take the %s report (%s); retry in %.1fs", report.status, error, delay
+                )
                 time.sleep(delay)
                 attempt += 1
             except SoftTimeLimitExceeded as exc:
                 raise ReportPending(f"time limit reached while delivering the {report.status} report") from exc
-            except StoreError as exc:
-                self.log.error("the Store refused the %s report: %s", report.status, exc)
-                raise
 
     def _deliver_once(self, report: PendingReport) -> Outcome | None:
         status, metadata = report.status, report.metadata

@@ -6,7 +6,8 @@
   Store queue instead of leaving its attempt ``preparing`` forever (docs/store-protocol.md section 10,
   "Handing a rollout back"), from a thread of its own: the signal runs inside Celery's consumer loop;
 * ``worker_init`` measures the Store's clock against this host's (``workers.clock``) and starts the
-  node's Prometheus exporter (``WORKER_METRICS_PORT``), before the pool forks; ``task_prerun``/``task_postrun`` record dequeue-to-start and outcomes (workers.metrics).
+  node's Prometheus exporter (``WORKER_METRICS_PORT``), before the pool forks;
+* ``task_prerun``/``task_postrun`` record dequeue-to-start and outcomes (workers.metrics).
 """
 
 from __future__ import annotations
@@ -146,8 +147,20 @@ def _on_revoked(sender: Any = None, request: Any = None, expired: bool = False, 
             free_slot(_node["client"], queue, task_id)
         except redis.RedisError:
             pass
-    if expired and isinstance(rollout, dict):
+    if expired and isinstance(rollout, dict) and not _started_elsewhere(task_id):
         _hand_back.submit(rollout)  # the Store calls run on a thread of their own, off the consumer loop
+
+
+def _started_elsewhere(attempt_id: str) -> bool:
+    """An expired duplicate of an attempt another executor runs (a Celery retry keeps the first ``expires``):
+    handing it back would fence the live execution out and waste its episode."""
+    if not _node:
+        return False
+    try:
+        fact = capacity.executions(_node["client"], [attempt_id])[attempt_id]
+    except redis.RedisError:
+        return False  # the hand-back re-checks the Store: only a still-unstarted latest attempt is requeued
+    return fact.leased or fact.started
 
 
 class ExpiredHandBack:

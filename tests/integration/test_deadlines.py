@@ -10,7 +10,6 @@ episode ends at its deadline as ``failed`` with class ``timeout``; the warm shut
 from __future__ import annotations
 
 import signal
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +18,7 @@ import pytest
 
 from bridge.core.settings import load_settings
 from bridge.tools.stack import LocalStack, StackConfig
-from tests.helpers import attempts, enqueue, rollout, wait_finished
+from tests.helpers import attempts, enqueue, rollout, silent_llm_url, wait_finished
 
 TIMEOUT_SECONDS = 20.0  # the rollout's budget; the episode's own deadline is the soft limit below it
 MARGIN_S = 4.0  # reporting the failure: a span flush and one Store update
@@ -27,14 +26,8 @@ MARGIN_S = 4.0  # reporting the failure: a span flush and one Store update
 
 @pytest.fixture
 def silent_llm() -> Iterator[str]:
-    """An OpenAI base URL whose server accepts connections (the kernel's backlog) and never replies."""
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(64)
-    try:
-        yield f"http://127.0.0.1:{listener.getsockname()[1]}/v1"
-    finally:
-        listener.close()
+    with silent_llm_url() as url:
+        yield url
 
 
 def test_a_hanging_llm_ends_the_episode_at_its_deadline_under_threads(

@@ -5,7 +5,6 @@ Real sockets: a server that accepts and never answers, and one that answers 503 
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -14,6 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from bridge.core.errors import Superseded
+from tests.helpers import silent_llm_url
 from workers import llm as llm_mod
 from workers.failures import FailureClass, classify
 
@@ -22,13 +22,8 @@ MESSAGES = [{"role": "user", "content": "buy a lamp"}]
 
 @pytest.fixture
 def silent_url() -> Iterator[str]:
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(16)
-    try:
-        yield f"http://127.0.0.1:{listener.getsockname()[1]}/v1"
-    finally:
-        listener.close()
+    with silent_llm_url() as url:
+        yield url
 
 
 class _Unavailable(BaseHTTPRequestHandler):

@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
+from pydantic import HttpUrl
 
 from bridge.core.settings import Settings
 from workers import clock
@@ -74,7 +75,7 @@ def test_the_measured_offset_brackets_the_true_skew_within_about_a_second(skew_s
 def test_a_worker_within_the_tolerance_adopts_the_offset_and_corrects_store_times(restore_offset: None) -> None:
     store = SkewedStore(3.0)
     try:
-        reading = clock.check_store_clock(Settings(store_url=store.url, clock_skew_tolerance_s=5.0))
+        reading = clock.check_store_clock(Settings(store_url=HttpUrl(store.url), clock_skew_tolerance_s=5.0))
     finally:
         store.close()
     assert reading is not None
@@ -87,16 +88,16 @@ def test_a_worker_refuses_to_start_beyond_the_tolerance(restore_offset: None) ->
     store = SkewedStore(-30.0)
     try:
         with pytest.raises(SystemExit) as exited:
-            clock.check_store_clock(Settings(store_url=store.url, clock_skew_tolerance_s=5.0))
+            clock.check_store_clock(Settings(store_url=HttpUrl(store.url), clock_skew_tolerance_s=5.0))
         assert exited.value.code == clock.EXIT_CODE
         # 0 turns the check off: the offset is adopted and corrected for instead.
-        reading = clock.check_store_clock(Settings(store_url=store.url, clock_skew_tolerance_s=0))
+        reading = clock.check_store_clock(Settings(store_url=HttpUrl(store.url), clock_skew_tolerance_s=0))
     finally:
         store.close()
     assert reading is not None and abs(clock.store_offset_s() + 30.0) <= reading.error_s + 0.05
 
 
 def test_an_unreachable_store_does_not_stop_a_worker(restore_offset: None) -> None:
-    settings = Settings(store_url="http://127.0.0.1:9", clock_skew_tolerance_s=5.0)
+    settings = Settings(store_url=HttpUrl("http://127.0.0.1:9"), clock_skew_tolerance_s=5.0)
     assert clock.check_store_clock(settings) is None
     assert clock.store_offset_s() == 0.0
