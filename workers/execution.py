@@ -248,7 +248,9 @@ class AttemptRun(AttemptReporter):
         return min(interval, unresponsive / 3) if unresponsive else interval
 
     def _episode_deadline(self) -> float:
-        return self.dequeued_at + self.settings.soft_time_limit(self.attempted.config.timeout_seconds)
+        # covered_timeout: a takeover re-read the Store's unclamped timeout_seconds (see the bridge's publisher).
+        timeout = self.settings.covered_timeout(self.attempted.config.timeout_seconds)
+        return self.dequeued_at + self.settings.soft_time_limit(timeout)
 
 
 def is_retryable_before_progress(exc: BaseException) -> bool:

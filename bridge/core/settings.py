@@ -282,6 +282,19 @@ class Settings(BaseSettings):
         budget = timeout_s if timeout_s and timeout_s > 0 else self.default_timeout_s
         return max(2.0, budget * 0.95)
 
+    def longest_timeout_s(self) -> float:
+        """The largest ``timeout_seconds`` whose hard limit plus the longest queue wait stays under the
+        broker's visibility timeout, with 1 s to spare: a longer one would be redelivered while it runs, so
+        the bridge publishes it clamped to this and a takeover (which re-reads the Store) clamps it too."""
+        share = self.hard_time_limit(1e6) / 1e6
+        return (self.visibility_timeout_s - self.max_queue_wait_s - 1.0) / share
+
+    def covered_timeout(self, timeout_s: float | None) -> float | None:
+        """``timeout_s`` lowered to ``longest_timeout_s``; None or <= 0 (the default applies) unchanged."""
+        if not timeout_s or timeout_s <= 0:
+            return timeout_s
+        return min(timeout_s, self.longest_timeout_s())
+
     def llm_rate_limit(self, model: str) -> tuple[float | None, float | None]:
         """(requests, tokens) per minute for ``model``: its LLM_RATE_LIMITS entry, else LLM_RPM/LLM_TPM."""
         return self.llm_rate_limits.get(model, (self.llm_rpm, self.llm_tpm))

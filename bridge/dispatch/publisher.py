@@ -79,17 +79,10 @@ class Publisher:
         log.debug("published %s to %s in %.1f ms", describe(rollout), queue, (time.perf_counter() - started) * 1e3)
 
 
-def longest_timeout(settings: Settings) -> float:
-    """The largest ``timeout_seconds`` whose hard limit plus the longest queue wait stays under the
-    broker's visibility timeout, with 1 s to spare (``Settings.hard_time_limit`` is a share of the budget)."""
-    share = settings.hard_time_limit(1e6) / 1e6
-    return (settings.visibility_timeout_s - settings.max_queue_wait_s - 1.0) / share
-
-
 def clamp_timeout(rollout: AttemptedRollout, settings: Settings) -> AttemptedRollout:
     """The rollout as it is published: unchanged, or with ``timeout_seconds`` lowered to what the broker covers."""
     asked = rollout.config.timeout_seconds
-    bound = longest_timeout(settings)
+    bound = settings.longest_timeout_s()
     if not asked or asked <= 0 or asked <= bound:
         return rollout
     metrics.TIMEOUTS_CLAMPED.inc()

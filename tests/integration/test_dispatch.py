@@ -20,7 +20,7 @@ from bridge.core.models import AttemptedRollout
 from bridge.core.settings import load_settings
 from bridge.core.store import API, StoreClient
 from bridge.dispatch.dispatcher import Dispatcher
-from bridge.dispatch.publisher import Publisher, longest_timeout
+from bridge.dispatch.publisher import Publisher
 from bridge.tools.stack import LocalStack
 from tests.helpers import attempts, enqueue, rollout, split_tasks, stack_for, wait_finished
 
@@ -178,8 +178,8 @@ def test_a_timeout_the_broker_cannot_cover_is_clamped_at_publish(clean_store: Lo
             json.loads(base64.b64decode(m["body"]))[1]["rollout"]["config"]["timeout_seconds"] for m in messages
         ) == [
             600,
-            pytest.approx(longest_timeout(settings)),
-            pytest.approx(longest_timeout(settings)),
+            pytest.approx(settings.longest_timeout_s()),
+            pytest.approx(settings.longest_timeout_s()),
         ]
     finally:
         client.delete(queue)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 
 import pytest
+from pydantic import HttpUrl
 
-from bridge.core.settings import ConfigError, load_settings
+from bridge.core.settings import ConfigError, Settings, load_settings
 
 STORE = {"AGENT_LIGHTNING_STORE_URL": "http://127.0.0.1:4747"}
 
@@ -55,3 +56,14 @@ def test_queue_by_mode_mapping_and_redaction(clean_env: None, monkeypatch: pytes
     assert settings.all_queues() == ["rollouts", "rollouts-eval", "rollouts-train"]
     shown = str(settings.redacted())
     assert "hunter2" not in shown and "sk-secret" not in shown
+
+
+def test_timeouts_the_broker_cannot_cover_are_clamped_and_others_kept() -> None:
+    settings = Settings(store_url=HttpUrl("http://store:4747"))  # visibility 7,200 s, queue wait 300 s
+    longest = settings.longest_timeout_s()
+    # The hard limit of the longest covered rollout plus its queue wait still fits under the visibility timeout.
+    assert settings.hard_time_limit(longest) + settings.max_queue_wait_s < settings.visibility_timeout_s
+    assert settings.hard_time_limit(longest + 60) + settings.max_queue_wait_s > settings.visibility_timeout_s
+    assert settings.covered_timeout(20_000) == longest
+    assert settings.covered_timeout(600) == 600
+    assert settings.covered_timeout(None) is None
