@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -36,17 +37,21 @@ from bridge.core.errors import (
     UnknownIdError,
 )
 from bridge.core.logs import RolloutLogger
+from bridge.core.message import DEFAULT_AGENT
 from bridge.core.models import AttemptedRollout, AttemptStatus
 from bridge.core.redact import redact_text
+from bridge.core.settings import ConfigError
 from workers import clock
 from workers import llm as llm_mod
 from workers.agent import Episode
+from workers.agents import loading as agent_loading
+from workers.agents.loading import ConfiguredAgent
 from workers.failures import FailureClass, classify
 from workers.heartbeat import AttemptWatch, fence
 from workers.inputs import parse_task_input
 from workers.lease import Lease
 from workers.ratelimit import LLMRateLimiter, RateLimit
-from workers.reporting import AttemptReporter, Outcome
+from workers.reporting import AttemptReporter, Outcome, RunResult
 from workers.telemetry import AttemptTelemetry
 
 log = logging.getLogger("workers.execution")
@@ -54,6 +59,8 @@ log = logging.getLogger("workers.execution")
 
 class AttemptRun(AttemptReporter):
     """Executes one delivery of ``workers.run_rollout``: claim, fence, run; the report is inherited."""
+
+    expected_agent: str | None = None  # the message's ``agent`` (None: sent before messages named one)
 
     # --- entry point -------------------------------------------------------------------------
 
@@ -113,6 +120,11 @@ class AttemptRun(AttemptReporter):
                     FailureClass.INFRA, "the worker executing this attempt was lost mid-episode; not re-run in place"
                 )
             self.viewed_at = sent_at
+        configured = self._configured_agent()
+        if isinstance(configured, str):
+            return self._report_failure(FailureClass.AGENT, configured)
+        if configured is not None:
+            return self._run_litagent(lease, configured)
         try:
             task = parse_task_input(self.attempted.input, max_chars=self.settings.max_instruction_chars)
         except InvalidInputError as exc:
@@ -130,6 +142,32 @@ class AttemptRun(AttemptReporter):
         return self._run_episode(lease, task, target)
 
     def _run_episode(self, lease: Lease, task: Any, target: llm_mod.LLMTarget) -> Outcome:
+        """The built-in WebShop agent."""
+
+        def body(telemetry: AttemptTelemetry, watch: AttemptWatch) -> RunResult:
+            limiter = self._rate_limiter(target.model)
+            episode = Episode(
+                task=task,
+                env=self.res.webshop,
+                client=llm_mod.make_client(target, self.settings.llm_timeout_s),
+                target=target,
+                telemetry=telemetry,
+                settings=self.settings,
+                check_stop=watch.check,
+                deadline=watch.deadline,
+                before_llm_call=partial(limiter.acquire, watch.check) if limiter else None,
+                after_llm_call=limiter.charge_tokens if limiter else None,
+            )
+            with telemetry.span("webshop.episode", self._root_attributes({"webshop.task_id": task.task_id})) as root:
+                result = episode.run()
+                root.set_attribute("episode.reward", result.reward)
+                root.set_attribute("episode.steps", result.steps)
+            return result
+
+        return self._run_attempt(lease, body)
+
+    def _run_attempt(self, lease: Lease, body: Callable[[AttemptTelemetry, AttemptWatch], RunResult]) -> Outcome:
+        """Telemetry, heartbeat and report around one agent run (``body``): the same for every agent."""
         telemetry = AttemptTelemetry(
             self.res.store,
             rollout_id=self.rid,
@@ -154,31 +192,8 @@ class AttemptRun(AttemptReporter):
         )
         self.watch, self.telemetry = watch, telemetry
         self.res.monitor.watch(watch)
-        limiter = self._rate_limiter(target.model)
         try:
-            episode = Episode(
-                task=task,
-                env=self.res.webshop,
-                client=llm_mod.make_client(target, self.settings.llm_timeout_s),
-                target=target,
-                telemetry=telemetry,
-                settings=self.settings,
-                check_stop=watch.check,
-                deadline=watch.deadline,
-                before_llm_call=partial(limiter.acquire, watch.check) if limiter else None,
-                after_llm_call=limiter.charge_tokens if limiter else None,
-            )
-            root_attributes = {
-                "agentlightning.rollout_id": self.rid,
-                "agentlightning.attempt_id": self.aid,
-                "celery.task_id": self.celery_task_id,
-                "webshop.task_id": task.task_id,
-                "worker.id": self.executor,
-            }
-            with telemetry.span("webshop.episode", root_attributes) as root:
-                result = episode.run()
-                root.set_attribute("episode.reward", result.reward)
-                root.set_attribute("episode.steps", result.steps)
+            result = body(telemetry, watch)
             self._check_lease()  # a stalled executor whose attempt was taken over writes nothing into it
             # Within the episode's budget: retrying past Celery's soft limit would turn a telemetry failure
             # into a "timeout"; at least one try is always made.
@@ -200,6 +215,63 @@ class AttemptRun(AttemptReporter):
         finally:
             self.res.monitor.unwatch(watch)
             telemetry.close()
+
+    def _run_litagent(self, lease: Lease, configured: ConfiguredAgent) -> Outcome:
+        """A configured LitAgent in place of the WebShop episode (``workers.agents.litagent``)."""
+        from workers.agents import capture, litagent  # agentlightning: only on workers configured for it
+
+        resources = self.res.store.get_resources(self.attempted.resources_id)
+        try:
+            target: llm_mod.LLMTarget | None = llm_mod.resolve_target(resources, self.attempted, self.settings)
+        except llm_mod.LLMError as exc:
+            if resources is None:  # nothing at all to give the agent (Agent Lightning's runner fails these too)
+                return self._report_failure(FailureClass.LLM, str(exc))
+            target = None  # resources without an LLM: the agent may not need one
+        named = litagent.named_resources(resources, target, self.rid, self.aid)
+        self.log.info("started on %s (agent=%s, trace=%s)", self.executor, configured.path, self.trace_id)
+
+        def body(telemetry: AttemptTelemetry, watch: AttemptWatch) -> RunResult:
+            attempt = capture.AttemptCapture(telemetry, self.settings, watch.check, watch.deadline, self._rate_limiter)
+            with telemetry.span("agent.rollout", self._root_attributes({"agent": configured.path})) as root:
+                result = litagent.run_agent(configured, self.payload, named, attempt, self.executor)
+                root.set_attribute("agent.result_kind", result.result_kind)
+                if result.reward is not None:
+                    root.set_attribute("agent.reward", result.reward)
+            return result
+
+        return self._run_attempt(lease, body)
+
+    def _configured_agent(self) -> ConfiguredAgent | str | None:
+        """This worker's LitAgent (None: the WebShop agent), or why this message must not run here.
+
+        The message's ``agent`` is only compared with the worker's own configuration, never imported.
+        """
+        expected = self.expected_agent or DEFAULT_AGENT
+        try:
+            configured = agent_loading.configured_agent(self.settings)
+        except ConfigError as exc:  # checked at start; only a factory failing in a new process gets here
+            return f"the configured agent {self.settings.agent!r} could not be built: {exc.message}"
+        if configured is None:
+            if expected == DEFAULT_AGENT:
+                return None
+            mine = DEFAULT_AGENT
+        elif configured.accepts(expected):
+            return configured
+        else:
+            mine = f"{configured.path} ({configured.class_path})"
+        return (
+            f"agent mismatch: the message expects agent {expected!r} but this worker runs {mine}; "
+            "not run (workers only run the agent their AGENT setting names)"
+        )
+
+    def _root_attributes(self, extra: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "agentlightning.rollout_id": self.rid,
+            "agentlightning.attempt_id": self.aid,
+            "celery.task_id": self.celery_task_id,
+            "worker.id": self.executor,
+            **extra,
+        }
 
     # --- fencing -----------------------------------------------------------------------------
 

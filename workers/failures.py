@@ -11,6 +11,7 @@ from enum import StrEnum
 from celery.exceptions import SoftTimeLimitExceeded
 
 from bridge.core.errors import (
+    BridgeError,
     InvalidInputError,
     LLMError,
     StoreError,
@@ -18,6 +19,12 @@ from bridge.core.errors import (
     TelemetryError,
     WebShopError,
 )
+
+
+class AgentError(BridgeError):
+    """A configured LitAgent failed the attempt: it raised (the cause is chained), returned a value of an
+    unsupported type, or is not the agent the message expected. Class ``agent``: the Store's retry policy
+    decides, as for any other failed attempt."""
 
 
 class FailureClass(StrEnum):
@@ -28,9 +35,12 @@ class FailureClass(StrEnum):
     TELEMETRY = "telemetry"  # spans (the reward span above all) could not be delivered
     TIMEOUT = "timeout"  # the episode ran out of its time budget
     CANCELLED = "cancelled"  # the rollout was cancelled or superseded while running
+    AGENT = "agent"  # a configured LitAgent raised, returned an unsupported value, or is not the one expected
 
 
 def classify(error: BaseException) -> FailureClass:
+    if isinstance(error, AgentError):
+        return FailureClass.AGENT
     if isinstance(error, InvalidInputError):
         return FailureClass.INPUT
     if isinstance(error, WebShopError):

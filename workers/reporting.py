@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import redis
 from celery.exceptions import SoftTimeLimitExceeded
@@ -25,7 +25,6 @@ from bridge.core.errors import StoreError, StoreUnavailable, UnknownIdError
 from bridge.core.logs import RolloutLogger
 from bridge.core.models import AttemptedRollout, AttemptStatus
 from workers import metrics as worker_metrics
-from workers.agent import EpisodeResult
 from workers.failures import FailureClass
 from workers.heartbeat import AttemptWatch, fence, watchdog_may_act
 from workers.lease import Lease, executor_id, mark_done
@@ -47,6 +46,15 @@ class Outcome:
 
     def as_dict(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if v not in (None, "")}
+
+
+class RunResult(Protocol):
+    """What a finished agent run reports: the WebShop ``EpisodeResult`` or a LitAgent's ``AgentRunResult``."""
+
+    @property
+    def reward(self) -> float | None: ...
+
+    def metadata(self) -> dict[str, object]: ...
 
 
 class ReportPending(StoreUnavailable):
@@ -112,7 +120,7 @@ class AttemptReporter:
 
     # --- reporting ---------------------------------------------------------------------------
 
-    def _report_success(self, result: EpisodeResult, telemetry: AttemptTelemetry) -> Outcome:
+    def _report_success(self, result: RunResult, telemetry: AttemptTelemetry) -> Outcome:
         metadata = {**self._base_metadata(telemetry), **result.metadata()}
         outcome = self._report(AttemptStatus.SUCCEEDED, metadata)
         if outcome is None:

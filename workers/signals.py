@@ -5,6 +5,9 @@
 * ``task_revoked`` with ``expired``: a message that waited too long in the broker is handed back to the
   Store queue instead of leaving its attempt ``preparing`` forever (docs/store-protocol.md section 10,
   "Handing a rollout back"), from a thread of its own: the signal runs inside Celery's consumer loop;
+* ``worker_init`` imports and builds the configured LitAgent (``AGENT``; exit code 2 when it cannot) and
+  each prefork child builds its own in ``worker_process_init``; ``worker_ready`` also advertises the
+  node's agent (``keys.worker_agent``) with its slots;
 * ``worker_init`` measures the Store's clock against this host's (``workers.clock``) and starts the
   node's Prometheus exporter (``WORKER_METRICS_PORT``), before the pool forks;
 * ``task_prerun``/``task_postrun`` record dequeue-to-start and outcomes (workers.metrics).
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import sys
 import threading
 import time
 from typing import Any
@@ -21,16 +25,17 @@ from typing import Any
 import redis
 from celery import signals
 
-from bridge.core import capacity
+from bridge.core import capacity, keys
 from bridge.core.errors import StoreError
 from bridge.core.logs import configure_logging
-from bridge.core.message import TASK_NAME
+from bridge.core.message import DEFAULT_AGENT, TASK_NAME
 from bridge.core.models import AttemptStatus, RolloutStatus
-from bridge.core.settings import Settings, get_settings
+from bridge.core.settings import ConfigError, Settings, get_settings
 from bridge.core.store import StoreClient
 from bridge.core.tracing import setup_process_tracing
 from workers import clock
 from workers import metrics as worker_metrics
+from workers.agents import loading as agent_loading
 from workers.lease import free_slot
 
 log = logging.getLogger("workers.signals")
@@ -57,10 +62,14 @@ def _on_worker_ready(sender: Any = None, **_: Any) -> None:
     _node.update(hostname=hostname, queues=queues, slots=slots, client=client)
     log.info("worker %s offers %d slots on queues %s", hostname, slots, ", ".join(queues))
 
+    agent = _advertised_agent()
+
     def advertise_forever() -> None:
         while True:
             try:
                 capacity.advertise(client, hostname, queues, slots)
+                # Same lifetime as the slots: CeleryRunner.init reads which online workers run which agent.
+                client.set(keys.worker_agent(hostname), agent, ex=capacity.CAPACITY_TTL_S)
             except redis.RedisError as exc:
                 log.warning("could not advertise slots (broker down?): %r", exc)
             if _advertiser_stop.wait(_ADVERTISE_EVERY_S):
@@ -75,6 +84,7 @@ def _on_shutting_down(**_: Any) -> None:
     if _node:
         try:
             capacity.withdraw(_node["client"], _node["hostname"], _node["queues"])
+            _node["client"].delete(keys.worker_agent(_node["hostname"]))
         except redis.RedisError:
             pass
 
@@ -88,9 +98,40 @@ def _set_up_logging_and_tracing() -> Settings:
     return settings
 
 
+def _advertised_agent() -> str:
+    try:
+        return agent_loading.advertised_agent(get_settings())
+    except ConfigError as exc:  # checked in worker_init already; never stop advertising slots over it
+        log.error("agent: %s", exc.message)
+        return get_settings().agent
+
+
+def _load_agent(settings: Settings) -> None:
+    """Import and build ``AGENT``/``AGENT_HOOKS`` now, so a bad configuration stops the worker at start.
+
+    A LitAgent needs ``agentlightning`` (the ``agl`` extra): a missing package, an unimportable path or a
+    factory that fails is one line on stderr and exit code 2, like any configuration error, instead of a
+    failed attempt per rollout. Built once per process: here (the main process, which a threads or solo
+    pool runs tasks in) and again in each prefork child (``workers.agents.loading.configured_agent``).
+    """
+    if settings.agent == DEFAULT_AGENT:
+        return
+    try:
+        agent_loading.configured_agent(settings)
+    except ConfigError as error:
+        print(f"error: {error.message}", file=sys.stderr)
+        log.critical("%s", error.message)
+        raise
+    if settings.agent_tracer == "otel":
+        from workers.agents.capture import install_openai_capture
+
+        install_openai_capture()  # before the pool forks: every child inherits the wrapped SDK
+
+
 @signals.worker_init.connect
 def _on_worker_init(**_: Any) -> None:
     settings = _set_up_logging_and_tracing()
+    _load_agent(settings)
     # Before the pool forks, so every pool process inherits the offset; exits beyond CLOCK_SKEW_TOLERANCE_S.
     clock.check_store_clock(settings)
     if settings.worker_metrics_port is not None:
@@ -129,6 +170,7 @@ def _on_process_init(**_: Any) -> None:
 
         get_resources()
         shared_http(settings.llm_timeout_s)
+        agent_loading.configured_agent(settings)  # this child's own instance of the agent
     except Exception as exc:  # the first task builds them instead
         log.warning("could not pre-build this process's clients: %r", exc)
 

@@ -24,12 +24,19 @@ MAX_INFRA_RETRIES = 5
 
 
 @app.task(name=TASK_NAME, bind=True, max_retries=MAX_INFRA_RETRIES)
-def run_rollout(self: Task, rollout: dict[str, Any], queue: str | None = None) -> dict[str, Any]:
-    """Run the WebShop agent loop for one dequeued rollout and report it to the Store."""
+def run_rollout(
+    self: Task, rollout: dict[str, Any], queue: str | None = None, agent: str | None = None
+) -> dict[str, Any]:
+    """Run this worker's agent (``AGENT``) for one dequeued rollout and report it to the Store.
+
+    ``agent`` names the agent the sender expects (absent in older messages: ``webshop``); it is only
+    compared with this worker's configuration, never imported.
+    """
     res = get_resources()
     task_id = str(self.request.id)
     final = True
     run = AttemptRun(rollout, celery_task_id=task_id, res=res)
+    run.expected_agent = agent
     try:
         return run.execute().as_dict()
     except DuplicateDelivery as exc:

@@ -104,6 +104,7 @@ class AttemptTelemetry:
                 "agentlightning.attempt_id": attempt_id,
             }
         )
+        self.resource = resource  # spans built elsewhere (a LitAgent's returned trace) are re-filed under it
         self._processor = SynchronousMultiSpanProcessor()
         self._processor.add_span_processor(_BufferingProcessor(self))
         self.tracer = Tracer(
@@ -136,6 +137,14 @@ class AttemptTelemetry:
     def _collect(self, span: ReadableSpan) -> None:
         with self._buffer_lock:
             self._buffer.append(span)
+
+    def add_spans(self, spans: Sequence[ReadableSpan]) -> None:
+        """Ended spans made outside this tracer, shipped with the attempt's own in the next flush.
+
+        They must carry ``self.resource``: the Store files spans under the attempt their resource names.
+        """
+        with self._buffer_lock:
+            self._buffer.extend(spans)
 
     @property
     def pending(self) -> int:

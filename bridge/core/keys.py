@@ -70,3 +70,11 @@ def bridge_leader() -> str:
 def ratelimit(model: str) -> str:
     """Token bucket for one LLM model, shared by every worker on every host."""
     return f"{PREFIX}:ratelimit:{model}"
+
+
+def worker_agent(worker: str) -> str:
+    """The agent a worker node runs (its class path, or ``webshop``), refreshed with its slot advertisement.
+
+    ``CeleryRunner.init`` reads it to tell which online workers run another agent than the trainer's.
+    """
+    return f"{PREFIX}:agent:{worker}"

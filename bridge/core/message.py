@@ -19,10 +19,18 @@ TASK_NAME = "workers.run_rollout"
 """The one task: one message = one Store attempt, and the task id is the attempt id."""
 
 
-def task_kwargs(rollout: AttemptedRollout, queue: str) -> dict[str, Any]:
-    """The message body: the rollout as the Store returned it (no secret in it) and the queue it was
-    routed to, so the worker frees the right slot."""
-    return {"rollout": rollout.model_dump(mode="json"), "queue": queue}
+DEFAULT_AGENT = "webshop"
+"""The built-in agent; a message without an ``agent`` (published before it existed) expects this one."""
+
+
+def task_kwargs(rollout: AttemptedRollout, queue: str, agent: str = DEFAULT_AGENT) -> dict[str, Any]:
+    """The message body: the rollout as the Store returned it (no secret in it), the queue it was
+    routed to, so the worker frees the right slot, and the agent the sender expects to run it.
+
+    ``agent`` is only compared with what the worker was configured to run (its ``AGENT`` string or the
+    resolved class path ``module:QualName``); a worker never imports anything a message names.
+    """
+    return {"rollout": rollout.model_dump(mode="json"), "queue": queue, "agent": agent}
 
 
 def base_app(settings: Settings, main: str, include: tuple[str, ...] = ()) -> Celery:
@@ -55,7 +63,9 @@ def publishing_app(settings: Settings) -> tuple[Celery, Any]:
     app = base_app(settings, "bridge")
 
     @app.task(name=TASK_NAME)
-    def run_rollout(rollout: dict[str, Any], queue: str | None = None) -> None:  # pragma: no cover - never runs
+    def run_rollout(  # pragma: no cover - never runs
+        rollout: dict[str, Any], queue: str | None = None, agent: str | None = None
+    ) -> None:
         raise RuntimeError(f"{TASK_NAME} runs on the workers (celery -A workers worker), not in the bridge")
 
     return app, app.tasks[TASK_NAME]

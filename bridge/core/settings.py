@@ -8,8 +8,9 @@ line naming the variable (exit code 2), never with a traceback in the middle of 
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, Field, HttpUrl, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -112,6 +113,21 @@ class Settings(BaseSettings):
         default=4000, ge=10, validation_alias=AliasChoices("MAX_INSTRUCTION_CHARS", "max_instruction_chars")
     )
 
+    # --- Agent ----------------------------------------------------------------------------------
+    agent: str = Field(
+        default="webshop",
+        validation_alias=AliasChoices("AGENT", "agent"),
+        description="'webshop' (built in) or 'module.path:attr' naming a LitAgent class, instance or factory",
+    )
+    agent_hooks: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        validation_alias=AliasChoices("AGENT_HOOKS", "agent_hooks"),
+        description="comma-separated 'module:attr' Agent Lightning hooks (class, instance or factory)",
+    )
+    agent_tracer: Literal["otel", "agentops", "none"] = Field(
+        default="otel", validation_alias=AliasChoices("AGENT_TRACER", "agent_tracer")
+    )
+
     # --- Celery ----------------------------------------------------------------------------------
     broker_url: str = Field(
         default="redis://localhost:6379/0",
@@ -202,6 +218,25 @@ class Settings(BaseSettings):
                     raise ValueError(f"expected mode=queue pairs separated by commas, got {pair!r}")
                 mapping[mode.strip()] = queue.strip()
             return mapping
+        return value
+
+    @field_validator("agent")
+    @classmethod
+    def _check_agent(cls, value: str) -> str:
+        value = value.strip()
+        if value != "webshop" and not _is_import_path(value):
+            raise ValueError(f"expected 'webshop' or 'module.path:attr', got {value!r}")
+        return value
+
+    @field_validator("agent_hooks", mode="before")
+    @classmethod
+    def _parse_hooks(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = [p.strip() for p in value.split(",") if p.strip()]
+        if isinstance(value, list):
+            bad = [p for p in value if not isinstance(p, str) or not _is_import_path(p)]
+            if bad:
+                raise ValueError(f"expected comma-separated 'module.path:attr' entries, got {bad!r}")
         return value
 
     @field_validator("llm_rate_limits", mode="before")
@@ -310,6 +345,14 @@ class Settings(BaseSettings):
             else:
                 shown[name] = value
         return shown
+
+
+_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
+
+
+def _is_import_path(value: str) -> bool:
+    """``module.path:attr`` (attr may be dotted, e.g. ``mod:Outer.Inner``); checked here, imported only by workers."""
+    return bool(_IMPORT_PATH.match(value))
 
 
 def format_validation_error(error: ValidationError) -> str:

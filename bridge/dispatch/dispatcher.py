@@ -36,6 +36,7 @@ import logging
 import random
 import threading
 import time
+from typing import Protocol
 
 import redis
 
@@ -55,6 +56,14 @@ RECONCILE_EVERY_S = 60.0
 GAUGES_EVERY_S = 1.0
 
 
+class StopSignal(Protocol):
+    """What the loop needs of its stop signal: a ``threading.Event``, or the ``ExecutionEvent`` (thread or
+    multiprocessing event) an Agent Lightning Trainer hands to ``bridge.runner.CeleryRunner.iter``."""
+
+    def is_set(self) -> bool: ...
+    def wait(self, timeout: float | None = None) -> bool: ...
+
+
 class Dispatcher:
     def __init__(
         self,
@@ -62,13 +71,13 @@ class Dispatcher:
         store: StoreClient,
         redis_client: redis.Redis,
         publisher: Publisher,
-        stop: threading.Event | None = None,
+        stop: StopSignal | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
         self.redis = redis_client
         self.publisher = publisher
-        self.stop = stop or threading.Event()
+        self.stop: StopSignal = stop if stop is not None else threading.Event()
         self.queues = settings.all_queues()
         self._lock = LeaderLock(redis_client, settings.dispatcher_id)
         self._next_reconcile = 0.0

@@ -46,9 +46,12 @@ def describe(rollout: AttemptedRollout) -> str:
 
 
 class Publisher:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, agent: str | None = None) -> None:
+        """``agent``: the agent path every message names, so a worker running another agent refuses it
+        (default ``AGENT``; ``bridge.runner.CeleryRunner`` passes the class path of the trainer's agent)."""
         self.app, self._task = publishing_app(settings)
         self._settings = settings
+        self.agent = agent or settings.agent
 
     def publish(self, rollout: AttemptedRollout, queue: str) -> None:
         """Send one task; the broker client retries connection errors with its own bounded policy."""
@@ -73,7 +76,7 @@ class Publisher:
         }
         started = time.perf_counter()
         try:
-            self._task.apply_async(kwargs=task_kwargs(rollout, queue), **options)
+            self._task.apply_async(kwargs=task_kwargs(rollout, queue, self.agent), **options)
         except (OperationalError, OSError, ConnectionError) as exc:
             raise PublishError(f"broker did not take rollout {rollout.rollout_id}: {exc!r}") from exc
         log.debug("published %s to %s in %.1f ms", describe(rollout), queue, (time.perf_counter() - started) * 1e3)

@@ -15,7 +15,7 @@ from bridge.core.redact import redact_url
 from bridge.core.settings import Settings
 from bridge.core.store import StoreClient
 from bridge.core.tracing import setup_process_tracing
-from bridge.dispatch.dispatcher import Dispatcher
+from bridge.dispatch.dispatcher import Dispatcher, StopSignal
 from bridge.dispatch.publisher import Publisher
 
 log = logging.getLogger("bridge")
@@ -32,16 +32,26 @@ def run_bridge(settings: Settings, *, metrics_port: int | None = None) -> int:
 
         start_http_server(port, addr=settings.metrics_host)
         log.info("metrics on http://%s:%d/metrics", settings.metrics_host, port)
+    dispatch_until(settings, stop)
+    return 0
+
+
+def dispatch_until(settings: Settings, stop: StopSignal, *, agent: str | None = None) -> None:
+    """The dispatch loop until ``stop`` is set, finishing the publish in hand; then its clients are closed.
+
+    ``python -m bridge`` and ``bridge.runner.CeleryRunner.iter`` both run exactly this. ``agent`` is the
+    agent path the messages name (default ``AGENT``); the leader lock keeps one dispatcher active however
+    many run.
+    """
     store = StoreClient.from_settings(settings)
     if not store.health():
         log.warning("the Store at %s does not answer yet; the bridge keeps trying", redact_url(settings.store_base))
     client = redis.Redis.from_url(settings.broker_url, socket_timeout=5, socket_connect_timeout=5)
-    dispatcher = Dispatcher(settings, store, client, Publisher(settings), stop)
     try:
-        dispatcher.run()
+        Dispatcher(settings, store, client, Publisher(settings, agent=agent), stop).run()
     finally:
         store.close()
-    return 0
+        client.close()
 
 
 def _install_signal_handlers(stop: threading.Event) -> None:

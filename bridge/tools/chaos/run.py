@@ -55,10 +55,12 @@ __all__ = [  # what the chaos tests drive, in one import
 
 
 def scenario_stack(
-    services: LocalStack, scenario: Scenario, log_dir: Path, workers: int, concurrency: int
+    services: LocalStack, scenario: Scenario, log_dir: Path, workers: int, concurrency: int, agent: str | None = None
 ) -> LocalStack:
-    """Workers and a bridge over the shared services; a scenario with fault knobs gets its own WebShop/LLM."""
+    """Workers and a bridge over the shared services; a scenario with fault knobs gets its own WebShop/LLM.
+    ``agent``: the ``AGENT`` of workers and bridge (default: the built-in WebShop agent)."""
     overrides = dict(scenario.stack_overrides)
+    agent_env = {"AGENT": agent} if agent else {}
     own_env = any(k.startswith(("env_", "policy_")) for k in overrides)
     return LocalStack(
         StackConfig(
@@ -69,7 +71,7 @@ def scenario_stack(
             workers=workers,
             concurrency=concurrency,
             log_dir=log_dir,
-            extra_env={**CHAOS_ENV, "BRIDGE_DISPATCHER_ID": CHAOS_DISPATCHER_ID},
+            extra_env={**CHAOS_ENV, "BRIDGE_DISPATCHER_ID": CHAOS_DISPATCHER_ID, **agent_env},
             **overrides,
         )
     )
@@ -95,11 +97,12 @@ def run_scenario(
     concurrency: int = 8,
     deadline_s: float = 240.0,
     borrowed: dict[str, ManagedProcess] | None = None,
+    agent: str | None = None,
 ) -> ScenarioResult:
     """Start workers and bridge, enqueue, inject the fault, wait (bounded), tear down, audit."""
     reset_between_scenarios(services)
     started = time.monotonic()
-    stack = scenario_stack(services, scenario, log_dir, workers, concurrency)
+    stack = scenario_stack(services, scenario, log_dir, workers, concurrency, agent)
     stack.start()
     try:
         with StoreClient(stack.store_url, retries=3) as store:
@@ -144,6 +147,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", type=int, default=8, help="slots per worker (default 8)")
     parser.add_argument("--deadline", type=float, default=240.0, help="seconds a scenario may take (default 240)")
     parser.add_argument("--log-dir", type=Path, default=None, help="keep the processes' logs here")
+    parser.add_argument(
+        "--agent", default=None, help="AGENT of the workers and the bridge, e.g. a LitAgent path (default: webshop)"
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -169,6 +175,7 @@ def main(args: argparse.Namespace) -> int:
                     workers=args.workers,
                     concurrency=args.concurrency,
                     deadline_s=args.deadline,
+                    agent=args.agent,
                 )
             )
             print(format_table(results[-1:]), flush=True)

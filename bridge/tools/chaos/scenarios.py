@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bridge.core import capacity
-from bridge.core.message import TASK_NAME, task_kwargs
+from bridge.core.message import DEFAULT_AGENT, TASK_NAME, task_kwargs
 from bridge.core.models import ACTIVE_ROLLOUT, FINISHED_ROLLOUT, AttemptedRollout
 from bridge.tools.chaos.state import ChaosRun
 
@@ -213,7 +213,7 @@ def redeliver_running(run: ChaosRun) -> None:
 
     def publish(rollout: AttemptedRollout) -> None:
         nonlocal sent
-        kwargs = task_kwargs(rollout, CHAOS_QUEUE)
+        kwargs = task_kwargs(rollout, CHAOS_QUEUE, run.stack.config.extra_env.get("AGENT", DEFAULT_AGENT))
         app.send_task(TASK_NAME, kwargs=kwargs, task_id=rollout.attempt.attempt_id, queue=CHAOS_QUEUE)
         sent += 1
 

@@ -1,0 +1,112 @@
+"""One rollout executed at once on the cluster, for ``CeleryRunner.step``.
+
+Agent Lightning's own runner executes ``step`` in its process: it publishes the resources given, creates the
+rollout with an attempt already started for itself (``POST /rollouts``, the Store's ``start_rollout``), runs
+the agent and returns the Store's rollout. Here the same attempt is created claimed by the bridge's
+dispatcher id and handed to the dispatch loop's own ``Dispatcher.dispatch`` (recorded in flight, then
+published; handed back if the broker refuses it), so it needs no running loop, and a running bridge's
+reconciliation treats it like any rollout it dequeued (repairs it if the message is lost). It does not
+wait for a free slot: ``step`` bypasses the queue, as Agent Lightning's does, and the message waits in the
+broker until a worker takes it.
+
+The wait is bounded by the rollout's own budget (its hard time limit plus the longest queue wait), so a
+lost rollout with no bridge to repair it ends the call with an error rather than hanging it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from bridge.core.errors import PublishError
+from bridge.core.models import FINISHED_ROLLOUT, AttemptedRollout, Rollout
+from bridge.core.settings import Settings
+from bridge.core.store import API, StoreClient
+from bridge.dispatch.dispatcher import Dispatcher
+
+WAIT_SLICE_S = 2.0  # one long-poll of /waits/rollouts
+WAIT_MARGIN_S = 60.0  # beyond the rollout's own bound: the worker's final report and the Store's bookkeeping
+
+
+class RolloutFailedError(RuntimeError):
+    """A rollout ``CeleryRunner.step`` ran did not succeed.
+
+    Carries what the worker reported in the attempt's metadata: ``error`` (its message) and
+    ``failure_class`` (``agent``, ``llm``, ``timeout``, ... see docs/operations.md), with the ids and the
+    final ``status`` (``failed`` or ``cancelled``).
+    """
+
+    def __init__(
+        self, rollout_id: str, attempt_id: str | None, status: str, error: str | None, failure_class: str | None
+    ) -> None:
+        self.rollout_id = rollout_id
+        self.attempt_id = attempt_id
+        self.status = status
+        self.error = error
+        self.failure_class = failure_class
+        super().__init__(
+            f"rollout {rollout_id} (attempt {attempt_id}) ended {status}"
+            f" [failure_class={failure_class or 'unknown'}]: {error or 'no error reported'}"
+        )
+
+
+def add_resources(store: StoreClient, resources: dict[str, Any]) -> str:
+    """Publish named resources (JSON-ready) as the Store's latest; returns their id."""
+    data = store.request("POST", API + "/resources", json=resources).json()
+    return str(data["resources_id"])
+
+
+def start_rollout(
+    store: StoreClient, settings: Settings, task: Any, *, mode: str | None, resources_id: str | None
+) -> AttemptedRollout:
+    """Create the rollout with an attempt already claimed by the bridge's dispatcher id.
+
+    Never retried blindly: a lost answer would have created a rollout, and a retry would create another.
+    """
+    body = {"input": task, "mode": mode, "resources_id": resources_id, "worker_id": settings.dispatcher_id}
+    data = store.request("POST", API + "/rollouts", json=body, retries=0).json()
+    return AttemptedRollout.model_validate(data)
+
+
+def publish(dispatcher: Dispatcher, rollout: AttemptedRollout) -> None:
+    """Hand the rollout to the broker exactly as the dispatch loop does; raise when the broker refused it.
+
+    A refused rollout was handed back to the Store queue, where a running dispatch loop picks it up.
+    """
+    if not dispatcher.dispatch(rollout):
+        raise PublishError(
+            f"the broker did not take rollout {rollout.rollout_id}; it was handed back to the Store queue"
+        )
+
+
+def wait_finished(store: StoreClient, settings: Settings, rollout: AttemptedRollout) -> Rollout:
+    """Block until the rollout is succeeded, failed or cancelled; TimeoutError past its own bound."""
+    budget = settings.hard_time_limit(settings.covered_timeout(rollout.config.timeout_seconds))
+    deadline = time.monotonic() + budget + settings.max_queue_wait_s + WAIT_MARGIN_S
+    while True:
+        done = store.wait_rollouts([rollout.rollout_id], timeout_s=WAIT_SLICE_S)
+        if done and done[0].status in FINISHED_ROLLOUT:
+            return done[0]
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"rollout {rollout.rollout_id} did not finish within {budget + settings.max_queue_wait_s:.0f}s: "
+                "is a worker consuming its queue, and is AGENT the same on the workers?"
+            )
+        if not done:
+            time.sleep(0.2)  # a Store that answers at once (timeout not honoured) is not spun on
+
+
+def failure(store: StoreClient, rollout: Rollout) -> RolloutFailedError:
+    """The error to raise for a rollout that did not succeed, from its latest attempt's metadata."""
+    attempts = store.list_attempts(rollout.rollout_id)
+    latest = max(attempts, key=lambda a: a.sequence_id) if attempts else None
+    meta = (latest.metadata if latest else None) or {}
+    error = meta.get("error")
+    failure_class = meta.get("failure_class")
+    return RolloutFailedError(
+        rollout.rollout_id,
+        latest.attempt_id if latest else None,
+        str(rollout.status),
+        str(error) if error is not None else None,
+        str(failure_class) if failure_class is not None else None,
+    )

@@ -1,0 +1,84 @@
+"""Which agent the trainer expects, and which online worker nodes run another one.
+
+A worker node is told its agent by its operator (``AGENT``) and advertises the agent's import path in Redis
+beside its slots (``bridge.core.keys.worker_agent``). A message never makes a worker import anything: it
+only names the agent the sender expects, and a worker running another refuses it. So a trainer whose agent
+no worker runs would see its rollouts refused one by one; ``CeleryRunner.init`` reads the advertisements
+first and fails at once, naming the workers that disagree.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import redis
+
+from bridge.core import capacity, keys
+
+log = logging.getLogger("bridge.runner")
+
+
+class AgentMismatchError(RuntimeError):
+    """Online workers run another agent than the one the runner was given.
+
+    ``mismatched`` maps each such worker node to the agent path it advertises.
+    """
+
+    def __init__(self, expected: str, mismatched: dict[str, str]) -> None:
+        self.expected = expected
+        self.mismatched = dict(mismatched)
+        listed = ", ".join(f"{node} runs {agent!r}" for node, agent in sorted(mismatched.items()))
+        hint = ""
+        if expected.startswith("__main__:"):
+            hint = (
+                " The agent class is defined in the script being run (__main__), which no worker can import:"
+                " move it into a module and name that module in AGENT."
+            )
+        super().__init__(
+            f"CeleryRunner executes agent {expected!r}, but online workers run another one: {listed}. "
+            f"Start those workers with AGENT={expected} (or stop them).{hint}"
+        )
+
+
+def agent_path(agent: Any) -> str:
+    """The import path a LitAgent stands for: ``module:QualifiedClassName`` of its class.
+
+    The workers advertise the same spelling for the agent ``AGENT`` names, so the two compare as strings.
+    """
+    cls = type(agent)
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def advertised_agents(client: redis.Redis, queues: list[str]) -> dict[str, str | None]:
+    """Every live worker node consuming one of ``queues`` -> the agent it advertises (None: nothing yet)."""
+    nodes = sorted(capacity.read_slots(client, queues).nodes)
+    if not nodes:
+        return {}
+    values = client.mget([keys.worker_agent(node) for node in nodes])
+    return {
+        node: (value.decode() if isinstance(value, bytes) else value) for node, value in zip(nodes, values, strict=True)
+    }
+
+
+def check_fleet(client: redis.Redis, queues: list[str], expected: str) -> dict[str, str | None]:
+    """Raise AgentMismatchError when a live worker runs another agent; returns what was read.
+
+    No worker online is not an error (workers may start after the trainer: rollouts wait in the Store
+    until one does), only a warning; a node that advertises slots but no agent yet is logged and let be.
+    """
+    advertised = advertised_agents(client, queues)
+    if not advertised:
+        log.warning(
+            "no worker consumes queues %s yet: rollouts wait in the Store until one starts with AGENT=%s",
+            ", ".join(queues),
+            expected,
+        )
+        return advertised
+    mismatched = {node: agent for node, agent in advertised.items() if agent is not None and agent != expected}
+    if mismatched:
+        raise AgentMismatchError(expected, mismatched)
+    silent = sorted(node for node, agent in advertised.items() if agent is None)
+    if silent:
+        log.warning("workers %s advertise slots but no agent yet; their agent is not checked", ", ".join(silent))
+    return advertised

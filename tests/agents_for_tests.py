@@ -1,0 +1,181 @@
+"""Small Agent Lightning agents and hooks for the LitAgent tests (``AGENT=tests.agents_for_tests:...``).
+
+Every agent asks the LLM it is given (the stand-in, ``python -m webshop_env.policy``, through the ``openai``
+SDK) one question and computes its own reward from the rollout's input (``{"question": str, "reward":
+float}``), so a test knows the reward each rollout must come back with. They differ in *how* they hand the
+result back: each of the return kinds Agent Lightning's runner accepts, async, raising, or a bad value.
+Importing this module imports ``agentlightning``: only workers configured with one of these do.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import agentlightning as agl
+import openai
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+
+def _llm(resources: agl.NamedResources) -> agl.LLM:
+    llm = resources["main_llm"]
+    assert isinstance(llm, agl.LLM)
+    return llm
+
+
+def _ask(resources: agl.NamedResources, task: dict[str, Any]) -> str:
+    llm = _llm(resources)
+    client = openai.OpenAI(base_url=llm.get_base_url(), api_key=llm.api_key or "EMPTY", max_retries=2)
+    answer = client.chat.completions.create(
+        model=llm.model, messages=[{"role": "user", "content": str(task.get("question", "What is 2 + 2?"))}]
+    )
+    return answer.choices[0].message.content or ""
+
+
+def _reward(task: dict[str, Any]) -> float:
+    return float(task.get("reward", 1.0))
+
+
+class FloatAgent(agl.LitAgent[dict[str, Any]]):
+    """Returns its reward as a float: the worker emits the reward span after the LLM call's span."""
+
+    def rollout(self, task: dict[str, Any], resources: agl.NamedResources, rollout: agl.Rollout) -> float:
+        _ask(resources, task)
+        return _reward(task)
+
+
+class IntAgent(agl.LitAgent[dict[str, Any]]):
+    """Returns an int: converted to a float reward, as Agent Lightning's runner does."""
+
+    def rollout(self, task: dict[str, Any], resources: agl.NamedResources, rollout: agl.Rollout) -> int:
+        _ask(resources, task)
+        return 1
+
+
+class AsyncAgent(agl.LitAgent[dict[str, Any]]):
+    """``rollout_async`` with the async SDK: run on an event loop in the executing thread."""
+
+    async def rollout_async(self, task: dict[str, Any], resources: agl.NamedResources, rollout: agl.Rollout) -> float:
+        llm = _llm(resources)
+        client = openai.AsyncOpenAI(base_url=llm.get_base_url(), api_key=llm.api_key or "EMPTY", max_retries=2)
+        await client.chat.completions.create(model=llm.model, messages=[{"role": "user", "content": "hi"}])
+        await client.close()
+        return _reward(task)
+
+
+class NoneAgent(agl.LitAgent[dict[str, Any]]):
+    """Emits its reward through Agent Lightning's emitter and returns None: the capture is the trace."""
+
+    def rollout(self, task: dict[str, Any], resources: agl.NamedResources, rollout: agl.Rollout) -> None:
+        _ask(resources, task)
+        agl.emit_reward(_reward(task))
+
+
+def _own_spans(task: dict[str, Any]) -> list[ReadableSpan]:
+    """A trace made with the agent's own OpenTelemetry provider: an LLM call with token ids, then a reward."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": "agent-own"}))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("tests.agents_for_tests")
+    with tracer.start_as_current_span("agent.own.root"):
+        with tracer.start_as_current_span("openai.chat.completion") as llm:
+            llm.set_attribute("gen_ai.request.model", "own")
+            llm.set_attribute("prompt_token_ids", [11, 12, 13])
+            llm.set_attribute("response_token_ids", [21, 22])
+        time.sleep(0.001)
+        with tracer.start_as_current_span("agentlightning.annotation") as reward:
+            reward.set_attribute("agentlightning.reward.0.name", "primary")
+            reward.set_attribute("agentlightning.reward.0.value", _reward(task))
+    spans = list(exporter.get_finished_spans())
+    provider.shutdown()
+    return spans
+
+
+class ReadableSpanAgent(agl.LitAgent[dict[str, Any]]):
+    """Returns OpenTelemetry ``ReadableSpan``s it made itself: they are the trace."""
+
+    def rollout(self, task: dict[str, Any], resources: agl.NamedResources, rollout: agl.Rollout) -> list[ReadableSpan]:
+        return _own_spans(task)
+
+
+class AglSpanAgent(agl.LitAgent[dict[str, Any]]):
+    """Returns Agent Lightning ``Span``s: turned into OTLP spans of the attempt."""
+
+    def rollout(self, task: dict[str, Any], resources: agl.NamedResources, rollout: agl.Rollout) -> list[agl.Span]:
+        assert isinstance(rollout, agl.AttemptedRollout)
+        return [
+            agl.Span.from_opentelemetry(span, rollout.rollout_id, rollout.attempt.attempt_id, i)
+            for i, span in enumerate(_own_spans(task))
+        ]
+
+
+class RaisingAgent(agl.LitAgent[dict[str, Any]]):
+    """Calls the LLM, then raises: the attempt fails with class ``agent`` and keeps its LLM span."""
+
+    def rollout(self, task: dict[str, Any], resources: agl.NamedResources, rollout: agl.Rollout) -> float:
+        _ask(resources, task)
+        raise ValueError(f"deliberate failure for {task.get('question')!r}")
+
+
+class BadReturnAgent(agl.LitAgent[dict[str, Any]]):
+    """Returns a string, which no runner can read as a result."""
+
+    def rollout(self, task: dict[str, Any], resources: agl.NamedResources, rollout: agl.Rollout) -> Any:
+        return "not a reward"
+
+
+class LoopingAgent(agl.LitAgent[dict[str, Any]]):
+    """Asks the LLM forever: only the attempt's deadline (or a cancel) can end it, under any pool."""
+
+    def rollout(self, task: dict[str, Any], resources: agl.NamedResources, rollout: agl.Rollout) -> float:
+        while True:
+            _ask(resources, task)
+            time.sleep(0.2)
+
+
+class RaisingHook(agl.Hook):
+    """Every hook method raises: the rollout must succeed anyway."""
+
+    async def on_rollout_start(self, *, agent: Any, runner: Any, rollout: Any) -> None:
+        raise RuntimeError("hook on_rollout_start raised on purpose")
+
+    async def on_trace_start(self, *, agent: Any, runner: Any, tracer: Any, rollout: Any) -> None:
+        raise RuntimeError("hook on_trace_start raised on purpose")
+
+    async def on_trace_end(self, *, agent: Any, runner: Any, tracer: Any, rollout: Any) -> None:
+        raise RuntimeError("hook on_trace_end raised on purpose")
+
+    async def on_rollout_end(self, *, agent: Any, runner: Any, rollout: Any, spans: Any) -> None:
+        raise RuntimeError("hook on_rollout_end raised on purpose")
+
+
+class AnnotatingHook(agl.Hook):
+    """Records each hook call as a span of the attempt (through the worker's active tracer), in order."""
+
+    async def on_rollout_start(self, *, agent: Any, runner: Any, rollout: Any) -> None:
+        return None  # outside the trace context: nothing to record into, as with Agent Lightning's runner
+
+    async def on_trace_start(self, *, agent: Any, runner: Any, tracer: Any, rollout: Any) -> None:
+        tracer.create_span("hook.on_trace_start", attributes={"rollout": rollout.rollout_id})
+
+    async def on_trace_end(self, *, agent: Any, runner: Any, tracer: Any, rollout: Any) -> None:
+        tracer.create_span("hook.on_trace_end", attributes={"rollout": rollout.rollout_id})
+
+
+def make_float_agent() -> FloatAgent:
+    """A zero-argument factory."""
+    return FloatAgent()
+
+
+float_agent_instance = FloatAgent()
+
+
+@agl.rollout
+def decorated_agent(task: dict[str, Any], llm: agl.LLM) -> float:
+    """An ``@agl.rollout`` function: Agent Lightning wraps it in a LitAgent."""
+    client = openai.OpenAI(base_url=llm.get_base_url(), api_key=llm.api_key or "EMPTY", max_retries=2)
+    client.chat.completions.create(model=llm.model, messages=[{"role": "user", "content": "hello"}])
+    return _reward(task)

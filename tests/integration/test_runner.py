@@ -1,0 +1,152 @@
+"""CeleryRunner against the real parts: an Agent Lightning Trainer, real ``celery -A workers worker`` processes
+running a LitAgent of ours (``AGENT=...``), the session's ``agl store`` and Redis, the LLM stand-in.
+
+No ``python -m bridge`` runs here: the runner's own ``iter`` is the dispatch loop, and ``step`` needs none.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import agentlightning as agl
+import pytest
+import redis
+
+from bridge.runner import AgentMismatchError, CeleryRunner, RolloutFailedError
+from bridge.tools.stack import LocalStack
+from tests.helpers import attempts, cancel_unfinished, stack_for
+from tests.integration.test_runner_agents import AGENT_PATH, OtherAgent, ScoredAgent
+
+pytestmark = pytest.mark.integration
+
+ROOT = str(Path(__file__).resolve().parents[2])
+REWARDS = [0.0, 0.25, 0.5, 0.75, 1.0, 0.125]
+
+
+@pytest.fixture(scope="module")
+def cluster(services: LocalStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    """One worker node (2 slots) running ScoredAgent, on a clean Store queue and broker database."""
+    cancel_unfinished(services.store_url)
+    redis.Redis.from_url(services.broker_url).flushdb()
+    stack = stack_for(
+        services,
+        tmp_path_factory.mktemp("runner"),
+        workers=1,
+        concurrency=2,
+        bridge=False,
+        extra_env={"AGENT": AGENT_PATH, "PYTHONPATH": ROOT},  # tests.* importable by the workers
+    )
+    stack.start()
+    yield stack
+    stack.stop()
+    cancel_unfinished(services.store_url)
+
+
+def llm(services: LocalStack) -> agl.LLM:
+    return agl.LLM(endpoint=services.llm_base_url, model="stand-in")
+
+
+class EnqueueAndRead(agl.Algorithm):
+    """Enqueues the dataset, waits for every rollout and reads it back through the Trainer's adapter
+    (``TracerTraceToTriplet``), as a training algorithm would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.results: dict[str, tuple[str, Any, list[agl.Triplet]]] = {}
+
+    async def run(self, train_dataset: Any = None, val_dataset: Any = None) -> None:
+        store = self.get_store()
+        initial = self.get_initial_resources()
+        assert initial is not None
+        resources = await store.add_resources(initial)
+        ids = []
+        for task in train_dataset or []:
+            queued = await store.enqueue_rollout(input=task, mode="train", resources_id=resources.resources_id)
+            ids.append(queued.rollout_id)
+        finished: list[agl.Rollout] = []
+        for _ in range(240):  # the Store's client refuses a blocking wait: poll
+            finished = await store.wait_for_rollouts(rollout_ids=ids, timeout=0)
+            if len(finished) == len(ids):
+                break
+            await asyncio.sleep(0.5)
+        for item in finished:
+            spans = await store.query_spans(item.rollout_id, attempt_id="latest")
+            self.results[item.rollout_id] = (item.status, item.input, self.get_adapter().adapt(spans))
+
+
+@pytest.mark.parametrize("n_runners", [1, 2])
+def test_a_trainer_gets_every_rollout_back_succeeded_with_the_reward_the_agent_returned(
+    cluster: LocalStack, n_runners: int
+) -> None:
+    """With two runner processes both run the dispatch loop; the leader lock lets one publish, so each
+    rollout still has exactly one attempt."""
+    tasks = [{"id": i, "question": f"What is {i} + {i}?", "reward": r} for i, r in enumerate(REWARDS)]
+    algorithm = EnqueueAndRead()
+    trainer = agl.Trainer(
+        runner=CeleryRunner(broker_url=cluster.broker_url),
+        n_runners=n_runners,
+        store=agl.LightningStoreClient(cluster.store_url),
+        strategy=agl.ClientServerExecutionStrategy(n_runners=n_runners, managed_store=False),
+        algorithm=algorithm,
+        initial_resources={"main_llm": llm(cluster)},
+        tracer=agl.OtelTracer(),
+    )
+    trainer.fit(ScoredAgent(), train_dataset=tasks)
+
+    assert len(algorithm.results) == len(tasks)
+    for rollout_id, (status, task, triplets) in algorithm.results.items():
+        assert status == "succeeded", task
+        assert len(attempts(cluster.store_url, rollout_id)) == 1
+        assert triplets, f"no triplet for {task}: the adapter found no LLM call span"
+        assert triplets[-1].reward == task["reward"]
+        for triplet in triplets:
+            assert triplet.prompt.get("token_ids") and triplet.response.get("token_ids"), triplet
+
+
+def test_step_from_a_plain_script_returns_the_completed_rollout(cluster: LocalStack) -> None:
+    runner = CeleryRunner(broker_url=cluster.broker_url)
+    store = agl.LightningStoreClient(cluster.store_url)
+    with runner.run_context(agent=ScoredAgent(), store=store):
+        rollout = asyncio.run(
+            runner.step({"id": "s", "question": "What is 2 + 3?", "reward": 0.5}, resources={"main_llm": llm(cluster)})
+        )
+    assert isinstance(rollout, agl.Rollout)
+    assert rollout.status == "succeeded" and rollout.input["reward"] == 0.5
+    assert rollout.resources_id is not None  # the resources given were published first and used
+    spans = asyncio.run(_spans(cluster.store_url, rollout.rollout_id))
+    assert agl.find_final_reward(spans) == 0.5
+
+
+async def _spans(store_url: str, rollout_id: str) -> list[agl.Span]:
+    client = agl.LightningStoreClient(store_url)
+    try:
+        return list(await client.query_spans(rollout_id, attempt_id="latest"))
+    finally:
+        await client.close()
+
+
+def test_a_failing_step_raises_with_the_workers_error_and_failure_class(cluster: LocalStack) -> None:
+    runner = CeleryRunner(broker_url=cluster.broker_url)
+    with (
+        runner.run_context(agent=ScoredAgent(), store=agl.LightningStoreClient(cluster.store_url)),
+        pytest.raises(RolloutFailedError) as caught,
+    ):
+        asyncio.run(runner.step({"id": "f", "fail": True}, resources={"main_llm": llm(cluster)}))
+    error = caught.value
+    assert error.status == "failed" and error.failure_class == "agent"
+    assert error.error is not None and "asked to fail" in error.error
+    (attempt,) = attempts(cluster.store_url, error.rollout_id)
+    assert attempt["status"] == "failed" and attempt["metadata"]["failure_class"] == "agent"
+
+
+def test_init_with_an_agent_the_workers_do_not_run_names_them(cluster: LocalStack) -> None:
+    with pytest.raises(AgentMismatchError) as caught:
+        CeleryRunner(broker_url=cluster.broker_url).init(OtherAgent())
+    node = f"worker1@{socket.gethostname()}"
+    assert caught.value.mismatched == {node: AGENT_PATH}
+    assert node in str(caught.value) and "AGENT=tests.integration.test_runner_agents:OtherAgent" in str(caught.value)
+    CeleryRunner(broker_url=cluster.broker_url).init(ScoredAgent())  # the agent they run passes

@@ -1,0 +1,63 @@
+"""The chaos scenarios that matter most for a generic agent (killed workers, redelivered messages) with
+``AGENT`` set to a LitAgent of ours on the workers and the bridge, audited like the WebShop runs.
+
+The WebShop ledger cannot vouch for a generic agent's reward, so on top of the chaos audit (lost, twice,
+flipped) every succeeded rollout's reward must be the one ``SlowAgent`` computes from its input, and no
+attempt may hold two LLM calls (the agent makes one per execution: two would be a second execution).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from bridge.core.models import AttemptedRollout
+from bridge.core.store import StoreClient
+from bridge.tools.chaos import run as chaos
+from bridge.tools.stack import LocalStack
+from tests.helpers import cancel_unfinished, split_tasks
+from tests.integration.test_runner_agents import expected_reward
+
+pytestmark = [pytest.mark.integration, pytest.mark.chaos]
+
+ROLLOUTS = 100
+AGENT = "tests.integration.test_runner_agents:SlowAgent"
+LLM_SPAN = "openai.chat.completion"
+
+
+def run_with_agent(name: str, services: LocalStack, tmp: Path, monkeypatch: pytest.MonkeyPatch) -> chaos.ScenarioResult:
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[2]))  # tests.* for the workers
+    cancel_unfinished(services.store_url)
+    started = time.time()
+    result = chaos.run_scenario(services, chaos.SCENARIOS[name], split_tasks(ROLLOUTS), tmp, agent=AGENT)
+    print("\n" + chaos.format_table([result]))
+    assert result.enqueued >= ROLLOUTS
+    assert (result.lost, result.executed_twice, result.flipped) == (0, 0, 0), result
+    assert not any("error" in note for note in result.notes), result.notes
+    assert result.succeeded == result.enqueued, result  # the agent never fails; killed attempts are retried
+    with StoreClient(services.store_url) as store:
+        done, _ = store.list_rollouts(status_in=["succeeded"])
+        ours = [r for r in done if isinstance(r, AttemptedRollout) and (r.start_time or 0) >= started - 1]
+        assert len(ours) == result.enqueued
+        for rollout in ours:
+            meta = rollout.attempt.metadata or {}
+            assert meta.get("reward") == expected_reward(rollout.input), (rollout.rollout_id, meta)
+            names = [s["name"] for s in store.spans(rollout.rollout_id, rollout.attempt.attempt_id)]
+            assert names.count(LLM_SPAN) == 1, (rollout.rollout_id, names)
+    return result
+
+
+def test_killed_workers_lose_nothing_with_a_generic_agent(
+    services: LocalStack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    result = run_with_agent("kill-workers", services, tmp_path, monkeypatch)
+    assert sum("killed" in note for note in result.notes) >= 4, result.notes
+
+
+def test_redelivered_messages_do_not_run_a_generic_agent_twice(
+    services: LocalStack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    result = run_with_agent("redeliver", services, tmp_path, monkeypatch)
+    assert any("re-published" in note for note in result.notes), result.notes

@@ -1,0 +1,128 @@
+"""Which agent a worker runs: AGENT/AGENT_HOOKS/AGENT_TRACER settings, the message's expected agent, the
+loader's start-up errors and the identity check. No process is started and ``agentlightning`` is not
+imported here (the loader's paths that need it run in tests/integration/test_litagent*.py)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from bridge.core import keys
+from bridge.core.message import DEFAULT_AGENT, task_kwargs
+from bridge.core.models import AttemptedRollout
+from bridge.core.settings import ConfigError, load_settings
+from workers.agents import loading
+from workers.failures import AgentError, FailureClass, classify
+
+STORE = "http://127.0.0.1:4747"
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: object) -> None:
+    for name in list(os.environ):
+        if name.startswith(("AGENT", "CELERY_", "BRIDGE_", "WEBSHOP_", "OPENAI_")):
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(str(tmp_path))  # no stray .env
+    monkeypatch.setenv("AGENT_LIGHTNING_STORE_URL", STORE)
+
+
+def test_defaults_are_the_builtin_agent_with_otel_capture(clean_env: None) -> None:
+    settings = load_settings()
+    assert settings.agent == "webshop" and settings.agent_hooks == [] and settings.agent_tracer == "otel"
+
+
+def test_agent_hooks_and_tracer_are_read_from_the_environment(clean_env: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AGENT", " my_pkg.agents:CalcAgent ")
+    monkeypatch.setenv("AGENT_HOOKS", "my_pkg.hooks:A, my_pkg.hooks:Outer.Inner,")
+    monkeypatch.setenv("AGENT_TRACER", "none")
+    settings = load_settings()
+    assert settings.agent == "my_pkg.agents:CalcAgent"
+    assert settings.agent_hooks == ["my_pkg.hooks:A", "my_pkg.hooks:Outer.Inner"]
+    assert settings.agent_tracer == "none"
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("AGENT", "my_pkg.agents.CalcAgent"),
+        ("AGENT", "webshop2"),
+        ("AGENT_HOOKS", "ok:A,not a path"),
+        ("AGENT_TRACER", "weave"),
+    ],
+)
+def test_bad_agent_settings_name_their_variable(
+    clean_env: None, monkeypatch: pytest.MonkeyPatch, variable: str, value: str
+) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    assert info.value.code == 2 and variable in info.value.message
+
+
+def _rollout() -> AttemptedRollout:
+    return AttemptedRollout.model_validate(
+        {
+            "rollout_id": "ro-1",
+            "input": {"question": "q"},
+            "status": "preparing",
+            "attempt": {"rollout_id": "ro-1", "attempt_id": "at-1", "sequence_id": 1, "status": "preparing"},
+        }
+    )
+
+
+def test_the_message_names_the_expected_agent_and_defaults_to_webshop() -> None:
+    assert task_kwargs(_rollout(), "rollouts")["agent"] == DEFAULT_AGENT == "webshop"
+    kwargs = task_kwargs(_rollout(), "rollouts", "pkg.mod:Agent")
+    assert kwargs["agent"] == "pkg.mod:Agent" and kwargs["queue"] == "rollouts"
+    assert kwargs["rollout"]["attempt"]["attempt_id"] == "at-1"
+
+
+def test_worker_agent_key_is_per_node_under_the_prefix() -> None:
+    assert keys.worker_agent("worker1@host") == "agl:agent:worker1@host"
+
+
+def test_missing_agentlightning_is_a_start_up_error_naming_the_extra(
+    clean_env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "agentlightning", None)  # `import agentlightning` now raises ImportError
+    monkeypatch.setenv("AGENT", "tests.agents_for_tests:FloatAgent")
+    with pytest.raises(ConfigError) as info:
+        loading.build(load_settings())
+    assert info.value.code == 2
+    assert "pip install -e '.[agl]'" in info.value.message and "agentlightning" in info.value.message
+
+
+def test_the_builtin_agent_needs_no_agentlightning(clean_env: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "agentlightning", None)
+    settings = load_settings()
+    assert loading.configured_agent(settings) is None
+    assert loading.advertised_agent(settings) == "webshop"
+
+
+def test_import_path_errors_say_what_failed() -> None:
+    with pytest.raises(ConfigError, match="cannot import 'no_such_module_x'"):
+        loading.import_path("no_such_module_x:A")
+    with pytest.raises(ConfigError, match="has no attribute 'Missing'"):
+        loading.import_path("bridge.core.keys:Missing")
+    assert loading.import_path("bridge.core.keys:worker_agent") is keys.worker_agent
+
+
+class _Agent:
+    """Stands in for a built LitAgent: identity checks compare strings only."""
+
+
+def test_a_worker_accepts_its_configured_path_or_the_class_path_and_nothing_else() -> None:
+    configured = loading.ConfiguredAgent("pkg.agents:make_agent", _Agent())
+    assert configured.class_path == f"{__name__}:_Agent"
+    assert configured.accepts("pkg.agents:make_agent")
+    assert configured.accepts(f"{__name__}:_Agent")
+    assert not configured.accepts("webshop")
+    assert not configured.accepts(None)  # an old message expects the built-in agent
+    assert not configured.accepts("pkg.agents:Other")
+
+
+def test_agent_errors_have_their_own_failure_class() -> None:
+    assert FailureClass.AGENT == "agent"
+    assert classify(AgentError("the agent raised ValueError: boom")) is FailureClass.AGENT

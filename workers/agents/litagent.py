@@ -1,0 +1,225 @@
+"""One attempt of a configured LitAgent, in Agent Lightning's runner order, in place of the WebShop episode.
+
+``workers.execution`` keeps everything around it (lease, fence, heartbeats, the one span batch before the
+final status, the report); this module only runs the agent and turns what it returns into spans:
+
+1. hook ``on_rollout_start``; 2. the attempt's capture opens (the agent's ``openai`` calls and Agent
+Lightning's emitters become spans of this attempt); 3. hook ``on_trace_start``; 4. the agent:
+``training_rollout``/``validation_rollout`` by the rollout's mode, or their ``_async`` forms when the
+agent is async, with ``(input, resources=NamedResources, rollout=AttemptedRollout)``; 5. hook
+``on_trace_end``; the capture closes; 6. the return value: a number is the final reward (a reward span
+after the agent's spans), a list of spans is the trace, ``None`` leaves what the capture recorded,
+anything else fails the attempt (class ``agent``); 7. hook ``on_rollout_end`` always runs.
+
+A hook that raises is logged and the attempt goes on, as in Agent Lightning. Coroutines run with
+``asyncio.run`` in the executing thread: a new event loop per call, correct under prefork (the child's
+main thread) and ``-P threads`` (each pool thread) alike, and the context (which attempt is capturing)
+is copied into it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from agentlightning.types import LLM, AttemptedRollout, ProxyLLM, ResourceUnion
+from celery.exceptions import SoftTimeLimitExceeded
+from opentelemetry.sdk.trace import ReadableSpan
+from pydantic import TypeAdapter, ValidationError
+
+from bridge.core.errors import BridgeError, Superseded
+from bridge.core.models import ResourcesUpdate
+from workers import llm as llm_mod
+from workers.agents import capture
+from workers.agents.loading import ConfiguredAgent
+from workers.agents.spans import add_returned_spans
+from workers.agents.tracer import WorkerTracer, activate
+from workers.failures import AgentError
+
+log = logging.getLogger("workers.agents")
+
+_RESOURCE = TypeAdapter(ResourceUnion)
+
+
+@dataclass
+class AgentRunResult:
+    """What a LitAgent attempt produced, for the report (``metadata``) and the task's outcome."""
+
+    agent: str
+    result_kind: str  # reward | spans | none
+    reward: float | None
+    llm_calls: int
+    spans_returned: int = 0
+
+    def metadata(self) -> dict[str, object]:
+        data: dict[str, object] = {
+            "agent": self.agent,
+            "result_kind": self.result_kind,
+            "llm_calls": self.llm_calls,
+        }
+        if self.reward is not None:
+            data["reward"] = self.reward
+        if self.spans_returned:
+            data["spans_returned"] = self.spans_returned
+        return data
+
+
+class WorkerRunner:
+    """What ``agent.runner`` and the hooks' ``runner`` are on a worker: its tracer and worker id.
+
+    The worker is not an Agent Lightning ``Runner`` (the Celery task drives it); agents that read
+    ``self.runner.tracer`` or ``self.tracer`` get the worker's tracer.
+    """
+
+    def __init__(self, tracer: WorkerTracer, worker_id: str) -> None:
+        self.tracer = tracer
+        self.worker_id = worker_id
+
+
+_runners: dict[int, WorkerRunner] = {}  # by id(agent): LitAgent keeps only a weak reference to its runner
+
+
+def named_resources(
+    resources: ResourcesUpdate | None, target: llm_mod.LLMTarget | None, rollout_id: str, attempt_id: str
+) -> dict[str, Any]:
+    """The rollout's resources as Agent Lightning objects; every ``proxy_llm`` already routed to this attempt.
+
+    A proxy's per-attempt URL is built as for the WebShop loop (``workers.llm.proxy_attempt_url``), so the
+    agent gets a plain ``LLM`` whatever it reads (``endpoint`` or ``get_base_url``). With no ``main_llm`` in
+    the Store and ``OPENAI_API_BASE`` set, ``main_llm`` is that endpoint, as for the WebShop loop.
+    """
+    named: dict[str, Any] = {}
+    for name, raw in (resources.resources if resources else {}).items():
+        try:
+            resource = _RESOURCE.validate_python(raw)
+        except ValidationError as exc:
+            log.warning("resource %r is not an Agent Lightning resource, not passed to the agent: %s", name, exc)
+            continue
+        if isinstance(resource, ProxyLLM):
+            resource = LLM(
+                endpoint=llm_mod.proxy_attempt_url(raw["endpoint"], rollout_id, attempt_id),
+                model=resource.model,
+                api_key=resource.api_key,
+                sampling_parameters=dict(resource.sampling_parameters),
+            )
+        named[name] = resource
+    if "main_llm" not in named and target is not None and target.source == "settings":
+        named["main_llm"] = LLM(endpoint=target.base_url, model=target.model, api_key=target.api_key)
+    return named
+
+
+def run_agent(
+    configured: ConfiguredAgent,
+    payload: dict[str, Any],
+    resources: dict[str, Any],
+    attempt: capture.AttemptCapture,
+    worker_id: str,
+) -> AgentRunResult:
+    """Run the agent once for this attempt; its spans end up in ``attempt.telemetry``'s buffer.
+
+    Raises ``AgentError`` (class ``agent``) for anything the agent raised or an unsupported return value;
+    the attempt's own stop and deadline errors (``Superseded``, ``TimeoutError``) and our errors pass as
+    they are, so they keep their classes.
+    """
+    tracer = activate()
+    agent = configured.agent
+    runner = _runners.get(id(agent))
+    if runner is None:
+        runner = _runners[id(agent)] = WorkerRunner(tracer, worker_id)
+        agent.set_runner(runner)
+    rollout = AttemptedRollout.model_validate(payload)
+    hooks = _Hooks(configured, runner, rollout)
+    spans: list[Any] = []
+    try:
+        hooks.fire("on_rollout_start")
+        # With AGENT_TRACER=none the SDK is not wrapped (workers.signals): only the emitters record here.
+        with capture.capturing(attempt):
+            hooks.fire("on_trace_start", tracer=tracer)
+            raw = _call_agent(agent, rollout, resources, attempt.deadline)
+            hooks.fire("on_trace_end", tracer=tracer)
+        result, spans = _interpret(raw, attempt, configured.path)
+        return result
+    finally:
+        hooks.fire("on_rollout_end", spans=spans)
+
+
+def _call_agent(agent: Any, rollout: AttemptedRollout, resources: dict[str, Any], deadline: float | None) -> Any:
+    train = rollout.mode == "train"
+    try:
+        if agent.is_async():
+            method = agent.training_rollout_async if train else agent.validation_rollout_async
+            return asyncio.run(method(rollout.input, resources=resources, rollout=rollout))
+        method = agent.training_rollout if train else agent.validation_rollout
+        return method(rollout.input, resources=resources, rollout=rollout)
+    except (Superseded, SoftTimeLimitExceeded, BridgeError):
+        raise  # the attempt's own stop, time limit and our errors keep their classes
+    except TimeoutError as exc:
+        if deadline is not None and time.time() >= deadline - capture.MIN_TRY_S:
+            raise  # the attempt's budget ran out (class timeout), not the agent's own wait
+        raise AgentError(f"the agent raised {type(exc).__name__}: {exc}") from exc
+    except Exception as exc:
+        raise AgentError(f"the agent raised {type(exc).__name__}: {exc}") from exc
+
+
+def _interpret(raw: Any, attempt: capture.AttemptCapture, path: str) -> tuple[AgentRunResult, list[Any]]:
+    """What Agent Lightning's runner makes of a return value, with the spans it delivers."""
+    calls = attempt.llm_calls
+    if raw is None:
+        return AgentRunResult(path, "none", attempt.last_reward, calls), []
+    if isinstance(raw, (bool, int, float)):
+        if isinstance(raw, (bool, int)):
+            log.warning("the agent returned %s as its reward; converted to float", type(raw).__name__)
+        value = float(raw)
+        attempt.telemetry.emit_reward(value)  # after every span the agent made: they have all ended
+        return AgentRunResult(path, "reward", value, calls), []
+    if isinstance(raw, list):
+        if not raw:
+            log.warning("the agent returned an empty list: no trace")
+            return AgentRunResult(path, "spans", attempt.last_reward, calls), []
+        try:
+            added = add_returned_spans(attempt.telemetry, raw)
+        except TypeError as exc:
+            raise AgentError(f"the agent returned {exc}") from exc
+        reward: float | None = _last_reward(added)
+        if reward is None:
+            reward = attempt.last_reward
+        return AgentRunResult(path, "spans", reward, calls, len(raw)), added
+    raise AgentError(
+        f"the agent returned {type(raw).__name__}; expected None, a float reward, or a list of "
+        "ReadableSpan / Span / SpanCoreFields"
+    )
+
+
+def _last_reward(spans: list[ReadableSpan]) -> float | None:
+    reward = None
+    for span in spans:
+        value = (span.attributes or {}).get("agentlightning.reward.0.value")
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            reward = float(value)
+    return reward
+
+
+class _Hooks:
+    """The configured hooks of one attempt; one that raises is logged, never fails the attempt."""
+
+    def __init__(self, configured: ConfiguredAgent, runner: WorkerRunner, rollout: Any) -> None:
+        self._hooks = configured.hooks
+        self._common = {"agent": configured.agent, "runner": runner, "rollout": rollout}
+
+    def fire(self, name: str, **extra: Any) -> None:
+        for hook in self._hooks:
+            try:
+                _run_coroutine(getattr(hook, name), **self._common, **extra)
+            except Exception:
+                log.exception("hook %s.%s raised; the rollout goes on", type(hook).__name__, name)
+
+
+def _run_coroutine(method: Callable[..., Coroutine[Any, Any, Any] | Any], **kwargs: Any) -> Any:
+    result = method(**kwargs)
+    if asyncio.iscoroutine(result):
+        return asyncio.run(result)
+    return result

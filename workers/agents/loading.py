@@ -1,0 +1,164 @@
+"""What the operator configured the workers to run: ``AGENT`` and ``AGENT_HOOKS``, imported once per process.
+
+The paths come from the worker's own settings (environment or ``.env``), never from a broker message: a
+message names the agent it expects only so that ``ConfiguredAgent.accepts`` can refuse a rollout meant
+for another agent. ``agentlightning`` is imported here only when ``AGENT`` is not ``webshop``, so the
+built-in agent keeps working without the optional ``agl`` extra.
+
+An agent path may name a ``LitAgent`` subclass (instantiated without arguments), a ``LitAgent`` instance
+(``@agentlightning.rollout`` makes one of a function), or a zero-argument factory returning one. A hook
+path names a ``Hook`` subclass, instance or factory the same way.
+
+Identity: a worker accepts a message naming either its ``AGENT`` string or the resolved class path
+``module:QualName`` of the agent it built (``CeleryRunner`` sends the latter for the trainer's agent). For
+an ``@agentlightning.rollout`` function the class path is Agent Lightning's own ``FunctionalLitAgent``,
+shared by every decorated function, so such agents are best named by their ``AGENT`` string.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from bridge.core.message import DEFAULT_AGENT
+from bridge.core.settings import ConfigError, Settings
+
+log = logging.getLogger("workers.agents")
+
+INSTALL_HINT = "pip install -e '.[agl]'"
+
+
+def require_agentlightning() -> Any:
+    """The ``agentlightning`` module, or a start-up error (exit code 2) saying how to install it."""
+    # agentlightning imports litellm, which otherwise fetches its model cost map from the internet at import
+    # (three tries, ~8 s on a cluster without egress); the copy it ships is all a worker needs.
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    try:
+        return importlib.import_module("agentlightning")
+    except ImportError as exc:
+        raise ConfigError(
+            f"AGENT names a LitAgent, which needs the agentlightning package on the worker ({exc}); "
+            f"install the optional extra: {INSTALL_HINT}"
+        ) from None
+
+
+def _search_working_directory() -> None:
+    """Let ``AGENT=my_pkg.agents:MyAgent`` resolve from the directory the worker was started in, as
+    ``python -m`` would: ``celery`` does not put it on ``sys.path``. Appended, so it never shadows an
+    installed package; only operator-configured paths are imported through it."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
+
+
+def import_path(path: str) -> Any:
+    """The object ``module.path:attr`` names (``attr`` may be dotted); a ConfigError naming what failed."""
+    module_name, _, attr = path.partition(":")
+    if not module_name or not attr:
+        raise ConfigError(f"expected 'module.path:attr', got {path!r}")
+    _search_working_directory()
+    try:
+        target: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"cannot import {module_name!r} for {path!r}: {exc}") from None
+    for part in attr.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise ConfigError(f"{module_name!r} has no attribute {attr!r} ({path!r})") from None
+    return target
+
+
+def _instantiate(path: str, obj: Any, base: type, what: str) -> Any:
+    """A class of ``base`` is built without arguments, an instance is used as is, a callable is a factory."""
+    if isinstance(obj, base):
+        return obj
+    try:
+        if isinstance(obj, type):
+            if not issubclass(obj, base):
+                raise ConfigError(f"{path!r} is a class but not a {what} subclass")
+            return obj()
+        if callable(obj):
+            made = obj()
+            if not isinstance(made, base):
+                raise ConfigError(f"the factory {path!r} returned {type(made).__name__}, not a {what}")
+            return made
+    except ConfigError:
+        raise
+    except Exception as exc:
+        raise ConfigError(f"building {what} {path!r} failed: {type(exc).__name__}: {exc}") from None
+    raise ConfigError(f"{path!r} is a {type(obj).__name__}, not a {what} class, instance or factory")
+
+
+def class_path(obj: Any) -> str:
+    """``module:QualName`` of an object's class: how ``CeleryRunner`` names the trainer's agent."""
+    return f"{type(obj).__module__}:{type(obj).__qualname__}"
+
+
+@dataclass
+class ConfiguredAgent:
+    """The LitAgent and hooks of this process, and the names a message may use for them."""
+
+    path: str  # AGENT as configured
+    agent: Any  # agentlightning.LitAgent
+    hooks: list[Any] = field(default_factory=list)  # agentlightning.Hook
+    pid: int = field(default_factory=os.getpid)
+
+    @property
+    def class_path(self) -> str:
+        return class_path(self.agent)
+
+    def accepts(self, expected: str | None) -> bool:
+        """Whether a message expecting ``expected`` may run here (compared as strings, never imported)."""
+        return (expected or DEFAULT_AGENT) in (self.path, self.class_path)
+
+
+def build(settings: Settings) -> ConfiguredAgent:
+    """Import and build ``AGENT`` and ``AGENT_HOOKS``; every problem is a ConfigError (exit code 2)."""
+    agl = require_agentlightning()
+    agent = _instantiate(settings.agent, import_path(settings.agent), agl.LitAgent, "LitAgent")
+    hooks = [_instantiate(p, import_path(p), agl.Hook, "Hook") for p in settings.agent_hooks]
+    if settings.agent_tracer == "agentops":
+        raise ConfigError(
+            "AGENT_TRACER=agentops is not supported on the workers yet: use otel (the agent's openai SDK calls "
+            "become spans of the attempt) or none"
+        )
+    return ConfiguredAgent(settings.agent, agent, hooks)
+
+
+def advertised_agent(settings: Settings) -> str:
+    """What this node advertises (``keys.worker_agent``): the agent's class path, or ``webshop``."""
+    configured = configured_agent(settings)
+    return configured.class_path if configured is not None else DEFAULT_AGENT
+
+
+_lock = threading.Lock()
+_configured: ConfiguredAgent | None = None
+
+
+def configured_agent(settings: Settings) -> ConfiguredAgent | None:
+    """This process's agent, built on first use (``None`` for the built-in WebShop agent).
+
+    Rebuilt when the process id changes: a prefork child gets its own instance (clients the agent holds
+    must not be shared across a fork), and every thread of a ``-P threads`` process shares one, as every
+    rollout of an Agent Lightning runner process does.
+    """
+    global _configured
+    if settings.agent == DEFAULT_AGENT:
+        return None
+    with _lock:
+        if _configured is None or _configured.pid != os.getpid():
+            _configured = build(settings)
+            log.info(
+                "agent %s (%s) with %d hook(s), tracer %s",
+                settings.agent,
+                _configured.class_path,
+                len(_configured.hooks),
+                settings.agent_tracer,
+            )
+        return _configured
