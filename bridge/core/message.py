@@ -69,3 +69,15 @@ def publishing_app(settings: Settings) -> tuple[Celery, Any]:
         raise RuntimeError(f"{TASK_NAME} runs on the workers (celery -A workers worker), not in the bridge")
 
     return app, app.tasks[TASK_NAME]
+
+
+def agent_identity(agent: object) -> str:
+    """How a message names a LitAgent, computed the same way by ``CeleryRunner`` and by the workers.
+
+    ``module:QualName`` of the agent's class; for an ``@agentlightning.rollout`` function, whose class is
+    Agent Lightning's wrapper shared by every decorated function, the wrapped function's own
+    ``module:qualname`` (read duck-typed, so this module needs no agentlightning).
+    """
+    wrapped = getattr(agent, "_rollout_func", None)
+    named = wrapped if callable(wrapped) and hasattr(wrapped, "__qualname__") else type(agent)
+    return f"{named.__module__}:{named.__qualname__}"

@@ -15,6 +15,7 @@ from typing import Any
 import redis
 
 from bridge.core import capacity, keys
+from bridge.core.message import agent_identity
 
 log = logging.getLogger("bridge.runner")
 
@@ -46,8 +47,7 @@ def agent_path(agent: Any) -> str:
 
     The workers advertise the same spelling for the agent ``AGENT`` names, so the two compare as strings.
     """
-    cls = type(agent)
-    return f"{cls.__module__}:{cls.__qualname__}"
+    return agent_identity(agent)
 
 
 def advertised_agents(client: redis.Redis, queues: list[str]) -> dict[str, str | None]:

@@ -126,3 +126,15 @@ def test_a_worker_accepts_its_configured_path_or_the_class_path_and_nothing_else
 def test_agent_errors_have_their_own_failure_class() -> None:
     assert FailureClass.AGENT == "agent"
     assert classify(AgentError("the agent raised ValueError: boom")) is FailureClass.AGENT
+
+
+def test_a_decorated_function_agent_is_named_by_its_function_on_both_sides() -> None:
+    """CeleryRunner and the worker compute the same identity, and it is the function's, not the wrapper's."""
+    from bridge.runner_support.fleet import agent_path
+    from tests import agents_for_tests
+    from workers.agents.loading import class_path
+
+    expected = "tests.agents_for_tests:decorated_agent"
+    assert agent_path(agents_for_tests.decorated_agent) == expected
+    assert class_path(agents_for_tests.decorated_agent) == expected
+    assert agent_path(agents_for_tests.FloatAgent()) == "tests.agents_for_tests:FloatAgent"

@@ -21,13 +21,16 @@ MAX_LINES = 400
 
 # importer prefix -> prefixes it must never import (at any level: lazy imports count too)
 FORBIDDEN = {
-    "bridge.core": ("bridge.dispatch", "bridge.tools", "bridge.cli", "workers"),
-    "bridge.dispatch": ("workers", "bridge.tools"),
-    "workers": ("bridge.dispatch", "bridge.tools", "bridge.cli"),
+    "bridge.core": ("bridge.dispatch", "bridge.tools", "bridge.cli", "bridge.runner", "workers"),
+    "bridge.dispatch": ("workers", "bridge.tools", "bridge.runner"),
+    "workers": ("bridge.dispatch", "bridge.tools", "bridge.cli", "bridge.runner"),
+    # The trainer-side runner runs the dispatcher in the trainer's process: never the worker stack.
+    "bridge.runner": ("workers", "bridge.tools", "bridge.cli"),
+    "bridge.runner_support": ("workers", "bridge.tools", "bridge.cli"),
     "webshop_env": ("bridge", "workers"),
 }
 # The modules whose module-level imports must form no cycle.
-ACYCLIC = ("bridge.core", "bridge.dispatch", "workers")
+ACYCLIC = ("bridge.core", "bridge.dispatch", "bridge.runner", "bridge.runner_support", "workers")
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,9 @@ An agent path may name a ``LitAgent`` subclass (instantiated without arguments),
 (``@agentlightning.rollout`` makes one of a function), or a zero-argument factory returning one. A hook
 path names a ``Hook`` subclass, instance or factory the same way.
 
-Identity: a worker accepts a message naming either its ``AGENT`` string or the resolved class path
-``module:QualName`` of the agent it built (``CeleryRunner`` sends the latter for the trainer's agent). For
-an ``@agentlightning.rollout`` function the class path is Agent Lightning's own ``FunctionalLitAgent``,
-shared by every decorated function, so such agents are best named by their ``AGENT`` string.
+Identity: a worker accepts a message naming either its ``AGENT`` string or the resolved identity of the
+agent it built (``bridge.core.message.agent_identity``: ``module:QualName`` of its class, or of the function
+an ``@agentlightning.rollout`` agent wraps), which is what ``CeleryRunner`` sends for the trainer's agent.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from bridge.core.message import DEFAULT_AGENT
+from bridge.core.message import DEFAULT_AGENT, agent_identity
 from bridge.core.settings import ConfigError, Settings
 
 log = logging.getLogger("workers.agents")
@@ -96,8 +95,8 @@ def _instantiate(path: str, obj: Any, base: type, what: str) -> Any:
 
 
 def class_path(obj: Any) -> str:
-    """``module:QualName`` of an object's class: how ``CeleryRunner`` names the trainer's agent."""
-    return f"{type(obj).__module__}:{type(obj).__qualname__}"
+    """How ``CeleryRunner`` names the trainer's agent (``bridge.core.message.agent_identity``)."""
+    return agent_identity(obj)
 
 
 @dataclass
