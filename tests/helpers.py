@@ -261,3 +261,20 @@ def silent_llm_url() -> Iterator[str]:
         yield f"http://127.0.0.1:{listener.getsockname()[1]}/v1"
     finally:
         listener.close()
+
+
+def slow_episode_stack(services: LocalStack, log_dir: Path, latency_ms: float, env: dict[str, str]) -> LocalStack:
+    """One worker (2 slots) and a bridge with their own slow LLM stand-in: episodes long enough for a test to
+    act while they run (cancel them, redeliver them)."""
+    return LocalStack(
+        StackConfig(
+            store_url=services.store_url,
+            broker_url=services.broker_url,
+            webshop_url=services.webshop_url,
+            policy_latency_ms=latency_ms,
+            workers=1,
+            concurrency=2,
+            log_dir=log_dir,
+            extra_env=env,
+        )
+    )

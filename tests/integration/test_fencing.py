@@ -15,8 +15,8 @@ import httpx
 import pytest
 
 from bridge.core.store import API
-from bridge.tools.stack import LocalStack, StackConfig
-from tests.helpers import attempts, enqueue, rollout, split_tasks
+from bridge.tools.stack import LocalStack
+from tests.helpers import attempts, enqueue, rollout, slow_episode_stack, split_tasks
 
 pytestmark = pytest.mark.integration
 
@@ -25,19 +25,7 @@ LLM_LATENCY_MS = 700.0  # 7 steps or so: an episode of about 5 s
 
 @pytest.fixture
 def slow_stack(clean_store: LocalStack, tmp_path: Path) -> Iterator[LocalStack]:
-    stack = LocalStack(
-        StackConfig(
-            store_url=clean_store.store_url,
-            broker_url=clean_store.broker_url,
-            webshop_url=clean_store.webshop_url,
-            policy_latency_ms=LLM_LATENCY_MS,  # its own stand-in, slow
-            workers=1,
-            concurrency=2,
-            log_dir=tmp_path,
-            extra_env={"HEARTBEAT_INTERVAL_S": "1"},
-        )
-    )
-    with stack:
+    with slow_episode_stack(clean_store, tmp_path, LLM_LATENCY_MS, {"HEARTBEAT_INTERVAL_S": "1"}) as stack:
         yield stack
 
 

@@ -21,8 +21,8 @@ from celery import Celery
 
 from bridge.core import capacity, keys
 from bridge.core.message import TASK_NAME
-from bridge.tools.stack import LocalStack, StackConfig
-from tests.helpers import attempts, enqueue, rollout, split_tasks, wait_finished
+from bridge.tools.stack import LocalStack
+from tests.helpers import attempts, enqueue, rollout, slow_episode_stack, split_tasks, wait_finished
 
 pytestmark = pytest.mark.integration
 
@@ -31,19 +31,8 @@ LLM_LATENCY_MS = 700.0  # an episode of about 5 s
 
 @pytest.fixture
 def slow_stack(clean_store: LocalStack, tmp_path: Path) -> Iterator[LocalStack]:
-    stack = LocalStack(
-        StackConfig(
-            store_url=clean_store.store_url,
-            broker_url=clean_store.broker_url,
-            webshop_url=clean_store.webshop_url,
-            policy_latency_ms=LLM_LATENCY_MS,
-            workers=1,
-            concurrency=2,
-            log_dir=tmp_path,
-            extra_env={"HEARTBEAT_INTERVAL_S": "1", "SPAN_FLUSH_INTERVAL_S": "0.5"},
-        )
-    )
-    with stack:
+    env = {"HEARTBEAT_INTERVAL_S": "1", "SPAN_FLUSH_INTERVAL_S": "0.5"}
+    with slow_episode_stack(clean_store, tmp_path, LLM_LATENCY_MS, env) as stack:
         yield stack
 
 
