@@ -34,9 +34,10 @@ from bridge.core.models import FINISHED_ROLLOUT, AttemptedRollout, Rollout, Roll
 from bridge.core.redact import redact_url
 from bridge.core.settings import ConfigError, Settings, format_validation_error, load_settings
 from bridge.core.store import API, StoreClient
+from bridge.tools.procs import StackError, http_ok, redis_answers
 from bridge.tools.render import console, key_value_table, show
 from bridge.tools.rollouts import store_poll, wait_for_rollouts
-from bridge.tools.stack import LocalStack, StackConfig, StackError, http_ok, redis_answers
+from bridge.tools.stack import LocalStack, StackConfig
 from bridge.tools.stats import percentile, rounded
 
 _PLACEHOLDER_STORE = "http://127.0.0.1:9"

@@ -31,18 +31,7 @@ from bridge.tools.procs import (
     redis_answers,
 )
 
-__all__ = [  # the process helpers are re-exported: tests and tools import them from here
-    "PYTHON",
-    "LocalStack",
-    "ManagedProcess",
-    "StackConfig",
-    "StackError",
-    "find_executable",
-    "find_redis_server",
-    "free_port",
-    "http_ok",
-    "redis_answers",
-]
+__all__ = ["LocalStack", "StackConfig"]
 
 log = logging.getLogger("bridge.tools.stack")
 

@@ -20,7 +20,8 @@ import httpx
 import pytest
 
 from bridge.core.store import API
-from bridge.tools.stack import LocalStack, http_ok
+from bridge.tools.procs import http_ok
+from bridge.tools.stack import LocalStack
 from tests.helpers import cancel_unfinished
 
 pytestmark = pytest.mark.integration

@@ -36,7 +36,8 @@ from celery import Celery
 from bridge.core import keys
 from bridge.core.message import TASK_NAME, task_kwargs
 from bridge.core.store import StoreClient
-from bridge.tools.stack import LocalStack, ManagedProcess, StackConfig
+from bridge.tools.procs import ManagedProcess
+from bridge.tools.stack import LocalStack, StackConfig
 from tests.helpers import attempts, enqueue, reward_value, rollout, spans, split_tasks, wait_finished
 
 pytestmark = pytest.mark.integration

@@ -41,7 +41,8 @@ from typing import Any
 from bridge.tools.bench import metrics as bm
 from bridge.tools.bench.client import BenchClient
 from bridge.tools.bench.report import ideal, print_table, summarize
-from bridge.tools.stack import PYTHON, LocalStack, ManagedProcess, StackConfig
+from bridge.tools.procs import PYTHON, ManagedProcess
+from bridge.tools.stack import LocalStack, StackConfig
 from bridge.tools.stats import rounded
 
 SOAK_ROLLOUTS = 5000

@@ -41,7 +41,8 @@ from bridge.tools.chaos.scenarios import (
     Scenario,
 )
 from bridge.tools.chaos.state import ChaosRun, ScenarioResult
-from bridge.tools.stack import LocalStack, ManagedProcess, StackConfig
+from bridge.tools.procs import ManagedProcess
+from bridge.tools.stack import LocalStack, StackConfig
 
 __all__ = [  # what the chaos tests drive, in one import
     "MALFORMED",

@@ -21,7 +21,8 @@ from celery import Celery
 from bridge.core import capacity
 from bridge.core.models import ACTIVE_ROLLOUT, FINISHED_ROLLOUT, Attempt, AttemptedRollout, AttemptStatus
 from bridge.core.store import StoreClient
-from bridge.tools.stack import LocalStack, ManagedProcess
+from bridge.tools.procs import ManagedProcess
+from bridge.tools.stack import LocalStack
 
 REPORTED = frozenset({AttemptStatus.SUCCEEDED, AttemptStatus.FAILED})
 """Attempt statuses only an executor's final report sets (the Store's watchdog sets timeout/unresponsive)."""
