@@ -231,7 +231,14 @@ class AttemptRun(AttemptReporter):
         self.log.info("started on %s (agent=%s, trace=%s)", self.executor, configured.path, self.trace_id)
 
         def body(telemetry: AttemptTelemetry, watch: AttemptWatch) -> RunResult:
-            attempt = capture.AttemptCapture(telemetry, self.settings, watch.check, watch.deadline, self._rate_limiter)
+            attempt = capture.AttemptCapture(
+                telemetry,
+                self.settings,
+                watch.check,
+                watch.deadline,
+                self._rate_limiter,
+                record_spans=self.settings.agent_tracer != "agentops",
+            )
             with telemetry.span("agent.rollout", self._root_attributes({"agent": configured.path})) as root:
                 result = litagent.run_agent(configured, self.payload, named, attempt, self.executor)
                 root.set_attribute("agent.result_kind", result.result_kind)

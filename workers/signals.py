@@ -122,15 +122,28 @@ def _load_agent(settings: Settings) -> None:
         print(f"error: {error.message}", file=sys.stderr)
         log.critical("%s", error.message)
         raise
-    if settings.agent_tracer == "otel":
+    if settings.agent_tracer != "none":  # under agentops for the stop check, deadline and rate limit only
         from workers.agents.capture import install_openai_capture
 
         install_openai_capture()  # before the pool forks: every child inherits the wrapped SDK
 
 
+def _pool_name(worker: Any) -> str:
+    """The pool a starting worker will run (``worker_init`` comes before Celery resolves the alias)."""
+    pool = getattr(worker, "pool_cls", None)
+    name = pool if isinstance(pool, str) else getattr(pool, "__module__", "").rpartition(".")[2]
+    return {"processes": "prefork", "thread": "threads"}.get(name, name or "prefork")
+
+
 @signals.worker_init.connect
-def _on_worker_init(**_: Any) -> None:
+def _on_worker_init(sender: Any = None, **_: Any) -> None:
     settings = _set_up_logging_and_tracing()
+    try:
+        agent_loading.check_tracer_pool(settings, _pool_name(sender), int(getattr(sender, "concurrency", 1) or 1))
+    except ConfigError as error:
+        print(f"error: {error.message}", file=sys.stderr)
+        log.critical("%s", error.message)
+        raise
     _load_agent(settings)
     # Before the pool forks, so every pool process inherits the offset; exits beyond CLOCK_SKEW_TOLERANCE_S.
     clock.check_store_clock(settings)

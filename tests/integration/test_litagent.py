@@ -34,11 +34,19 @@ WAIT_S = 90
 
 
 def _stack(
-    services: LocalStack, log_dir: Path, agent: str, *, hooks: str = "", pool: str = "prefork", bridge: bool = True
+    services: LocalStack,
+    log_dir: Path,
+    agent: str,
+    *,
+    hooks: str = "",
+    pool: str = "prefork",
+    bridge: bool = True,
+    tracer: str = "otel",
 ) -> LocalStack:
     cancel_unfinished(services.store_url)
     redis.Redis.from_url(services.broker_url).flushdb()
     env = {"AGENT": agent, "AGENT_HOOKS": hooks, "LLM_RETURN_TOKEN_IDS": "true", "LOG_LEVEL": "INFO"}
+    env["AGENT_TRACER"] = tracer
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # tests.*
     stack = stack_for(services, log_dir, workers=1, concurrency=2, pool=pool, bridge=bridge, extra_env=env)
     stack.start()
@@ -161,6 +169,35 @@ def test_a_raising_hook_is_logged_and_the_rollout_succeeds(services: LocalStack,
         assert f"hook RaisingHook.{method} raised; the rollout goes on" in log
 
 
+@pytest.mark.parametrize("agent", ["NoneAgent", "FloatAgent"])
+def test_agentops_tracer_records_the_attempt_under_prefork(services: LocalStack, tmp_path: Path, agent: str) -> None:
+    """AGENT_TRACER=agentops: Agent Lightning's AgentOps tracer records each attempt (its own ``openai``
+    instrumentation, one LLM span per call: the worker adds none), and the trainer's adapter finds the
+    reward whether the agent emitted it (None) or returned it (float)."""
+    hooks = f"{AGENTS}:AnnotatingHook"
+    stack = _stack(services, tmp_path, f"{AGENTS}:{agent}", hooks=hooks, tracer="agentops")
+    try:
+        final = _run(stack, [0.25, 0.75], mode="train")
+    finally:
+        stack.stop()
+    for rid, view in final.items():
+        meta = view["attempt"]["metadata"]
+        assert view["status"] == "succeeded" and meta["reward"] == view["expected"], (rid, meta)
+        names = [s["name"] for s in spans(services.store_url, rid)]
+        assert names.count("openai.chat.completion") == 1, names
+        assert names.index("hook.on_trace_start") < names.index("openai.chat.completion"), names
+        [triplet] = _triplets(services.store_url, rid)
+        assert triplet.reward == view["expected"]
+        assert triplet.prompt["token_ids"] and triplet.response["token_ids"], triplet
+
+
+def test_agentops_tracer_with_a_multi_slot_threads_pool_stops_the_worker(services: LocalStack) -> None:
+    """One AgentOps trace per process: a pool running several attempts in one process is refused at start."""
+    done = _start_worker_expecting_failure(services, ["-P", "threads", "-c", "2"], AGENT_TRACER="agentops")
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "AGENT_TRACER=agentops traces one attempt per process" in done.stderr
+
+
 def test_a_message_for_another_agent_fails_with_class_agent_naming_both(services: LocalStack, tmp_path: Path) -> None:
     """The worker compares the message's agent with its own (configured path or class path), imports nothing."""
     stack = _stack(services, tmp_path, f"{AGENTS}:make_float_agent", bridge=False)
@@ -204,18 +241,19 @@ def test_an_agent_that_never_returns_ends_at_its_deadline_under_threads(services
     assert "openai.chat.completion" in {s["name"] for s in spans(services.store_url, rid)}
 
 
-def test_an_agent_that_cannot_be_loaded_stops_the_worker_with_exit_code_2(services: LocalStack) -> None:
+def _start_worker_expecting_failure(
+    services: LocalStack, options: list[str], **settings: str
+) -> subprocess.CompletedProcess[str]:
+    """A worker started with ``settings`` (AGENT: FloatAgent unless given) that must stop by itself."""
     env = {**os.environ, "AGENT_LIGHTNING_STORE_URL": services.store_url, "CELERY_BROKER_URL": services.broker_url}
-    env["AGENT"] = f"{AGENTS}:NoSuchAgent"
-    env["PYTHONPATH"] = str(ROOT)
+    env.update({"AGENT": f"{AGENTS}:FloatAgent", "PYTHONPATH": str(ROOT), **settings})
     celery = str(Path(sys.executable).with_name("celery"))
-    done = subprocess.run(
-        [celery, "-A", "workers", "worker", "-c", "1", "--without-gossip", "--without-mingle"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    argv = [celery, "-A", "workers", "worker", *options, "--without-gossip", "--without-mingle"]
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_an_agent_that_cannot_be_loaded_stops_the_worker_with_exit_code_2(services: LocalStack) -> None:
+    done = _start_worker_expecting_failure(services, ["-c", "1"], AGENT=f"{AGENTS}:NoSuchAgent")
     assert done.returncode == 2, done.stderr[-2000:]
     assert "has no attribute 'NoSuchAgent'" in done.stderr
 

@@ -29,6 +29,7 @@ import httpx
 import pytest
 
 MODEL = "webshop-heuristic-standin"
+ROOT = Path(__file__).resolve().parents[2]
 ROLLOUTS = 20
 PROXY_SPANS = {"raw_gen_ai_request", "litellm_request"}
 
@@ -104,14 +105,14 @@ def proxy(services: LocalStack, tmp_path_factory: pytest.TempPathFactory) -> Ite
         proc.stop(timeout_s=20)
 
 
-@pytest.fixture(scope="module")
-def via_proxy(
-    services: LocalStack, proxy: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+def _proxy_stack(
+    services: LocalStack, proxy: dict[str, str], log_dir: Path, **options: Any
 ) -> Iterator[tuple[LocalStack, str]]:
+    """A stack whose rollouts use the proxy published as ``proxy_llm``; the stand-in is the latest again after."""
     cancel_unfinished(services.store_url)
     resource = {"main_llm": {"resource_type": "proxy_llm", "model": MODEL, "sampling_parameters": {}, **proxy}}
     published = httpx.post(f"{services.store_url}{API}/resources", json=resource, timeout=30).json()
-    stack = stack_for(services, tmp_path_factory.mktemp("via-proxy"), workers=2, concurrency=4)
+    stack = stack_for(services, log_dir, **options)
     try:
         stack.start()
         yield stack, published["resources_id"]
@@ -121,6 +122,19 @@ def via_proxy(
         # Later tests enqueue without a resources id and would get the stopped proxy: point them at the stand-in.
         plain = {"main_llm": {"resource_type": "llm", "endpoint": services.llm_base_url, "model": MODEL}}
         httpx.post(f"{services.store_url}{API}/resources", json=plain, timeout=30)
+
+
+@pytest.fixture
+def via_proxy(services: LocalStack, proxy: dict[str, str], tmp_path: Path) -> Iterator[tuple[LocalStack, str]]:
+    yield from _proxy_stack(services, proxy, tmp_path, workers=2, concurrency=4)
+
+
+@pytest.fixture
+def agent_via_proxy(services: LocalStack, proxy: dict[str, str], tmp_path: Path) -> Iterator[tuple[LocalStack, str]]:
+    """Workers running a LitAgent of the tests (not the WebShop loop) behind the same proxy."""
+    env = {"AGENT": "tests.agents_for_tests:FloatAgent", "LLM_RETURN_TOKEN_IDS": "true"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    yield from _proxy_stack(services, proxy, tmp_path, workers=1, concurrency=2, extra_env=env)
 
 
 def _env_reward(stack: LocalStack, view: dict[str, Any]) -> float:
@@ -164,3 +178,27 @@ def test_proxy_spans_land_in_the_attempt_and_the_proxy_adapter_gives_the_env_rew
         f"spans/rollout incl. proxy spans mean {sum(per_rollout) / len(per_rollout):.1f}"
     )
     assert sum(finals) > 0
+
+
+def test_a_litagent_behind_the_proxy_gives_the_proxy_adapter_its_reward(
+    agent_via_proxy: tuple[LocalStack, str],
+) -> None:
+    """Any LitAgent, not only the WebShop loop: its ``openai`` calls reach the proxy on the attempt's URL, the
+    proxy's spans land in the attempt, and ``LlmProxyTraceToTriplet`` gives the reward the agent returned."""
+    stack, resources_id = agent_via_proxy
+    rewards = [0.25, 0.5, 1.0]
+    inputs = [{"question": f"What is {i} + 1?", "reward": r} for i, r in enumerate(rewards)]
+    rollout_ids = enqueue(stack.store_url, inputs, resources_id=resources_id, mode="train")
+    final = wait_finished(stack.store_url, rollout_ids, timeout_s=180)
+    from agentlightning import Span
+    from agentlightning.adapter import LlmProxyTraceToTriplet
+
+    for rid, expected in zip(rollout_ids, rewards, strict=True):
+        view = final[rid]
+        assert view["status"] == "succeeded", view
+        stored = spans(stack.store_url, rid)
+        assert {s["attempt_id"] for s in stored} == {view["attempt"]["attempt_id"]}
+        assert [s["name"] for s in stored].count("raw_gen_ai_request") == 1
+        [triplet] = LlmProxyTraceToTriplet().adapt([Span.model_validate(item) for item in stored])
+        assert triplet.reward == expected
+        assert triplet.prompt["token_ids"] and triplet.response["token_ids"], triplet

@@ -138,3 +138,32 @@ def test_a_decorated_function_agent_is_named_by_its_function_on_both_sides() -> 
     assert agent_path(agents_for_tests.decorated_agent) == expected
     assert class_path(agents_for_tests.decorated_agent) == expected
     assert agent_path(agents_for_tests.FloatAgent()) == "tests.agents_for_tests:FloatAgent"
+
+
+@pytest.mark.parametrize(
+    ("pool", "concurrency", "refused"),
+    [("prefork", 8, False), ("solo", 1, False), ("threads", 1, False), ("threads", 16, True), ("gevent", 4, True)],
+)
+def test_agentops_tracer_needs_one_attempt_per_process(pool: str, concurrency: int, refused: bool) -> None:
+    """AgentOps holds one trace per process: several attempts in one process would swap spans."""
+    settings = load_settings(store_url=STORE, agent="pkg.mod:Agent", agent_tracer="agentops")
+    if refused:
+        with pytest.raises(ConfigError, match=f"the {pool} pool runs {concurrency} attempts in one process"):
+            loading.check_tracer_pool(settings, pool, concurrency)
+    else:
+        loading.check_tracer_pool(settings, pool, concurrency)
+    for other in (load_settings(store_url=STORE, agent="pkg.mod:Agent"), load_settings(store_url=STORE)):
+        loading.check_tracer_pool(other, pool, concurrency)  # otel, or the built-in agent: any pool
+
+
+def test_the_pool_name_is_read_before_celery_resolves_it() -> None:
+    from celery.concurrency import prefork, solo, thread
+
+    from workers.signals import _pool_name
+
+    class Worker:
+        def __init__(self, pool: object) -> None:
+            self.pool_cls = pool
+
+    names = [_pool_name(Worker(p)) for p in ("threads", "processes", prefork.TaskPool, solo.TaskPool, thread.TaskPool)]
+    assert names == ["threads", "prefork", "prefork", "solo", "threads"]

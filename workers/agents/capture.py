@@ -20,7 +20,7 @@ import functools
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +45,13 @@ class AttemptCapture:
     limiter_for: Callable[[str], LLMRateLimiter | None]
     llm_calls: int = 0
     last_reward: float | None = None  # the latest reward an Agent Lightning emitter recorded
+    record_spans: bool = True  # False under AGENT_TRACER=agentops: its instrumentation records the call
+
+    def llm_span(self, kwargs: dict[str, Any]) -> AbstractContextManager[trace.Span]:
+        """The call's span, or a non-recording one where another tracer records LLM calls (no duplicates)."""
+        if self.record_spans:
+            return self.telemetry.span(LLM_SPAN, self.attributes(kwargs))
+        return nullcontext(trace.INVALID_SPAN)
 
     def before(self, kwargs: dict[str, Any]) -> tuple[dict[str, Any], LLMRateLimiter | None]:
         """Stop check, rate limit and request changes before one call; returns the call's keyword arguments."""
@@ -115,6 +122,8 @@ class AttemptCapture:
             ),
             None,
         )
+        if not span.is_recording():
+            return
         if prompt_ids is not None:
             self.telemetry.attach_ints(span, "prompt_token_ids", prompt_ids)
         if response_ids is not None:
@@ -151,7 +160,7 @@ def _wrap_sync(original: Callable[..., Any]) -> Callable[..., Any]:
         kwargs, limiter = capture.before(kwargs)
         if limiter is not None:
             limiter.acquire(capture.check_stop)
-        with capture.telemetry.span(LLM_SPAN, capture.attributes(kwargs)) as span:
+        with capture.llm_span(kwargs) as span:
             started = time.perf_counter()
             response = original(self, *args, **kwargs)
             if not kwargs.get("stream"):
@@ -171,7 +180,7 @@ def _wrap_async(original: Callable[..., Any]) -> Callable[..., Any]:
         kwargs, limiter = capture.before(kwargs)
         if limiter is not None:  # its wait sleeps: off the agent's event loop
             await asyncio.to_thread(limiter.acquire, capture.check_stop)
-        with capture.telemetry.span(LLM_SPAN, capture.attributes(kwargs)) as span:
+        with capture.llm_span(kwargs) as span:
             started = time.perf_counter()
             response = await original(self, *args, **kwargs)
             if not kwargs.get("stream"):

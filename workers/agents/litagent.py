@@ -11,6 +11,10 @@ agent is async, with ``(input, resources=NamedResources, rollout=AttemptedRollou
 after the agent's spans), a list of spans is the trace, ``None`` leaves what the capture recorded,
 anything else fails the attempt (class ``agent``); 7. hook ``on_rollout_end`` always runs.
 
+With ``AGENT_TRACER=agentops`` steps 2 to 5 run inside Agent Lightning's AgentOps tracer's trace context
+instead (one per process: ``workers.agents.loading.check_tracer_pool``), and the spans it recorded are the
+attempt's trace unless the agent returned its own list.
+
 A hook that raises is logged and the attempt goes on, as in Agent Lightning. Coroutines run with
 ``asyncio.run`` in the executing thread: a new event loop per call, correct under prefork (the child's
 main thread) and ``-P threads`` (each pool thread) alike, and the context (which attempt is capturing)
@@ -22,7 +26,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -125,7 +130,8 @@ def run_agent(
     the attempt's own stop and deadline errors (``Superseded``, ``TimeoutError``) and our errors pass as
     they are, so they keep their classes.
     """
-    tracer = activate()
+    own = configured.own_tracer()  # AGENT_TRACER=agentops: Agent Lightning's AgentOps tracer
+    tracer = own if own is not None else activate()
     agent = configured.agent
     runner = _runners.get(id(agent))
     if runner is None:
@@ -138,23 +144,57 @@ def run_agent(
         hooks.fire("on_rollout_start")
         # With AGENT_TRACER=none the SDK is not wrapped (workers.signals): only the emitters record here.
         with capture.capturing(attempt):
-            hooks.fire("on_trace_start", tracer=tracer)
-            raw = _call_agent(agent, rollout, resources, attempt.deadline)
-            hooks.fire("on_trace_end", tracer=tracer)
+            if own is None:
+                hooks.fire("on_trace_start", tracer=tracer)
+                raw = _call_agent(agent, rollout, resources, attempt.deadline)
+                hooks.fire("on_trace_end", tracer=tracer)
+            else:
+                raw = asyncio.run(_traced_call(own, hooks, agent, rollout, resources, attempt.deadline))
+        if own is not None and not isinstance(raw, list):
+            # What AgentOps recorded is the trace unless the agent returned its own, as in Agent Lightning.
+            emitted = _last_reward(add_returned_spans(attempt.telemetry, own.get_last_trace()))
+            attempt.last_reward = emitted if emitted is not None else attempt.last_reward
         result, spans = _interpret(raw, attempt, configured.path)
         return result
     finally:
         hooks.fire("on_rollout_end", spans=spans)
 
 
-def _call_agent(agent: Any, rollout: AttemptedRollout, resources: dict[str, Any], deadline: float | None) -> Any:
+async def _traced_call(
+    tracer: Any, hooks: _Hooks, agent: Any, rollout: AttemptedRollout, resources: dict[str, Any], deadline: float | None
+) -> Any:
+    """The agent inside the AgentOps tracer's trace context, with the trace hooks, on one event loop.
+
+    A sync agent is called on the loop's thread, as Agent Lightning's own runner calls it.
+    """
+    async with tracer.trace_context(name=rollout.rollout_id):
+        await hooks.fire_async("on_trace_start", tracer=tracer)
+        with _agent_errors(deadline):
+            raw = _agent_method(agent, rollout)(rollout.input, resources=resources, rollout=rollout)
+            if asyncio.iscoroutine(raw):
+                raw = await raw
+        await hooks.fire_async("on_trace_end", tracer=tracer)
+        return raw
+
+
+def _agent_method(agent: Any, rollout: AttemptedRollout) -> Callable[..., Any]:
     train = rollout.mode == "train"
+    if agent.is_async():
+        return agent.training_rollout_async if train else agent.validation_rollout_async
+    return agent.training_rollout if train else agent.validation_rollout
+
+
+def _call_agent(agent: Any, rollout: AttemptedRollout, resources: dict[str, Any], deadline: float | None) -> Any:
+    with _agent_errors(deadline):
+        raw = _agent_method(agent, rollout)(rollout.input, resources=resources, rollout=rollout)
+        return asyncio.run(raw) if asyncio.iscoroutine(raw) else raw
+
+
+@contextmanager
+def _agent_errors(deadline: float | None) -> Iterator[None]:
+    """What the agent raised as an ``AgentError`` (class ``agent``); the attempt's own stops keep theirs."""
     try:
-        if agent.is_async():
-            method = agent.training_rollout_async if train else agent.validation_rollout_async
-            return asyncio.run(method(rollout.input, resources=resources, rollout=rollout))
-        method = agent.training_rollout if train else agent.validation_rollout
-        return method(rollout.input, resources=resources, rollout=rollout)
+        yield
     except (Superseded, SoftTimeLimitExceeded, BridgeError):
         raise  # the attempt's own stop, time limit and our errors keep their classes
     except TimeoutError as exc:
@@ -214,6 +254,16 @@ class _Hooks:
         for hook in self._hooks:
             try:
                 _run_coroutine(getattr(hook, name), **self._common, **extra)
+            except Exception:
+                log.exception("hook %s.%s raised; the rollout goes on", type(hook).__name__, name)
+
+    async def fire_async(self, name: str, **extra: Any) -> None:
+        """``fire`` from inside a running event loop (the AgentOps trace context)."""
+        for hook in self._hooks:
+            try:
+                result = getattr(hook, name)(**self._common, **extra)
+                if asyncio.iscoroutine(result):
+                    await result
             except Exception:
                 log.exception("hook %s.%s raised; the rollout goes on", type(hook).__name__, name)
 

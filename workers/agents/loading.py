@@ -37,6 +37,8 @@ def require_agentlightning() -> Any:
     # agentlightning imports litellm, which otherwise fetches its model cost map from the internet at import
     # (three tries, ~8 s on a cluster without egress); the copy it ships is all a worker needs.
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    # agentops (imported with agentlightning) otherwise truncates and writes ./agentops.log in every process.
+    os.environ.setdefault("AGENTOPS_LOGGING_TO_FILE", "False")
     try:
         return importlib.import_module("agentlightning")
     except ImportError as exc:
@@ -107,6 +109,24 @@ class ConfiguredAgent:
     agent: Any  # agentlightning.LitAgent
     hooks: list[Any] = field(default_factory=list)  # agentlightning.Hook
     pid: int = field(default_factory=os.getpid)
+    tracer_kind: str = "otel"  # AGENT_TRACER
+    _own_tracer: Any = None  # agentlightning.AgentOpsTracer under AGENT_TRACER=agentops, built on first use
+
+    def own_tracer(self) -> Any:
+        """Agent Lightning's AgentOps tracer for this process (``None`` unless AGENT_TRACER=agentops).
+
+        Built at the first attempt of the process that runs attempts, never in a prefork parent: it
+        instruments the process's libraries and keeps one trace at a time (see ``check_tracer_pool``).
+        """
+        if self.tracer_kind != "agentops":
+            return None
+        if self._own_tracer is None:
+            from agentlightning.tracer.agentops import AgentOpsTracer
+
+            tracer = AgentOpsTracer()
+            tracer.init_worker(self.pid)
+            self._own_tracer = tracer
+        return self._own_tracer
 
     @property
     def class_path(self) -> str:
@@ -122,12 +142,26 @@ def build(settings: Settings) -> ConfiguredAgent:
     agl = require_agentlightning()
     agent = _instantiate(settings.agent, import_path(settings.agent), agl.LitAgent, "LitAgent")
     hooks = [_instantiate(p, import_path(p), agl.Hook, "Hook") for p in settings.agent_hooks]
-    if settings.agent_tracer == "agentops":
+    return ConfiguredAgent(settings.agent, agent, hooks, tracer_kind=settings.agent_tracer)
+
+
+ONE_TRACE_POOLS = {"prefork", "solo"}
+
+
+def check_tracer_pool(settings: Settings, pool: str, concurrency: int) -> None:
+    """Refuse AGENT_TRACER=agentops where one process runs several attempts at once.
+
+    AgentOps instruments the whole process and Agent Lightning's AgentOps tracer holds one trace at a
+    time, so two attempts in one process would share (and swap) their spans. Under prefork and solo a
+    process runs one attempt at a time; a thread or greenlet pool is accepted only with concurrency 1.
+    """
+    if settings.agent == DEFAULT_AGENT or settings.agent_tracer != "agentops":
+        return
+    if pool not in ONE_TRACE_POOLS and concurrency > 1:
         raise ConfigError(
-            "AGENT_TRACER=agentops is not supported on the workers yet: use otel (the agent's openai SDK calls "
-            "become spans of the attempt) or none"
+            f"AGENT_TRACER=agentops traces one attempt per process, but the {pool} pool runs {concurrency} "
+            "attempts in one process: use -P prefork (the default), or AGENT_TRACER=otel for a threads pool"
         )
-    return ConfiguredAgent(settings.agent, agent, hooks)
 
 
 def advertised_agent(settings: Settings) -> str:
