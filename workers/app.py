@@ -7,6 +7,9 @@
   bridge's slot count is what really runs.
 * ``visibility_timeout`` above the hard time limit plus the longest queue wait (checked in settings),
   or Redis would hand a still-running rollout to a second worker.
+* task events (Flower's task list) through ``workers.events``: Celery 5.6 erases events that task threads
+  send while a batch is being published, so under ``-P threads`` Flower showed finished tasks as
+  ``RECEIVED`` or ``STARTED`` forever.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from celery.concurrency.thread import TaskPool as ThreadTaskPool
 
 from bridge.core.message import base_app
 from bridge.core.settings import Settings, get_settings
+from workers import events
 
 __all__ = ["app", "create_app"]
 
@@ -39,6 +43,7 @@ def create_app(settings: Settings) -> Celery:
         worker_redirect_stdouts=False,
         worker_cancel_long_running_tasks_on_connection_loss=False,
     )
+    events.install(app)
     app.steps["consumer"].add(ThreadsWakeup)
     return app
 
