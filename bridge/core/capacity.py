@@ -265,3 +265,14 @@ def wait_for_freed(client: redis.Redis, queues: Iterable[str], timeout_s: float)
     if woken:
         client.delete(*names)
     return woken
+
+
+def advertised_agents(client: redis.Redis, queues: list[str]) -> dict[str, str | None]:
+    """Every live worker node consuming one of ``queues`` -> the agent it advertises (None: nothing yet)."""
+    nodes = sorted(read_slots(client, queues).nodes)
+    if not nodes:
+        return {}
+    values = client.mget([keys.worker_agent(node) for node in nodes])
+    return {
+        node: (value.decode() if isinstance(value, bytes) else value) for node, value in zip(nodes, values, strict=True)
+    }

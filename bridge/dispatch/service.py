@@ -10,7 +10,9 @@ from types import FrameType
 
 import redis
 
+from bridge.core.capacity import advertised_agents
 from bridge.core.logs import configure_logging
+from bridge.core.message import DEFAULT_AGENT
 from bridge.core.redact import redact_url
 from bridge.core.settings import Settings
 from bridge.core.store import StoreClient
@@ -47,11 +49,37 @@ def dispatch_until(settings: Settings, stop: StopSignal, *, agent: str | None = 
     if not store.health():
         log.warning("the Store at %s does not answer yet; the bridge keeps trying", redact_url(settings.store_base))
     client = redis.Redis.from_url(settings.broker_url, socket_timeout=5, socket_connect_timeout=5)
+    if agent is None:
+        _warn_about_other_agents(client, settings)
     try:
         Dispatcher(settings, store, client, Publisher(settings, agent=agent), stop).run()
     finally:
         store.close()
         client.close()
+
+
+def _warn_about_other_agents(client: redis.Redis, settings: Settings) -> None:
+    """Say at start when online workers run an agent this bridge's messages will not name.
+
+    A worker refuses a message for another agent (failure class ``agent``), so a bridge left at the
+    built-in ``webshop`` beside LitAgent workers (or the reverse) would fail every rollout it publishes.
+    Only the built-in/LitAgent split is compared: a LitAgent path may be a factory whose workers advertise
+    its class, which the bridge cannot know without importing it.
+    """
+    try:
+        advertised = advertised_agents(client, settings.all_queues())
+    except redis.RedisError:
+        return  # the dispatcher reports Redis problems itself
+    builtin = settings.agent == DEFAULT_AGENT
+    others = {node: agent for node, agent in advertised.items() if agent and (agent == DEFAULT_AGENT) != builtin}
+    if others:
+        listed = ", ".join(f"{node} runs {agent!r}" for node, agent in sorted(others.items()))
+        log.warning(
+            "the bridge publishes for AGENT=%s but %s: those workers fail such rollouts with class agent; "
+            "set the same AGENT on the bridge and the workers",
+            settings.agent,
+            listed,
+        )
 
 
 def _install_signal_handlers(stop: threading.Event) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import redis
 
-from bridge.core import capacity, keys
+from bridge.core.capacity import advertised_agents
 from bridge.core.message import agent_identity
 
 log = logging.getLogger("bridge.runner")
@@ -48,17 +48,6 @@ def agent_path(agent: Any) -> str:
     The workers advertise the same spelling for the agent ``AGENT`` names, so the two compare as strings.
     """
     return agent_identity(agent)
-
-
-def advertised_agents(client: redis.Redis, queues: list[str]) -> dict[str, str | None]:
-    """Every live worker node consuming one of ``queues`` -> the agent it advertises (None: nothing yet)."""
-    nodes = sorted(capacity.read_slots(client, queues).nodes)
-    if not nodes:
-        return {}
-    values = client.mget([keys.worker_agent(node) for node in nodes])
-    return {
-        node: (value.decode() if isinstance(value, bytes) else value) for node, value in zip(nodes, values, strict=True)
-    }
 
 
 def check_fleet(client: redis.Redis, queues: list[str], expected: str) -> dict[str, str | None]:

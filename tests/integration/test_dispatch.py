@@ -185,3 +185,30 @@ def test_a_timeout_the_broker_cannot_cover_is_clamped_at_publish(clean_store: Lo
         client.delete(queue)
         client.close()
         store.close()
+
+
+def test_the_bridge_warns_at_start_when_online_workers_run_another_agent(
+    clean_store: LocalStack, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bridge left at the built-in agent beside LitAgent workers (or the reverse) says so when it starts."""
+    from bridge.dispatch.service import _warn_about_other_agents
+
+    client = redis.Redis.from_url(clean_store.broker_url)
+    nodes = {f"celery@test-{uuid.uuid4().hex[:6]}": agent for agent in ("pkg.agents:CalcAgent", "webshop")}
+    try:
+        for node, agent in nodes.items():
+            capacity.advertise(client, node, ["rollouts"], 2)
+            client.set(keys.worker_agent(node), agent, ex=60)
+        for bridge_agent, named in (("webshop", "pkg.agents:CalcAgent"), ("pkg.agents:make_agent", "'webshop'")):
+            caplog.clear()
+            settings = load_settings(
+                store_url=clean_store.store_url, broker_url=clean_store.broker_url, agent=bridge_agent
+            )
+            with caplog.at_level("WARNING", logger="bridge"):
+                _warn_about_other_agents(client, settings)
+            [record] = [r.getMessage() for r in caplog.records if "set the same AGENT" in r.getMessage()]
+            assert f"AGENT={bridge_agent}" in record and named in record and record.count(" runs ") == 1, record
+    finally:
+        for node in nodes:
+            capacity.withdraw(client, node, ["rollouts"])
+            client.delete(keys.worker_agent(node))
