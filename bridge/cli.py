@@ -35,6 +35,10 @@ TOOLS: dict[str, tuple[str, str]] = {
         "bridge.tools.chaos.run",
         "inject faults into a local stack; audit that no rollout was lost or run twice",
     ),
+    "cluster": (
+        "bridge.tools.cluster.run",
+        "worker hosts as network namespaces (root): scale-out, host loss, partition, outages",
+    ),
 }
 """Command -> (module, one-line summary). Each module exposes ``add_arguments(parser)`` and ``main(args)``."""
 

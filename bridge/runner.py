@@ -40,6 +40,7 @@ from agentlightning.execution.events import ExecutionEvent
 from agentlightning.types import Hook, NamedResources, Rollout, RolloutMode
 from pydantic import TypeAdapter
 
+from bridge.core.coordination import coordination_redis
 from bridge.core.models import RolloutStatus
 from bridge.core.settings import ConfigError, Settings, load_settings
 from bridge.core.store import API, StoreClient
@@ -97,7 +98,7 @@ class CeleryRunner(Runner[Any]):
                 "hooks run on the workers, not in CeleryRunner: configure them there with AGENT_HOOKS=%s", paths
             )
         settings = self._settings or self._load(None)
-        client = redis.Redis.from_url(settings.broker_url, socket_timeout=5, socket_connect_timeout=5)
+        client = coordination_redis(settings)
         try:
             check_fleet(client, settings.all_queues(), self._agent)
         except redis.RedisError as exc:
@@ -200,7 +201,7 @@ class CeleryRunner(Runner[Any]):
         with self._lock:
             if self._store is None or self._dispatcher is None:
                 self._store = StoreClient.from_settings(settings)
-                self._redis = redis.Redis.from_url(settings.broker_url, socket_timeout=5, socket_connect_timeout=5)
+                self._redis = coordination_redis(settings)
                 publisher = Publisher(settings, agent=agent)
                 self._dispatcher = Dispatcher(settings, self._store, self._redis, publisher)
             return self._store, self._dispatcher

@@ -5,14 +5,18 @@
   hung Store never lets a live attempt's lease lapse (which would let the bridge's reconcile or a
   redelivery take over live work). A renewal that finds the attempt owned by a later claim, or already
   reported, flags the attempt and the agent loop stops at its next check, without writing anything more.
-* The *Store* thread, on every interval, reads the rollout: if the attempt is no longer the latest, or the
-  Store marked it ``timeout``/``unresponsive``, or the rollout finished or was cancelled, the attempt is
+* The *Store* thread, on every interval, reads the rollouts of **all** the process's attempts in one Store
+  request (``StoreClient.get_rollouts``, 100 ids a request), so a process with 128 running attempts costs the
+  Store one read per interval, not 128. Whenever any attempt's beat is due every attempt is read, which keeps
+  them on one schedule; none goes longer than its interval unread. If an attempt is no longer the latest, or
+  the Store marked it ``timeout``/``unresponsive``, or the rollout finished or was cancelled, the attempt is
   flagged (docs/store-protocol.md section 10). Then, only for rollouts with ``unresponsive_seconds`` (the
   watchdog ignores liveness otherwise) and only when no span was stored since the last beat, it sends
-  ``last_heartbeat_time``. It also ships buffered spans every few seconds, because stored spans keep the
-  attempt alive too. Each of its Store calls is bounded by what the latest renewal guarantees: it must end
-  while the lease is still known to be ours, so nothing is written after a takeover could have happened;
-  an attempt whose lease is not known to be live gets no Store call until the next renewal.
+  ``last_heartbeat_time`` (one request per such attempt: the Store has no batched heartbeat). It also ships
+  buffered spans every few seconds, because stored spans keep the attempt alive too. Each of its Store calls
+  is bounded by what the latest renewal guarantees: it must end while the lease is still known to be ours,
+  so nothing is written after a takeover could have happened; an attempt whose lease is not known to be live
+  gets no Store call (and is left out of the batched read) until the next renewal.
 
 One pair of threads serves all attempts of the process, so a ``-P threads`` worker with 128 slots runs two
 threads, not 128. Each Store call here makes a single try: the next tick is the retry.
@@ -23,6 +27,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import redis
@@ -188,11 +193,16 @@ class HeartbeatMonitor:
 
     def _store_loop(self) -> None:
         while not self._closed.wait(TICK_S):
-            for watch in self._snapshot():
+            watches = self._snapshot()
+            for watch in watches:
                 try:
-                    self._service(watch)
+                    self._flush_if_due(watch)
                 except Exception:  # the thread must survive anything one attempt throws
-                    log.exception("heartbeat failed for attempt %s", watch.attempt_id)
+                    log.exception("span flush failed for attempt %s", watch.attempt_id)
+            try:
+                self.beat_due(watches)
+            except Exception:
+                log.exception("heartbeat round over %d attempts failed", len(watches))
 
     def store_budget(self, watch: AttemptWatch) -> float | None:
         """Seconds one Store call for ``watch`` may take, or None when it must not be made now.
@@ -208,70 +218,114 @@ class HeartbeatMonitor:
             return None
         return min(cap, left)
 
-    def _service(self, watch: AttemptWatch) -> None:
-        now = time.monotonic()
+    def flush_budget(self, watch: AttemptWatch) -> float | None:
+        """Like ``store_budget``, but only while the latest renewal guarantees the lease, even with Redis unreachable.
+
+        A host cut off from the network by a partition cannot reach Redis while the other hosts can, and one of
+        them may have taken the attempt over; spans sent when the link returns would put a second execution
+        into the attempt (measured by ``python -m bridge cluster --scenario partition``, docs/cluster.md). The
+        spans stay buffered until a renewal says the attempt is still ours; heartbeats read the rollout first.
+        """
+        left = watch.lease.valid_until - time.monotonic() - LEASE_MARGIN_S
+        if left < MIN_STORE_CALL_S:
+            return None
+        return min(max(1.0, min(watch.interval_s, HEARTBEAT_TIMEOUT_S)), left)
+
+    def _flush_if_due(self, watch: AttemptWatch) -> None:
+        """Ship the attempt's buffered spans every ``flush_interval_s``, bounded by what the lease guarantees."""
         telemetry = watch.telemetry
-        flush_due = telemetry is not None and telemetry.pending and now - telemetry.last_flush >= watch.flush_interval_s
-        beat_due = now >= watch.next_beat and watch.stop_reason is None
-        if not (flush_due or beat_due):
+        if (
+            telemetry is None
+            or not telemetry.pending
+            or time.monotonic() - telemetry.last_flush < watch.flush_interval_s
+        ):
             return
-        budget = self.store_budget(watch)
+        budget = self.flush_budget(watch)
         if budget is None:
             return  # lost, or not renewed lately: write nothing until a renewal says it is ours
-        if flush_due and telemetry is not None:
-            try:
-                # Bounded: a failed flush keeps the spans for the next tick instead of stalling this thread.
-                telemetry.flush(deadline=time.time() + budget, timeout=budget)
-            except TelemetryError as exc:
-                log.warning("span flush for attempt %s failed, will retry: %s", watch.attempt_id, exc)
-            budget = self.store_budget(watch)
-        if beat_due and budget is not None:
-            watch.next_beat = now + watch.interval_s
-            self.beat(watch, timeout=budget)
-
-    def beat(self, watch: AttemptWatch, *, timeout: float = HEARTBEAT_TIMEOUT_S) -> None:
-        """Fence read, then a heartbeat where one is needed; ``timeout`` bounds each Store call."""
-        if watch.reporting:
-            return
         try:
-            # Read first: any update of the latest attempt makes the Store recompute the rollout's status from
-            # it, so a heartbeat sent after a cancellation turns `cancelled` back into `preparing` (observed
-            # with agentlightning 0.3.0). Only an attempt that passed this read is touched.
-            sent_at = time.time()
-            reason = fence(self._store.get_rollout(watch.rollout_id, retries=0, timeout=timeout), watch.attempt_id)
+            # Bounded: a failed flush keeps the spans for the next tick instead of stalling this thread.
+            telemetry.flush(deadline=time.time() + budget, timeout=budget)
+        except TelemetryError as exc:
+            log.warning("span flush for attempt %s failed, will retry: %s", watch.attempt_id, exc)
+
+    def beat_due(self, watches: Sequence[AttemptWatch]) -> None:
+        """When any attempt's beat is due, beat every attempt that may call the Store now, with one read.
+
+        Reading the ones not yet due costs nothing more (the same request) and puts every attempt of the process
+        on one schedule, so the process makes one read per interval however many attempts it runs. An attempt
+        whose lease is not known to be live is left out, and does not trigger a round either, until a renewal.
+        """
+        now = time.monotonic()
+        budgets = {w: self.store_budget(w) for w in watches if w.stop_reason is None and not w.reporting}
+        batch = [w for w, budget in budgets.items() if budget is not None]
+        if not any(now >= w.next_beat for w in batch):
+            return
+        for watch in batch:
+            watch.next_beat = now + watch.interval_s
+        self.beat(batch, timeout=min(b for b in budgets.values() if b is not None))
+
+    def beat(self, watches: Sequence[AttemptWatch], *, timeout: float = HEARTBEAT_TIMEOUT_S) -> None:
+        """Fence read of all ``watches`` in one request, then a heartbeat where one is needed.
+
+        ``timeout`` bounds each Store call. Read first: any update of the latest attempt makes the Store
+        recompute the rollout's status from it, so a heartbeat sent after a cancellation turns `cancelled` back
+        into `preparing` (observed with agentlightning 0.3.0). Only an attempt that passed this read is touched.
+        """
+        watches = [w for w in watches if not w.reporting]
+        if not watches:
+            return
+        sent_at = time.time()
+        try:
+            views = self._store.get_rollouts([w.rollout_id for w in watches], retries=0, timeout=timeout)
+        except StoreError as exc:
+            log.warning("fence read of %d attempts failed (will retry): %s", len(watches), exc)
+            return
+        for watch in watches:
+            view = views.get(watch.rollout_id)
+            reason = (
+                "the Store no longer knows this rollout (it restarted?)"
+                if view is None
+                else fence(view, watch.attempt_id)
+            )
             if reason is not None:
-                # The final report may have landed while this beat was in flight: the rollout then reads finished
+                # The final report may have landed while this read was in flight: the rollout then reads finished
                 # because of our own report, which is no reason to stop (and no warning worth logging).
                 if not watch.reporting:
                     watch.stop(reason)
-                return
+                continue
             watch.viewed_at = max(watch.viewed_at, sent_at)
             watch.beats += 1
-            exported = watch.telemetry.spans_exported if watch.telemetry is not None else 0
-            if not watch.unresponsive_s or watch.reporting:
-                return  # without unresponsive_seconds the watchdog never looks at liveness: nothing to send
-            if exported > watch.spans_at_last_beat:
-                # Spans stored since the last beat already refreshed the attempt's heartbeat, on the Store's
-                # clock (docs/store-protocol.md 6.4): no heartbeat request.
-                watch.spans_at_last_beat = exported
-                return
-            left = self.store_budget(watch)
-            if left is None:
-                return  # the read used up what the latest renewal guarantees: the next beat sends it
-            sent_at = time.time()
-            attempt = self._store.update_attempt(
-                watch.rollout_id,
-                watch.attempt_id,
-                last_heartbeat_time=sent_at,
-                worker_id=watch.executor,  # the Store learns who runs it, at no extra cost
-                retries=0,
-                timeout=min(timeout, left),
-            )
-            if attempt.status not in ACTIVE_ATTEMPT and not watch.reporting:
-                watch.stop(f"the Store marked the attempt {attempt.status}")
-                return
-            watch.alive_at = sent_at
-        except UnknownIdError:
-            watch.stop("the Store no longer knows this rollout (it restarted?)")
-        except StoreError as exc:
-            log.warning("heartbeat to the Store failed for attempt %s (will retry): %s", watch.attempt_id, exc)
+            try:
+                self._send_heartbeat(watch, timeout)
+            except UnknownIdError:
+                watch.stop("the Store no longer knows this rollout (it restarted?)")
+            except StoreError as exc:
+                log.warning("heartbeat to the Store failed for attempt %s (will retry): %s", watch.attempt_id, exc)
+
+    def _send_heartbeat(self, watch: AttemptWatch, timeout: float) -> None:
+        """``last_heartbeat_time`` for an attempt that passed the fence, when the watchdog needs one."""
+        exported = watch.telemetry.spans_exported if watch.telemetry is not None else 0
+        if not watch.unresponsive_s or watch.reporting:
+            return  # without unresponsive_seconds the watchdog never looks at liveness: nothing to send
+        if exported > watch.spans_at_last_beat:
+            # Spans stored since the last beat already refreshed the attempt's heartbeat, on the Store's
+            # clock (docs/store-protocol.md 6.4): no heartbeat request.
+            watch.spans_at_last_beat = exported
+            return
+        left = self.store_budget(watch)
+        if left is None:
+            return  # the read used up what the latest renewal guarantees: the next beat sends it
+        sent_at = time.time()
+        attempt = self._store.update_attempt(
+            watch.rollout_id,
+            watch.attempt_id,
+            last_heartbeat_time=sent_at,
+            worker_id=watch.executor,  # the Store learns who runs it, at no extra cost
+            retries=0,
+            timeout=min(timeout, left),
+        )
+        if attempt.status not in ACTIVE_ATTEMPT and not watch.reporting:
+            watch.stop(f"the Store marked the attempt {attempt.status}")
+            return
+        watch.alive_at = sent_at

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import redis
 
+from bridge.core.coordination import coordination_redis
 from bridge.core.settings import Settings, get_settings
 from bridge.core.store import StoreClient
 from workers.heartbeat import HeartbeatMonitor
@@ -42,7 +43,7 @@ def get_resources() -> WorkerResources:
 
 def _build(settings: Settings) -> WorkerResources:
     store = StoreClient.from_settings(settings)
-    client = redis.Redis.from_url(settings.broker_url, socket_timeout=10, socket_connect_timeout=5)
+    client = coordination_redis(settings, timeout_s=10)
     webshop = WebShopClient(
         str(settings.webshop_url),
         token=settings.webshop_token,

@@ -26,6 +26,7 @@ import redis
 from celery import signals
 
 from bridge.core import capacity, keys
+from bridge.core.coordination import coordination_redis
 from bridge.core.errors import StoreError
 from bridge.core.logs import configure_logging
 from bridge.core.message import DEFAULT_AGENT, TASK_NAME
@@ -58,7 +59,7 @@ def _node_slots(consumer: Any) -> tuple[str, list[str], int]:
 @signals.worker_ready.connect
 def _on_worker_ready(sender: Any = None, **_: Any) -> None:
     hostname, queues, slots = _node_slots(sender)
-    client = redis.Redis.from_url(get_settings().broker_url, socket_timeout=5, socket_connect_timeout=5)
+    client = coordination_redis(get_settings())
     _node.update(hostname=hostname, queues=queues, slots=slots, client=client)
     log.info("worker %s offers %d slots on queues %s", hostname, slots, ", ".join(queues))
 

@@ -3,7 +3,16 @@ its answers' pacing hints."""
 
 from __future__ import annotations
 
+import socket
+import struct
+
 import httpx
+
+# A request given up on (a timeout) must not reach the service later. On a normal close the kernel keeps
+# retransmitting the bytes the peer has not acknowledged, so a span batch or heartbeat stalled by a network
+# partition would land when the link returns, after another host took the attempt over (docs/cluster.md).
+# Linger 0 makes close() drop them and reset the connection instead.
+ABORT_ON_CLOSE = [(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))]
 
 
 def service_client(base_url: str, *, token: str | None, timeout_s: float, max_connections: int) -> httpx.Client:
@@ -13,11 +22,13 @@ def service_client(base_url: str, *, token: str | None, timeout_s: float, max_co
     retry policy, while a slow answer may take the whole ``timeout_s``.
     """
     headers = {"Authorization": f"Bearer {token}"} if token else {}
+    limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
     return httpx.Client(
         base_url=base_url.rstrip("/"),
         headers=headers,
         timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 5.0)),
-        limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+        limits=limits,
+        transport=httpx.HTTPTransport(limits=limits, socket_options=ABORT_ON_CLOSE),
     )
 
 

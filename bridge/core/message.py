@@ -34,7 +34,7 @@ def task_kwargs(rollout: AttemptedRollout, queue: str, agent: str = DEFAULT_AGEN
 
 
 def base_app(settings: Settings, main: str, include: tuple[str, ...] = ()) -> Celery:
-    """A Celery app with the broker settings both sides must share (broker, serializer, visibility)."""
+    """A Celery app with the broker settings both sides must share (broker, serializer, redelivery, queue type)."""
     app = Celery(main, broker=settings.broker_url, include=list(include))
     app.conf.update(
         task_serializer="json",
@@ -43,14 +43,31 @@ def base_app(settings: Settings, main: str, include: tuple[str, ...] = ()) -> Ce
         result_backend=None,
         task_default_queue=settings.default_queue,
         task_create_missing_queues=True,
-        broker_transport_options={"visibility_timeout": int(settings.visibility_timeout_s)},
+        broker_transport_options=broker_transport_options(settings),
         broker_connection_retry_on_startup=True,
+        task_default_delivery_mode="persistent",  # a broker restart keeps queued messages (durable queues)
         broker_pool_limit=64,
         # No task-sent events from the bridge: each was a second broker publish per rollout (profiled: about
         # a third of the bridge's CPU); Flower lists a task from the worker's own events once it is received.
         task_send_sent_event=False,
     )
+    if settings.broker_is_amqp:
+        # Quorum queues are replicated and durable; Celery then drops global QoS (RabbitMQ refuses it on them),
+        # so a countdown retry holds a slot until it fires (docs/operations.md, RabbitMQ as broker).
+        app.conf.update(task_default_queue_type=settings.queue_type, task_create_missing_queue_type=settings.queue_type)
     return app
+
+
+def broker_transport_options(settings: Settings) -> dict[str, Any]:
+    """What each broker needs so a message is neither lost nor handed to a second worker while it runs.
+
+    Redis: the visibility timeout (checked against the hard time limit in settings). RabbitMQ: publisher
+    confirms, so ``apply_async`` returns only once the broker has the (persistent) message; its redelivery
+    rule is the server's consumer timeout, checked in settings as ``BROKER_CONSUMER_TIMEOUT_S``.
+    """
+    if settings.broker_is_amqp:
+        return {"confirm_publish": True}
+    return {"visibility_timeout": int(settings.visibility_timeout_s)}
 
 
 def publishing_app(settings: Settings) -> tuple[Celery, Any]:

@@ -8,13 +8,13 @@ line naming the variable (exit code 2), never with a traceback in the middle of 
 
 from __future__ import annotations
 
-import re
 from functools import lru_cache
 from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, Field, HttpUrl, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from bridge.core import settings_parse as parse
 from bridge.core.redact import redact_url
 from bridge.core.store import TRACES
 
@@ -132,6 +132,27 @@ class Settings(BaseSettings):
     broker_url: str = Field(
         default="redis://localhost:6379/0",
         validation_alias=AliasChoices("CELERY_BROKER_URL", "broker_url"),
+        description="Redis (redis://, rediss://, redis+socket://) or RabbitMQ (amqp://, amqps://, pyamqp://)",
+    )
+    redis_url: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("REDIS_URL", "redis_url"),
+        description="coordination Redis (leases, slots, rate limits, leader lock); default: a Redis broker's URL",
+    )
+    # RabbitMQ closes the channel of a consumer holding an unacknowledged message past the server's
+    # consumer_timeout (30 min by default since 3.8.17), and its tasks go back to the queue while they run.
+    # Servers before 3.12 have no per-queue override, so the bridge cannot raise it: this declares what the
+    # server enforces, and start-up refuses a hard time limit that would not fit (docs/operations.md, RabbitMQ).
+    consumer_timeout_s: float = Field(
+        default=1800.0,
+        gt=0,
+        validation_alias=AliasChoices("BROKER_CONSUMER_TIMEOUT_S", "consumer_timeout_s"),
+        description="RabbitMQ only: the server's consumer_timeout (rabbitmq.conf) or its queues' consumer-timeout",
+    )
+    queue_type: Literal["classic", "quorum"] = Field(
+        default="classic",
+        validation_alias=AliasChoices("QUEUE_TYPE", "queue_type"),
+        description="RabbitMQ only: durable classic or quorum (replicated) queues",
     )
     default_queue: str = Field(
         default="rollouts", validation_alias=AliasChoices("CELERY_DEFAULT_QUEUE", "default_queue")
@@ -150,7 +171,7 @@ class Settings(BaseSettings):
     heartbeat_interval_s: float = Field(
         default=10.0, gt=0, le=300, validation_alias=AliasChoices("HEARTBEAT_INTERVAL_S", "heartbeat_interval_s")
     )
-    lease_ttl_s: float = Field(default=60.0, gt=0, validation_alias=AliasChoices("LEASE_TTL_S", "lease_ttl_s"))
+    lease_ttl_s: float = Field(default=30.0, gt=0, validation_alias=AliasChoices("LEASE_TTL_S", "lease_ttl_s"))
     # How old a worker's view of its rollout may be when it starts or reports (docs/store-protocol.md 10): the
     # dequeue answer is a fresh view and every heartbeat renews it, so a short episode reads nothing extra.
     # A read is always made after a takeover and when the Store's watchdog could have acted; 0: always.
@@ -177,6 +198,9 @@ class Settings(BaseSettings):
     max_batch: int = Field(default=64, ge=1, le=10000, validation_alias=AliasChoices("BRIDGE_MAX_BATCH", "max_batch"))
     max_queue_wait_s: float = Field(
         default=300.0, gt=0, validation_alias=AliasChoices("BRIDGE_MAX_QUEUE_WAIT_S", "max_queue_wait_s")
+    )
+    reconcile_interval_s: float = Field(  # with the lease, bounds a lost host's recovery (docs/cluster.md)
+        default=20.0, gt=0, validation_alias=AliasChoices("BRIDGE_RECONCILE_INTERVAL_S", "reconcile_interval_s")
     )
     publish_retries: int = Field(
         default=5, ge=0, le=50, validation_alias=AliasChoices("BRIDGE_PUBLISH_RETRIES", "publish_retries")
@@ -209,55 +233,25 @@ class Settings(BaseSettings):
     @field_validator("queue_by_mode", mode="before")
     @classmethod
     def _parse_queue_map(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            pairs = [p.strip() for p in value.split(",") if p.strip()]
-            mapping: dict[str, str] = {}
-            for pair in pairs:
-                mode, sep, queue = pair.partition("=")
-                if not sep or not mode.strip() or not queue.strip():
-                    raise ValueError(f"expected mode=queue pairs separated by commas, got {pair!r}")
-                mapping[mode.strip()] = queue.strip()
-            return mapping
-        return value
+        return parse.parse_queue_map(value)
 
     @field_validator("agent")
     @classmethod
     def _check_agent(cls, value: str) -> str:
         value = value.strip()
-        if value != "webshop" and not _is_import_path(value):
+        if value != "webshop" and not parse.is_import_path(value):
             raise ValueError(f"expected 'webshop' or 'module.path:attr', got {value!r}")
         return value
 
     @field_validator("agent_hooks", mode="before")
     @classmethod
     def _parse_hooks(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            value = [p.strip() for p in value.split(",") if p.strip()]
-        if isinstance(value, list):
-            bad = [p for p in value if not isinstance(p, str) or not _is_import_path(p)]
-            if bad:
-                raise ValueError(f"expected comma-separated 'module.path:attr' entries, got {bad!r}")
-        return value
+        return parse.parse_hooks(value)
 
     @field_validator("llm_rate_limits", mode="before")
     @classmethod
     def _parse_rate_limits(cls, value: Any) -> Any:
-        if not isinstance(value, str):
-            return value
-        limits: dict[str, tuple[float | None, float | None]] = {}
-        for pair in (p.strip() for p in value.split(",")):
-            if not pair:
-                continue
-            model, sep, numbers = pair.rpartition("=")  # model names may hold '/' or ':', numbers never '='
-            rpm, _, tpm = numbers.partition(":")
-            try:
-                parsed = (float(rpm) if rpm.strip() else None, float(tpm) if tpm.strip() else None)
-            except ValueError:
-                parsed = (-1.0, None)
-            if not sep or not model.strip() or any(v is not None and v <= 0 for v in parsed):
-                raise ValueError(f"expected model=rpm[:tpm] pairs with positive numbers, got {pair!r}")
-            limits[model.strip()] = parsed
-        return limits
+        return parse.parse_rate_limits(value)
 
     @field_validator("log_level")
     @classmethod
@@ -270,27 +264,54 @@ class Settings(BaseSettings):
     @field_validator("broker_url")
     @classmethod
     def _check_broker(cls, value: str) -> str:
-        if not value.startswith(("redis://", "rediss://", "redis+socket://")):
-            raise ValueError("only Redis brokers are supported (redis://, rediss://, redis+socket://)")
-        return value
+        return parse.check_broker_url(value)
+
+    @field_validator("redis_url")
+    @classmethod
+    def _check_redis(cls, value: str | None) -> str | None:
+        return parse.check_redis_url(value)
 
     @model_validator(mode="after")
     def _check_timeouts(self) -> Settings:
         """Refuse configurations under which the broker could redeliver work that is still running."""
         if self.poll_min_s > self.poll_max_s:
             raise ValueError("BRIDGE_POLL_MIN_S must not exceed BRIDGE_POLL_MAX_S")
-        longest = self.hard_time_limit(self.default_timeout_s) + self.max_queue_wait_s
-        if self.visibility_timeout_s <= longest:
+        if self.broker_is_amqp and not self.redis_url:
             raise ValueError(
-                f"BROKER_VISIBILITY_TIMEOUT_S ({self.visibility_timeout_s:g}s) must exceed the hard time limit "
-                f"plus BRIDGE_MAX_QUEUE_WAIT_S ({longest:g}s), or Redis redelivers running rollouts; "
-                "raise BROKER_VISIBILITY_TIMEOUT_S or lower ROLLOUT_DEFAULT_TIMEOUT_S"
+                "REDIS_URL must be set with a RabbitMQ broker: leases, slots, rate limits and the leader lock "
+                "live in Redis (e.g. REDIS_URL=redis://localhost:6379/0)"
+            )
+        longest = self.hard_time_limit(self.default_timeout_s) + self.max_queue_wait_s
+        if self.redelivery_timeout_s <= longest:
+            name, why = (
+                ("BROKER_CONSUMER_TIMEOUT_S", "RabbitMQ closes the channel of a rollout running that long")
+                if self.broker_is_amqp
+                else ("BROKER_VISIBILITY_TIMEOUT_S", "Redis redelivers running rollouts")
+            )
+            raise ValueError(
+                f"{name} ({self.redelivery_timeout_s:g}s) must exceed the hard time limit "
+                f"plus BRIDGE_MAX_QUEUE_WAIT_S ({longest:g}s), or {why}; "
+                f"raise {name} (for RabbitMQ: the server's consumer_timeout first) or lower ROLLOUT_DEFAULT_TIMEOUT_S"
             )
         if self.lease_ttl_s <= self.heartbeat_interval_s * 2:
             raise ValueError("LEASE_TTL_S must be more than twice HEARTBEAT_INTERVAL_S so a live lease never lapses")
         return self
 
     # --- derived values ------------------------------------------------------------------------
+
+    @property
+    def broker_is_amqp(self) -> bool:
+        return parse.is_amqp_url(self.broker_url)
+
+    @property
+    def coordination_url(self) -> str:
+        """The Redis that holds leases, slots, rate limits and the leader lock (``bridge.core.coordination``)."""
+        return self.redis_url or self.broker_url
+
+    @property
+    def redelivery_timeout_s(self) -> float:
+        """How long the broker lets a message stay unacknowledged before another worker may get it."""
+        return self.consumer_timeout_s if self.broker_is_amqp else self.visibility_timeout_s
 
     @property
     def store_base(self) -> str:
@@ -319,10 +340,10 @@ class Settings(BaseSettings):
 
     def longest_timeout_s(self) -> float:
         """The largest ``timeout_seconds`` whose hard limit plus the longest queue wait stays under the
-        broker's visibility timeout, with 1 s to spare: a longer one would be redelivered while it runs, so
-        the bridge publishes it clamped to this and a takeover (which re-reads the Store) clamps it too."""
+        broker's visibility (Redis) or consumer (RabbitMQ) timeout, with 1 s to spare: a longer one would be
+        redelivered while it runs, so the bridge publishes it clamped to this and a takeover clamps it too."""
         share = self.hard_time_limit(1e6) / 1e6
-        return (self.visibility_timeout_s - self.max_queue_wait_s - 1.0) / share
+        return (self.redelivery_timeout_s - self.max_queue_wait_s - 1.0) / share
 
     def covered_timeout(self, timeout_s: float | None) -> float | None:
         """``timeout_s`` lowered to ``longest_timeout_s``; None or <= 0 (the default applies) unchanged."""
@@ -347,29 +368,9 @@ class Settings(BaseSettings):
         return shown
 
 
-_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
-
-
-def _is_import_path(value: str) -> bool:
-    """``module.path:attr`` (attr may be dotted, e.g. ``mod:Outer.Inner``); checked here, imported only by workers."""
-    return bool(_IMPORT_PATH.match(value))
-
-
 def format_validation_error(error: ValidationError) -> str:
     """One line per bad variable, named the way the user sets it."""
-    lines = []
-    for item in error.errors():
-        loc = item.get("loc") or ()
-        field = str(loc[0]) if loc else "settings"
-        info = Settings.model_fields.get(field)
-        name = field.upper()
-        if info is not None and isinstance(info.validation_alias, AliasChoices):
-            name = str(info.validation_alias.choices[0])
-        message = item.get("msg", "invalid value")
-        if item.get("type") == "missing":
-            message = "is required but not set"
-        lines.append(f"{name}: {message}")
-    return "invalid configuration: " + "; ".join(lines)
+    return parse.describe_errors(error, Settings.model_fields)
 
 
 def load_settings(**overrides: Any) -> Settings:

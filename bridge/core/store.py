@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -32,6 +32,8 @@ API = "/v1/agl"
 TRACES = "/v1/traces"
 """The Store's OTLP/HTTP span endpoint, beside (not under) the REST API."""
 _TRANSIENT_EXCEPTIONS = (httpx.TransportError,)
+ROLLOUTS_PER_READ = 100
+"""Ids per batched rollout read: keeps the query string (about 30 bytes an id) far below URL limits."""
 
 
 class StoreClient:
@@ -179,13 +181,35 @@ class StoreClient:
         return _rollout(data)
 
     def list_rollouts(
-        self, *, status_in: Iterable[str] = (), rollout_ids: Iterable[str] = (), limit: int = -1
+        self,
+        *,
+        status_in: Iterable[str] = (),
+        rollout_ids: Iterable[str] = (),
+        limit: int = -1,
+        retries: int | None = None,
+        timeout: float | None = None,
     ) -> tuple[list[Rollout | AttemptedRollout], int]:
         params: list[tuple[str, str | int]] = [("status_in", s) for s in status_in]
         params += [("rollout_id_in", r) for r in rollout_ids]
         params.append(("limit", limit))
-        data = self._json("GET", "/rollouts", params=params)
+        data = self._json("GET", "/rollouts", params=params, retries=retries, timeout=timeout)
         return [_rollout(item) for item in data["items"]], int(data["total"])
+
+    def get_rollouts(
+        self, rollout_ids: Sequence[str], *, retries: int | None = None, timeout: float | None = None
+    ) -> dict[str, Rollout | AttemptedRollout]:
+        """Many rollouts by id, each with its latest attempt, in one ``GET /rollouts?rollout_id_in=…`` per
+        ``ROLLOUTS_PER_READ`` ids (docs/store-protocol.md 3): a worker process fences all its running attempts
+        with one request instead of one ``GET /rollouts/{id}`` each. Ids the Store does not know are absent
+        from the answer. ``timeout`` bounds each request; a failed chunk raises, as one read would.
+        """
+        unique = list(dict.fromkeys(rollout_ids))
+        found: dict[str, Rollout | AttemptedRollout] = {}
+        for start in range(0, len(unique), ROLLOUTS_PER_READ):
+            chunk = unique[start : start + ROLLOUTS_PER_READ]
+            items, _ = self.list_rollouts(rollout_ids=chunk, limit=len(chunk), retries=retries, timeout=timeout)
+            found.update((item.rollout_id, item) for item in items)
+        return found
 
     def count_rollouts(self, status: str) -> int:
         return self.list_rollouts(status_in=[status], limit=1)[1]

@@ -1,19 +1,117 @@
-"""What waits in the Redis broker: queue depth and the age of the oldest queued message.
+"""What waits in the broker: queue depth and the age of the oldest queued message, behind one seam.
 
-Kombu's Redis transport keeps a queue as a list: producers ``LPUSH``, consumers ``BRPOP``, so the
+``queues_for(settings, coordination)`` returns the probe for the configured broker; the bridge's gauges and
+``bridge status`` use only its ``depth``/``oldest_age``, so broker differences stay in this module.
+
+**Redis.** Kombu's Redis transport keeps a queue as a list: producers ``LPUSH``, consumers ``BRPOP``, so the
 oldest message sits at index -1. Its task id is the attempt id, and the bridge recorded the publish
 time of every attempt in the in-flight set (bridge.core.capacity), so the age needs no clock in the message.
 Read by the bridge's metrics and by ``bridge status``; both only read, never pop.
+
+**RabbitMQ.** A passive ``queue.declare`` answers the number of ready messages (not those delivered and
+unacknowledged) without creating anything; AMQP cannot peek at a queue's head without taking the
+message, so the oldest message's age is unknown (None). A queue not declared yet holds nothing: depth 0.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from typing import Any, Protocol
 
 import redis
+from kombu import Connection
 
 from bridge.core import keys
+from bridge.core.redact import redact_url
+from bridge.core.settings import Settings
+
+PROBE_TIMEOUT_S = 3.0
+
+
+class BrokerReadError(Exception):
+    """The broker did not answer a read (its URL is redacted in the message)."""
+
+
+class QueueProbe(Protocol):
+    """Read-only view of the broker's queues."""
+
+    def depth(self, queue: str) -> int:
+        """Messages waiting in ``queue`` (published, not yet delivered to a worker)."""
+        ...
+
+    def oldest_age(self, queue: str) -> float | None:
+        """Seconds the oldest waiting message has waited; None when empty or unknown."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class RedisQueues:
+    """Kombu's Redis lists; the publish time comes from the in-flight set in the coordination Redis."""
+
+    def __init__(self, broker: redis.Redis, coordination: redis.Redis) -> None:
+        self.broker, self.coordination, self._own = broker, coordination, broker is not coordination
+
+    def depth(self, queue: str) -> int:
+        return queue_depth(self.broker, queue)
+
+    def oldest_age(self, queue: str) -> float | None:
+        return oldest_message_age(self.broker, queue, self.coordination)
+
+    def close(self) -> None:
+        if self._own:
+            self.broker.close()
+
+
+class AmqpQueues:
+    """RabbitMQ queues through one kombu connection, opened on first use and re-opened after an error."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._connection: Any = None
+        self._channel: Any = None
+
+    def depth(self, queue: str) -> int:
+        from amqp.exceptions import NotFound
+
+        try:
+            channel = self._open()
+            return int(channel.queue_declare(queue=queue, passive=True).message_count)
+        except NotFound:  # never declared: nothing waits in it (the server closed this channel)
+            self._channel = None
+            return 0
+        except Exception as exc:  # socket, protocol or auth errors: the next read reconnects
+            self.close()
+            raise BrokerReadError(f"RabbitMQ at {redact_url(self.url)}: {type(exc).__name__}: {exc}") from None
+
+    def oldest_age(self, queue: str) -> float | None:
+        return None
+
+    def _open(self) -> Any:
+        if self._connection is None:
+            self._connection = Connection(self.url, connect_timeout=PROBE_TIMEOUT_S)
+            self._connection.ensure_connection(max_retries=1)
+        if self._channel is None:
+            self._channel = self._connection.channel()
+        return self._channel
+
+    def close(self) -> None:
+        connection, self._connection, self._channel = self._connection, None, None
+        if connection is not None:
+            try:
+                connection.release()
+            except Exception:  # closing a broken connection: nothing left to do
+                pass
+
+
+def queues_for(settings: Settings, coordination: redis.Redis) -> QueueProbe:
+    """The probe for ``CELERY_BROKER_URL``; a Redis broker on the coordination URL shares its client."""
+    if settings.broker_is_amqp:
+        return AmqpQueues(settings.broker_url)
+    if settings.broker_url == settings.coordination_url:
+        return RedisQueues(coordination, coordination)
+    return RedisQueues(redis.Redis.from_url(settings.broker_url, socket_timeout=PROBE_TIMEOUT_S), coordination)
 
 
 def queue_depth(client: redis.Redis, queue: str) -> int:
@@ -35,10 +133,10 @@ def oldest_message_id(client: redis.Redis, queue: str) -> str | None:
     return task_id if isinstance(task_id, str) else None
 
 
-def oldest_message_age(client: redis.Redis, queue: str) -> float | None:
+def oldest_message_age(client: redis.Redis, queue: str, coordination: redis.Redis | None = None) -> float | None:
     """Seconds the oldest queued message has waited since the bridge published it (None: queue empty)."""
     task_id = oldest_message_id(client, queue)
     if task_id is None:
         return None
-    published = client.zscore(keys.inflight(queue), task_id)
+    published = (coordination or client).zscore(keys.inflight(queue), task_id)
     return max(0.0, time.time() - float(published)) if published is not None else None

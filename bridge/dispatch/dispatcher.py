@@ -13,12 +13,12 @@ With no worker consuming there are no slots, so the bridge never dequeues and ro
 
 Nothing dequeued is stranded: a rollout is recorded in flight before it is published; if the broker
 refuses it after retries it is handed back to the Store queue (``requeuing``). A crash between dequeue
-and publish is repaired by ``reconcile``: on start and every minute, attempts this dispatcher claimed
-that are still ``preparing``, not in flight and not leased by an executor are published again under the
-same task id (the worker's lease makes a duplicate harmless) or handed back when they are too old to
-start in time. Workers do not mark attempts ``running`` (their first span does), so the lease is what
-tells a started attempt from a stranded one. The same scan frees the slots of workers that died with
-their messages unacknowledged (the broker would redeliver them only after the visibility timeout, and
+and publish is repaired by ``reconcile``: on start and every ``BRIDGE_RECONCILE_INTERVAL_S`` (a minute),
+attempts this dispatcher claimed that are still ``preparing``, not in flight and not leased by an executor
+are published again under the same task id (the worker's lease makes a duplicate harmless) or handed back
+when they are too old to start in time. Workers do not mark attempts ``running`` (their first span does),
+so the lease is what tells a started attempt from a stranded one. The same scan frees the slots of workers that died
+with their messages unacknowledged (the broker would redeliver them only after the visibility timeout, and
 their slots would be counted busy until then). Because a Redis restart without persistence loses
 leases until their holders renew them on the next heartbeat, nothing is repaired before it looked so
 on two scans at least ``confirm_s`` apart. An in-flight entry older than ``BRIDGE_MAX_QUEUE_WAIT_S`` whose
@@ -52,7 +52,6 @@ from bridge.dispatch.publisher import Publisher, describe
 log = logging.getLogger("bridge.dispatch.dispatcher")
 
 FULL_CAPACITY_WAIT_S = 0.2
-RECONCILE_EVERY_S = 60.0
 GAUGES_EVERY_S = 1.0
 
 
@@ -85,6 +84,7 @@ class Dispatcher:
         self._broker_failures = 0
         self._empty_polls = 0
         self._next_gauges = 0.0
+        self._probe: broker.QueueProbe | None = None  # opened by the first gauge update
         self._parked: tuple[AttemptedRollout, str, float] | None = None  # rollout, its queue, parked at (monotonic)
         self._suspects: dict[str, float] = {}  # attempt id -> when reconcile first saw it stranded (monotonic)
         # Longer than it takes every live executor to renew its lease (one heartbeat) after Redis lost them.
@@ -102,6 +102,8 @@ class Dispatcher:
                 self.hand_back(self._parked[0], "shutdown")
                 self._parked = None
             self._lock.release()
+            if self._probe is not None:
+                self._probe.close()
         log.info("bridge stopped")
 
     def tick(self) -> float:
@@ -254,13 +256,13 @@ class Dispatcher:
           as the entry, so in practice it is handed back).
         All only after two scans ``confirm_s`` apart (see the module docstring).
         """
-        self._next_reconcile = time.monotonic() + RECONCILE_EVERY_S
+        self._next_reconcile = time.monotonic() + self.settings.reconcile_interval_s
         try:
             rollouts, _ = self.store.list_rollouts(status_in=[RolloutStatus.PREPARING, RolloutStatus.RUNNING])
             inflight: dict[str, str] = {}
             recorded: dict[str, float] = {}  # attempt id -> when its in-flight entry was recorded
             for queue in self.queues:
-                capacity.prune_stale(self.redis, queue, self.settings.visibility_timeout_s)
+                capacity.prune_stale(self.redis, queue, self.settings.redelivery_timeout_s)
                 entries = capacity.inflight_entries(self.redis, queue)
                 inflight.update(dict.fromkeys(entries, queue))
                 recorded.update(entries)
@@ -373,12 +375,14 @@ class Dispatcher:
             pass
 
     def _update_gauges(self, free: dict[str, int]) -> None:
+        if self._probe is None:
+            self._probe = broker.queues_for(self.settings, self.redis)
         try:
             for queue in self.queues:
                 metrics.FREE_SLOTS.labels(queue).set(free.get(queue, 0))
                 metrics.IN_FLIGHT.labels(queue).set(capacity.inflight_count(self.redis, queue))
-                metrics.QUEUE_DEPTH.labels(queue).set(broker.queue_depth(self.redis, queue))
-                metrics.OLDEST_QUEUED_AGE.labels(queue).set(broker.oldest_message_age(self.redis, queue) or 0.0)
+                metrics.QUEUE_DEPTH.labels(queue).set(self._probe.depth(queue))
+                metrics.OLDEST_QUEUED_AGE.labels(queue).set(self._probe.oldest_age(queue) or 0.0)
                 metrics.OLDEST_IN_FLIGHT_AGE.labels(queue).set(capacity.oldest_inflight_age(self.redis, queue) or 0.0)
-        except redis.RedisError:
+        except (redis.RedisError, broker.BrokerReadError):
             pass

@@ -5,8 +5,9 @@ Store returned it, which holds no secret: the LLM key and endpoint are read by t
 settings or the Store's resources. Flower shows ``argsrepr``/``kwargsrepr``, set here to the ids and the
 start of the instruction.
 
-Time limits: the broker hands an unacknowledged message to another worker after its visibility timeout,
-so a rollout must end (hard limit) before ``BROKER_VISIBILITY_TIMEOUT_S - BRIDGE_MAX_QUEUE_WAIT_S``.
+Time limits: the broker hands an unacknowledged message to another worker after its visibility timeout
+(RabbitMQ: closes the channel after its consumer timeout), so a rollout must end (hard limit) before
+``BROKER_VISIBILITY_TIMEOUT_S`` (RabbitMQ: ``BROKER_CONSUMER_TIMEOUT_S``) ``- BRIDGE_MAX_QUEUE_WAIT_S``.
 Settings check that for ``ROLLOUT_DEFAULT_TIMEOUT_S`` at start-up; a rollout's own ``timeout_seconds``
 is only known here. One that asks for more is *clamped*: the message carries the rollout with
 ``timeout_seconds`` lowered to the longest budget the broker covers (so the worker's own deadline, which
@@ -89,16 +90,19 @@ def clamp_timeout(rollout: AttemptedRollout, settings: Settings) -> AttemptedRol
     if not asked or asked <= 0 or asked <= bound:
         return rollout
     metrics.TIMEOUTS_CLAMPED.inc()
+    name = "BROKER_CONSUMER_TIMEOUT_S" if settings.broker_is_amqp else "BROKER_VISIBILITY_TIMEOUT_S"
     log.warning(
         "[rollout=%s attempt=%s] timeout_seconds %gs is longer than the broker covers: the message would be "
-        "redelivered while it runs (BROKER_VISIBILITY_TIMEOUT_S %gs - BRIDGE_MAX_QUEUE_WAIT_S %gs); "
-        "running it with %gs instead. Raise BROKER_VISIBILITY_TIMEOUT_S to allow longer rollouts",
+        "redelivered while it runs (%s %gs - BRIDGE_MAX_QUEUE_WAIT_S %gs); "
+        "running it with %gs instead. Raise %s to allow longer rollouts",
         rollout.rollout_id,
         rollout.attempt.attempt_id,
         asked,
-        settings.visibility_timeout_s,
+        name,
+        settings.redelivery_timeout_s,
         settings.max_queue_wait_s,
         bound,
+        name,
     )
     config = rollout.config.model_copy(update={"timeout_seconds": bound})
     return rollout.model_copy(update={"config": config})

@@ -11,6 +11,7 @@ from types import FrameType
 import redis
 
 from bridge.core.capacity import advertised_agents
+from bridge.core.coordination import coordination_redis
 from bridge.core.logs import configure_logging
 from bridge.core.message import DEFAULT_AGENT
 from bridge.core.redact import redact_url
@@ -48,7 +49,7 @@ def dispatch_until(settings: Settings, stop: StopSignal, *, agent: str | None = 
     store = StoreClient.from_settings(settings)
     if not store.health():
         log.warning("the Store at %s does not answer yet; the bridge keeps trying", redact_url(settings.store_base))
-    client = redis.Redis.from_url(settings.broker_url, socket_timeout=5, socket_connect_timeout=5)
+    client = coordination_redis(settings)
     if agent is None:
         _warn_about_other_agents(client, settings)
     try:

@@ -35,6 +35,7 @@ from bridge.core.redact import redact_url
 from bridge.core.settings import ConfigError, Settings, format_validation_error, load_settings
 from bridge.core.store import API, StoreClient
 from bridge.tools.procs import StackError, http_ok, redis_answers
+from bridge.tools.rabbitmq import amqp_answers, is_amqp_url
 from bridge.tools.render import console, key_value_table, show
 from bridge.tools.rollouts import store_poll, wait_for_rollouts
 from bridge.tools.stack import LocalStack, StackConfig
@@ -76,7 +77,7 @@ def main(args: argparse.Namespace) -> int:
             say(f"error: the stack did not start: {exc}")
             return 1
         store = StoreClient(stack.store_url, timeout_s=30.0, retries=3)
-        broker = redis.Redis.from_url(stack.broker_url, socket_timeout=5)
+        broker = redis.Redis.from_url(stack.redis_url or stack.broker_url, socket_timeout=5)  # coordination
         rollout_ids = _enqueue(store, args.rollouts, args.split)
         say(f"enqueued {len(rollout_ids)} rollouts from the WebShop {args.split} split")
         started = time.time()
@@ -130,7 +131,7 @@ def _stack_config(settings: Settings, store_configured: bool, args: argparse.Nam
     """Configured URLs that answer are used; configured ones that do not are reported, then replaced."""
     chosen = settings.model_fields_set
     broker = settings.broker_url if "broker_url" in chosen else None
-    if broker and not redis_answers(broker):
+    if broker and not (amqp_answers(broker) if is_amqp_url(broker) else redis_answers(broker)):
         say(f"CELERY_BROKER_URL={redact_url(broker)} does not answer; starting a local Redis instead")
         broker = None
     store = settings.store_base if store_configured else None
@@ -147,6 +148,7 @@ def _stack_config(settings: Settings, store_configured: bool, args: argparse.Nam
     return StackConfig(
         store_url=store,
         broker_url=broker,
+        redis_url=settings.redis_url if broker else None,
         webshop_url=webshop,
         llm_base_url=llm,
         workers=args.workers,

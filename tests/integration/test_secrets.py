@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import base64
 import json
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -163,12 +165,7 @@ def test_no_secret_reaches_messages_flower_store_or_logs(services: LocalStack, a
         final = wait_finished(services.store_url, ids, timeout_s=150)
         attempt_ids = [final[rid]["attempt"]["attempt_id"] for rid in ids]
         assert stack.flower_url
-        flower_tasks: dict[str, Any] = {}
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not set(attempt_ids) <= set(flower_tasks):
-            response = httpx.get(f"{stack.flower_url}/api/tasks", auth=FLOWER_AUTH, timeout=10)
-            flower_tasks = response.json() if response.status_code == 200 else {}
-            time.sleep(0.5)
+        flower_tasks = _flower_tasks(stack, attempt_ids)
     cancel_unfinished(services.store_url)
     assert [final[rid]["status"] for rid in ids] == ["succeeded"] * 4 + ["failed"]
 
@@ -208,3 +205,70 @@ def test_no_secret_reaches_messages_flower_store_or_logs(services: LocalStack, a
     assert any(attempt_ids[0] in text for text in logs.values())
     for name, text in logs.items():
         assert not _leaks(text), f"secret in {name}: {_leaks(text)}"
+
+
+AMQP_SECRET = f"amqp-pw-SECRET-{RUN}"
+
+
+def test_no_amqp_password_reaches_logs_flower_status_or_the_store(services: LocalStack, tmp_path: Path) -> None:
+    """RabbitMQ as broker with a password of its own (a user on a vhost of this test's own, both removed after):
+    it appears in no log (worker, bridge, Flower, all DEBUG), no Flower task view, no Store metadata or span,
+    and not in ``python -m bridge status`` (text or JSON), which shows the URL with ``***``."""
+    from tests.rabbit import add_user, amqp_services, delete_user, over, private_vhost
+
+    user = f"agl-{RUN}"
+    with private_vhost("agl-secrets") as (guest_url, vhost):
+        add_user(vhost, user, AMQP_SECRET)
+        try:
+            url = guest_url.replace("guest:guest@", f"{user}:{AMQP_SECRET}@")
+            cancel_unfinished(services.store_url)
+            base = amqp_services(services, url, tmp_path / "base")  # checks that the user can log in
+            stack = over(
+                base,
+                tmp_path,
+                workers=1,
+                concurrency=2,
+                flower=True,
+                extra_env={"FLOWER_BASIC_AUTH": ":".join(FLOWER_AUTH), "LOG_LEVEL": "DEBUG"},
+            )
+            with stack:
+                ids = enqueue(services.store_url, [*split_tasks(2), {"instruction": 7}], config={"max_attempts": 1})
+                final = wait_finished(services.store_url, ids, timeout_s=120)
+                attempt_ids = [final[rid]["attempt"]["attempt_id"] for rid in ids]
+                flower_tasks = _flower_tasks(stack, attempt_ids)
+                status = [
+                    subprocess.run(
+                        [sys.executable, "-m", "bridge", "status", *flags],
+                        env={**stack.component_env(), "LOG_LEVEL": "DEBUG"},
+                        capture_output=True,
+                        text=True,
+                        timeout=60,
+                    )
+                    for flags in (["--json"], [])
+                ]
+        finally:
+            delete_user(vhost, user)
+            cancel_unfinished(services.store_url)
+    assert [final[rid]["status"] for rid in ids] == ["succeeded", "succeeded", "failed"]
+    shown_status = "\n".join(run.stdout + run.stderr for run in status)
+    assert f"amqp://{user}:***@127.0.0.1:5672/" in shown_status and AMQP_SECRET not in shown_status
+    assert set(attempt_ids) <= set(flower_tasks), "Flower did not show every task"
+    assert AMQP_SECRET not in json.dumps(flower_tasks)
+    stored = json.dumps([[attempts(services.store_url, rid), spans(services.store_url, rid)] for rid in ids])
+    assert all(f'"{aid}"' in stored for aid in attempt_ids) and AMQP_SECRET not in stored
+    logs = {path.name: path.read_text(errors="replace") for path in tmp_path.glob("*.log")}
+    assert {"worker1.log", "bridge.log", "flower.log"} <= set(logs)
+    assert any(attempt_ids[0] in text for text in logs.values()) and any(user in text for text in logs.values())
+    for name, text in logs.items():
+        assert AMQP_SECRET not in text, f"the AMQP password is in {name}"
+
+
+def _flower_tasks(stack: LocalStack, attempt_ids: list[str]) -> dict[str, Any]:
+    """Flower's task list once it knows every attempt (events arrive after the Store's status), within 30 s."""
+    tasks: dict[str, Any] = {}
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not set(attempt_ids) <= set(tasks):
+        response = httpx.get(f"{stack.flower_url}/api/tasks", auth=FLOWER_AUTH, timeout=10)
+        tasks = response.json() if response.status_code == 200 else {}
+        time.sleep(0.5)
+    return tasks

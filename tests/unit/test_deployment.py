@@ -30,6 +30,9 @@ NON_SETTINGS = {
     "LITELLM_LOCAL_MODEL_COST_MAP",  # agl store (litellm)
     "GF_AUTH_ANONYMOUS_ENABLED",  # Grafana
     "GF_AUTH_ANONYMOUS_ORG_ROLE",
+    "RABBITMQ_DEFAULT_USER",  # the rabbitmq image (profile rabbitmq)
+    "RABBITMQ_DEFAULT_PASS",
+    "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS",
 }
 
 

@@ -30,4 +30,21 @@ def test_settings_accept_password_and_tls_redis_urls_and_never_show_secrets() ->
     assert "rediss://:***@redis.example:6380/0" in shown
     assert "s3cret-pw" not in redact_text("Error connecting to redis://:s3cret-pw@redis.example:6380")
     with pytest.raises(ConfigError, match="CELERY_BROKER_URL"):
-        load_settings(store_url="http://127.0.0.1:1", broker_url="amqp://guest@localhost")
+        load_settings(store_url="http://127.0.0.1:1", broker_url="sqs://key:secret@")
+
+
+def test_amqp_urls_with_credentials_and_tls_are_accepted_and_never_shown() -> None:
+    settings = load_settings(
+        store_url="http://127.0.0.1:1",
+        broker_url="amqps://agl:amqp-pw-789@rabbit.example:5671/prod?ssl_cert_reqs=required",
+        redis_url="rediss://:coord-pw-123@redis.example:6380/0",
+    )
+    shown = repr(settings.redacted())
+    assert "amqp-pw-789" not in shown and "coord-pw-123" not in shown
+    assert "amqps://agl:***@rabbit.example:5671/prod" in shown
+    assert redact_url("pyamqp://u:pw@h//") == "pyamqp://u:***@h//"
+    text = redact_text("[Errno 111] Connection refused: amqp://agl:amqp-pw-789@rabbit.example:5672/prod")
+    assert "amqp-pw-789" not in text and "amqp://agl:***@rabbit.example" in text
+    with pytest.raises(ConfigError) as info:  # an AMQP broker needs REDIS_URL; the refusal shows no password
+        load_settings(store_url="http://127.0.0.1:1", broker_url="amqp://agl:amqp-pw-789@rabbit.example//")
+    assert "REDIS_URL" in info.value.message and "amqp-pw-789" not in info.value.message

@@ -43,7 +43,20 @@ def summarize(
         "rollout_duration_p50_ms": rounded(percentile(durations, 50)),
         "rollout_duration_p99_ms": rounded(percentile(durations, 99)),
         **{f"{name}_cpu_ms_per_rollout": round(seconds * 1000 / n, 2) if n else None for name, seconds in cpu.items()},
+        "cpu_ms_per_rollout_total": round(sum(cpu.values()) * 1000 / n, 2) if n else None,
+        "store_ceiling_rollouts_per_s": store_ceiling(cpu.get("store"), n),
     }
+
+
+def store_ceiling(store_cpu_s: float | None, rollouts: int) -> float | None:
+    """Rollouts/s one Store core sustains at this Store CPU per rollout: ``1000 / Store CPU ms per rollout``.
+
+    The Store serves from one Python process, so one core is its ceiling whatever the machine has; None when
+    the Store's CPU was not measured (``--store-url``) or no rollout finished.
+    """
+    if store_cpu_s is None or store_cpu_s <= 0 or rollouts <= 0:
+        return None
+    return round(rollouts / store_cpu_s, 1)
 
 
 def ideal(summary: dict[str, Any], args: argparse.Namespace, store_rps: float) -> tuple[float | None, str]:
@@ -71,6 +84,8 @@ def print_table(result: dict[str, Any]) -> None:
         ("bridge CPU ms/rollout", result["bridge_cpu_ms_per_rollout"]),
         ("worker CPU ms/rollout", result["worker_cpu_ms_per_rollout"]),
         ("Store CPU ms/rollout", result["store_cpu_ms_per_rollout"]),
+        ("Store ceiling rollouts/s (one core)", result.get("store_ceiling_rollouts_per_s")),
+        ("CPU ms/rollout in all", result.get("cpu_ms_per_rollout_total")),
         (
             "env, LLM stand-in CPU ms/rollout",
             f"{result.get('env_cpu_ms_per_rollout')}, {result.get('llm_stand_in_cpu_ms_per_rollout')}",
@@ -91,7 +106,10 @@ def print_table(result: dict[str, Any]) -> None:
             ("peer rollouts/s", result["peer_rollouts_per_s"]),
             ("ratio vs peer", result["ratio_vs_peer"]),
             ("peer Store requests/rollout", result["peer_store_requests_per_rollout"]),
-            ("peer CPU ms/rollout", result["peer_cpu_ms_per_rollout"]),
+            ("peer worker (runner) CPU ms/rollout", result["peer_cpu_ms_per_rollout"]),
+            ("peer Store CPU ms/rollout", result.get("peer_store_cpu_ms_per_rollout")),
+            ("peer Store ceiling rollouts/s (one core)", result.get("peer_store_ceiling_rollouts_per_s")),
+            ("peer CPU ms/rollout in all", result.get("peer_cpu_ms_per_rollout_total")),
             ("peer RSS MB total", result["peer_rss_mb_total"]),
         ]
     show(key_value_table(rows, title=f"workload: {result['config']}"), sys.stdout)

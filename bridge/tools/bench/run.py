@@ -18,6 +18,19 @@ fast, use a process per core: at 500 ms, two processes of 64 threads did 23.5 ro
 128 did 14.4. What bounds 128 slots on 2 cores below ~1 s per call is CPU: a rollout costs ~60-90 ms
 in all (worker 25-60 depending on GIL contention, Store ~20 for its 24 spans, stand-ins ~9, bridge ~2).
 
+CPU figures, per rollout over the workload, from /proc of each process tree (JSON keys in brackets):
+  worker CPU ms/rollout [worker_cpu_ms_per_rollout]: our worker processes; the peer's is its runner
+    processes [peer_worker_cpu_ms_per_rollout, also peer_cpu_ms_per_rollout];
+  Store CPU ms/rollout [store_cpu_ms_per_rollout, peer_store_cpu_ms_per_rollout]: the `agl store`
+    process, i.e. what each executor's requests and spans cost the Store;
+  Store ceiling rollouts/s (one core) [store_ceiling_rollouts_per_s, peer_store_ceiling_rollouts_per_s]:
+    1000 / Store CPU ms per rollout, the rate one Store core sustains for this executor (the Store is one
+    Python process) if nothing else bounds it;
+  CPU ms/rollout in all [cpu_ms_per_rollout_total, peer_cpu_ms_per_rollout_total]: every measured process:
+    bridge + workers + Store + WebShop server + LLM stand-in (peer: runner + Store + the two stand-ins).
+With --store-url (or another reused service) that process is not measured: its figures are absent and
+"in all" leaves it out.
+
 "Sustained" figures count only the time every slot had work (from the dequeue that filled the last
 free slot to the last dequeue), leaving out the ramp-up and the tail of the last wave.
 
@@ -262,7 +275,10 @@ def _bench(stack: LocalStack, args: argparse.Namespace, say: Any) -> int:
             peer_store_requests_per_rollout=peer_summary["store_requests_per_rollout"],
             peer_store_requests_by_endpoint=peer_summary["store_requests_by_endpoint"],
             peer_cpu_ms_per_rollout=peer_summary.get("peer_cpu_ms_per_rollout"),
+            peer_worker_cpu_ms_per_rollout=peer_summary.get("peer_cpu_ms_per_rollout"),
             peer_store_cpu_ms_per_rollout=peer_summary.get("store_cpu_ms_per_rollout"),
+            peer_store_ceiling_rollouts_per_s=peer_summary.get("store_ceiling_rollouts_per_s"),
+            peer_cpu_ms_per_rollout_total=peer_summary.get("cpu_ms_per_rollout_total"),
             peer_rss_mb_total=peer_summary["rss_mb_total"],
             peer_statuses=peer_summary["statuses"],
             peer_rollout_duration_p50_ms=peer_summary["rollout_duration_p50_ms"],

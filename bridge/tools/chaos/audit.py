@@ -18,6 +18,8 @@ Nothing here reads worker logs or the inside of a lease token: both are free to 
 from __future__ import annotations
 
 import collections
+import threading
+import time
 from typing import Any
 
 import httpx
@@ -27,6 +29,16 @@ from bridge.core import capacity
 from bridge.core.models import ACTIVE_ATTEMPT, Attempt
 from bridge.tools.chaos.state import REPORTED, ChaosRun, FinalReport, ScenarioResult
 from bridge.tools.render import cell, to_text
+
+
+def conclude(run: ChaosRun, fault: threading.Thread, observer: threading.Thread) -> ScenarioResult:
+    """End a run whose rollouts finished (or whose deadline passed): wait for late reports, stop, audit."""
+    time.sleep(3.0)  # a late report would land now: give it the chance to flip something
+    run.observe_once()
+    run.stop.set()
+    fault.join(timeout=30)
+    observer.join(timeout=10)
+    return audit(run)
 
 
 def audit(run: ChaosRun) -> ScenarioResult:

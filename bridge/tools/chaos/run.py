@@ -31,10 +31,11 @@ from typing import Any
 import redis
 
 from bridge.core.store import StoreClient
-from bridge.tools.chaos.audit import audit, format_table
+from bridge.tools.chaos.audit import conclude, format_table
 from bridge.tools.chaos.scenarios import (
     CHAOS_DISPATCHER_ID,
     CHAOS_ENV,
+    CHAOS_QUEUE,
     MALFORMED,
     RETRY_CONFIG,
     SCENARIOS,
@@ -42,6 +43,7 @@ from bridge.tools.chaos.scenarios import (
 )
 from bridge.tools.chaos.state import ChaosRun, ScenarioResult
 from bridge.tools.procs import ManagedProcess
+from bridge.tools.rabbitmq import is_amqp_url, purge
 from bridge.tools.stack import LocalStack, StackConfig
 
 __all__ = [  # what the chaos tests drive, in one import
@@ -67,6 +69,7 @@ def scenario_stack(
         StackConfig(
             store_url=services.store_url,
             broker_url=services.broker_url,
+            redis_url=services.redis_url or None,
             webshop_url=None if own_env else services.webshop_url,
             llm_base_url=None if own_env else services.llm_base_url,
             workers=workers,
@@ -85,7 +88,9 @@ def reset_between_scenarios(services: LocalStack) -> None:
         for item in unfinished:
             with contextlib.suppress(Exception):
                 store.update_rollout(item.rollout_id, status="cancelled")
-    redis.Redis.from_url(services.broker_url).flushdb()
+    redis.Redis.from_url(services.redis_url or services.broker_url).flushdb()
+    if is_amqp_url(services.broker_url):  # Redis lists went with the flush; RabbitMQ queues are emptied here
+        purge(services.broker_url, [CHAOS_QUEUE])
 
 
 def run_scenario(
@@ -116,12 +121,7 @@ def run_scenario(
         fault = threading.Thread(target=_guarded, args=(scenario.fault, run), name="chaos-fault", daemon=True)
         fault.start()
         run.wait_for(lambda: run.finished >= len(run.rollout_ids) and not fault.is_alive(), deadline_s)
-        time.sleep(3.0)  # a late report would land now: give it the chance to flip something
-        run.observe_once()
-        run.stop.set()
-        fault.join(timeout=30)
-        observer.join(timeout=10)
-        result = audit(run)
+        result = conclude(run, fault, observer)
         run.close()
     finally:
         stack.stop()
@@ -149,6 +149,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--deadline", type=float, default=240.0, help="seconds a scenario may take (default 240)")
     parser.add_argument("--log-dir", type=Path, default=None, help="keep the processes' logs here")
     parser.add_argument(
+        "--broker-url", default=None, help="use this broker (Redis, or RabbitMQ: amqp://...) instead of starting Redis"
+    )
+    parser.add_argument("--redis-url", default=None, help="coordination Redis beside a RabbitMQ broker (else started)")
+    parser.add_argument(
         "--agent", default=None, help="AGENT of the workers and the bridge, e.g. a LitAgent path (default: webshop)"
     )
 
@@ -160,7 +164,16 @@ def main(args: argparse.Namespace) -> int:
     names = args.scenario or list(SCENARIOS)
     # SIGTERM unwinds like Ctrl-C, so every process started here is stopped by the finally blocks.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    services = LocalStack(StackConfig(broker_persistent=True, workers=0, bridge=False, log_dir=args.log_dir))
+    services = LocalStack(
+        StackConfig(
+            broker_url=args.broker_url,
+            redis_url=args.redis_url,
+            broker_persistent=True,
+            workers=0,
+            bridge=False,
+            log_dir=args.log_dir,
+        )
+    )
     services.start_services(lambda message: print(message, flush=True))
     results: list[ScenarioResult] = []
     try:

@@ -148,7 +148,16 @@ def kill_workers(run: ChaosRun) -> None:
 
 
 def restart_redis(run: ChaosRun) -> None:
-    """Restart the broker's Redis (append-only file kept) while rollouts are in flight."""
+    """Restart the broker (Redis with its append-only file kept, or a private RabbitMQ node the caller lent as
+    ``rabbitmq``: durable queues, persistent messages) while rollouts are in flight."""
+    rabbit = run.process("rabbitmq")
+    if rabbit is not None:
+        run.wait_progress(run.share(0.3), 120)
+        rabbit.stop(timeout_s=30.0)  # SIGTERM: the node writes its queues' state before it exits
+        rabbit.start()
+        rabbit.wait_healthy()
+        run.note("restarted RabbitMQ")
+        return
     if "redis" not in run.services.processes:
         run.note("skipped: the broker was not started by this stack")
         return

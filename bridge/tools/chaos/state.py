@@ -19,7 +19,9 @@ import redis
 from celery import Celery
 
 from bridge.core import capacity
+from bridge.core.message import base_app
 from bridge.core.models import ACTIVE_ROLLOUT, FINISHED_ROLLOUT, Attempt, AttemptedRollout, AttemptStatus
+from bridge.core.settings import load_settings
 from bridge.core.store import StoreClient
 from bridge.tools.procs import ManagedProcess
 from bridge.tools.stack import LocalStack
@@ -85,7 +87,7 @@ class ChaosRun:
         self.stack = stack
         self.rollout_ids = rollout_ids
         self.store = StoreClient(stack.store_url, retries=3, timeout_s=20)
-        self.redis = redis.Redis.from_url(stack.broker_url, socket_timeout=2)
+        self.redis = redis.Redis.from_url(stack.redis_url or stack.broker_url, socket_timeout=2)  # coordination
         self.first_final: dict[str, str] = {}  # rollout id -> the first finished status seen
         self.flipped: set[str] = set()
         self.latest: dict[str, AttemptedRollout] = {}
@@ -159,7 +161,16 @@ class ChaosRun:
     def celery(self) -> Celery:
         """A client app on the scenario's broker: to ask workers what they run, and to publish duplicates."""
         if self._celery is None:
-            self._celery = Celery("chaos", broker=self.stack.broker_url)
+            # The workers' own broker settings: a RabbitMQ queue declared with another type (QUEUE_TYPE) or
+            # arguments than it has is refused (PRECONDITION_FAILED), so a plain app could not publish to it.
+            queue_type = self.stack.component_env().get("QUEUE_TYPE", "classic")
+            settings = load_settings(
+                store_url=self.stack.store_url,
+                broker_url=self.stack.broker_url,
+                redis_url=self.stack.redis_url or None,
+                queue_type=queue_type,
+            )
+            self._celery = base_app(settings, "chaos")
         return self._celery
 
     def executor_pids(self) -> dict[str, int]:
