@@ -111,8 +111,13 @@ class ChaosRun:
                 first = self.first_final.get(item.rollout_id)
                 if first is None and item.status in FINISHED_ROLLOUT:
                     self.first_final[item.rollout_id] = item.status
-                elif first is not None and item.status != first:
+                elif first is not None and item.status != first and item.rollout_id not in self.flipped:
                     self.flipped.add(item.rollout_id)
+                    attempt = item.attempt if isinstance(item, AttemptedRollout) else None
+                    self.note(
+                        f"{item.rollout_id} flipped {first} -> {item.status}"
+                        + (f" (latest attempt {attempt.attempt_id} {attempt.status})" if attempt else "")
+                    )
 
     def observe(self) -> None:
         while not self.stop.wait(0.5):
