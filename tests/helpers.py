@@ -263,9 +263,17 @@ def silent_llm_url() -> Iterator[str]:
         listener.close()
 
 
-def slow_episode_stack(services: LocalStack, log_dir: Path, latency_ms: float, env: dict[str, str]) -> LocalStack:
-    """One worker (2 slots) and a bridge with their own slow LLM stand-in: episodes long enough for a test to
-    act while they run (cancel them, redeliver them)."""
+def slow_episode_stack(
+    services: LocalStack,
+    log_dir: Path,
+    latency_ms: float,
+    env: dict[str, str],
+    *,
+    concurrency: int = 2,
+    pool: str = "prefork",
+) -> LocalStack:
+    """One worker node and a bridge with their own slow LLM stand-in: episodes long enough for a test to
+    act while they run (cancel them, redeliver them, fence them)."""
     return LocalStack(
         StackConfig(
             store_url=services.store_url,
@@ -273,7 +281,8 @@ def slow_episode_stack(services: LocalStack, log_dir: Path, latency_ms: float, e
             webshop_url=services.webshop_url,
             policy_latency_ms=latency_ms,
             workers=1,
-            concurrency=2,
+            concurrency=concurrency,
+            pool=pool,
             log_dir=log_dir,
             extra_env=env,
         )

@@ -20,8 +20,8 @@ import pytest
 
 from bridge.core.store import API
 from bridge.tools.bench.metrics import store_requests
-from bridge.tools.stack import LocalStack, StackConfig
-from tests.helpers import attempts, enqueue, rollout, split_tasks, wait_finished
+from bridge.tools.stack import LocalStack
+from tests.helpers import attempts, enqueue, rollout, slow_episode_stack, split_tasks, wait_finished
 
 pytestmark = pytest.mark.integration
 
@@ -36,19 +36,9 @@ DETECTION_SLACK_S = 1.5  # the thread's tick, the read itself and this test's lo
 
 @pytest.fixture
 def threads_stack(clean_store: LocalStack, tmp_path: Path) -> Iterator[LocalStack]:
-    config = StackConfig(
-        store_url=clean_store.store_url,
-        broker_url=clean_store.broker_url,
-        webshop_url=clean_store.webshop_url,
-        policy_latency_ms=LLM_LATENCY_MS,
-        workers=1,
-        concurrency=SLOTS,
-        pool="threads",
-        log_dir=tmp_path,
-        # No reconcile during the test: its `GET /rollouts?status_in=…` would count as a batch read.
-        extra_env={"HEARTBEAT_INTERVAL_S": str(INTERVAL_S), "BRIDGE_RECONCILE_INTERVAL_S": "3600"},
-    )
-    with LocalStack(config) as stack:
+    # No reconcile during the test: its `GET /rollouts?status_in=…` would count as a batch read.
+    env = {"HEARTBEAT_INTERVAL_S": str(INTERVAL_S), "BRIDGE_RECONCILE_INTERVAL_S": "3600"}
+    with slow_episode_stack(clean_store, tmp_path, LLM_LATENCY_MS, env, concurrency=SLOTS, pool="threads") as stack:
         yield stack
 
 

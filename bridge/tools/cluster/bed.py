@@ -244,7 +244,7 @@ class TestBed:
             if all_done:
                 figures["throughput_per_s"] = round(len(run.rollout_ids) / figures["seconds_to_finish"], 3)
             result = conclude(run, thread, observer)
-            figures["notes"] = [*figures.get("notes", []), *(n for n in run.notes if n not in figures.get("notes", []))]
+            figures["notes"] = list(run.notes)  # every scenario's, the audit's included
             figures["worker_ids"] = worker_hosts_of(run)
             run.close()
         finally:

@@ -205,10 +205,8 @@ def _node_idle(run: ChaosRun, host: Host) -> bool:
 def broker_restart(run: ChaosRun, bed: TestBed, stack: LocalStack, figures: dict[str, Any]) -> None:
     """The chaos suite's Redis restart (append-only file kept), its clients now across the network."""
     restart_redis(run)
-    figures["notes"] = list(run.notes)
 
 
 def store_outage(run: ChaosRun, bed: TestBed, stack: LocalStack, figures: dict[str, Any]) -> None:
     """The chaos suite's Store outage (15 s without an answer), its clients now across the network."""
     pause_store(run)
-    figures["notes"] = list(run.notes)
