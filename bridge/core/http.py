@@ -14,6 +14,12 @@ import httpx
 # Linger 0 makes close() drop them and reset the connection instead.
 ABORT_ON_CLOSE = [(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))]
 
+# Shorter than the idle timeout of the servers we call (uvicorn closes an idle connection after 5 s, which is
+# also httpx's default expiry): with equal values a request sent on a connection idle for ~5 s can meet the
+# server's close and fail with "Server disconnected without sending a response" (seen on WebShop /step
+# between 5 s LLM calls). A fresh connection on loopback or a LAN costs far less than such a failure.
+KEEPALIVE_S = 2.0
+
 
 def service_client(base_url: str, *, token: str | None, timeout_s: float, max_connections: int) -> httpx.Client:
     """A pooled client with an optional bearer token (for services behind an authenticating proxy).
@@ -22,7 +28,9 @@ def service_client(base_url: str, *, token: str | None, timeout_s: float, max_co
     retry policy, while a slow answer may take the whole ``timeout_s``.
     """
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+    limits = httpx.Limits(
+        max_connections=max_connections, max_keepalive_connections=max_connections, keepalive_expiry=KEEPALIVE_S
+    )
     return httpx.Client(
         base_url=base_url.rstrip("/"),
         headers=headers,
