@@ -47,7 +47,7 @@ from workers.agent import Episode
 from workers.agents import loading as agent_loading
 from workers.agents.loading import ConfiguredAgent
 from workers.failures import FailureClass, classify
-from workers.heartbeat import AttemptWatch, fence
+from workers.heartbeat import AttemptWatch, fence, span_flush_interval
 from workers.inputs import parse_task_input
 from workers.lease import Lease
 from workers.ratelimit import LLMRateLimiter, RateLimit
@@ -182,7 +182,10 @@ class AttemptRun(AttemptReporter):
             lease,
             telemetry,
             interval_s=interval,
-            flush_interval_s=self.settings.span_flush_interval_s,
+            flush_interval_s=span_flush_interval(
+                self.settings.span_flush_interval_s, self.attempted.config.unresponsive_seconds, interval
+            ),
+            flush_max_pending=self.settings.span_buffer_max_spans,
             deadline=self._episode_deadline(),
             executor=self.executor,
             unresponsive_s=self.attempted.config.unresponsive_seconds,

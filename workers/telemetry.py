@@ -3,9 +3,9 @@
 Each attempt gets its own ``TracerProvider`` whose resource names the rollout and the attempt, so the
 Store files every span under the right attempt without any per-span bookkeeping. Ended spans are
 buffered and sent as one OTLP/HTTP protobuf request per flush through the shared Store client (its
-retries also reconnect after the Store closes the connection on a 500): one batch per rollout when
-episodes are short, a flush every ``SPAN_FLUSH_INTERVAL_S`` (driven by the heartbeat monitor) when
-they are long, because stored spans also keep the attempt alive (6.4). The destination is
+retries also reconnect after the Store closes the connection on a 500): one batch per attempt, before
+its report, unless the heartbeat monitor flushes earlier (a rollout with ``unresponsive_seconds``, whose
+attempt stored spans keep alive (6.4); ``SPAN_FLUSH_INTERVAL_S`` streaming; a full buffer). The destination is
 ``AGENT_LIGHTNING_OTLP_ENDPOINT`` when set (e.g. a collector in front of the Store), else the
 Store's own ``/v1/traces``.
 

@@ -130,6 +130,10 @@ class SlotView:
     nodes: dict[str, tuple[int, frozenset[str]]]  # worker node -> (its slots, which of our queues it consumes)
     inflight: dict[str, int]  # queue -> attempts published to it and not finished
 
+    def slots(self) -> int:
+        """Every live node's slots on our queues."""
+        return sum(slots for slots, queues in self.nodes.values() if queues)
+
     def served(self) -> set[str]:
         """The queues at least one live node consumes."""
         return {q for _, queues in self.nodes.values() for q in queues}

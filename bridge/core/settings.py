@@ -57,11 +57,15 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("AGENT_LIGHTNING_SERVICE_NAME", "service_name"),
     )
     trace_content: bool = Field(default=False, validation_alias=AliasChoices("TRACE_CONTENT", "trace_content"))
-    # Buffered spans are shipped this often while an episode runs (and always before the report). A flush
-    # doubles as the attempt's heartbeat, so it matches HEARTBEAT_INTERVAL_S: shorter costs one Store
-    # request per attempt per interval (at 128 slots, 1 s meant ~128 requests/s) and buys nothing.
-    span_flush_interval_s: float = Field(
-        default=10.0, gt=0, le=60, validation_alias=AliasChoices("SPAN_FLUSH_INTERVAL_S", "span_flush_interval_s")
+    # Unset: an attempt's spans go to the Store in one batch before its report, and while the episode runs
+    # only when they keep it alive (the rollout has unresponsive_seconds: every heartbeat) or when
+    # SPAN_BUFFER_MAX_SPANS are buffered. A number streams them every N seconds (a live view of running
+    # attempts in the Store) at one more Store request per running attempt per interval.
+    span_flush_interval_s: float | None = Field(
+        default=None, gt=0, le=60, validation_alias=AliasChoices("SPAN_FLUSH_INTERVAL_S", "span_flush_interval_s")
+    )
+    span_buffer_max_spans: int = Field(
+        default=1000, ge=10, validation_alias=AliasChoices("SPAN_BUFFER_MAX_SPANS", "span_buffer_max_spans")
     )
 
     # --- WebShop environment -------------------------------------------------------------------
@@ -196,6 +200,9 @@ class Settings(BaseSettings):
     poll_min_s: float = Field(default=0.1, gt=0, validation_alias=AliasChoices("BRIDGE_POLL_MIN_S", "poll_min_s"))
     poll_max_s: float = Field(default=0.2, gt=0, validation_alias=AliasChoices("BRIDGE_POLL_MAX_S", "poll_max_s"))
     max_batch: int = Field(default=64, ge=1, le=10000, validation_alias=AliasChoices("BRIDGE_MAX_BATCH", "max_batch"))
+    coalesce_max_s: float = Field(  # bridge.dispatch.coalesce
+        default=0.25, ge=0, le=5, validation_alias=AliasChoices("BRIDGE_COALESCE_MAX_S", "coalesce_max_s")
+    )
     max_queue_wait_s: float = Field(
         default=300.0, gt=0, validation_alias=AliasChoices("BRIDGE_MAX_QUEUE_WAIT_S", "max_queue_wait_s")
     )

@@ -46,6 +46,7 @@ from bridge.core.models import ACTIVE_ATTEMPT, AttemptedRollout, AttemptStatus, 
 from bridge.core.settings import Settings
 from bridge.core.store import StoreClient
 from bridge.dispatch import broker, metrics, placement
+from bridge.dispatch.coalesce import Coalescer
 from bridge.dispatch.leader import LeaderLock
 from bridge.dispatch.publisher import Publisher, describe
 
@@ -87,6 +88,7 @@ class Dispatcher:
         self._probe: broker.QueueProbe | None = None  # opened by the first gauge update
         self._parked: tuple[AttemptedRollout, str, float] | None = None  # rollout, its queue, parked at (monotonic)
         self._suspects: dict[str, float] = {}  # attempt id -> when reconcile first saw it stranded (monotonic)
+        self._coalescer = Coalescer(settings.coalesce_max_s)
         # Longer than it takes every live executor to renew its lease (one heartbeat) after Redis lost them.
         self.confirm_s = 2 * settings.heartbeat_interval_s + 5.0
 
@@ -129,7 +131,7 @@ class Dispatcher:
             return self._place_parked(rooms, served)
         limit = placement.claim_limit(rooms, served, self.settings.max_batch)
         if limit <= 0:
-            return self._wait_for_slot()
+            return self._wait_for_slot(gather_for=view.slots())
         try:
             metrics.DEQUEUE_REQUESTS.inc()
             batch = self.store.dequeue(limit, self.settings.dispatcher_id)
@@ -212,6 +214,7 @@ class Dispatcher:
             self.hand_back(rollout, "publish_failed")
             return False
         metrics.PUBLISHED.labels(queue).inc()
+        self._coalescer.dispatched()
         if rollout.attempt.start_time:
             metrics.DISPATCH_LATENCY.observe(max(0.0, time.time() - rollout.attempt.start_time))
         log.info("[rollout=%s attempt=%s task=%s] published to %s", rollout.rollout_id, aid, aid, queue)
@@ -360,13 +363,17 @@ class Dispatcher:
 
     # --- helpers ---------------------------------------------------------------------------------
 
-    def _wait_for_slot(self) -> float:
-        """All slots busy: block on the workers' slot-freed wake-up (at most FULL_CAPACITY_WAIT_S)."""
+    def _wait_for_slot(self, gather_for: int = 0) -> float:
+        """All slots busy: block on the workers' slot-freed wake-up (at most FULL_CAPACITY_WAIT_S).
+
+        With ``gather_for`` (the slots that were all busy), a wake-up is followed by the coalescing wait
+        (``bridge.dispatch.coalesce``), so that slots freed meanwhile share the next dequeue.
+        """
         try:
-            capacity.wait_for_freed(self.redis, self.queues, FULL_CAPACITY_WAIT_S)
+            woken = capacity.wait_for_freed(self.redis, self.queues, FULL_CAPACITY_WAIT_S)
         except redis.RedisError:
             return FULL_CAPACITY_WAIT_S  # the next tick's slot count reports the outage
-        return 0.0
+        return self._coalescer.wait_s(gather_for) if woken and gather_for else 0.0
 
     def _forget_inflight(self, queue: str, attempt_id: str) -> None:
         try:

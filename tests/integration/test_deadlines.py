@@ -44,7 +44,8 @@ def test_a_hanging_llm_ends_the_episode_at_its_deadline_under_threads(
             concurrency=2,
             pool="threads",
             log_dir=tmp_path,
-            extra_env={"LLM_RETURN_TOKEN_IDS": "false"},  # the defaults: LLM_TIMEOUT_S=120, LLM_RETRIES=6
+            # The defaults: LLM_TIMEOUT_S=120, LLM_RETRIES=6. Streamed spans mark the attempt running early.
+            extra_env={"LLM_RETURN_TOKEN_IDS": "false", "SPAN_FLUSH_INTERVAL_S": "1"},
         )
     )
     with stack:

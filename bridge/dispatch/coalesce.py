@@ -1,0 +1,41 @@
+"""How long the bridge lets freed slots gather before it dequeues again, once every slot was busy.
+
+With every slot busy, slots free one at a time as episodes end, and a dequeue per freed slot costs the
+Store one request per rollout (1.03 per rollout measured at 128 slots of 12 s episodes). Waiting a
+little lets several freed slots share one dequeue. The wait is a small share (``SHARE``, 2%) of the
+mean episode time, which Little's law gives from the slots and the recent dispatch rate (at full capacity
+rollouts are dispatched as fast as they finish), so a freed slot idles at most about 2% of an episode
+longer; ``BRIDGE_COALESCE_MAX_S`` caps it (0 turns it off). Short episodes get a wait of a few
+milliseconds, long ones the cap. Figures: docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Callable
+
+SHARE = 0.02  # of the mean episode time
+SAMPLES = 64  # recent dispatches the rate is read from
+MIN_SAMPLES = 8  # fewer: no estimate, no wait
+
+
+class Coalescer:
+    def __init__(self, max_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.max_s = max_s
+        self._clock = clock
+        self._times: collections.deque[float] = collections.deque(maxlen=SAMPLES)
+
+    def dispatched(self) -> None:
+        self._times.append(self._clock())
+
+    def wait_s(self, slots: int) -> float:
+        """Seconds to wait after a slot freed while ``slots`` were all busy, before the next dequeue."""
+        times = self._times
+        if self.max_s <= 0 or slots <= 0 or len(times) < MIN_SAMPLES:
+            return 0.0
+        elapsed = max(times[-1], self._clock() - 1.0) - times[0]  # a stale rate (long idle) counts as slow
+        if elapsed <= 0:
+            return 0.0
+        rate = (len(times) - 1) / elapsed
+        return min(self.max_s, SHARE * slots / rate)
