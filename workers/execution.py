@@ -27,9 +27,11 @@ from typing import Any
 import redis
 from pydantic import ValidationError
 
+from bridge.core.backoff import backoff_delay
 from bridge.core.errors import (
     DuplicateDelivery,
     InvalidInputError,
+    LeaseUnproven,
     StoreError,
     StoreUnavailable,
     Superseded,
@@ -197,13 +199,15 @@ class AttemptRun(AttemptReporter):
         self.res.monitor.watch(watch)
         try:
             result = body(telemetry, watch)
-            self._check_lease()  # a stalled executor whose attempt was taken over writes nothing into it
             # Within the episode's budget: retrying past Celery's soft limit would turn a telemetry failure
             # into a "timeout"; at least one try is always made.
-            telemetry.flush(deadline=min(self._report_deadline(), self._episode_deadline() - 1.0))
+            self._flush_while_ours(telemetry, until=min(self._report_deadline(), self._episode_deadline() - 1.0))
         except Superseded as exc:
             self.log.warning("stopped without reporting: %s", exc.reason)
             return Outcome("skipped", exc.reason, FailureClass.CANCELLED)
+        except LeaseUnproven as exc:  # a later delivery, or the bridge's reconcile, takes the attempt over
+            self.log.warning("stopped without reporting: %s", exc)
+            return Outcome("skipped", str(exc), FailureClass.INFRA)
         except Exception as exc:
             failure = classify(exc)
             if not isinstance(exc, TelemetryError):  # the spans just failed their retries: report at once
@@ -285,14 +289,26 @@ class AttemptRun(AttemptReporter):
 
     # --- fencing -----------------------------------------------------------------------------
 
-    def _check_lease(self) -> None:
-        try:
-            reason = self._lease_lost()
-        except redis.RedisError as exc:
-            self.log.warning("could not check the lease (%r); the report will read the Store", exc)
-            return
-        if reason is not None:
-            raise Superseded(reason)
+    def _flush_while_ours(self, telemetry: AttemptTelemetry, until: float) -> None:
+        """Deliver the attempt's spans in rounds that each prove the lease first and end before it could lapse.
+
+        A stalled executor whose attempt was taken over writes nothing into it, and a batch held up by a
+        partition is never delivered after another host could have taken the attempt over. A failed round
+        is retried (a Store outage) until ``until``; the last error is raised.
+        """
+        tries = 0
+        while True:
+            self._prove_lease(until)
+            bound = self._write_bound()
+            try:
+                telemetry.flush(deadline=min(until, time.time() + bound), timeout=bound)
+                return
+            except TelemetryError:
+                delay = backoff_delay(tries, base_s=0.5, cap_s=5.0)
+                if self.lease is None or time.time() + delay > until:
+                    raise
+                time.sleep(delay)
+                tries += 1
 
     # --- helpers -----------------------------------------------------------------------------
 
@@ -314,8 +330,8 @@ class AttemptRun(AttemptReporter):
 
     def _flush_quietly(self, telemetry: AttemptTelemetry) -> None:
         try:
-            telemetry.flush(deadline=time.time() + 10)
-        except TelemetryError as exc:
+            self._flush_while_ours(telemetry, until=time.time() + 10)
+        except (TelemetryError, Superseded, LeaseUnproven) as exc:
             self.log.warning("spans of the failed attempt were not delivered: %s", exc)
 
     def _rate_limiter(self, model: str) -> LLMRateLimiter | None:

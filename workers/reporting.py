@@ -21,7 +21,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 
 from bridge.core import keys
 from bridge.core.backoff import backoff_delay
-from bridge.core.errors import StoreError, StoreUnavailable, UnknownIdError
+from bridge.core.errors import LeaseUnproven, StoreError, StoreUnavailable, Superseded, UnknownIdError
 from bridge.core.logs import RolloutLogger
 from bridge.core.models import AttemptedRollout, AttemptStatus
 from workers import metrics as worker_metrics
@@ -212,8 +212,8 @@ class AttemptReporter:
                     return self._deliver_once(report)
                 except UnknownIdError:
                     return self._skip("the Store no longer knows this rollout (it restarted?); report dropped")
-                except StoreUnavailable as exc:
-                    error: StoreError = exc
+                except (StoreUnavailable, LeaseUnproven) as exc:
+                    error: StoreError | LeaseUnproven = exc
                 except StoreError as exc:
                     self.log.error("the Store refused the %s report: %s", report.status, exc)
                     raise
@@ -233,15 +233,12 @@ class AttemptReporter:
 
     def _deliver_once(self, report: PendingReport) -> Outcome | None:
         status, metadata = report.status, report.metadata
-        bound = self.settings.store_timeout_s
-        if self.lease is not None:
-            bound = min(bound, max(1.0, self.settings.lease_ttl_s / 2))
+        bound = self._write_bound()
         try:
-            reason, must_read = self._lease_lost(), self._must_read_before_report()
-        except redis.RedisError as exc:
-            self.log.warning("could not check the lease before reporting (%r); reading the Store", exc)
-            reason, must_read = None, True
-        if reason is None and must_read:
+            reason = self._lease_lost()
+        except redis.RedisError as exc:  # _deliver retries until the report's deadline
+            raise LeaseUnproven(f"could not confirm the lease before reporting: {exc!r}") from exc
+        if reason is None and self._must_read_before_report():
             current = self.res.store.get_rollout(self.rid, retries=0, timeout=bound)
             if self._reported_already(current, status):  # an earlier delivery of this very report landed
                 self._finished(status)
@@ -315,6 +312,36 @@ class AttemptReporter:
         if self.telemetry is not None:
             alive = max(alive, self.telemetry.delivered_at)
         return not self._view_is_fresh(viewed, alive_at=alive)
+
+    def _write_bound(self) -> float:
+        """Seconds one write into the attempt may take after a renewal: it must land while the lease is ours."""
+        bound = self.settings.store_timeout_s
+        return bound if self.lease is None else min(bound, max(1.0, self.settings.lease_ttl_s / 2))
+
+    def _prove_lease(self, until: float) -> None:
+        """Return once Redis confirms the attempt is still ours (renewing the lease); retry until ``until``.
+
+        Raises ``Superseded`` when another executor took it over, ``LeaseUnproven`` when Redis could not tell
+        in time. Nothing is written into an attempt on the strength of an unknown lease: a host cut off by a
+        partition would otherwise deliver spans or a report into an attempt another host runs, once its link
+        is back (docs/cluster.md).
+        """
+        tries = 0
+        while True:
+            try:
+                reason = self._lease_lost()
+            except redis.RedisError as exc:
+                delay = backoff_delay(tries, base_s=0.5, cap_s=5.0)
+                if time.time() + delay > until:
+                    raise LeaseUnproven(f"could not confirm the lease: {exc!r}") from exc
+                if tries == 0:
+                    self.log.warning("could not confirm the lease (%r); writing nothing until Redis answers", exc)
+                time.sleep(delay)
+                tries += 1
+                continue
+            if reason is not None:
+                raise Superseded(reason)
+            return
 
     def _lease_lost(self) -> str | None:
         """Why we no longer execute this attempt (another executor took it over), or None.

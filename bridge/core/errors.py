@@ -60,6 +60,14 @@ class Superseded(BridgeError):
         self.reason = reason
 
 
+class LeaseUnproven(BridgeError):
+    """Redis could not confirm that an attempt is still ours: write nothing into it until it can.
+
+    A host cut off from Redis cannot tell an outage (nobody can take the attempt over) from its own
+    partition (the other hosts can, and may have): docs/cluster.md.
+    """
+
+
 class DuplicateDelivery(BridgeError):
     """Another executor holds this attempt's lease: check again once it lapses (its holder may be dead)."""
 

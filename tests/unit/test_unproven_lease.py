@@ -1,0 +1,123 @@
+"""A worker that cannot reach Redis writes nothing into its attempt: no final spans, no report, no Store read.
+
+From inside one host a Redis outage (nobody can take the attempt over) looks exactly like this host's own
+partition (the other hosts can, and may have). Trusting the unknown lease and reading the Store instead let
+a partitioned host report into an attempt another host had taken over once its link came back; one such
+late report flips a finished rollout's status (docs/cluster.md). Real ``AttemptRun``, ``Lease`` and
+``AttemptTelemetry``; Redis is a port nothing listens on; the Store is a loopback server that records
+every request it gets.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+import redis
+
+from bridge.core.errors import LeaseUnproven
+from bridge.core.logs import RolloutLogger
+from bridge.core.models import AttemptedRollout, AttemptStatus
+from bridge.core.settings import load_settings
+from bridge.core.store import StoreClient
+from workers.execution import AttemptRun
+from workers.heartbeat import HeartbeatMonitor
+from workers.lease import Lease
+from workers.reporting import PendingReport, ReportPending
+from workers.resources import WorkerResources
+from workers.telemetry import AttemptTelemetry
+
+
+class RecordingStore:
+    """Answers 503 to everything and remembers what was asked: any request at all is a failure here."""
+
+    def __init__(self) -> None:
+        self.requests: list[str] = []
+        store = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _answer(self) -> None:
+                store.requests.append(f"{self.command} {self.path}")
+                self.send_response_only(503)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            do_GET = do_POST = _answer
+
+            def log_message(self, *_: Any) -> None:
+                return None
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def cut_off() -> Iterator[tuple[AttemptRun, RecordingStore]]:
+    recorder = RecordingStore()
+    settings = load_settings(store_url=recorder.url, store_retries=0, lease_ttl_s=4, heartbeat_interval_s=1)
+    client = redis.Redis(port=_closed_port(), socket_connect_timeout=0.2, socket_timeout=0.2)
+    store = StoreClient(recorder.url, retries=0, timeout_s=2)
+    monitor = HeartbeatMonitor(store, client)
+    res = WorkerResources(settings, store, client, None, monitor, 0)  # type: ignore[arg-type]  # no WebShop here
+    run = AttemptRun({}, celery_task_id="at-cut", res=res)
+    run.rid, run.aid = "ro-cut", "at-cut"
+    run.log = RolloutLogger(logging.getLogger("test"), {"rollout_id": run.rid, "attempt_id": run.aid})
+    run.rollout = AttemptedRollout.model_validate(
+        {
+            "rollout_id": "ro-cut",
+            "input": {"instruction": "buy a lamp"},
+            "start_time": time.time(),
+            "status": "preparing",
+            "attempt": {"rollout_id": "ro-cut", "attempt_id": "at-cut", "sequence_id": 1, "start_time": time.time()},
+        }
+    )
+    run.lease = Lease(client, "at-cut", 4.0)
+    run.lease.valid_until = time.monotonic() + 3.0  # renewed a second ago, before the link went down
+    try:
+        yield run, recorder
+    finally:
+        monitor.close()
+        store.close()
+        recorder.close()
+
+
+def test_the_final_spans_wait_for_a_proven_lease_and_are_never_sent_on_trust(
+    cut_off: tuple[AttemptRun, RecordingStore],
+) -> None:
+    run, recorder = cut_off
+    telemetry = AttemptTelemetry(run.res.store, rollout_id=run.rid, attempt_id=run.aid, service_name="cut")
+    with telemetry.span("webshop.episode"):
+        pass
+    started = time.monotonic()
+    with pytest.raises(LeaseUnproven):
+        run._flush_while_ours(telemetry, until=time.time() + 2.0)
+    assert time.monotonic() - started >= 0.5  # it retried Redis within the time it was given
+    assert telemetry.pending == 1 and recorder.requests == []
+
+
+def test_the_report_is_kept_back_not_sent_after_a_store_read(cut_off: tuple[AttemptRun, RecordingStore]) -> None:
+    run, recorder = cut_off
+    report = PendingReport(AttemptStatus.SUCCEEDED, {"reward": 1.0}, deadline=time.time() + 2.0)
+    with pytest.raises(ReportPending):
+        run._deliver(report)
+    assert recorder.requests == []  # not even the fence read: what it says cannot prove the lease
