@@ -7,17 +7,16 @@ is a local HTTP endpoint that answers after a delay, as a Store does under load.
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import redis
 
 from bridge.core import keys
 from bridge.core.store import StoreClient
+from tests.loopback import RecordingStore
 from workers.heartbeat import AttemptWatch, HeartbeatMonitor
 from workers.lease import Lease, mark_done
 
@@ -27,45 +26,9 @@ INTERVAL_S = 0.5  # heartbeat interval: a fence read per attempt every half seco
 STORE_DELAY_S = 1.5  # every Store answer takes this long: one round over 40 attempts would take a minute
 
 
-class SlowStore:
-    """An HTTP endpoint that answers 503 after ``delay_s``, counting requests per path."""
-
-    def __init__(self, delay_s: float) -> None:
-        self.paths: list[str] = []
-        owner = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def _answer(self) -> None:
-                owner.paths.append(self.path)
-                length = int(self.headers.get("Content-Length") or 0)
-                if length:
-                    self.rfile.read(length)
-                time.sleep(delay_s)
-                try:
-                    self.send_response(503)
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
-                except OSError:
-                    pass  # the client timed out first
-
-            do_GET = do_POST = _answer
-
-            def log_message(self, *_: object) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-
-
 @pytest.fixture
-def slow_store() -> Iterator[SlowStore]:
-    server = SlowStore(STORE_DELAY_S)
+def slow_store() -> Iterator[RecordingStore]:
+    server = RecordingStore(delay_s=STORE_DELAY_S)
     yield server
     server.close()
 
@@ -76,7 +39,7 @@ def _watch(lease: Lease) -> AttemptWatch:
     )
 
 
-def test_many_leases_stay_alive_while_the_store_is_slow(redis_client: redis.Redis, slow_store: SlowStore) -> None:
+def test_many_leases_stay_alive_while_the_store_is_slow(redis_client: redis.Redis, slow_store: RecordingStore) -> None:
     run = uuid.uuid4().hex[:6]
     leases = [Lease(redis_client, f"at-slow-{run}-{i}", LEASE_TTL_S) for i in range(ATTEMPTS)]
     store = StoreClient(slow_store.url, retries=0)
@@ -109,7 +72,7 @@ def test_many_leases_stay_alive_while_the_store_is_slow(redis_client: redis.Redi
 
 
 def test_an_attempt_reported_by_another_executor_stops_without_a_store_call(
-    redis_client: redis.Redis, slow_store: SlowStore
+    redis_client: redis.Redis, slow_store: RecordingStore
 ) -> None:
     aid = f"at-stale-{uuid.uuid4().hex[:6]}"
     stale, taker = Lease(redis_client, aid, 0.3), Lease(redis_client, aid, 5)
@@ -139,7 +102,7 @@ def test_an_attempt_reported_by_another_executor_stops_without_a_store_call(
 
 
 def test_the_lease_thread_repairs_redis_data_loss_within_one_interval(
-    redis_client: redis.Redis, slow_store: SlowStore
+    redis_client: redis.Redis, slow_store: RecordingStore
 ) -> None:
     aid = f"at-loss-{uuid.uuid4().hex[:6]}"
     lease = Lease(redis_client, aid, 5)

@@ -12,11 +12,8 @@ from __future__ import annotations
 
 import logging
 import socket
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 
 import pytest
 import redis
@@ -26,43 +23,13 @@ from bridge.core.logs import RolloutLogger
 from bridge.core.models import AttemptedRollout, AttemptStatus
 from bridge.core.settings import load_settings
 from bridge.core.store import StoreClient
+from tests.loopback import RecordingStore
 from workers.execution import AttemptRun
 from workers.heartbeat import HeartbeatMonitor
 from workers.lease import Lease
 from workers.reporting import PendingReport, ReportPending
 from workers.resources import WorkerResources
 from workers.telemetry import AttemptTelemetry
-
-
-class RecordingStore:
-    """Answers 503 to everything and remembers what was asked: any request at all is a failure here."""
-
-    def __init__(self) -> None:
-        self.requests: list[str] = []
-        store = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def _answer(self) -> None:
-                store.requests.append(f"{self.command} {self.path}")
-                self.send_response_only(503)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            do_GET = do_POST = _answer
-
-            def log_message(self, *_: Any) -> None:
-                return None
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
 
 
 def _closed_port() -> int:
@@ -112,7 +79,7 @@ def test_the_final_spans_wait_for_a_proven_lease_and_are_never_sent_on_trust(
     with pytest.raises(LeaseUnproven):
         run._flush_while_ours(telemetry, until=time.time() + 2.0)
     assert time.monotonic() - started >= 0.5  # it retried Redis within the time it was given
-    assert telemetry.pending == 1 and recorder.requests == []
+    assert telemetry.pending == 1 and recorder.paths == []
 
 
 def test_the_report_is_kept_back_not_sent_after_a_store_read(cut_off: tuple[AttemptRun, RecordingStore]) -> None:
@@ -120,4 +87,4 @@ def test_the_report_is_kept_back_not_sent_after_a_store_read(cut_off: tuple[Atte
     report = PendingReport(AttemptStatus.SUCCEEDED, {"reward": 1.0}, deadline=time.time() + 2.0)
     with pytest.raises(ReportPending):
         run._deliver(report)
-    assert recorder.requests == []  # not even the fence read: what it says cannot prove the lease
+    assert recorder.paths == []  # not even the fence read: what it says cannot prove the lease
