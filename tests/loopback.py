@@ -10,6 +10,11 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
+class _QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request: object, client_address: object) -> None:
+        pass  # clients reset connections on purpose (SO_LINGER 0 on timeouts): not worth a traceback
+
+
 class RecordingStore:
     """Answers every GET and POST with 503 after ``delay_s`` and keeps each request's path, in order."""
 
@@ -18,6 +23,8 @@ class RecordingStore:
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, as a real Store answers
+
             def _answer(self) -> None:
                 owner.paths.append(self.path)
                 length = int(self.headers.get("Content-Length") or 0)
@@ -36,7 +43,7 @@ class RecordingStore:
             def log_message(self, *_: object) -> None:
                 pass
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = _QuietServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
