@@ -93,6 +93,16 @@ class AttemptRun(AttemptReporter):
             if kept is not None:  # the episode ran in an earlier delivery: deliver its report, nothing else
                 return self._deliver_kept(kept)
             return self._run_leased(lease, first_start=claim.first_start)
+        except Exception as exc:
+            if is_retryable_before_progress(exc) or isinstance(
+                exc, (StoreError, DuplicateDelivery, Superseded, LeaseUnproven)
+            ):
+                raise  # a Celery retry (with the kept report, if any), or not ours to report
+            # A fault of this worker's own code outside the episode's guard: failed once, so the Store's retry
+            # policy bounds it, instead of reconcile finding the attempt stranded and re-publishing it forever.
+            self.log.exception("unexpected error in the worker; failing the attempt")
+            error = f"unexpected worker error: {type(exc).__name__}: {redact_text(str(exc))}"
+            return self._report_failure(classify(exc), error)
         finally:
             try:
                 lease.release()

@@ -101,6 +101,13 @@ def print_table(result: dict[str, Any]) -> None:
     ]
     if "memory_mb_at_1000" in result:
         rows.append(("worker RSS MB at 1000 / end", f"{result['memory_mb_at_1000']} / {result['memory_mb_at_end']}"))
+        rows.append(
+            (
+                "Store CPU ms/rollout at 1000-1500 / 4400-4900",
+                f"{result.get('store_cpu_ms_per_rollout_early')} / {result.get('store_cpu_ms_per_rollout_late')}"
+                f" ({result.get('store_cpu_growth_pct')}%)",
+            )
+        )
     if "peer_rollouts_per_s" in result:
         rows += [
             ("peer rollouts/s", result["peer_rollouts_per_s"]),

@@ -60,6 +60,9 @@ from bridge.tools.stats import rounded
 
 SOAK_ROLLOUTS = 5000
 SOAK_EARLY = 1000
+# Windows of finished rollouts over which the Store's CPU per rollout is compared (early vs late in a soak);
+# both lie in the steady state, before the last wave drains.
+SOAK_WINDOWS = {"early": (1000, 1500), "late": (4400, 4900)}
 STAND_IN_MODEL = "webshop-heuristic"
 
 
@@ -75,7 +78,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--peer", choices=["agl-runner"], default=None, help="also run the workload with Agent Lightning's runner")
     add("--peer-spans", action="store_true", help="the peer ships its episode spans too (same trace volume)")
     add("--probes", type=int, default=20, help="dispatch-latency probes while slots are free (0: skip)")
-    add("--soak", action="store_true", help=f"{SOAK_ROLLOUTS} rollouts; worker RSS at {SOAK_EARLY} vs the end")
+    add(
+        "--soak",
+        action="store_true",
+        help=f"{SOAK_ROLLOUTS} rollouts; worker RSS at {SOAK_EARLY} vs the end, and the Store's CPU per rollout "
+        "over rollouts 1,000-1,500 vs 4,400-4,900 (does its cost grow as it fills?)",
+    )
     add("--split", default="train", help="WebShop task split to draw inputs from (default train)")
     add("--log-level", default="INFO", help="LOG_LEVEL of the workers and the bridge (default INFO)")
     add("--no-task-events", action="store_true", help="CELERY_TASK_EVENTS=false (no Flower task list)")
@@ -125,9 +133,15 @@ def run_workload(
     sampler = bm.MemorySampler(groups).start()
     marks: dict[str, float] = {}
 
+    cpu_at: dict[int, tuple[int, float]] = {}  # window edge -> (rollouts finished, Store CPU s) when crossed
+
     def progress(finished: Mapping[str, str]) -> None:
         if args.soak and len(finished) >= SOAK_EARLY and "early" not in marks:
             marks["early"] = sampler.sample()[memory_group]
+        if args.soak and "store" in groups:
+            for edge in sorted({edge for window in SOAK_WINDOWS.values() for edge in window}):
+                if len(finished) >= edge and edge not in cpu_at:
+                    cpu_at[edge] = (len(finished), watch.cpu()["store"])
 
     watch = bm.Stopwatch(groups)
     ids = client.enqueue(inputs, resources_id)
@@ -149,6 +163,10 @@ def run_workload(
     summary["dispatch_incl_queue_p50_ms"] = rounded(bm.percentile(bm.latencies_ms(views), 50))
     gaps = bm.dequeue_to_start_ms(views)  # the workload keeps every slot busy: how long a claimed rollout idles
     summary.update({f"dequeue_to_start_p{q}_ms": rounded(bm.percentile(gaps, q)) for q in (50, 99)})
+    for name, (first, last) in SOAK_WINDOWS.items():
+        if first in cpu_at and last in cpu_at and cpu_at[last][0] > cpu_at[first][0]:
+            rollouts = cpu_at[last][0] - cpu_at[first][0]
+            marks[f"store_cpu_ms_{name}"] = (cpu_at[last][1] - cpu_at[first][1]) * 1000 / rollouts
     return summary, views, marks
 
 
@@ -260,6 +278,12 @@ def _bench(stack: LocalStack, args: argparse.Namespace, say: Any) -> int:
         result["memory_mb_at_1000"] = rounded(early, 1)
         result["memory_mb_at_end"] = rounded(end, 1)
         result["memory_growth_pct"] = rounded((end - early) / early * 100) if early and end else None
+        cost_early, cost_late = marks.get("store_cpu_ms_early"), marks.get("store_cpu_ms_late")
+        result["store_cpu_ms_per_rollout_early"] = rounded(cost_early, 2)
+        result["store_cpu_ms_per_rollout_late"] = rounded(cost_late, 2)
+        result["store_cpu_growth_pct"] = (
+            rounded((cost_late - cost_early) / cost_early * 100) if cost_early and cost_late else None
+        )
     if args.peer:
         say("peer: stopping our workers and the bridge, starting Agent Lightning's runner")
         stop_ours(stack)

@@ -1,0 +1,71 @@
+"""A fault in the worker's own code, outside the episode's guard, fails the attempt once (``infra``).
+
+Before, it escaped the task: the slot was freed, the bridge's reconcile found the attempt stranded and
+re-published it, the same fault struck again, and so on until the rollout was handed back as too old, with
+nothing in the Store saying why. Real ``AttemptRun`` and ``Lease`` on the Redis at ``TEST_REDIS_URL``; the
+Store is a loopback server that answers 503, so the failure report is kept in Redis for a Celery retry,
+which is where this test reads it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from bridge.core import keys
+from bridge.core.settings import load_settings
+from bridge.core.store import StoreClient
+from tests.loopback import RecordingStore
+from workers.execution import AttemptRun
+from workers.heartbeat import HeartbeatMonitor
+from workers.reporting import ReportPending
+from workers.resources import WorkerResources
+
+
+@pytest.fixture
+def store() -> Iterator[RecordingStore]:
+    recorder = RecordingStore()
+    yield recorder
+    recorder.close()
+
+
+def test_an_unexpected_error_is_reported_as_a_failed_attempt_not_left_to_reconcile(
+    redis_client: redis.Redis, store: RecordingStore, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = load_settings(store_url=store.url, store_retries=0)
+    client = StoreClient(store.url, retries=0, timeout_s=2)
+    res = WorkerResources(settings, client, redis_client, None, HeartbeatMonitor(client, redis_client), 0)  # type: ignore[arg-type]
+    rid, aid = f"ro-{uuid.uuid4().hex[:8]}", f"at-{uuid.uuid4().hex[:8]}"
+    now = time.time()
+    payload = {
+        "rollout_id": rid,
+        "input": {"instruction": "buy a lamp"},
+        "start_time": now,
+        "status": "preparing",
+        "config": {"timeout_seconds": 3},  # the report is retried until then, then kept for a Celery retry
+        "attempt": {"rollout_id": rid, "attempt_id": aid, "sequence_id": 1, "start_time": now},
+    }
+
+    def broken(*_: object, **__: object) -> None:
+        raise NameError("name 'span_flush_interval' is not defined")  # the bug that showed it
+
+    monkeypatch.setattr(AttemptRun, "_run_leased", broken)
+    try:
+        with caplog.at_level(logging.ERROR), pytest.raises(ReportPending):
+            AttemptRun(payload, celery_task_id=aid, res=res).execute()
+        kept = json.loads(redis_client.get(keys.pending_report(aid)) or "{}")
+        assert kept["status"] == "failed"
+        assert kept["metadata"]["failure_class"] == "infra"
+        assert "NameError" in kept["metadata"]["error"] and "span_flush_interval" in kept["metadata"]["error"]
+        assert any("unexpected error in the worker" in r.getMessage() for r in caplog.records)
+        assert any(rid in path for path in store.paths)  # it did try to report (its fence read comes first)
+    finally:
+        redis_client.delete(*(k for k in redis_client.scan_iter(f"*{aid}*")))
+        res.monitor.close()
+        client.close()
