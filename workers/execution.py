@@ -27,7 +27,7 @@ from typing import Any
 import redis
 from pydantic import ValidationError
 
-from bridge.core.backoff import backoff_delay
+from bridge.core.backoff import retry_until
 from bridge.core.errors import (
     DuplicateDelivery,
     InvalidInputError,
@@ -306,19 +306,14 @@ class AttemptRun(AttemptReporter):
         partition is never delivered after another host could have taken the attempt over. A failed round
         is retried (a Store outage) until ``until``; the last error is raised.
         """
-        tries = 0
-        while True:
+
+        def one_round() -> None:
             self._prove_lease(until)
             bound = self._write_bound()
-            try:
-                telemetry.flush(deadline=min(until, time.time() + bound), timeout=bound)
-                return
-            except TelemetryError:
-                delay = backoff_delay(tries, base_s=0.5, cap_s=5.0)
-                if self.lease is None or time.time() + delay > until:
-                    raise
-                time.sleep(delay)
-                tries += 1
+            telemetry.flush(deadline=min(until, time.time() + bound), timeout=bound)
+
+        # Without a lease nothing can lapse: one round, whose own deadline covers the retries.
+        retry_until(one_round, TelemetryError, until if self.lease is not None else 0.0)
 
     # --- helpers -----------------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ import redis
 from celery.exceptions import SoftTimeLimitExceeded
 
 from bridge.core import keys
-from bridge.core.backoff import backoff_delay
+from bridge.core.backoff import backoff_delay, retry_until
 from bridge.core.errors import LeaseUnproven, StoreError, StoreUnavailable, Superseded, UnknownIdError
 from bridge.core.logs import RolloutLogger
 from bridge.core.models import AttemptedRollout, AttemptStatus
@@ -326,22 +326,17 @@ class AttemptReporter:
         partition would otherwise deliver spans or a report into an attempt another host runs, once its link
         is back (docs/cluster.md).
         """
-        tries = 0
-        while True:
-            try:
-                reason = self._lease_lost()
-            except redis.RedisError as exc:
-                delay = backoff_delay(tries, base_s=0.5, cap_s=5.0)
-                if time.time() + delay > until:
-                    raise LeaseUnproven(f"could not confirm the lease: {exc!r}") from exc
-                if tries == 0:
-                    self.log.warning("could not confirm the lease (%r); writing nothing until Redis answers", exc)
-                time.sleep(delay)
-                tries += 1
-                continue
-            if reason is not None:
-                raise Superseded(reason)
-            return
+
+        def first_warning(tries: int, exc: BaseException) -> None:
+            if tries == 0:
+                self.log.warning("could not confirm the lease (%r); writing nothing until Redis answers", exc)
+
+        try:
+            reason = retry_until(self._lease_lost, redis.RedisError, until, on_retry=first_warning)
+        except redis.RedisError as exc:
+            raise LeaseUnproven(f"could not confirm the lease: {exc!r}") from exc
+        if reason is not None:
+            raise Superseded(reason)
 
     def _lease_lost(self) -> str | None:
         """Why we no longer execute this attempt (another executor took it over), or None.

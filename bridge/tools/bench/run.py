@@ -63,6 +63,7 @@ SOAK_EARLY = 1000
 # Windows of finished rollouts over which the Store's CPU per rollout is compared (early vs late in a soak);
 # both lie in the steady state, before the last wave drains.
 SOAK_WINDOWS = {"early": (1000, 1500), "late": (4400, 4900)}
+SOAK_EDGES = sorted({edge for window in SOAK_WINDOWS.values() for edge in window})
 STAND_IN_MODEL = "webshop-heuristic"
 
 
@@ -139,7 +140,7 @@ def run_workload(
         if args.soak and len(finished) >= SOAK_EARLY and "early" not in marks:
             marks["early"] = sampler.sample()[memory_group]
         if args.soak and "store" in groups:
-            for edge in sorted({edge for window in SOAK_WINDOWS.values() for edge in window}):
+            for edge in SOAK_EDGES:
                 if len(finished) >= edge and edge not in cpu_at:
                     cpu_at[edge] = (len(finished), watch.cpu()["store"])
 
