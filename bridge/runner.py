@@ -19,7 +19,9 @@ The runner never executes the agent itself; what each method means here:
 * ``step(input, resources=, mode=)``: publishes ``resources`` first when given, creates the rollout with its
   attempt started, publishes it at once (``bridge.runner_support.direct``), waits and returns the Store's
   ``Rollout``; a rollout that did not succeed raises ``RolloutFailedError`` with the worker's error and
-  failure class. ``run_context`` (inherited) makes it usable from scripts and notebooks.
+  failure class. A rollout the Store puts back in its queue is waited for only while a dispatch loop runs to
+  retry it; with none, ``step`` raises at once (status ``requeuing``), as Agent Lightning's one-attempt
+  ``step`` does. ``run_context`` (inherited) makes it usable from scripts and notebooks.
 
 Settings come from the environment like everywhere in the project (``bridge.core.settings``); keyword
 arguments to the constructor override them (``CeleryRunner(broker_url=...)``). The constructor opens no
@@ -45,6 +47,7 @@ from bridge.core.models import RolloutStatus
 from bridge.core.settings import ConfigError, Settings, load_settings
 from bridge.core.store import API, StoreClient
 from bridge.dispatch.dispatcher import Dispatcher
+from bridge.dispatch.leader import dispatching
 from bridge.dispatch.publisher import Publisher
 from bridge.dispatch.service import dispatch_until
 from bridge.runner_support import direct
@@ -172,7 +175,7 @@ class CeleryRunner(Runner[Any]):
 
     def _step(self, task: Any, resources: NamedResources | None, mode: RolloutMode | None) -> Rollout:
         settings, _ = self._ready()
-        store, dispatcher = self._direct()
+        store, coordination, dispatcher = self._direct()
         resources_id = None
         if resources is not None:
             resources_id = direct.add_resources(store, TypeAdapter(NamedResources).dump_python(resources, mode="json"))
@@ -181,7 +184,7 @@ class CeleryRunner(Runner[Any]):
             "[rollout=%s attempt=%s] step: executing on the cluster", started.rollout_id, started.attempt.attempt_id
         )
         direct.publish(dispatcher, started)
-        final = direct.wait_finished(store, settings, started)
+        final = direct.wait_finished(store, settings, started, dispatching=lambda: dispatching(coordination))
         if final.status != RolloutStatus.SUCCEEDED:
             raise direct.failure(store, final)
         return Rollout.model_validate(final.model_dump(mode="json"))
@@ -195,16 +198,17 @@ class CeleryRunner(Runner[Any]):
             raise RuntimeError("CeleryRunner.init_worker(worker_id, store) must be called first")
         return self._settings, self._agent
 
-    def _direct(self) -> tuple[StoreClient, Dispatcher]:
-        """This process's Store client and a Dispatcher for direct publishing (created once, thread-safe)."""
+    def _direct(self) -> tuple[StoreClient, redis.Redis, Dispatcher]:
+        """This process's Store client, coordination Redis and a Dispatcher for direct publishing (created
+        once, thread-safe)."""
         settings, agent = self._ready()
         with self._lock:
-            if self._store is None or self._dispatcher is None:
+            if self._store is None or self._redis is None or self._dispatcher is None:
                 self._store = StoreClient.from_settings(settings)
                 self._redis = coordination_redis(settings)
                 publisher = Publisher(settings, agent=agent)
                 self._dispatcher = Dispatcher(settings, self._store, self._redis, publisher)
-            return self._store, self._dispatcher
+            return self._store, self._redis, self._dispatcher
 
     @overload
     def _load(self, store_url: str | None) -> Settings: ...

@@ -48,3 +48,9 @@ class LeaderLock:
             except redis.RedisError:
                 pass
             self.held = False
+
+
+def dispatching(client: redis.Redis) -> bool:
+    """Whether some dispatch loop (``python -m bridge`` or ``CeleryRunner.iter``) holds the lock now, so a
+    rollout the Store puts back in its queue will be dequeued again. Raises RedisError."""
+    return bool(client.exists(keys.bridge_leader()))

@@ -9,17 +9,26 @@ reconciliation treats it like any rollout it dequeued (repairs it if the message
 wait for a free slot: ``step`` bypasses the queue, as Agent Lightning's does, and the message waits in the
 broker until a worker takes it.
 
-The wait is bounded by the rollout's own budget (its hard time limit plus the longest queue wait), so a
-lost rollout with no bridge to repair it ends the call with an error rather than hanging it.
+The wait is bounded by the rollout's own budget (its hard time limit plus the longest queue wait, for each
+attempt its config allows), so a lost rollout with no bridge to repair it ends the call with an error rather
+than hanging it.
+
+Retries. When the attempt ends and the Store puts the rollout back in its queue (``requeuing``: its retry
+policy, a watchdog timeout, or a worker handing it back at shutdown), only a dispatch loop dequeues it again.
+With one running (any process holding the leader lock) ``step`` waits for the retry and returns its outcome;
+with none it raises ``RolloutFailedError`` at once with status ``requeuing`` rather than waiting out the
+budget for a retry nobody will start. That is Agent Lightning's own ``step``: one attempt, whose failure
+the caller sees. The rollout stays queued, and a bridge started later runs it.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from bridge.core.errors import PublishError
-from bridge.core.models import FINISHED_ROLLOUT, AttemptedRollout, Rollout
+from bridge.core.models import FINISHED_ROLLOUT, AttemptedRollout, Rollout, RolloutStatus
 from bridge.core.settings import Settings
 from bridge.core.store import API, StoreClient
 from bridge.dispatch.dispatcher import Dispatcher
@@ -44,8 +53,14 @@ class RolloutFailedError(RuntimeError):
         self.status = status
         self.error = error
         self.failure_class = failure_class
+        outcome = (
+            "ended and was put back in the Store's queue; no dispatch loop runs to retry it (a `python -m bridge` "
+            "or CeleryRunner.iter started later will)"
+            if status == RolloutStatus.REQUEUING
+            else f"ended {status}"
+        )
         super().__init__(
-            f"rollout {rollout_id} (attempt {attempt_id}) ended {status}"
+            f"rollout {rollout_id} (attempt {attempt_id}) {outcome}"
             f" [failure_class={failure_class or 'unknown'}]: {error or 'no error reported'}"
         )
 
@@ -79,17 +94,26 @@ def publish(dispatcher: Dispatcher, rollout: AttemptedRollout) -> None:
         )
 
 
-def wait_finished(store: StoreClient, settings: Settings, rollout: AttemptedRollout) -> Rollout:
-    """Block until the rollout is succeeded, failed or cancelled; TimeoutError past its own bound."""
-    budget = settings.hard_time_limit(settings.covered_timeout(rollout.config.timeout_seconds))
-    deadline = time.monotonic() + budget + settings.max_queue_wait_s + WAIT_MARGIN_S
+def wait_finished(
+    store: StoreClient, settings: Settings, rollout: AttemptedRollout, dispatching: Callable[[], bool]
+) -> Rollout:
+    """Block until the rollout is succeeded, failed or cancelled, or back in the queue with no dispatch loop
+    (``dispatching()`` false) to retry it; TimeoutError past its own bound."""
+    per_attempt = settings.hard_time_limit(settings.covered_timeout(rollout.config.timeout_seconds))
+    bound = (per_attempt + settings.max_queue_wait_s) * max(1, rollout.config.max_attempts)
+    deadline = time.monotonic() + bound + WAIT_MARGIN_S
     while True:
         done = store.wait_rollouts([rollout.rollout_id], timeout_s=WAIT_SLICE_S)
         if done and done[0].status in FINISHED_ROLLOUT:
             return done[0]
+        current = store.get_rollout(rollout.rollout_id)
+        if current.status in FINISHED_ROLLOUT:
+            return current
+        if current.status == RolloutStatus.REQUEUING and not dispatching():
+            return current
         if time.monotonic() > deadline:
             raise TimeoutError(
-                f"rollout {rollout.rollout_id} did not finish within {budget + settings.max_queue_wait_s:.0f}s: "
+                f"rollout {rollout.rollout_id} did not finish within {bound:.0f}s: "
                 "is a worker consuming its queue, and is AGENT the same on the workers?"
             )
         if not done:

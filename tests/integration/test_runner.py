@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,9 @@ from typing import Any
 import agentlightning as agl
 import pytest
 import redis
+from agentlightning.execution.events import ThreadingEvent
 
+from bridge.core import keys
 from bridge.runner import AgentMismatchError, CeleryRunner, RolloutFailedError
 from bridge.tools.stack import LocalStack
 from tests.helpers import attempts, cancel_unfinished, stack_for
@@ -141,6 +144,58 @@ def test_a_failing_step_raises_with_the_workers_error_and_failure_class(cluster:
     assert error.error is not None and "asked to fail" in error.error
     (attempt,) = attempts(cluster.store_url, error.rollout_id)
     assert attempt["status"] == "failed" and attempt["metadata"]["failure_class"] == "agent"
+
+
+def test_a_step_the_store_retries_raises_at_once_when_no_dispatch_loop_runs(cluster: LocalStack) -> None:
+    """The Store requeues the failed first attempt; with no loop to dequeue it, step says so instead of
+    waiting out the rollout's budget (minutes) for a retry nobody will start."""
+    redis.Redis.from_url(cluster.broker_url).delete(keys.bridge_leader())
+    runner = CeleryRunner(broker_url=cluster.broker_url)
+    started = time.monotonic()
+    with (
+        runner.run_context(agent=ScoredAgent(), store=agl.LightningStoreClient(cluster.store_url)),
+        pytest.raises(RolloutFailedError) as caught,
+    ):
+        asyncio.run(
+            runner.step(
+                {"id": "r1", "question": "What is 1 + 2?", "fail_first": True, "reward": 0.5},
+                resources={"main_llm": llm(cluster)},
+            )
+        )
+    assert time.monotonic() - started < 30
+    error = caught.value
+    assert error.status == "requeuing" and error.failure_class == "agent"
+    assert error.error is not None and "fail its first attempt" in error.error
+    assert "no dispatch loop" in str(error)
+    (attempt,) = attempts(cluster.store_url, error.rollout_id)
+    assert attempt["status"] == "failed"
+    cancel_unfinished(cluster.store_url)  # what a later bridge would otherwise retry
+
+
+def test_a_step_the_store_retries_returns_the_retry_while_the_runner_dispatches(cluster: LocalStack) -> None:
+    """The same step beside the runner's own dispatch loop (``iter``): the loop dequeues the requeued rollout,
+    a worker runs the second attempt, and step returns the rollout that succeeded."""
+    runner = CeleryRunner(broker_url=cluster.broker_url)
+
+    async def step_beside_the_loop() -> agl.Rollout:
+        stop = ThreadingEvent()
+        loop = asyncio.create_task(runner.iter(event=stop))
+        try:
+            task = {"id": "r2", "question": "What is 1 + 1?", "fail_first": True, "reward": 0.75}
+            return await runner.step(task, resources={"main_llm": llm(cluster)})
+        finally:
+            stop.set()
+            await asyncio.wait_for(loop, timeout=30)
+
+    with runner.run_context(agent=ScoredAgent(), store=agl.LightningStoreClient(cluster.store_url)):
+        rollout = asyncio.run(step_beside_the_loop())
+    assert rollout.status == "succeeded"
+    statuses = [
+        a["status"] for a in sorted(attempts(cluster.store_url, rollout.rollout_id), key=lambda a: a["sequence_id"])
+    ]
+    assert statuses == ["failed", "succeeded"]
+    spans = asyncio.run(_spans(cluster.store_url, rollout.rollout_id))
+    assert agl.find_final_reward(spans) == 0.75
 
 
 def test_init_with_an_agent_the_workers_do_not_run_names_them(cluster: LocalStack) -> None:

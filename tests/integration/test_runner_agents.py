@@ -2,7 +2,8 @@
 
 Not WebShop: it asks the LLM (the stand-in, through the ``openai`` SDK, token ids requested as from vLLM)
 one question and returns the reward the task names, so a test knows exactly which reward every rollout
-must bring back; a task with ``fail`` makes it raise instead. No tests live here.
+must bring back; a task with ``fail`` makes it raise instead, and one with ``fail_first`` raises on its first
+attempt after giving the rollout a retry (as a user's rollout config would). No tests live here.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import zlib
 from typing import Any
 
 import agentlightning as agl
+import httpx
 from openai import OpenAI
 
 AGENT_PATH = "tests.integration.test_runner_agents:ScoredAgent"
@@ -22,6 +24,9 @@ class ScoredAgent(agl.LitAgent[dict[str, Any]]):
     def rollout(self, task: dict[str, Any], resources: agl.NamedResources, rollout: agl.Rollout) -> float:
         if task.get("fail"):
             raise ValueError(f"task {task.get('id')} asked to fail")
+        if task.get("fail_first") and isinstance(rollout, agl.AttemptedRollout) and rollout.attempt.sequence_id == 1:
+            allow_one_retry(rollout.rollout_id)
+            raise ValueError(f"task {task.get('id')} asked to fail its first attempt")
         llm = resources["main_llm"]
         assert isinstance(llm, agl.LLM)
         attempt_id = rollout.attempt.attempt_id if isinstance(rollout, agl.AttemptedRollout) else None
@@ -32,6 +37,13 @@ class ScoredAgent(agl.LitAgent[dict[str, Any]]):
             extra_body={"return_token_ids": True},
         )
         return float(task["reward"])
+
+
+def allow_one_retry(rollout_id: str) -> None:
+    """Give the rollout a second attempt on failure, through the Store's own API (docs/store-protocol.md 3)."""
+    store = os.environ["AGENT_LIGHTNING_STORE_URL"].rstrip("/")
+    config = {"max_attempts": 2, "retry_condition": ["failed"]}
+    httpx.post(f"{store}/v1/agl/rollouts/{rollout_id}", json={"config": config}, timeout=10).raise_for_status()
 
 
 class OtherAgent(agl.LitAgent[dict[str, Any]]):
