@@ -57,6 +57,24 @@ class BenchClient:
             views += self.call("GET", "/rollouts", params=params)["items"]
         return views
 
+    def stored_trace(self, ids: list[str], sample: int = 10) -> dict[str, float | None]:
+        """What the Store holds per rollout for a sample of ``ids`` (their latest attempts): spans and token
+        ids (``prompt_token_ids`` + ``response_token_ids``), read back the same way for both executors, so a
+        comparison at "equal trace volume" can be checked rather than assumed."""
+        picked = ids[:: max(1, len(ids) // sample)][:sample]
+        spans = tokens = 0
+        for rollout_id in picked:
+            items = self.call("GET", "/spans", params={"rollout_id": rollout_id, "attempt_id": "latest"})["items"]
+            spans += len(items)
+            for item in items:
+                attributes = item.get("attributes") or {}
+                tokens += sum(len(attributes.get(k) or []) for k in ("prompt_token_ids", "response_token_ids"))
+        n = len(picked)
+        return {
+            "stored_spans_per_rollout": round(spans / n, 2) if n else None,
+            "stored_token_ids_per_rollout": round(tokens / n, 1) if n else None,
+        }
+
     def store_capacity_rps(self, seconds: float = 2.0) -> float:
         """Cheapest W-request rate one client reaches: the ceiling that bounds any executor at 0 ms."""
         done, deadline = 0, time.monotonic() + seconds

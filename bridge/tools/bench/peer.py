@@ -56,12 +56,13 @@ def _make_agent(export_spans: bool = False) -> Any:
             settings = get_settings()
             env, store = self._process_clients()
             main = resources.get("main_llm") if resources else None
+            # Token ids asked for as our workers ask (LLM_RETURN_TOKEN_IDS): they are most of a trace's bytes.
+            ids = settings.llm_return_token_ids
             if main is not None:
-                target = llm_mod.LLMTarget(
-                    str(main.endpoint), str(main.model), "EMPTY", dict(main.sampling_parameters or {}), "llm"
-                )
+                sampling = dict(main.sampling_parameters or {})
+                target = llm_mod.LLMTarget(str(main.endpoint), str(main.model), "EMPTY", sampling, "llm", ids)
             else:
-                target = llm_mod.LLMTarget(str(settings.openai_api_base), settings.model, "EMPTY")
+                target = llm_mod.LLMTarget(str(settings.openai_api_base), settings.model, "EMPTY", {}, "settings", ids)
             telemetry = AttemptTelemetry(
                 store,
                 rollout_id=rollout.rollout_id,

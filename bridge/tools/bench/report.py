@@ -81,6 +81,10 @@ def print_table(result: dict[str, Any]) -> None:
         ("sustained rollouts/s, efficiency", f"{result['sustained_rollouts_per_s']}, {result['sustained_efficiency']}"),
         ("Store requests/rollout", result["store_requests_per_rollout"]),
         ("spans, bytes exported/rollout", f"{result['spans_per_rollout']}, {result['span_bytes_per_rollout']}"),
+        (
+            "stored spans, token ids/rollout (sample)",
+            f"{result.get('stored_spans_per_rollout')}, {result.get('stored_token_ids_per_rollout')}",
+        ),
         ("bridge CPU ms/rollout", result["bridge_cpu_ms_per_rollout"]),
         ("worker CPU ms/rollout", result["worker_cpu_ms_per_rollout"]),
         ("Store CPU ms/rollout", result["store_cpu_ms_per_rollout"]),
@@ -118,6 +122,10 @@ def print_table(result: dict[str, Any]) -> None:
             ("peer Store ceiling rollouts/s (one core)", result.get("peer_store_ceiling_rollouts_per_s")),
             ("peer CPU ms/rollout in all", result.get("peer_cpu_ms_per_rollout_total")),
             ("peer RSS MB total", result["peer_rss_mb_total"]),
+            (
+                "peer stored spans, token ids/rollout (sample)",
+                f"{result.get('peer_stored_spans_per_rollout')}, {result.get('peer_stored_token_ids_per_rollout')}",
+            ),
         ]
     show(key_value_table(rows, title=f"workload: {result['config']}"), sys.stdout)
     endpoints = Table(title="Store requests per rollout, by endpoint", title_justify="left", box=None)

@@ -156,7 +156,7 @@ def run_workload(
         diff = bm.diff_counts(after, before, client.own)
         requests = {k: v for k, v in diff.items() if not k.startswith("GET /v1/prometheus")}
     views = client.rollouts(ids)
-    summary = summarize(views, wall, cpu, requests)
+    summary = summarize(views, wall, cpu, requests) | client.stored_trace(ids)
     summary["unfinished"] = len(ids) - len(done)
     summary["sustained_rollouts_per_s"] = rounded(bm.sustained_rate(views, args.concurrency), 3)
     summary["rss_mb_total"] = round(sampler.peak_total.get(memory_group, 0.0), 1)
@@ -307,6 +307,8 @@ def _bench(stack: LocalStack, args: argparse.Namespace, say: Any) -> int:
             peer_rss_mb_total=peer_summary["rss_mb_total"],
             peer_statuses=peer_summary["statuses"],
             peer_rollout_duration_p50_ms=peer_summary["rollout_duration_p50_ms"],
+            peer_stored_spans_per_rollout=peer_summary["stored_spans_per_rollout"],
+            peer_stored_token_ids_per_rollout=peer_summary["stored_token_ids_per_rollout"],
         )
     print_table(result)
     if args.json:
