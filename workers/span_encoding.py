@@ -1,38 +1,110 @@
-"""OTLP protobuf bytes for one attempt's spans: the SDK's encoder, plus token-id lists added here.
+"""OTLP protobuf bytes for one attempt's spans: the SDK's encoder, plus token-id lists written here as bytes.
 
-Token ids are the bulk of what a worker ships (hundreds of integers per LLM call, every call). Profiled
-(0 ms benchmark), carrying them as ordinary span attributes cost twice: the SDK cleans every element
-when the attribute is set, then its generic encoder dispatches on the type of every element again.
-So they never become attributes: the telemetry keeps them beside the span (``IntLists``, by span id)
-and they are appended to the encoded span here with protobuf's repeated-field ``add``. The result is
-the standard OTLP message the Store decodes (an ``array_value`` of ``int_value``s), so nothing
-downstream changes; only the attribute order within a span differs.
+Token ids are the bulk of what a worker ships (thousands of integers per rollout, every LLM call's prompt
+and completion). Carried as ordinary span attributes they cost twice (the SDK cleans every element when
+the attribute is set, then its generic encoder dispatches on the type of every element again); appended to
+the protobuf message with the repeated field's ``add`` they still built one message object per integer,
+8% of a 128-thread worker's GIL time (py-spy, docs/performance.md). So the telemetry keeps them beside the
+span (``IntLists``, by span id) and they are written straight into the wire format here: each span is
+serialized by protobuf, its token-id attributes are appended as bytes (a message's fields may come in any
+order, and repeated fields concatenate), and the enclosing scope and resource messages are framed around
+them. The result decodes to the standard OTLP message (each list an ``array_value`` of ``int_value``s), so
+the Store and the trainer's adapters see exactly what the SDK's encoder would give them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import numpy as np
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
-from opentelemetry.proto.common.v1.common_pb2 import KeyValue
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 from opentelemetry.sdk.trace import ReadableSpan
 
 IntLists = Mapping[int, Mapping[str, Sequence[int]]]  # span id -> attribute name -> integers
 
+_LEN = 2  # wire type of length-delimited fields (messages, strings, bytes)
+_VARINT = 0
 
-def _fill(kv: KeyValue, values: Sequence[int]) -> None:
-    add = kv.value.array_value.values.add
-    for v in values:
-        add(int_value=v)
+
+def _tag(message: type, field: str, wire_type: int) -> bytes:
+    return _varint(message.DESCRIPTOR.fields_by_name[field].number << 3 | wire_type)  # type: ignore[attr-defined]
+
+
+def _varint(value: int) -> bytes:
+    value &= 0xFFFF_FFFF_FFFF_FFFF  # int64 as protobuf writes it: a negative is its 64-bit two's complement
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+_RESOURCE_SPANS = _tag(ExportTraceServiceRequest, "resource_spans", _LEN)
+_SCOPE_SPANS = _tag(ResourceSpans, "scope_spans", _LEN)
+_SPANS = _tag(ScopeSpans, "spans", _LEN)
+_ATTRIBUTES = _tag(Span, "attributes", _LEN)
+_KEY = _tag(KeyValue, "key", _LEN)
+_VALUE = _tag(KeyValue, "value", _LEN)
+_ARRAY_VALUE = _tag(AnyValue, "array_value", _LEN)
+_VALUES = _tag(ArrayValue, "values", _LEN)
+_INT_VALUE = _tag(AnyValue, "int_value", _VARINT)
+assert len(_VALUES) == len(_INT_VALUE) == 1  # _int_items writes each as one byte
+_V, _I = _VALUES[0], _INT_VALUE[0]
+
+
+def _framed(tag: bytes, payload: bytes) -> bytes:
+    return tag + _varint(len(payload)) + payload
+
+
+def _int_items(values: Sequence[int]) -> bytes:
+    """``ArrayValue.values`` elements, each an AnyValue holding ``int_value``, for every integer at once.
+
+    Computed with numpy in a table of one row per element (its tag, its length, the ``int_value`` tag, the
+    varint's 7-bit groups, as many as the largest value needs), whose unused tail bytes are masked out."""
+    as_u64 = np.asarray(values, dtype=np.int64).view(np.uint64)  # int64 on the wire: two's complement
+    groups = max(1, (int(as_u64.max()).bit_length() + 6) // 7)
+    size = np.ones(len(as_u64), dtype=np.uint8)  # varint bytes of each value
+    for k in range(1, groups):
+        size += as_u64 >= np.uint64(1 << (7 * k))
+    table = np.empty((len(as_u64), 3 + groups), dtype=np.uint8)
+    table[:, 0], table[:, 1], table[:, 2] = _V, size + 1, _I
+    for k in range(groups):
+        group = ((as_u64 >> np.uint64(7 * k)) & np.uint64(0x7F)).astype(np.uint8)
+        if k < groups - 1:
+            group |= (size > k + 1).astype(np.uint8) << 7  # every byte but a varint's last continues it
+        table[:, 3 + k] = group
+    return table[np.arange(3 + groups) < (size + 3)[:, None]].tobytes()
+
+
+def int_list_attribute(key: str, values: Sequence[int]) -> bytes:
+    """A ``Span.attributes`` field (tag included) holding ``key`` = an array of ints, as protobuf encodes it."""
+    array = _int_items(values) if len(values) else b""
+    pair = _framed(_KEY, key.encode()) + _framed(_VALUE, _framed(_ARRAY_VALUE, array))
+    return _framed(_ATTRIBUTES, pair)
 
 
 def encode(batch: Sequence[ReadableSpan], int_lists: IntLists | None = None) -> bytes:
     """One ``ExportTraceServiceRequest`` for ``batch``, serialized, each span with its integer lists."""
     request = encode_spans(batch)
-    if int_lists:
-        for resource_spans in request.resource_spans:
-            for scope_spans in resource_spans.scope_spans:
-                for pb_span in scope_spans.spans:
-                    for key, values in int_lists.get(int.from_bytes(pb_span.span_id, "big"), {}).items():
-                        _fill(pb_span.attributes.add(key=key), values)
-    return request.SerializeToString()
+    if not int_lists:
+        return request.SerializeToString()
+    out = []
+    for resource_spans in request.resource_spans:
+        scopes = []
+        for scope_spans in resource_spans.scope_spans:
+            spans = []
+            for span in scope_spans.spans:
+                extra = int_lists.get(int.from_bytes(span.span_id, "big"))
+                body = span.SerializeToString()
+                if extra:
+                    body += b"".join(int_list_attribute(key, values) for key, values in extra.items())
+                spans.append(_framed(_SPANS, body))
+            del scope_spans.spans[:]
+            scopes.append(_framed(_SCOPE_SPANS, scope_spans.SerializeToString() + b"".join(spans)))
+        del resource_spans.scope_spans[:]
+        out.append(_framed(_RESOURCE_SPANS, resource_spans.SerializeToString() + b"".join(scopes)))
+    return b"".join(out)
