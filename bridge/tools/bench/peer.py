@@ -11,7 +11,8 @@ it through the SDK tracer was seen to export to OpenTelemetry's default endpoint
 The episode's own step spans go to a provider that buffers and drops them (``export=False``), which
 is the SDK runner's behaviour with ``OtelTracer`` and an uninstrumented loop. With ``--export-spans``
 (``bench --peer-spans``) they are shipped like ours instead, one OTLP request per rollout before it
-returns, so both executors deliver the same trace volume and only the execution machinery differs.
+returns, with the token ids our workers ask the LLM for, so both executors deliver the same trace volume
+(the benchmark reads a sample back from the Store to show it) and only the execution machinery differs.
 """
 
 from __future__ import annotations
