@@ -184,7 +184,7 @@ class CeleryRunner(Runner[Any]):
             "[rollout=%s attempt=%s] step: executing on the cluster", started.rollout_id, started.attempt.attempt_id
         )
         direct.publish(dispatcher, started)
-        final = direct.wait_finished(store, settings, started, dispatching=lambda: dispatching(coordination))
+        final = direct.wait_finished(store, settings, started, dispatching=lambda: _loop_alive(coordination))
         if final.status != RolloutStatus.SUCCEEDED:
             raise direct.failure(store, final)
         return Rollout.model_validate(final.model_dump(mode="json"))
@@ -227,6 +227,16 @@ class CeleryRunner(Runner[Any]):
             if "AGENT_LIGHTNING_STORE_URL" not in str(exc) or "store_url" in overrides:
                 raise
             return load_settings(**overrides, store_url=DEFAULT_STORE_URL) if fallback else None
+
+
+def _loop_alive(coordination: redis.Redis) -> bool:
+    """Whether a dispatch loop will retry a requeued rollout; an unreachable Redis counts as yes, so step
+    keeps waiting (bounded by the rollout's budget) rather than failing on a coordination hiccup."""
+    try:
+        return dispatching(coordination)
+    except redis.RedisError as exc:
+        log.warning("could not read the dispatch lock (%r); waiting for the rollout as if a loop ran", exc)
+        return True
 
 
 def store_url_of(store: Any) -> str | None:

@@ -29,7 +29,7 @@ import agentlightning as agl
 import redis
 
 from bridge.core import capacity, keys
-from bridge.runner import CeleryRunner, store_url_of
+from bridge.runner import CeleryRunner, _loop_alive, store_url_of
 from bridge.runner_support.direct import RolloutFailedError
 from bridge.runner_support.fleet import AgentMismatchError, agent_path
 from bridge.runner_support.stop import EitherEvent
@@ -168,6 +168,21 @@ def test_a_failed_rollout_error_carries_the_workers_error_and_class() -> None:
     error = RolloutFailedError("ro-1", "at-1", "failed", "ValueError: bad sum", "agent")
     assert (error.error, error.failure_class, error.status) == ("ValueError: bad sum", "agent", "failed")
     assert "failure_class=agent" in str(error) and "ValueError: bad sum" in str(error)
+
+
+def test_a_requeued_step_waits_only_while_a_dispatch_loop_holds_the_lock(redis_client: redis.Redis) -> None:
+    """What ``step`` asks when the Store puts its rollout back in the queue; an unreachable Redis counts as a
+    running loop (keep waiting, bounded), never as a reason to fail the step."""
+    redis_client.delete(keys.bridge_leader())
+    try:
+        assert not _loop_alive(redis_client)
+        redis_client.set(keys.bridge_leader(), "bridge-test:1", px=5_000)
+        assert _loop_alive(redis_client)
+    finally:
+        redis_client.delete(keys.bridge_leader())
+    assert _loop_alive(redis.Redis(port=1, socket_connect_timeout=0.5))
+    error = RolloutFailedError("ro-1", "at-1", "requeuing", "ValueError: bad sum", "agent")
+    assert "no dispatch loop runs to retry it" in str(error) and "ValueError: bad sum" in str(error)
 
 
 def test_the_stop_signal_follows_the_trainers_multiprocessing_event_and_a_cancellation() -> None:
