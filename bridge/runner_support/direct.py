@@ -100,7 +100,7 @@ def wait_finished(
     """Block until the rollout is succeeded, failed or cancelled, or back in the queue with no dispatch loop
     (``dispatching()`` false) to retry it; TimeoutError past its own bound."""
     per_attempt = settings.hard_time_limit(settings.covered_timeout(rollout.config.timeout_seconds))
-    bound = (per_attempt + settings.max_queue_wait_s) * max(1, rollout.config.max_attempts)
+    bound = (per_attempt + settings.max_queue_wait_s) * rollout.config.max_attempts  # the Store keeps it >= 1
     deadline = time.monotonic() + bound + WAIT_MARGIN_S
     while True:
         done = store.wait_rollouts([rollout.rollout_id], timeout_s=WAIT_SLICE_S)

@@ -30,6 +30,7 @@ def _make_agent(export_spans: bool = False) -> Any:
     """Build the LitAgent class lazily: importing agentlightning takes seconds and is optional."""
     from agentlightning import LitAgent
 
+    from bridge.core.models import AttemptedRollout, ResourcesUpdate
     from bridge.core.settings import get_settings
     from bridge.core.store import StoreClient
     from workers import llm as llm_mod
@@ -56,14 +57,14 @@ def _make_agent(export_spans: bool = False) -> Any:
         def rollout(self, task: dict[str, Any], resources: Any, rollout: Any) -> float:
             settings = get_settings()
             env, store = self._process_clients()
-            main = resources.get("main_llm") if resources else None
-            # Token ids asked for as our workers ask (LLM_RETURN_TOKEN_IDS): they are most of a trace's bytes.
-            ids = settings.llm_return_token_ids
-            if main is not None:
-                sampling = dict(main.sampling_parameters or {})
-                target = llm_mod.LLMTarget(str(main.endpoint), str(main.model), "EMPTY", sampling, "llm", ids)
-            else:
-                target = llm_mod.LLMTarget(str(settings.openai_api_base), settings.model, "EMPTY", {}, "settings", ids)
+            # The target our workers would build (token ids included, LLM_RETURN_TOKEN_IDS), from Agent
+            # Lightning's objects converted to the Store's JSON shapes.
+            named = {name: resource.model_dump(mode="json") for name, resource in (resources or {}).items()}
+            target = llm_mod.resolve_target(
+                ResourcesUpdate(resources_id=str(rollout.resources_id or "latest"), resources=named),
+                AttemptedRollout.model_validate(rollout.model_dump(mode="json")),
+                settings,
+            )
             telemetry = AttemptTelemetry(
                 store,
                 rollout_id=rollout.rollout_id,
