@@ -49,7 +49,8 @@ from workers.agent import Episode
 from workers.agents import loading as agent_loading
 from workers.agents.loading import ConfiguredAgent
 from workers.failures import FailureClass, classify
-from workers.heartbeat import AttemptWatch, fence, span_flush_interval
+from workers.fence_board import fence
+from workers.heartbeat import AttemptWatch, span_flush_interval
 from workers.inputs import parse_task_input
 from workers.lease import Lease
 from workers.ratelimit import LLMRateLimiter, RateLimit

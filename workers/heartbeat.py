@@ -35,8 +35,9 @@ from dataclasses import dataclass, field
 import redis
 
 from bridge.core.errors import StoreError, Superseded, TelemetryError, UnknownIdError
-from bridge.core.models import ACTIVE_ATTEMPT, ACTIVE_ROLLOUT, AttemptedRollout, RolloutConfig
+from bridge.core.models import ACTIVE_ATTEMPT, RolloutConfig
 from bridge.core.store import StoreClient
+from workers.fence_board import GRACE_S, LISTING_LAPSES_INTERVALS, FenceBoard, fence
 from workers.lease import Lease, Renewal, renew_all
 from workers.telemetry import AttemptTelemetry
 
@@ -115,23 +116,11 @@ def span_flush_interval(streaming_s: float | None, unresponsive_s: float | None,
     return heartbeat_s if unresponsive_s else math.inf
 
 
-def fence(rollout: object, attempt_id: str) -> str | None:
-    """Why this attempt must not run or report, or None if it is still the rollout's live attempt."""
-    if not isinstance(rollout, AttemptedRollout):
-        return "the rollout has no attempt"
-    if rollout.attempt.attempt_id != attempt_id:
-        return f"superseded by attempt {rollout.attempt.attempt_id}"
-    if rollout.status not in ACTIVE_ROLLOUT:
-        return f"rollout is {rollout.status}"
-    if rollout.attempt.status not in ACTIVE_ATTEMPT:
-        return f"attempt is {rollout.attempt.status}"
-    return None
-
-
 class HeartbeatMonitor:
-    def __init__(self, store: StoreClient, redis_client: redis.Redis) -> None:
+    def __init__(self, store: StoreClient, redis_client: redis.Redis, board: FenceBoard | None = None) -> None:
         self._store = store
         self._redis = redis_client
+        self._board = board
         self._watches: set[AttemptWatch] = set()
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
@@ -273,32 +262,72 @@ class HeartbeatMonitor:
         Reading the ones not yet due costs nothing more (the same request) and puts every attempt of the process
         on one schedule, so the process makes one read per interval however many attempts it runs. An attempt
         whose lease is not known to be live is left out, and does not trigger a round either, until a renewal.
+        With the fence board, verdicts another process posted count as this process's reads; a due beat then
+        takes the board's round (reading every listed attempt of the cluster) or, while another process holds
+        it, waits up to ``GRACE_S`` for its verdicts before reading on its own.
         """
         now = time.monotonic()
         budgets = {w: self.store_budget(w) for w in watches if w.stop_reason is None and not w.reporting}
         batch = [w for w, budget in budgets.items() if budget is not None]
+        if self._board is not None and batch:
+            self._take_verdicts(batch, budgets)
+            batch = [w for w in batch if w.stop_reason is None]
         if not any(now >= w.next_beat for w in batch):
             return
+        interval = min(w.interval_s for w in batch)
+        reader = self._board is not None and self._board.take_round(interval)
+        if self._board is not None and not reader and not any(now >= w.next_beat + GRACE_S for w in batch):
+            return  # another process is reading this round: its verdicts come at the next exchange
         for watch in batch:
             watch.next_beat = now + watch.interval_s
-        self.beat(batch, timeout=min(b for b in budgets.values() if b is not None))
+        self.beat(batch, timeout=min(b for b in budgets.values() if b is not None), for_board=reader)
 
-    def beat(self, watches: Sequence[AttemptWatch], *, timeout: float = HEARTBEAT_TIMEOUT_S) -> None:
+    def _take_verdicts(self, batch: Sequence[AttemptWatch], budgets: dict[AttemptWatch, float | None]) -> None:
+        """Apply the board's verdicts that are newer than each attempt's own view, as a read of its own would."""
+        assert self._board is not None
+        interval = min(w.interval_s for w in batch)
+        verdicts = self._board.exchange([(w.rollout_id, w.attempt_id) for w in batch], interval)
+        if not verdicts:
+            return
+        now, wall = time.monotonic(), time.time()
+        for watch in batch:
+            verdict = verdicts.get(watch.attempt_id)
+            if verdict is None or verdict.read_at <= watch.viewed_at:
+                continue
+            if verdict.reason is not None:
+                watch.stop(verdict.reason)
+                continue
+            watch.viewed_at = verdict.read_at
+            watch.next_beat = max(watch.next_beat, now + watch.interval_s - max(0.0, wall - verdict.read_at))
+            watch.beats += 1
+            self._heartbeat_quietly(watch, budgets.get(watch) or HEARTBEAT_TIMEOUT_S)
+
+    def beat(
+        self, watches: Sequence[AttemptWatch], *, timeout: float = HEARTBEAT_TIMEOUT_S, for_board: bool = False
+    ) -> None:
         """Fence read of all ``watches`` in one request, then a heartbeat where one is needed.
 
         ``timeout`` bounds each Store call. Read first: any update of the latest attempt makes the Store
         recompute the rollout's status from it, so a heartbeat sent after a cancellation turns `cancelled` back
         into `preparing` (observed with agentlightning 0.3.0). Only an attempt that passed this read is touched.
+        ``for_board``: this process holds the board's round, so the same read covers every listed attempt of
+        the cluster and its verdicts are posted for the other processes.
         """
         watches = [w for w in watches if not w.reporting]
         if not watches:
             return
+        listed = self._board.listed() if for_board and self._board is not None else []
         sent_at = time.time()
         try:
-            views = self._store.get_rollouts([w.rollout_id for w in watches], retries=0, timeout=timeout)
+            views = self._store.get_rollouts(
+                [w.rollout_id for w in watches] + [rid for rid, _ in listed], retries=0, timeout=timeout
+            )
         except StoreError as exc:
-            log.warning("fence read of %d attempts failed (will retry): %s", len(watches), exc)
+            log.warning("fence read of %d attempts failed (will retry): %s", len(watches) + len(listed), exc)
             return
+        if listed and self._board is not None:
+            ttl = LISTING_LAPSES_INTERVALS * min(w.interval_s for w in watches)
+            self._board.post(listed, views, sent_at, ttl_s=ttl)
         for watch in watches:
             view = views.get(watch.rollout_id)
             reason = (
@@ -314,12 +343,15 @@ class HeartbeatMonitor:
                 continue
             watch.viewed_at = max(watch.viewed_at, sent_at)
             watch.beats += 1
-            try:
-                self._send_heartbeat(watch, timeout)
-            except UnknownIdError:
-                watch.stop("the Store no longer knows this rollout (it restarted?)")
-            except StoreError as exc:
-                log.warning("heartbeat to the Store failed for attempt %s (will retry): %s", watch.attempt_id, exc)
+            self._heartbeat_quietly(watch, timeout)
+
+    def _heartbeat_quietly(self, watch: AttemptWatch, timeout: float) -> None:
+        try:
+            self._send_heartbeat(watch, timeout)
+        except UnknownIdError:
+            watch.stop("the Store no longer knows this rollout (it restarted?)")
+        except StoreError as exc:
+            log.warning("heartbeat to the Store failed for attempt %s (will retry): %s", watch.attempt_id, exc)
 
     def _send_heartbeat(self, watch: AttemptWatch, timeout: float) -> None:
         """``last_heartbeat_time`` for an attempt that passed the fence, when the watchdog needs one."""

@@ -26,7 +26,8 @@ from bridge.core.logs import RolloutLogger
 from bridge.core.models import AttemptedRollout, AttemptStatus
 from workers import metrics as worker_metrics
 from workers.failures import FailureClass
-from workers.heartbeat import AttemptWatch, fence, watchdog_may_act
+from workers.fence_board import fence
+from workers.heartbeat import AttemptWatch, watchdog_may_act
 from workers.lease import Lease, executor_id, mark_done
 from workers.resources import WorkerResources
 from workers.telemetry import AttemptTelemetry, current_trace_id

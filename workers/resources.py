@@ -15,6 +15,7 @@ import redis
 from bridge.core.coordination import coordination_redis
 from bridge.core.settings import Settings, get_settings
 from bridge.core.store import StoreClient
+from workers.fence_board import FenceBoard
 from workers.heartbeat import HeartbeatMonitor
 from workers.webshop import WebShopClient
 
@@ -50,4 +51,5 @@ def _build(settings: Settings) -> WorkerResources:
         timeout_s=settings.webshop_timeout_s,
         retries=settings.webshop_retries,
     )
-    return WorkerResources(settings, store, client, webshop, HeartbeatMonitor(store, client), os.getpid())
+    board = FenceBoard(client, settings.store_base) if settings.fence_board else None
+    return WorkerResources(settings, store, client, webshop, HeartbeatMonitor(store, client, board), os.getpid())

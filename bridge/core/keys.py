@@ -78,3 +78,21 @@ def worker_agent(worker: str) -> str:
     ``CeleryRunner.init`` reads it to tell which online workers run another agent than the trainer's.
     """
     return f"{PREFIX}:agent:{worker}"
+
+
+def fence_listing(scope: str) -> str:
+    """Sorted set of the attempts running on any worker of one Store (``rollout_id attempt_id``; score: lapse time).
+
+    ``scope`` is a digest of the Store's URL, so two clusters sharing a Redis never fence each other's attempts
+    (``workers.fence_board``)."""
+    return f"{PREFIX}:fence:{scope}:listing"
+
+
+def fence_round(scope: str) -> str:
+    """Held by the worker process reading every listed attempt's rollout this round (expires within an interval)."""
+    return f"{PREFIX}:fence:{scope}:round"
+
+
+def fence_verdict(scope: str, attempt_id: str) -> str:
+    """What the latest round's read said of one attempt: ``<read time on the Store's clock> <stop reason>``."""
+    return f"{PREFIX}:fence:{scope}:verdict:{attempt_id}"

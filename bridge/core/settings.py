@@ -182,6 +182,10 @@ class Settings(BaseSettings):
     fence_max_age_s: float = Field(
         default=10.0, ge=0, le=300, validation_alias=AliasChoices("FENCE_MAX_AGE_S", "fence_max_age_s")
     )
+    # Share fence reads through Redis (workers.fence_board): one worker process per round reads the rollouts of
+    # every running attempt of the cluster and posts a verdict per attempt, instead of a read per process per
+    # interval (one per running attempt under prefork). Off: each process reads its own attempts.
+    fence_board: bool = Field(default=True, validation_alias=AliasChoices("FENCE_BOARD", "fence_board"))
     # Largest difference between a worker's clock and the Store's that a worker starts with (measured at start
     # from the Store's Date header, then corrected for in every comparison of the Store's timestamps); 0: no check.
     clock_skew_tolerance_s: float = Field(

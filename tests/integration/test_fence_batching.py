@@ -1,7 +1,9 @@
-"""Fence reads batched per worker process: one Store read per heartbeat interval for all its attempts.
+"""Fence reads batched across the cluster: one Store read per heartbeat interval for all running attempts.
 
-Eight long episodes run in one ``-P threads -c 8`` worker process. While they run, the Store serves one
-``GET /rollouts?rollout_id_in=…`` per interval for the whole process and no ``GET /rollouts/{id}``; then one
+Eight long episodes run in one ``-P threads -c 8`` worker process (its attempts read in one request), or in
+eight ``-P prefork`` processes (their attempts read by whichever process takes the fence board's round,
+``workers.fence_board``). While they run, the Store serves one ``GET /rollouts?rollout_id_in=…`` per interval
+for the whole worker and no ``GET /rollouts/{id}``; then one
 rollout is cancelled, one gets a newer attempt and one attempt is marked ``timeout`` (what the Store's
 watchdog writes, docs/store-protocol.md 6.3), and each executor stops within one interval, unreported,
 while the five others finish ``succeeded``. Real worker, bridge, Store and stand-ins; the request counts
@@ -34,11 +36,11 @@ SINGLE_READ = f"GET {API}/rollouts/{{rollout_id}}"
 DETECTION_SLACK_S = 1.5  # the thread's tick, the read itself and this test's log polling on a loaded machine
 
 
-@pytest.fixture
-def threads_stack(clean_store: LocalStack, tmp_path: Path) -> Iterator[LocalStack]:
+@pytest.fixture(params=["threads", "prefork"])
+def worker_stack(clean_store: LocalStack, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[LocalStack]:
     # No reconcile during the test: its `GET /rollouts?status_in=…` would count as a batch read.
     env = {"HEARTBEAT_INTERVAL_S": str(INTERVAL_S), "BRIDGE_RECONCILE_INTERVAL_S": "3600"}
-    with slow_episode_stack(clean_store, tmp_path, LLM_LATENCY_MS, env, concurrency=SLOTS, pool="threads") as stack:
+    with slow_episode_stack(clean_store, tmp_path, LLM_LATENCY_MS, env, concurrency=SLOTS, pool=request.param) as stack:
         yield stack
 
 
@@ -67,8 +69,8 @@ def _seconds_until_logged(stack: LocalStack, needle: str, timeout_s: float) -> f
     raise AssertionError(f"the worker never logged {needle!r}")
 
 
-def test_one_read_per_interval_per_process_and_every_change_seen_within_one(threads_stack: LocalStack) -> None:
-    store = threads_stack.store_url
+def test_one_read_per_interval_per_worker_and_every_change_seen_within_one(worker_stack: LocalStack) -> None:
+    store = worker_stack.store_url
     rids = enqueue(store, split_tasks(SLOTS))
     aids = _wait_all_started(store, rids)
     time.sleep(INTERVAL_S)  # every attempt is past its start and on the process's heartbeat schedule
@@ -96,7 +98,7 @@ def test_one_read_per_interval_per_process_and_every_change_seen_within_one(thre
     ]
     for rid, change in changes:
         change().raise_for_status()
-        seconds = _seconds_until_logged(threads_stack, f"stopping rollout={rid} attempt={aids[rid]}", 30.0)
+        seconds = _seconds_until_logged(worker_stack, f"stopping rollout={rid} attempt={aids[rid]}", 30.0)
         print(f"{rid}: stopped {seconds:.2f}s after the change")
         assert seconds <= INTERVAL_S + DETECTION_SLACK_S, f"{rid}: stopped {seconds:.1f}s after the change"
 
@@ -106,7 +108,7 @@ def test_one_read_per_interval_per_process_and_every_change_seen_within_one(thre
         mine = [a for a in attempts(store, rid) if a["attempt_id"] == aids[rid]]
         assert mine and mine[0]["status"] not in ("succeeded", "failed"), f"{rid}: a stopped attempt was reported"
     assert rollout(store, cancelled)["status"] == "cancelled"
-    log = "".join(worker.log_path.read_text() for worker in threads_stack.workers)
+    log = "".join(worker.log_path.read_text() for worker in worker_stack.workers)
     assert f"stopping rollout={cancelled} attempt={aids[cancelled]}: rollout is cancelled" in log
     assert f"stopping rollout={superseded} attempt={aids[superseded]}: superseded by attempt" in log
     # The timed-out attempt fails its rollout (one attempt allowed): the fence reads either status.

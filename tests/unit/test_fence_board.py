@@ -1,0 +1,193 @@
+"""The fence board: one Store read per round for the attempts of every worker process, through a real Redis.
+
+Each ``HeartbeatMonitor`` here stands for one worker process (as under ``-P prefork``), each with its own
+``FenceBoard`` on the same Redis. The Store is a recorder that answers rollout reads from a table the test
+edits (cancel, supersede) and counts every read with the ids it asked for; leases look freshly renewed so
+that only the fence logic decides. Rounds are driven by calling ``beat_due`` as the Store thread would.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from typing import cast
+
+import pytest
+import redis
+
+from bridge.core.errors import StoreError
+from bridge.core.models import Attempt, AttemptedRollout, Rollout
+from bridge.core.store import StoreClient
+from workers import fence_board
+from workers.fence_board import FenceBoard
+from workers.heartbeat import AttemptWatch, HeartbeatMonitor
+from workers.lease import Lease
+
+INTERVAL_S = 1.0
+
+
+class RecordingStore:
+    """Answers ``get_rollouts`` from ``rollouts``; ``reads`` holds the ids of every read, in order."""
+
+    def __init__(self) -> None:
+        self.rollouts: dict[str, AttemptedRollout] = {}
+        self.reads: list[list[str]] = []
+        self.down = False
+
+    def add(self, rollout_id: str) -> str:
+        attempt_id = f"at-{uuid.uuid4().hex[:8]}"
+        self.rollouts[rollout_id] = AttemptedRollout(
+            rollout_id=rollout_id,
+            status="running",
+            attempt=Attempt(rollout_id=rollout_id, attempt_id=attempt_id, status="running"),
+        )
+        return attempt_id
+
+    def get_rollouts(
+        self, rollout_ids: Sequence[str], *, retries: int | None = None, timeout: float | None = None
+    ) -> dict[str, Rollout | AttemptedRollout]:
+        if self.down:
+            raise StoreError("the Store is down (test)")
+        self.reads.append(list(dict.fromkeys(rollout_ids)))
+        return {rid: self.rollouts[rid] for rid in rollout_ids if rid in self.rollouts}
+
+
+@pytest.fixture
+def store_url() -> str:
+    return f"http://store-{uuid.uuid4().hex[:8]}.test:4747"  # a scope of its own for every test
+
+
+@pytest.fixture
+def store() -> RecordingStore:
+    return RecordingStore()
+
+
+@pytest.fixture
+def processes(redis_client: redis.Redis, store: RecordingStore, store_url: str) -> Iterator[list[HeartbeatMonitor]]:
+    monitors = [
+        HeartbeatMonitor(cast(StoreClient, store), redis_client, FenceBoard(redis_client, store_url)) for _ in range(3)
+    ]
+    yield monitors
+    _clear_boards(redis_client)
+
+
+def _clear_boards(client: redis.Redis) -> None:
+    board_keys = list(client.scan_iter("agl:fence:*"))
+    if board_keys:
+        client.delete(*board_keys)
+
+
+def _watch(monitor: HeartbeatMonitor, store: RecordingStore, rollout_id: str) -> AttemptWatch:
+    attempt_id = store.add(rollout_id)
+    lease = Lease(monitor._redis, attempt_id, 30.0)
+    lease.valid_until = time.monotonic() + 3600  # freshly renewed, for the whole test
+    return AttemptWatch(
+        rollout_id, attempt_id, lease, None, interval_s=INTERVAL_S, flush_interval_s=float("inf"), viewed_at=time.time()
+    )
+
+
+def _run_rounds(
+    monitors: list[HeartbeatMonitor], watches: dict[HeartbeatMonitor, list[AttemptWatch]], seconds: float
+) -> None:
+    """What each process's Store thread does, every tick, for ``seconds``."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        for monitor in monitors:
+            monitor.beat_due(watches[monitor])
+        time.sleep(0.05)
+
+
+def test_one_read_per_round_covers_every_process_and_each_sees_it(
+    processes: list[HeartbeatMonitor], store: RecordingStore
+) -> None:
+    watches = {m: [_watch(m, store, f"ro-{i}-{j}") for j in range(2)] for i, m in enumerate(processes)}
+    every = {w.rollout_id for ws in watches.values() for w in ws}
+    _run_rounds(processes, watches, 1.2)  # listed, first beats due, the first rounds read
+    started, viewed = len(store.reads), {w: w.viewed_at for ws in watches.values() for w in ws}
+
+    _run_rounds(processes, watches, 4 * INTERVAL_S)
+    reads = store.reads[started:]
+    # About one read per interval for all six attempts of the three processes (three a round without the board),
+    # and each read covered every attempt.
+    assert 3 <= len(reads) <= 6, f"{len(reads)} reads in 4 intervals: {reads}"
+    assert all(set(ids) == every for ids in reads), reads
+    for ws in watches.values():
+        for watch in ws:
+            assert watch.stop_reason is None
+            assert watch.viewed_at > viewed[watch] + 2 * INTERVAL_S, "a process never took the board's reads"
+
+
+def test_a_change_read_by_another_process_stops_the_attempt_within_an_interval(
+    processes: list[HeartbeatMonitor], store: RecordingStore
+) -> None:
+    watches = {m: [_watch(m, store, f"ro-{i}")] for i, m in enumerate(processes)}
+    _run_rounds(processes, watches, 1.5)
+    cancelled, superseded, untouched = (watches[m][0] for m in processes)
+    store.rollouts[cancelled.rollout_id] = store.rollouts[cancelled.rollout_id].model_copy(
+        update={"status": "cancelled"}
+    )
+    current = store.rollouts[superseded.rollout_id]
+    store.rollouts[superseded.rollout_id] = current.model_copy(
+        update={"attempt": current.attempt.model_copy(update={"attempt_id": "at-newer", "sequence_id": 2})}
+    )
+    changed = time.monotonic()
+    seen: dict[str, float] = {}
+    while time.monotonic() - changed < 3 * INTERVAL_S and len(seen) < 2:
+        _run_rounds(processes, watches, 0.05)
+        for watch in (cancelled, superseded):
+            if watch.stop_reason is not None and watch.rollout_id not in seen:
+                seen[watch.rollout_id] = time.monotonic() - changed
+    assert cancelled.stop_reason == "rollout is cancelled"
+    assert superseded.stop_reason == "superseded by attempt at-newer"
+    assert max(seen.values()) <= INTERVAL_S + fence_board.CHECK_EVERY_S + 0.3, seen
+    assert untouched.stop_reason is None
+
+
+def test_attempts_the_board_has_no_verdicts_for_are_still_read_every_interval(
+    processes: list[HeartbeatMonitor], store: RecordingStore, redis_client: redis.Redis
+) -> None:
+    first, second, _ = processes
+    watches = {first: [_watch(first, store, "ro-a")], second: [_watch(second, store, "ro-b")], processes[2]: []}
+    _run_rounds([first, second], watches, 1.5)
+    # From now on no verdict reaches the board (a reader that dies after its read, Redis emptied): every
+    # attempt must still be read each interval, by its own process.
+    _clear_boards(redis_client)
+    original_post = FenceBoard.post
+    FenceBoard.post = lambda self, *args, **kwargs: None  # type: ignore[method-assign]
+    try:
+        before = {w: w.viewed_at for ws in watches.values() for w in ws}
+        _run_rounds([first, second], watches, 3 * INTERVAL_S)
+    finally:
+        FenceBoard.post = original_post  # type: ignore[method-assign]
+    for ws in watches.values():
+        for watch in ws:
+            assert watch.stop_reason is None
+            assert watch.viewed_at > before[watch] + INTERVAL_S, f"{watch.rollout_id} was not read for 3 intervals"
+
+
+def test_without_redis_each_process_reads_its_own(store: RecordingStore, store_url: str) -> None:
+    dead = redis.Redis(port=1, socket_connect_timeout=0.2, socket_timeout=0.2)
+    monitors = [HeartbeatMonitor(cast(StoreClient, store), dead, FenceBoard(dead, store_url)) for _ in range(2)]
+    watches = {m: [_watch(m, store, f"ro-{i}")] for i, m in enumerate(monitors)}
+    for ws in watches.values():
+        ws[0].lease_unknown = True  # Redis unreachable: renewals cannot prove the lease, nobody can take it over
+    _run_rounds(monitors, watches, 2.5 * INTERVAL_S)
+    assert {tuple(ids) for ids in store.reads} == {("ro-0",), ("ro-1",)}, store.reads  # each its own, as before
+    assert all(ws[0].stop_reason is None for ws in watches.values())
+
+
+def test_clusters_sharing_a_redis_never_fence_each_others_attempts(
+    redis_client: redis.Redis, store: RecordingStore
+) -> None:
+    ours, theirs = RecordingStore(), store
+    a = HeartbeatMonitor(cast(StoreClient, ours), redis_client, FenceBoard(redis_client, "http://store-a.test:1"))
+    b = HeartbeatMonitor(cast(StoreClient, theirs), redis_client, FenceBoard(redis_client, "http://store-b.test:1"))
+    try:
+        watches = {a: [_watch(a, ours, "ro-a")], b: [_watch(b, theirs, "ro-b")]}
+        _run_rounds([a, b], watches, 2.5 * INTERVAL_S)
+        assert all(ids == ["ro-a"] for ids in ours.reads) and ours.reads
+        assert all(ids == ["ro-b"] for ids in theirs.reads) and theirs.reads
+        assert watches[a][0].stop_reason is None and watches[b][0].stop_reason is None
+    finally:
+        _clear_boards(redis_client)

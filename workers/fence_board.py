@@ -1,0 +1,174 @@
+"""One fence read per heartbeat interval for every running attempt of the cluster, shared through Redis.
+
+A worker process reads the rollouts of all its running attempts in one Store request per interval
+(``workers.heartbeat``). Under ``-P prefork`` a process runs one attempt, so the Store still served one
+read per running attempt per interval: 1.13 ``GET /rollouts`` per rollout at 32 prefork slots of 12 s
+episodes, one more for every further interval of an episode (docs/performance.md). The board makes it one
+read per interval for every worker process on every host:
+
+* each process lists its running attempts in a sorted set (score: when the entry lapses unless listed again);
+* the process whose beat comes due first takes the round (``SET NX PX``, just under an interval), reads every
+  listed attempt's rollout (100 a request) and posts a verdict per attempt: when the read was sent, on the
+  Store's clock, and why the attempt must stop, or nothing;
+* every process fetches its attempts' verdicts at most ``CHECK_EVERY_S`` apart (one pipelined round trip that
+  also lists them) and takes each newer one as its own read.
+
+A verdict is a Store read made by another process, no more: who may write into an attempt is still decided
+by its lease alone (``workers.lease``). An attempt with no fresh verdict (just listed, a round that failed,
+Redis unreachable or emptied) is read by its own process ``GRACE_S`` after its beat was due, as without the
+board. A rollout the reader's Store does not know gets no verdict, and keys carry a digest of the Store's URL,
+so clusters that share a Redis never fence each other's attempts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import redis
+
+from bridge.core import keys
+from bridge.core.models import ACTIVE_ATTEMPT, ACTIVE_ROLLOUT, AttemptedRollout, Rollout
+from workers import clock
+
+log = logging.getLogger("workers.fence_board")
+
+CHECK_EVERY_S = 0.5  # between fetches of this process's verdicts: bounds how late a posted stop is seen
+GRACE_S = 1.0  # an attempt whose beat is this overdue with no fresh verdict is read by its own process
+ROUND_SHARE = 0.9  # a round is held for this share of the interval, so the next one can start on time
+LISTING_LAPSES_INTERVALS = 3  # a listed attempt nobody lists again is dropped after this many intervals
+
+
+@dataclass(frozen=True)
+class Verdict:
+    read_at: float  # epoch s on this host's clock when the read was sent (a conservative age)
+    reason: str | None  # why the attempt must stop, None when it passed the fence
+
+
+Attempt = tuple[str, str]  # (rollout_id, attempt_id)
+
+
+class FenceBoard:
+    def __init__(self, redis_client: redis.Redis, store_url: str) -> None:
+        scope = hashlib.sha256(store_url.rstrip("/").encode()).hexdigest()[:12]
+        self._redis = redis_client
+        self._scope = scope
+        self._listing = keys.fence_listing(scope)
+        self._round = keys.fence_round(scope)
+        self._token = uuid.uuid4().hex
+        self._next_check = 0.0
+        self._listed: set[Attempt] = set()
+        self._listed_until = 0.0  # monotonic: list again before the entries could lapse
+
+    def exchange(self, attempts: Iterable[Attempt], interval_s: float) -> dict[str, Verdict] | None:
+        """List ``attempts`` and fetch their verdicts (attempt id -> verdict) in one round trip.
+
+        None when the last exchange was under ``CHECK_EVERY_S`` ago, or Redis did not answer (the process then
+        reads its own attempts, as without the board).
+        """
+        now = time.monotonic()
+        if now < self._next_check:
+            return None
+        self._next_check = now + CHECK_EVERY_S
+        current = set(attempts)
+        gone, new = self._listed - current, current - self._listed
+        relist = now >= self._listed_until
+        pipe = self._redis.pipeline(transaction=False)
+        if gone:
+            pipe.zrem(self._listing, *(_member(a) for a in gone))
+        if current and (new or relist):
+            lapses = time.time() + LISTING_LAPSES_INTERVALS * interval_s
+            pipe.zadd(self._listing, {_member(a): lapses for a in (current if relist else new)})
+        ordered = [aid for _, aid in current]
+        if ordered:
+            pipe.mget([keys.fence_verdict(self._scope, aid) for aid in ordered])
+        try:
+            results = pipe.execute()
+        except redis.RedisError as exc:
+            log.debug("fence board unreachable: %r", exc)
+            self._listed_until = 0.0  # list everything again once it answers (it may have lost its data)
+            return None
+        self._listed = current
+        if relist:
+            self._listed_until = now + interval_s
+        raw = results[-1] if ordered else []
+        return {aid: verdict for aid, value in zip(ordered, raw, strict=True) if (verdict := _parse(value))}
+
+    def take_round(self, interval_s: float) -> bool:
+        """Become this round's reader of every listed attempt; False when another process holds the round."""
+        ms = max(1, int(interval_s * 1000 * ROUND_SHARE))
+        try:
+            return bool(self._redis.set(self._round, self._token, nx=True, px=ms))
+        except redis.RedisError:
+            return False
+
+    def listed(self) -> list[Attempt]:
+        """Every attempt some process listed and still runs; drops the lapsed entries of processes that died."""
+        now = time.time()
+        try:
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.zremrangebyscore(self._listing, "-inf", now)
+            pipe.zrangebyscore(self._listing, now, "+inf")
+            members = pipe.execute()[1]
+        except redis.RedisError as exc:
+            log.debug("fence board listing unreadable: %r", exc)
+            return []
+        return [attempt for raw in members if (attempt := _attempt(raw))]
+
+    def post(
+        self, attempts: Iterable[Attempt], views: Mapping[str, Rollout | AttemptedRollout], sent_at: float, ttl_s: float
+    ) -> None:
+        """Publish what the read sent at ``sent_at`` (this host's clock) said of each attempt whose rollout it found."""
+        stamp = f"{sent_at + clock.store_offset_s():.3f}"
+        expiry = max(1, math.ceil(ttl_s))
+        pipe = self._redis.pipeline(transaction=False)
+        for rollout_id, attempt_id in attempts:
+            view = views.get(rollout_id)
+            if view is None:
+                continue
+            reason = fence(view, attempt_id)
+            pipe.set(keys.fence_verdict(self._scope, attempt_id), f"{stamp} {reason or ''}".rstrip(), ex=expiry)
+        try:
+            pipe.execute()
+        except redis.RedisError as exc:
+            log.debug("could not post fence verdicts: %r", exc)
+
+
+def fence(rollout: object, attempt_id: str) -> str | None:
+    """Why this attempt must not run or report, or None if it is still the rollout's live attempt."""
+    if not isinstance(rollout, AttemptedRollout):
+        return "the rollout has no attempt"
+    if rollout.attempt.attempt_id != attempt_id:
+        return f"superseded by attempt {rollout.attempt.attempt_id}"
+    if rollout.status not in ACTIVE_ROLLOUT:
+        return f"rollout is {rollout.status}"
+    if rollout.attempt.status not in ACTIVE_ATTEMPT:
+        return f"attempt is {rollout.attempt.status}"
+    return None
+
+
+def _member(attempt: Attempt) -> str:
+    return f"{attempt[0]} {attempt[1]}"
+
+
+def _attempt(raw: bytes | str) -> Attempt | None:
+    text = raw.decode() if isinstance(raw, bytes) else raw
+    rollout_id, _, attempt_id = text.partition(" ")
+    return (rollout_id, attempt_id) if rollout_id and attempt_id else None
+
+
+def _parse(raw: bytes | str | None) -> Verdict | None:
+    if raw is None:
+        return None
+    text = raw.decode() if isinstance(raw, bytes) else raw
+    stamp, _, reason = text.partition(" ")
+    try:
+        store_time = float(stamp)
+    except ValueError:
+        return None
+    return Verdict(clock.to_local(store_time), reason or None)
