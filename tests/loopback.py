@@ -1,13 +1,19 @@
-"""A Store stand-in for unit tests: a real HTTP endpoint on 127.0.0.1 that answers 503 and records requests.
+"""HTTP endpoints on 127.0.0.1 for unit tests: a real server whose answers a test decides.
 
-Used where a test must show what a worker sends (or that it sends nothing) without a real Store.
+``LoopbackServer`` answers each request with what its ``answer`` callable returns; ``RecordingStore`` is a
+Store stand-in that answers 503 and records requests, used where a test must show what a worker sends (or
+that it sends nothing) without a real Store.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+Answer = Callable[[str, str], tuple[int, dict[str, str], bytes]]
+"""(method, path) -> (status, headers, body)."""
 
 
 class _QuietServer(ThreadingHTTPServer):
@@ -15,26 +21,26 @@ class _QuietServer(ThreadingHTTPServer):
         pass  # clients reset connections on purpose (SO_LINGER 0 on timeouts): not worth a traceback
 
 
-class RecordingStore:
-    """Answers every GET and POST with 503 after ``delay_s`` and keeps each request's path, in order."""
+class LoopbackServer:
+    """Answers every GET and POST with ``answer(method, path)`` after ``delay_s`` (request bodies are dropped)."""
 
-    def __init__(self, delay_s: float = 0.0) -> None:
-        self.paths: list[str] = []
-        owner = self
-
+    def __init__(self, answer: Answer, delay_s: float = 0.0) -> None:
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"  # keep-alive, as a real Store answers
 
             def _answer(self) -> None:
-                owner.paths.append(self.path)
                 length = int(self.headers.get("Content-Length") or 0)
                 if length:
                     self.rfile.read(length)
+                status, headers, body = answer(self.command, self.path)
                 time.sleep(delay_s)
                 try:
-                    self.send_response(503)
-                    self.send_header("Content-Length", "0")
+                    self.send_response(status)
+                    for name, value in headers.items():
+                        self.send_header(name, value)
+                    self.send_header("Content-Length", str(len(body)))
                     self.end_headers()
+                    self.wfile.write(body)
                 except OSError:
                     pass  # the client timed out first
 
@@ -51,3 +57,16 @@ class RecordingStore:
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+class RecordingStore(LoopbackServer):
+    """Answers every GET and POST with 503 after ``delay_s`` and keeps each request's path, in order."""
+
+    def __init__(self, delay_s: float = 0.0) -> None:
+        self.paths: list[str] = []
+
+        def answer(method: str, path: str) -> tuple[int, dict[str, str], bytes]:
+            self.paths.append(path)
+            return 503, {}, b""
+
+        super().__init__(answer, delay_s)

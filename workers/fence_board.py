@@ -22,7 +22,6 @@ so clusters that share a Redis never fence each other's attempts.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import time
@@ -55,7 +54,7 @@ Attempt = tuple[str, str]  # (rollout_id, attempt_id)
 
 class FenceBoard:
     def __init__(self, redis_client: redis.Redis, store_url: str) -> None:
-        scope = hashlib.sha256(store_url.rstrip("/").encode()).hexdigest()[:12]
+        scope = keys.store_scope(store_url)
         self._redis = redis_client
         self._scope = scope
         self._listing = keys.fence_listing(scope)

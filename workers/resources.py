@@ -17,6 +17,7 @@ from bridge.core.settings import Settings, get_settings
 from bridge.core.store import StoreClient
 from workers.fence_board import FenceBoard
 from workers.heartbeat import HeartbeatMonitor
+from workers.shared_resources import RedisResources
 from workers.webshop import WebShopClient
 
 
@@ -45,6 +46,7 @@ def get_resources() -> WorkerResources:
 def _build(settings: Settings) -> WorkerResources:
     store = StoreClient.from_settings(settings)
     client = coordination_redis(settings, timeout_s=10)
+    store.shared_resources = RedisResources(client, settings.store_base)
     webshop = WebShopClient(
         str(settings.webshop_url),
         token=settings.webshop_token,

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
+
 PREFIX = "agl"
+
+
+def store_scope(store_url: str) -> str:
+    """A short digest of a Store's URL: keys that hold one Store's data carry it, so clusters sharing a Redis
+    never read each other's."""
+    return hashlib.sha256(store_url.rstrip("/").encode()).hexdigest()[:12]
 
 
 def capacity(queue: str, worker: str) -> str:
@@ -96,3 +104,8 @@ def fence_round(scope: str) -> str:
 def fence_verdict(scope: str, attempt_id: str) -> str:
     """What the latest round's read said of one attempt: ``<read time on the Store's clock> <stop reason>``."""
     return f"{PREFIX}:fence:{scope}:verdict:{attempt_id}"
+
+
+def shared_resources(scope: str, resources_id: str) -> str:
+    """A resources update as one worker fetched it from the Store, for the other processes until its TTL ends."""
+    return f"{PREFIX}:resources:{scope}:{resources_id}"

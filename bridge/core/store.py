@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx
 
@@ -36,6 +36,15 @@ ROLLOUTS_PER_READ = 100
 """Ids per batched rollout read: keeps the query string (about 30 bytes an id) far below URL limits."""
 
 
+class SharedResources(Protocol):
+    """Resources updates shared by the processes of a cluster (``workers.shared_resources``): the fetch time
+    (epoch seconds) and the update, so each process applies the same TTL from the one fetch."""
+
+    def get(self, resources_id: str) -> tuple[float, ResourcesUpdate] | None: ...
+
+    def put(self, fetched_at: float, update: ResourcesUpdate, ttl_s: float) -> None: ...
+
+
 class StoreClient:
     """Thread-safe (httpx.Client is) synchronous client, one per process."""
 
@@ -55,6 +64,7 @@ class StoreClient:
         self._resources_ttl_s = resources_ttl_s
         self._resources_cache: dict[str, tuple[float, ResourcesUpdate]] = {}
         self._cache_lock = threading.Lock()
+        self.shared_resources: SharedResources | None = None  # set by the workers: one fetch per TTL for all processes
         self.requests_sent = 0
 
     @classmethod
@@ -244,24 +254,41 @@ class StoreClient:
         return Rollout.model_validate(data)
 
     def get_resources(self, resources_id: str | None) -> ResourcesUpdate | None:
-        """Resources by id (cached briefly: they are read once per rollout), else the latest."""
+        """Resources by id, else the latest. An update by id is cached for ``resources_ttl_s`` from its fetch, in
+        this process and, with ``shared_resources``, for every process: a rollout reads them once, and under
+        prefork each process would otherwise fetch the same update (0.40 requests per rollout at 32 slots)."""
         now = time.monotonic()
         if resources_id is not None:
             with self._cache_lock:
                 cached = self._resources_cache.get(resources_id)
             if cached and now - cached[0] < self._resources_ttl_s:
                 return cached[1]
+            shared = self._shared_get(resources_id)
+            if shared is not None:
+                age = max(0.0, time.time() - shared[0])
+                if age < self._resources_ttl_s:
+                    self._cache_resources(now - age, shared[1])
+                    return shared[1]
         path = f"/resources/{resources_id}" if resources_id else "/resources/latest"
+        fetched_at = time.time()
         data = self._json("GET", path)
         if data is None:
             return None
         update = ResourcesUpdate.model_validate(data)
+        self._cache_resources(now, update)
+        if self.shared_resources is not None:
+            self.shared_resources.put(fetched_at, update, self._resources_ttl_s)
+        return update
+
+    def _shared_get(self, resources_id: str) -> tuple[float, ResourcesUpdate] | None:
+        return self.shared_resources.get(resources_id) if self.shared_resources is not None else None
+
+    def _cache_resources(self, fetched_at: float, update: ResourcesUpdate) -> None:
         with self._cache_lock:
-            self._resources_cache[update.resources_id] = (now, update)
+            self._resources_cache[update.resources_id] = (fetched_at, update)
             if len(self._resources_cache) > 256:
                 oldest = min(self._resources_cache, key=lambda k: self._resources_cache[k][0])
                 self._resources_cache.pop(oldest, None)
-        return update
 
     def spans(self, rollout_id: str, attempt_id: str = "latest") -> list[dict[str, Any]]:
         data = self._json("GET", "/spans", params={"rollout_id": rollout_id, "attempt_id": attempt_id})
