@@ -20,7 +20,9 @@
   is not known to be live gets no Store call (and is left out of the batched read) until the next renewal.
 
 One pair of threads serves all attempts of the process, so a ``-P threads`` worker with 128 slots runs two
-threads, not 128. Each Store call here makes a single try: the next tick is the retry.
+threads, not 128. With the fence board (``workers.fence_board``) one read serves every process of the
+cluster: the process that takes a round reads for all, and the others apply its verdicts as their reads.
+Each Store call here makes a single try: the next tick is the retry.
 """
 
 from __future__ import annotations
@@ -35,8 +37,8 @@ from dataclasses import dataclass, field
 import redis
 
 from bridge.core.errors import StoreError, Superseded, TelemetryError, UnknownIdError
-from bridge.core.models import ACTIVE_ATTEMPT, RolloutConfig
-from bridge.core.store import StoreClient
+from bridge.core.models import ACTIVE_ATTEMPT, AttemptedRollout, Rollout, RolloutConfig
+from bridge.core.store import ROLLOUTS_PER_READ, StoreClient
 from workers.fence_board import GRACE_S, LISTING_LAPSES_INTERVALS, FenceBoard, fence
 from workers.lease import Lease, Renewal, renew_all
 from workers.telemetry import AttemptTelemetry
@@ -317,15 +319,17 @@ class HeartbeatMonitor:
         if not watches:
             return
         listed = self._board.listed() if for_board and self._board is not None else []
-        sent_at = time.time()
+        own = list(dict.fromkeys(w.rollout_id for w in watches))
+        others = [rid for rid in dict.fromkeys(rid for rid, _ in listed) if rid not in set(own)]
+        room = -len(own) % ROLLOUTS_PER_READ  # other processes' attempts that fit in this process's own requests
+        sent_at, started = time.time(), time.monotonic()
         try:
-            views = self._store.get_rollouts(
-                [w.rollout_id for w in watches] + [rid for rid, _ in listed], retries=0, timeout=timeout
-            )
+            views = self._store.get_rollouts(own + others[:room], retries=0, timeout=timeout)
         except StoreError as exc:
-            log.warning("fence read of %d attempts failed (will retry): %s", len(watches) + len(listed), exc)
+            log.warning("fence read of %d attempts failed (will retry): %s", len(own), exc)
             return
         if listed and self._board is not None:
+            views.update(self._read_for_board(others[room:], budget=timeout - (time.monotonic() - started)))
             ttl = LISTING_LAPSES_INTERVALS * min(w.interval_s for w in watches)
             self._board.post(listed, views, sent_at, ttl_s=ttl)
         for watch in watches:
@@ -344,6 +348,27 @@ class HeartbeatMonitor:
             watch.viewed_at = max(watch.viewed_at, sent_at)
             watch.beats += 1
             self._heartbeat_quietly(watch, timeout)
+
+    def _read_for_board(self, rollout_ids: list[str], budget: float) -> dict[str, Rollout | AttemptedRollout]:
+        """The rest of the round's read, for other processes' attempts: best effort within ``budget`` seconds in all.
+
+        A slow or failing Store must not hold this process's own beats and flushes for a request per hundred
+        attempts of the cluster; what is not read here gets no verdict, and its process reads it itself.
+        """
+        views: dict[str, Rollout | AttemptedRollout] = {}
+        deadline = time.monotonic() + budget
+        for start in range(0, len(rollout_ids), ROLLOUTS_PER_READ):
+            left = deadline - time.monotonic()
+            if left < MIN_STORE_CALL_S:
+                break
+            try:
+                views.update(
+                    self._store.get_rollouts(rollout_ids[start : start + ROLLOUTS_PER_READ], retries=0, timeout=left)
+                )
+            except StoreError as exc:
+                log.debug("fence board read of other processes' attempts stopped: %s", exc)
+                break
+        return views
 
     def _heartbeat_quietly(self, watch: AttemptWatch, timeout: float) -> None:
         try:

@@ -16,6 +16,7 @@ from typing import cast
 import pytest
 import redis
 
+from bridge.core import keys
 from bridge.core.errors import StoreError
 from bridge.core.models import Attempt, AttemptedRollout, Rollout
 from bridge.core.store import StoreClient
@@ -34,6 +35,7 @@ class RecordingStore:
         self.rollouts: dict[str, AttemptedRollout] = {}
         self.reads: list[list[str]] = []
         self.down = False
+        self.answer_reads = 1_000_000  # reads after this many raise, as a Store that stops answering
 
     def add(self, rollout_id: str) -> str:
         attempt_id = f"at-{uuid.uuid4().hex[:8]}"
@@ -47,7 +49,7 @@ class RecordingStore:
     def get_rollouts(
         self, rollout_ids: Sequence[str], *, retries: int | None = None, timeout: float | None = None
     ) -> dict[str, Rollout | AttemptedRollout]:
-        if self.down:
+        if self.down or len(self.reads) >= self.answer_reads:
             raise StoreError("the Store is down (test)")
         self.reads.append(list(dict.fromkeys(rollout_ids)))
         return {rid: self.rollouts[rid] for rid in rollout_ids if rid in self.rollouts}
@@ -191,3 +193,21 @@ def test_clusters_sharing_a_redis_never_fence_each_others_attempts(
         assert watches[a][0].stop_reason is None and watches[b][0].stop_reason is None
     finally:
         _clear_boards(redis_client)
+
+
+def test_a_round_too_big_for_one_request_reads_its_own_first_and_gives_up_the_rest_when_the_store_fails(
+    processes: list[HeartbeatMonitor], store: RecordingStore, redis_client: redis.Redis, store_url: str
+) -> None:
+    reader = processes[0]
+    mine = _watch(reader, store, "ro-mine")
+    others = [(f"ro-other-{i:03d}", store.add(f"ro-other-{i:03d}")) for i in range(250)]
+    FenceBoard(redis_client, store_url).exchange(others, INTERVAL_S)  # another process lists 250 attempts
+    store.answer_reads = 1  # the Store answers the first request of the round, then fails
+    mine.next_beat = 0.0
+    reader.beat_due([mine])
+
+    assert [len(ids) for ids in store.reads] == [100], store.reads  # own attempt and the 99 others that fit
+    assert store.reads[0][0] == "ro-mine"
+    assert mine.stop_reason is None and mine.beats == 1, "a failure reading for others counted against its own"
+    posted = redis_client.mget([keys.fence_verdict(keys.store_scope(store_url), aid) for _, aid in others])
+    assert sum(value is not None for value in posted) == 99  # the rest get no verdict: their process reads them
