@@ -32,7 +32,9 @@ from dataclasses import dataclass
 import redis
 
 from bridge.core import keys
+from bridge.core.errors import StoreError
 from bridge.core.models import ACTIVE_ATTEMPT, ACTIVE_ROLLOUT, AttemptedRollout, Rollout
+from bridge.core.store import ROLLOUTS_PER_READ, StoreClient
 from workers import clock
 
 log = logging.getLogger("workers.fence_board")
@@ -41,6 +43,7 @@ CHECK_EVERY_S = 0.5  # between fetches of this process's verdicts: bounds how la
 GRACE_S = 1.0  # an attempt whose beat is this overdue with no fresh verdict is read by its own process
 ROUND_SHARE = 0.9  # a round is held for this share of the interval, so the next one can start on time
 LISTING_LAPSES_INTERVALS = 3  # a listed attempt nobody lists again is dropped after this many intervals
+MIN_READ_S = 0.5  # less of the round's budget left than this: leave the rest unread
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,28 @@ class FenceBoard:
             log.debug("fence board listing unreadable: %r", exc)
             return []
         return [attempt for raw in members if (attempt := _attempt(raw))]
+
+    def read(self, store: StoreClient, rollout_ids: list[str], budget: float) -> dict[str, Rollout | AttemptedRollout]:
+        """The rest of a round's read, for other processes' attempts: best effort within ``budget`` seconds in all.
+
+        The reader's own attempts come first, in its own request (``HeartbeatMonitor.beat``); a slow or failing
+        Store must not then hold its beats and flushes for a request per hundred attempts of the cluster. What
+        is not read here gets no verdict, and its process reads it itself.
+        """
+        views: dict[str, Rollout | AttemptedRollout] = {}
+        deadline = time.monotonic() + budget
+        for start in range(0, len(rollout_ids), ROLLOUTS_PER_READ):
+            left = deadline - time.monotonic()
+            if left < MIN_READ_S:
+                break
+            try:
+                views.update(
+                    store.get_rollouts(rollout_ids[start : start + ROLLOUTS_PER_READ], retries=0, timeout=left)
+                )
+            except StoreError as exc:
+                log.debug("fence board read of other processes' attempts stopped: %s", exc)
+                break
+        return views
 
     def post(
         self, attempts: Iterable[Attempt], views: Mapping[str, Rollout | AttemptedRollout], sent_at: float, ttl_s: float

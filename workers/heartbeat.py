@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import redis
 
 from bridge.core.errors import StoreError, Superseded, TelemetryError, UnknownIdError
-from bridge.core.models import ACTIVE_ATTEMPT, AttemptedRollout, Rollout, RolloutConfig
+from bridge.core.models import ACTIVE_ATTEMPT, RolloutConfig
 from bridge.core.store import ROLLOUTS_PER_READ, StoreClient
 from workers.fence_board import GRACE_S, LISTING_LAPSES_INTERVALS, FenceBoard, fence
 from workers.lease import Lease, Renewal, renew_all
@@ -297,7 +297,8 @@ class HeartbeatMonitor:
             if verdict is None or verdict.read_at <= watch.viewed_at:
                 continue
             if verdict.reason is not None:
-                watch.stop(verdict.reason)
+                if not watch.reporting:  # a finished rollout may be our own report landing: no reason to stop
+                    watch.stop(verdict.reason)
                 continue
             watch.viewed_at = verdict.read_at
             watch.next_beat = max(watch.next_beat, now + watch.interval_s - max(0.0, wall - verdict.read_at))
@@ -320,7 +321,8 @@ class HeartbeatMonitor:
             return
         listed = self._board.listed() if for_board and self._board is not None else []
         own = list(dict.fromkeys(w.rollout_id for w in watches))
-        others = [rid for rid in dict.fromkeys(rid for rid, _ in listed) if rid not in set(own)]
+        mine = set(own)
+        others = [rid for rid in dict.fromkeys(rid for rid, _ in listed) if rid not in mine]
         room = -len(own) % ROLLOUTS_PER_READ  # other processes' attempts that fit in this process's own requests
         sent_at, started = time.time(), time.monotonic()
         try:
@@ -329,7 +331,7 @@ class HeartbeatMonitor:
             log.warning("fence read of %d attempts failed (will retry): %s", len(own), exc)
             return
         if listed and self._board is not None:
-            views.update(self._read_for_board(others[room:], budget=timeout - (time.monotonic() - started)))
+            views.update(self._board.read(self._store, others[room:], budget=timeout - (time.monotonic() - started)))
             ttl = LISTING_LAPSES_INTERVALS * min(w.interval_s for w in watches)
             self._board.post(listed, views, sent_at, ttl_s=ttl)
         for watch in watches:
@@ -348,27 +350,6 @@ class HeartbeatMonitor:
             watch.viewed_at = max(watch.viewed_at, sent_at)
             watch.beats += 1
             self._heartbeat_quietly(watch, timeout)
-
-    def _read_for_board(self, rollout_ids: list[str], budget: float) -> dict[str, Rollout | AttemptedRollout]:
-        """The rest of the round's read, for other processes' attempts: best effort within ``budget`` seconds in all.
-
-        A slow or failing Store must not hold this process's own beats and flushes for a request per hundred
-        attempts of the cluster; what is not read here gets no verdict, and its process reads it itself.
-        """
-        views: dict[str, Rollout | AttemptedRollout] = {}
-        deadline = time.monotonic() + budget
-        for start in range(0, len(rollout_ids), ROLLOUTS_PER_READ):
-            left = deadline - time.monotonic()
-            if left < MIN_STORE_CALL_S:
-                break
-            try:
-                views.update(
-                    self._store.get_rollouts(rollout_ids[start : start + ROLLOUTS_PER_READ], retries=0, timeout=left)
-                )
-            except StoreError as exc:
-                log.debug("fence board read of other processes' attempts stopped: %s", exc)
-                break
-        return views
 
     def _heartbeat_quietly(self, watch: AttemptWatch, timeout: float) -> None:
         try:

@@ -66,16 +66,32 @@ class PerThreadTransport(httpx.BaseTransport):
             pool.close()
 
 
-def pooled_transport(max_connections: int) -> PerThreadTransport:
-    """The transport of every service client: per-thread pools, short keep-alive, connections reset on close."""
-    limits = httpx.Limits(
+def _limits(max_connections: int) -> httpx.Limits:
+    return httpx.Limits(
         max_connections=max_connections, max_keepalive_connections=max_connections, keepalive_expiry=KEEPALIVE_S
     )
-    return PerThreadTransport(limits)
+
+
+def pooled_transport(max_connections: int) -> PerThreadTransport:
+    """Per-thread pools, for the LLM: each of a worker's threads keeps a call open most of the time, so a shared
+    pool would hold a connection per thread and walk them all on every request (``PerThreadTransport``)."""
+    return PerThreadTransport(_limits(max_connections))
+
+
+def shared_transport(max_connections: int) -> httpx.HTTPTransport:
+    """One pool for every thread, for the services a thread calls now and then (the Store, WebShop).
+
+    A thread of a ``-P threads`` worker calls the Store about twice per episode and WebShop once per LLM call:
+    with a pool of its own, the connection had expired by its next call (``KEEPALIVE_S``), so nearly every
+    Store request and WebShop step opened a new connection, at a cost to both sides. Shared, the pool holds
+    only as many connections as requests run at once, and they stay warm.
+    """
+    return httpx.HTTPTransport(limits=_limits(max_connections), socket_options=ABORT_ON_CLOSE)
 
 
 def service_client(base_url: str, *, token: str | None, timeout_s: float, max_connections: int) -> httpx.Client:
-    """A pooled client with an optional bearer token (for services behind an authenticating proxy).
+    """A client with one connection pool (``shared_transport``) and an optional bearer token (for services
+    behind an authenticating proxy).
 
     The connect timeout is short and separate: a service that is down should fail fast into the caller's
     retry policy, while a slow answer may take the whole ``timeout_s``.
@@ -85,7 +101,7 @@ def service_client(base_url: str, *, token: str | None, timeout_s: float, max_co
         base_url=base_url.rstrip("/"),
         headers=headers,
         timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 5.0)),
-        transport=pooled_transport(max_connections),
+        transport=shared_transport(max_connections),
     )
 
 
