@@ -7,7 +7,7 @@ episodes, one more for every further interval of an episode (docs/performance.md
 read per interval for every worker process on every host:
 
 * each process lists its running attempts in a sorted set (score: when the entry lapses unless listed again);
-* the process whose beat comes due first takes the round (``SET NX PX``, just under an interval), reads every
+* the process whose beat comes due first takes the round (``SET NX PX``, at most a second), reads every
   listed attempt's rollout (100 a request) and posts a verdict per attempt: when the read was sent, on the
   Store's clock, and why the attempt must stop, or nothing;
 * every process fetches its attempts' verdicts at most ``CHECK_EVERY_S`` apart (one pipelined round trip that
@@ -42,6 +42,10 @@ log = logging.getLogger("workers.fence_board")
 CHECK_EVERY_S = 0.5  # between fetches of this process's verdicts: bounds how late a posted stop is seen
 GRACE_S = 1.0  # an attempt whose beat is this overdue with no fresh verdict is read by its own process
 ROUND_SHARE = 0.9  # a round is held for this share of the interval, so the next one can start on time
+# ... and never longer than GRACE_S: the taker's interval need not be the shortest of the cluster (a rollout's
+# unresponsive_seconds shortens its attempt's interval to a third), and a process whose attempts need reading
+# sooner must be able to take the next round itself. The rounds' cadence still follows the due beats, which
+# every verdict pushes back by an interval, so a short hold does not make more rounds.
 LISTING_LAPSES_INTERVALS = 3  # a listed attempt nobody lists again is dropped after this many intervals
 MIN_READ_S = 0.5  # less of the round's budget left than this: leave the rest unread
 
@@ -103,7 +107,7 @@ class FenceBoard:
 
     def take_round(self, interval_s: float) -> bool:
         """Become this round's reader of every listed attempt; False when another process holds the round."""
-        ms = max(1, int(interval_s * 1000 * ROUND_SHARE))
+        ms = max(1, int(min(interval_s * ROUND_SHARE, GRACE_S) * 1000))
         try:
             return bool(self._redis.set(self._round, self._token, nx=True, px=ms))
         except redis.RedisError:

@@ -8,6 +8,7 @@ that only the fence logic decides. Rounds are driven by calling ``beat_due`` as 
 
 from __future__ import annotations
 
+import itertools
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -211,3 +212,28 @@ def test_a_round_too_big_for_one_request_reads_its_own_first_and_gives_up_the_re
     assert mine.stop_reason is None and mine.beats == 1, "a failure reading for others counted against its own"
     posted = redis_client.mget([keys.fence_verdict(keys.store_scope(store_url), aid) for _, aid in others])
     assert sum(value is not None for value in posted) == 99  # the rest get no verdict: their process reads them
+
+
+def test_an_attempt_with_a_shorter_interval_than_the_round_holders_is_still_read_every_interval(
+    processes: list[HeartbeatMonitor], store: RecordingStore
+) -> None:
+    # A rollout with unresponsive_seconds gets a shorter interval than the others: its process must not wait
+    # out a round held for a longer interval.
+    slow_process, fast_process, _ = processes
+    slow = _watch(slow_process, store, "ro-slow")
+    slow.interval_s = 3 * INTERVAL_S
+    fast = _watch(fast_process, store, "ro-fast")
+    watches = {slow_process: [slow], fast_process: [fast]}
+    slow.next_beat = 0.0  # the slow process takes the first round, held as long as the board allows
+
+    views: list[tuple[float, float]] = []  # (monotonic time, the fast attempt's view) at each change
+    end = time.monotonic() + 4 * INTERVAL_S
+    while time.monotonic() < end:
+        for monitor in (slow_process, fast_process):
+            monitor.beat_due(watches[monitor])
+        if not views or fast.viewed_at > views[-1][1]:
+            views.append((time.monotonic(), fast.viewed_at))
+        time.sleep(0.05)
+    gaps = [later[0] - earlier[0] for earlier, later in itertools.pairwise(views)]
+    assert gaps and max(gaps) <= INTERVAL_S + fence_board.CHECK_EVERY_S + 0.3, gaps
+    assert fast.stop_reason is None and slow.stop_reason is None
