@@ -47,7 +47,6 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -136,17 +135,18 @@ def run_workload(
 
     cpu_at: dict[int, tuple[int, float]] = {}  # window edge -> (rollouts finished, Store CPU s) when crossed
 
-    def progress(finished: Mapping[str, str]) -> None:
-        if args.soak and len(finished) >= SOAK_EARLY and "early" not in marks:
+    def progress(finished: int) -> None:
+        if args.soak and finished >= SOAK_EARLY and "early" not in marks:
             marks["early"] = sampler.sample()[memory_group]
         if args.soak and "store" in groups:
             for edge in SOAK_EDGES:
-                if len(finished) >= edge and edge not in cpu_at:
-                    cpu_at[edge] = (len(finished), watch.cpu()["store"])
+                if finished >= edge and edge not in cpu_at:
+                    cpu_at[edge] = (finished, watch.cpu()["store"])
 
     watch = bm.Stopwatch(groups)
+    finished_before = client.finished_count()
     ids = client.enqueue(inputs, resources_id)
-    done = client.wait(ids, args.timeout_s, progress)
+    done = client.wait_counted(ids, finished_before, args.timeout_s, progress)
     wall, cpu = watch.elapsed(), watch.cpu()
     marks["end"] = sampler.sample()[memory_group]
     sampler.stop()
