@@ -27,6 +27,14 @@ def store_poll(store: StoreClient) -> FinishedPoll:
     return finished
 
 
+def finished_among(poll: FinishedPoll, rollout_ids: list[str]) -> dict[str, str]:
+    """One round of ``poll`` over ``rollout_ids``, ``CHUNK`` ids a request."""
+    finished: dict[str, str] = {}
+    for start in range(0, len(rollout_ids), CHUNK):
+        finished.update(poll(rollout_ids[start : start + CHUNK]))
+    return finished
+
+
 def wait_for_rollouts(
     poll: FinishedPoll,
     rollout_ids: list[str],
@@ -43,9 +51,7 @@ def wait_for_rollouts(
     finished: dict[str, str] = {}
     deadline = time.monotonic() + timeout_s
     while len(finished) < len(rollout_ids) and time.monotonic() < deadline:
-        pending = [r for r in rollout_ids if r not in finished]
-        for start in range(0, len(pending), CHUNK):
-            finished.update(poll(pending[start : start + CHUNK]))
+        finished.update(finished_among(poll, [r for r in rollout_ids if r not in finished]))
         if on_progress is not None:
             on_progress(finished)
         if len(finished) < len(rollout_ids):

@@ -14,7 +14,7 @@ import httpx
 
 from bridge.core.models import FINISHED_ROLLOUT
 from bridge.core.store import API
-from bridge.tools.rollouts import CHUNK, wait_for_rollouts
+from bridge.tools.rollouts import finished_among, wait_for_rollouts
 
 
 class BenchClient:
@@ -72,9 +72,7 @@ class BenchClient:
             if on_progress is not None:
                 on_progress(min(done, len(ids)))
             if done >= len(ids) or time.monotonic() >= deadline:
-                finished = {
-                    rid for start in range(0, len(ids), CHUNK) for rid in self.finished(ids[start : start + CHUNK])
-                }
+                finished = set(finished_among(self.finished, ids))
                 if len(finished) == len(ids) or time.monotonic() >= deadline:
                     return finished
             time.sleep(1.0)
