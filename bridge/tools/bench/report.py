@@ -65,10 +65,15 @@ def ideal(summary: dict[str, Any], args: argparse.Namespace, store_rps: float) -
     if args.llm_latency_ms <= 0 and args.env_latency_ms <= 0:
         per = summary.get("store_requests_per_rollout")
         return (round(store_rps / per, 2), "store-bound") if per else (None, "store-bound")
+    seconds = ideal_seconds(calls, steps, args)
+    return (round(args.concurrency / seconds, 3), "latency-bound") if seconds else (None, "latency-bound")
+
+
+def ideal_seconds(calls: float | None, steps: float | None, args: argparse.Namespace) -> float | None:
+    """One rollout's time when nothing but the stand-ins' latencies takes any (the reset is an env call)."""
     if calls is None or steps is None:
-        return None, "latency-bound"
-    seconds = calls * args.llm_latency_ms / 1000 + (steps + 1) * args.env_latency_ms / 1000
-    return round(args.concurrency / seconds, 3), "latency-bound"
+        return None
+    return float(calls) * args.llm_latency_ms / 1000 + (float(steps) + 1) * args.env_latency_ms / 1000
 
 
 def print_table(result: dict[str, Any]) -> None:
@@ -79,6 +84,7 @@ def print_table(result: dict[str, Any]) -> None:
         (f"ideal rollouts/s ({result['ideal_basis']})", result["ideal_rollouts_per_s"]),
         ("efficiency", result["efficiency"]),
         ("sustained rollouts/s, efficiency", f"{result['sustained_rollouts_per_s']}, {result['sustained_efficiency']}"),
+        ("slot time: ideal/overhead/hand-off/free %", _shares(result.get("slot_time_shares"))),
         ("Store requests/rollout", result["store_requests_per_rollout"]),
         ("spans, bytes exported/rollout", f"{result['spans_per_rollout']}, {result['span_bytes_per_rollout']}"),
         (
@@ -134,3 +140,9 @@ def print_table(result: dict[str, Any]) -> None:
     for key, value in result["store_requests_by_endpoint"].items():
         endpoints.add_row(cell(key), cell(value))
     show(endpoints, sys.stdout)
+
+
+def _shares(shares: dict[str, float] | None) -> str | None:
+    if not shares:
+        return None
+    return " / ".join(f"{shares[k] * 100:.1f}" for k in ("ideal", "overhead", "hand_off", "free"))

@@ -52,7 +52,7 @@ from typing import Any
 
 from bridge.tools.bench import metrics as bm
 from bridge.tools.bench.client import BenchClient
-from bridge.tools.bench.report import ideal, print_table, summarize
+from bridge.tools.bench.report import ideal, ideal_seconds, print_table, summarize
 from bridge.tools.procs import PYTHON, ManagedProcess
 from bridge.tools.stack import LocalStack, StackConfig
 from bridge.tools.stats import rounded
@@ -253,8 +253,15 @@ def _bench(stack: LocalStack, args: argparse.Namespace, say: Any) -> int:
     ]
     store_rps = client.store_capacity_rps()
     say(f"workload: {args.rollouts} rollouts on {args.concurrency} slots")
-    summary, _, marks = run_workload(client, args, resources_id, groups, "worker")
+    summary, views, marks = run_workload(client, args, resources_id, groups, "worker")
     ideal_rps, basis = ideal(summary, args, store_rps)
+    shares = None
+    if basis == "latency-bound":
+        shares = bm.slot_time(
+            views, args.concurrency, lambda meta: ideal_seconds(meta.get("llm_calls"), meta.get("steps"), args)
+        )
+    if shares is not None and ideal_rps:  # unbiased where the window holds few rollouts per slot
+        summary["sustained_rollouts_per_s"] = round(shares["ideal"] * ideal_rps, 3)
     sustained = summary["sustained_rollouts_per_s"]
     result: dict[str, Any] = {
         "config": {k: getattr(args, k) for k in ("rollouts", "llm_latency_ms", "env_latency_ms", "concurrency")}
@@ -266,6 +273,7 @@ def _bench(stack: LocalStack, args: argparse.Namespace, say: Any) -> int:
         "store_capacity_rps": round(store_rps, 1),
         "efficiency": round(summary["rollouts_per_s"] / ideal_rps, 3) if ideal_rps else None,
         "sustained_efficiency": round(sustained / ideal_rps, 3) if ideal_rps and sustained else None,
+        "slot_time_shares": {k: round(v, 4) for k, v in shares.items()} if shares else None,
         "worker_rss_mb_total": summary["rss_mb_total"],
         "worker_rss_mb_peak": summary["rss_mb_peak_process"],
         "store_cpu_ms_per_rollout": summary.get("store_cpu_ms_per_rollout"),
