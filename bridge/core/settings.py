@@ -205,7 +205,7 @@ class Settings(BaseSettings):
     poll_max_s: float = Field(default=0.2, gt=0, validation_alias=AliasChoices("BRIDGE_POLL_MAX_S", "poll_max_s"))
     max_batch: int = Field(default=64, ge=1, le=10000, validation_alias=AliasChoices("BRIDGE_MAX_BATCH", "max_batch"))
     coalesce_max_s: float = Field(  # bridge.dispatch.coalesce
-        default=0.25, ge=0, le=5, validation_alias=AliasChoices("BRIDGE_COALESCE_MAX_S", "coalesce_max_s")
+        default=1.5, ge=0, le=5, validation_alias=AliasChoices("BRIDGE_COALESCE_MAX_S", "coalesce_max_s")
     )
     max_queue_wait_s: float = Field(
         default=300.0, gt=0, validation_alias=AliasChoices("BRIDGE_MAX_QUEUE_WAIT_S", "max_queue_wait_s")

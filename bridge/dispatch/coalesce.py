@@ -6,7 +6,10 @@ little lets several freed slots share one dequeue. The wait is a small share (``
 mean episode time, which Little's law gives from the slots and the recent dispatch rate (at full capacity
 rollouts are dispatched as fast as they finish), so a freed slot idles at most about 2% of an episode
 longer; ``BRIDGE_COALESCE_MAX_S`` caps it (0 turns it off). Short episodes get a wait of a few
-milliseconds, long ones the cap. Figures: docs/performance.md.
+milliseconds. Below the cap (1.5 s: episodes up to 75 s) about ``SHARE * slots`` slots free during a wait
+whatever the episode length (Little's law again), so a dequeue claims that many plus one; a lower cap made
+long episodes pay a dequeue for nearly every rollout (0.25 s at 60 s episodes on 128 slots: 0.5 freed
+slots a wait). Figures: docs/performance.md.
 """
 
 from __future__ import annotations
