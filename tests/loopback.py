@@ -22,17 +22,19 @@ class _QuietServer(ThreadingHTTPServer):
 
 
 class LoopbackServer:
-    """Answers every GET and POST with ``answer(method, path)`` after ``delay_s`` (request bodies are dropped)."""
+    """Answers every GET and POST with ``respond(method, path, body)`` after ``delay_s``: by default
+    ``answer(method, path)``, the body dropped."""
 
     def __init__(self, answer: Answer, delay_s: float = 0.0) -> None:
+        self._answer = answer
+        respond = self.respond
+
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"  # keep-alive, as a real Store answers
 
             def _answer(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
-                if length:
-                    self.rfile.read(length)
-                status, headers, body = answer(self.command, self.path)
+                status, headers, body = respond(self.command, self.path, self.rfile.read(length) if length else b"")
                 time.sleep(delay_s)
                 try:
                     self.send_response(status)
@@ -53,6 +55,10 @@ class LoopbackServer:
         self._server.daemon_threads = True
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def respond(self, method: str, path: str, body: bytes) -> tuple[int, dict[str, str], bytes]:
+        """What a request gets; a subclass that must see request bodies overrides this."""
+        return self._answer(method, path)
 
     def close(self) -> None:
         self._server.shutdown()

@@ -187,6 +187,7 @@ class AttemptRun(AttemptReporter):
             attempt_id=self.aid,
             service_name=self.settings.service_name,
             traces_url=self.settings.traces_endpoint,
+            courier=self.res.courier,
         )
         interval = self._heartbeat_interval()
         watch = AttemptWatch(
@@ -311,7 +312,7 @@ class AttemptRun(AttemptReporter):
         def one_round() -> None:
             self._prove_lease(until)
             bound = self._write_bound()
-            telemetry.flush(deadline=min(until, time.time() + bound), timeout=bound)
+            telemetry.flush(deadline=min(until, time.time() + bound), timeout=bound, together=True)
 
         # Without a lease nothing can lapse: one round, whose own deadline covers the retries.
         retry_until(one_round, TelemetryError, until if self.lease is not None else 0.0)

@@ -18,6 +18,7 @@ from bridge.core.store import StoreClient
 from workers.fence_board import FenceBoard
 from workers.heartbeat import HeartbeatMonitor
 from workers.shared_resources import RedisResources
+from workers.trace_courier import TraceCourier
 from workers.webshop import WebShopClient
 
 
@@ -28,6 +29,7 @@ class WorkerResources:
     redis: redis.Redis
     webshop: WebShopClient
     monitor: HeartbeatMonitor
+    courier: TraceCourier
     pid: int
 
 
@@ -54,4 +56,6 @@ def _build(settings: Settings) -> WorkerResources:
         retries=settings.webshop_retries,
     )
     board = FenceBoard(client, settings.store_base) if settings.fence_board else None
-    return WorkerResources(settings, store, client, webshop, HeartbeatMonitor(store, client, board), os.getpid())
+    monitor = HeartbeatMonitor(store, client, board)
+    courier = TraceCourier(store, settings.traces_endpoint)
+    return WorkerResources(settings, store, client, webshop, monitor, courier, os.getpid())

@@ -51,6 +51,7 @@ from bridge.core.errors import StoreError, TelemetryError
 from bridge.core.redact import redact_url
 from bridge.core.store import TRACES, StoreClient
 from workers import span_encoding
+from workers.trace_courier import TraceCourier, post_traces
 
 log = logging.getLogger("workers.telemetry")
 
@@ -103,6 +104,7 @@ class AttemptTelemetry:
         service_name: str,
         export: bool = True,
         traces_url: str | None = None,
+        courier: TraceCourier | None = None,
     ) -> None:
         self.rollout_id = rollout_id
         self.attempt_id = attempt_id
@@ -123,6 +125,7 @@ class AttemptTelemetry:
         self._store = store
         self._export = export
         self._traces_url = traces_url  # None: the Store's /v1/traces
+        self._courier = courier  # the final flush may share a request with other attempts' (trace_courier)
         self._buffer: list[ReadableSpan] = []
         self._int_lists: dict[int, dict[str, Sequence[int]]] = {}  # kept beside the spans: span_encoding
         self._buffer_lock = threading.Lock()
@@ -132,6 +135,7 @@ class AttemptTelemetry:
         self.export_requests = 0
         self.export_seconds = 0.0
         self.last_flush = time.monotonic()
+        self._flush_failed = False
         self.delivered_at = 0.0  # epoch s when the latest delivered batch was sent: stored spans are heartbeats
 
     @property
@@ -155,11 +159,14 @@ class AttemptTelemetry:
         with self._buffer_lock:
             return len(self._buffer)
 
-    def flush(self, *, deadline: float | None = None, timeout: float | None = None) -> None:
+    def flush(self, *, deadline: float | None = None, timeout: float | None = None, together: bool = False) -> None:
         """Ship every ended span in one request; on failure keep them for the next try and raise.
 
         The caller turns a failed final flush into a ``failed``/``telemetry`` report: the reward span is
         the last span, and a rollout whose reward never reached the Store must not look ``succeeded``.
+        ``together``: through the process's courier, which may carry other attempts' spans in the same
+        request (the final flush; the heartbeat's flushes never wait on other attempts). After a failure,
+        an attempt's spans always go alone.
         """
         with self._flush_lock:
             with self._buffer_lock:
@@ -172,8 +179,12 @@ class AttemptTelemetry:
             sent_at = time.time()
             started = time.perf_counter()
             try:
-                self._post(payload, deadline, timeout)
+                if together and self._courier is not None and not self._flush_failed:
+                    self._courier.send(payload, deadline=deadline, timeout=timeout)
+                else:
+                    post_traces(self._store, self._traces_url, payload, deadline=deadline, timeout=timeout)
             except StoreError as exc:
+                self._flush_failed = True
                 with self._buffer_lock:
                     self._buffer = batch + self._buffer
                     self._int_lists.update(lists)
@@ -187,21 +198,6 @@ class AttemptTelemetry:
             self.spans_exported += len(batch)
             self.bytes_exported += len(payload)
             self.delivered_at = sent_at
-
-    def _post(self, payload: bytes, deadline: float | None, timeout: float | None = None) -> None:
-        """``timeout`` bounds each request (the heartbeat's flushes must end while the lease is ours)."""
-        if self._traces_url is None and timeout is None:
-            self._store.post_traces(payload, deadline=deadline)
-            return
-        # An absolute URL bypasses the client's base URL but keeps its retry and reconnect policy.
-        self._store.request(
-            "POST",
-            self._traces_url or TRACES,
-            content=payload,
-            headers={"Content-Type": "application/x-protobuf"},
-            deadline=deadline,
-            timeout=timeout,
-        )
 
     def close(self) -> None:
         """Drop anything unsent: nothing of the attempt outlives it."""

@@ -30,6 +30,7 @@ from workers.lease import Lease
 from workers.reporting import PendingReport, ReportPending
 from workers.resources import WorkerResources
 from workers.telemetry import AttemptTelemetry
+from workers.trace_courier import TraceCourier
 
 
 def _closed_port() -> int:
@@ -45,7 +46,7 @@ def cut_off() -> Iterator[tuple[AttemptRun, RecordingStore]]:
     client = redis.Redis(port=_closed_port(), socket_connect_timeout=0.2, socket_timeout=0.2)
     store = StoreClient(recorder.url, retries=0, timeout_s=2)
     monitor = HeartbeatMonitor(store, client)
-    res = WorkerResources(settings, store, client, None, monitor, 0)  # type: ignore[arg-type]  # no WebShop here
+    res = WorkerResources(settings, store, client, None, monitor, TraceCourier(store), 0)  # type: ignore[arg-type]
     run = AttemptRun({}, celery_task_id="at-cut", res=res)
     run.rid, run.aid = "ro-cut", "at-cut"
     run.log = RolloutLogger(logging.getLogger("test"), {"rollout_id": run.rid, "attempt_id": run.aid})

@@ -26,6 +26,7 @@ from workers.execution import AttemptRun
 from workers.heartbeat import HeartbeatMonitor
 from workers.reporting import ReportPending
 from workers.resources import WorkerResources
+from workers.trace_courier import TraceCourier
 
 
 @pytest.fixture
@@ -40,7 +41,8 @@ def test_an_unexpected_error_is_reported_as_a_failed_attempt_not_left_to_reconci
 ) -> None:
     settings = load_settings(store_url=store.url, store_retries=0)
     client = StoreClient(store.url, retries=0, timeout_s=2)
-    res = WorkerResources(settings, client, redis_client, None, HeartbeatMonitor(client, redis_client), 0)  # type: ignore[arg-type]
+    monitor = HeartbeatMonitor(client, redis_client)
+    res = WorkerResources(settings, client, redis_client, None, monitor, TraceCourier(client), 0)  # type: ignore[arg-type]
     rid, aid = f"ro-{uuid.uuid4().hex[:8]}", f"at-{uuid.uuid4().hex[:8]}"
     now = time.time()
     payload = {

@@ -1,0 +1,176 @@
+"""One OTLP request for the final span batches that a process's attempts flush at the same time.
+
+Under ``-P threads`` one process runs many attempts, and each ships its spans in a request of its own
+before its report: one ``POST /v1/traces`` per rollout, about 40% of the Store's requests. The courier
+is a group commit: a flush that finds no request in flight is sent at once (no added latency), and
+flushes that arrive while one is in flight wait for it and then go together in the next request.
+Serialized ``ExportTraceServiceRequest`` messages concatenate into one (``resource_spans`` is a repeated
+field), and the Store files each resource's spans under the attempt its resource names
+(docs/store-protocol.md 7.2), so nothing changes on the wire but the number of requests.
+
+Every parcel keeps its own bounds: a shared request is one try whose timeout is the smallest time any
+member has left (a member's spans must land while its lease, proven just before, is surely still its
+own), and a member whose time runs short while it waits goes alone. A shared try that fails is blamed on
+no one: every member then sends alone, with the usual retries, so a member the Store refuses (a
+rollout it no longer knows answers 500) costs the others one try, never their spans; an attempt whose
+flush failed sends alone from then on. Under prefork each process runs one attempt, so every flush goes
+alone at once, as before.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+from bridge.core.errors import StoreUnavailable
+from bridge.core.store import TRACES, StoreClient
+
+log = logging.getLogger("workers.trace_courier")
+
+MAX_BYTES = 4 * 1024 * 1024  # a shared request's body (~40 KB per WebShop rollout, mostly token ids)
+MAX_PARCELS = 64
+MIN_TRY_S = 0.2  # a member with less time left than this goes alone (and its caller retries the round)
+_PROTOBUF = {"Content-Type": "application/x-protobuf"}
+
+
+def post_traces(
+    store: StoreClient,
+    url: str | None,
+    payload: bytes,
+    *,
+    deadline: float | None,
+    timeout: float | None,
+    once: bool = False,
+) -> None:
+    """``payload`` to ``url`` (None: the Store's ``/v1/traces``) with the Store client's retry and reconnect
+    policy until ``deadline``, or a single try with ``once``; ``timeout`` bounds each try."""
+    store.request(
+        "POST",
+        url or TRACES,
+        content=payload,
+        headers=_PROTOBUF,
+        deadline=None if once else deadline,
+        retries=0 if once else None,
+        timeout=timeout,
+    )
+
+
+@dataclass(eq=False)
+class _Parcel:
+    payload: bytes
+    deadline: float | None  # epoch seconds
+    timeout: float | None  # per try, from when the parcel was handed in
+    handed_in: float = field(default_factory=time.monotonic)
+    state: str = "queued"  # queued -> taken (in a request) -> done
+    alone: bool = False  # done, but not delivered: the caller sends it alone
+    error: Exception | None = None  # done, and its lone send failed
+
+    def time_left(self) -> float | None:
+        left = None if self.timeout is None else self.timeout - (time.monotonic() - self.handed_in)
+        if self.deadline is not None:
+            until_deadline = self.deadline - time.time()
+            left = until_deadline if left is None else min(left, until_deadline)
+        return left
+
+    def try_timeout(self) -> float | None:
+        return None if self.timeout is None else self.timeout - (time.monotonic() - self.handed_in)
+
+
+class TraceCourier:
+    """Group commit of span payloads to one OTLP endpoint, for every attempt of a process."""
+
+    def __init__(self, store: StoreClient, url: str | None = None) -> None:
+        self._store = store
+        self._url = url
+        self._cond = threading.Condition()
+        self._queue: collections.deque[_Parcel] = collections.deque()
+        self._busy = False
+        self.requests = 0  # shared or lone, sent by the courier (for tests and logs)
+
+    def send(self, payload: bytes, *, deadline: float | None, timeout: float | None) -> None:
+        """Deliver ``payload`` (a serialized ``ExportTraceServiceRequest``); raise what a lone send raises."""
+        parcel = _Parcel(payload, deadline, timeout)
+        with self._cond:
+            self._queue.append(parcel)
+            batch = self._wait_or_lead(parcel)
+        if batch:
+            self._deliver(batch)
+        if parcel.error is not None:
+            raise parcel.error
+        if parcel.alone:
+            self._send_alone(parcel)
+
+    def _wait_or_lead(self, parcel: _Parcel) -> list[_Parcel]:
+        """Under the lock: the batch to send when this caller leads, else [] once another caller settled it."""
+        while parcel.state != "done":
+            if parcel.state == "taken":
+                self._cond.wait()
+                continue
+            if not self._busy:
+                self._busy = True
+                return self._take(parcel)
+            left = parcel.time_left()
+            if left is not None and left <= MIN_TRY_S:  # the request in flight is taking too long: go alone
+                self._queue.remove(parcel)
+                parcel.state, parcel.alone = "done", True
+                return []
+            self._cond.wait(None if left is None else left - MIN_TRY_S)
+        return []
+
+    def _take(self, own: _Parcel) -> list[_Parcel]:
+        self._queue.remove(own)
+        batch, size, waiting = [own], len(own.payload), collections.deque[_Parcel]()
+        for parcel in self._queue:
+            left = parcel.time_left()
+            fits = len(batch) < MAX_PARCELS and size + len(parcel.payload) <= MAX_BYTES
+            if fits and (left is None or left > MIN_TRY_S):
+                batch.append(parcel)
+                size += len(parcel.payload)
+            else:
+                waiting.append(parcel)
+        self._queue = waiting
+        for parcel in batch:
+            parcel.state = "taken"
+        return batch
+
+    def _deliver(self, batch: list[_Parcel]) -> None:
+        try:
+            if len(batch) == 1:
+                self._deliver_one(batch[0])
+            else:
+                self._deliver_together(batch)
+        finally:
+            with self._cond:
+                for parcel in batch:
+                    parcel.state = "done"
+                self._busy = False
+                self._cond.notify_all()
+
+    def _deliver_one(self, parcel: _Parcel) -> None:
+        try:
+            self._post(parcel.payload, parcel.deadline, parcel.try_timeout(), once=False)
+        except Exception as exc:  # raised in the caller's thread, whose flush turns it into its error
+            parcel.error = exc
+
+    def _deliver_together(self, batch: list[_Parcel]) -> None:
+        lefts = [left for left in (parcel.time_left() for parcel in batch) if left is not None]
+        try:
+            self._post(b"".join(parcel.payload for parcel in batch), None, min(lefts, default=None), once=True)
+        except Exception as exc:
+            log.info("a shared span request for %d attempts failed (%s); each sends alone", len(batch), exc)
+            for parcel in batch:
+                parcel.alone = True
+
+    def _send_alone(self, parcel: _Parcel) -> None:
+        timeout = parcel.try_timeout()
+        if timeout is not None and timeout <= 0:
+            raise StoreUnavailable("the span batch waited its whole time bound for a shared request", path=TRACES)
+        self._post(parcel.payload, parcel.deadline, timeout, once=False)
+
+    def _post(self, payload: bytes, deadline: float | None, timeout: float | None, *, once: bool) -> None:
+        with self._cond:
+            self.requests += 1
+        post_traces(self._store, self._url, payload, deadline=deadline, timeout=timeout, once=once)
