@@ -5,12 +5,14 @@ from __future__ import annotations
 import gc
 import os
 import threading
+import time
 import tracemalloc
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
+from bridge.core.errors import TelemetryError
 from bridge.core.store import API, StoreClient
 from bridge.tools.stack import LocalStack
 from tests.helpers import (
@@ -18,11 +20,14 @@ from tests.helpers import (
     cancel_unfinished,
     enqueue,
     rejects_reward,
+    reward_value,
+    spans,
     split_tasks,
     stack_for,
     wait_finished,
 )
 from workers.telemetry import AttemptTelemetry
+from workers.trace_courier import TraceCourier
 
 pytestmark = pytest.mark.integration
 
@@ -121,3 +126,59 @@ def test_undeliverable_reward_span_fails_the_attempt_as_telemetry(
         if s.name == "agentlightning.annotation"
     }
     assert set(rollout_ids) <= refused_rollouts
+
+
+def _flush_at_once(store: StoreClient, courier: TraceCourier, members: list[tuple[str, str]]) -> dict[str, Exception]:
+    """Each member's episode and reward spans (reward = its index / 100), flushed by all members at once."""
+    start = threading.Barrier(len(members))
+    errors: dict[str, Exception] = {}
+
+    def flush(index: int, rollout_id: str, attempt_id: str) -> None:
+        telemetry = AttemptTelemetry(
+            store, rollout_id=rollout_id, attempt_id=attempt_id, service_name="shared", courier=courier
+        )
+        with telemetry.span("webshop.episode", {"member": index}):
+            pass
+        telemetry.emit_reward(index / 100)
+        start.wait(timeout=30)
+        try:
+            telemetry.flush(deadline=time.time() + 5, timeout=5, together=True)
+        except TelemetryError as exc:
+            errors[rollout_id] = exc
+        finally:
+            telemetry.close()
+
+    threads = [threading.Thread(target=flush, args=(i, rid, aid)) for i, (rid, aid) in enumerate(members)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    return errors
+
+
+def test_attempts_flushing_at_once_share_requests_and_the_store_files_each_spans_under_its_own(
+    services: LocalStack,
+) -> None:
+    """The courier's shared requests against the real Store: every attempt's spans land under that attempt,
+    and a member whose rollout the Store does not know fails alone (its 500 costs the others nothing)."""
+    created = [
+        httpx.post(f"{services.store_url}{API}/rollouts", json={"input": {"shared": i}}, timeout=30).json()
+        for i in range(16)
+    ]
+    members = [(c["rollout_id"], c["attempt"]["attempt_id"]) for c in created]
+    store = StoreClient(services.store_url, retries=2)
+    try:
+        courier = TraceCourier(store)
+        assert _flush_at_once(store, courier, members[:12]) == {}
+        assert courier.requests < 12  # flushes that met a request in flight went together in the next
+        unknown = ("ro-unknown", "at-unknown")  # e.g. a rollout the Store lost in a restart
+        assert set(_flush_at_once(store, courier, [*members[12:], unknown])) == {"ro-unknown"}
+        for group in (members[:12], members[12:]):
+            for index, (rid, aid) in enumerate(group):
+                stored = spans(services.store_url, rid, aid)
+                assert sorted(s["name"] for s in stored) == ["agentlightning.annotation", "webshop.episode"], stored
+                assert [reward_value(s) for s in stored if reward_value(s) is not None] == [index / 100]
+    finally:
+        store.close()
+        for rid, _ in members:
+            httpx.post(f"{services.store_url}{API}/rollouts/{rid}", json={"status": "cancelled"}, timeout=30)
