@@ -76,3 +76,11 @@ def test_no_figure_without_the_workers_times_or_a_full_window() -> None:
     del views[3]["attempt"]["metadata"]["started_at"]  # e.g. the peer runner, which reports none
     assert bm.slot_time(views, 8, _ideal) is None
     assert bm.slot_time(views[:8], 8, _ideal) is None  # no rollout beyond the first wave: no busy window
+
+
+def test_dequeues_that_claimed_rollouts_are_told_from_empty_polls_by_their_stamps() -> None:
+    # Three dequeues of 5, 1 and 64 rollouts: the Store stamps a batch's attempts ~0.1-0.5 ms apart.
+    views = []
+    for first, size in ((100.0, 5), (100.02, 1), (101.5, 64)):
+        views += [{"attempt": {"start_time": first + i * 0.0004}} for i in range(size)]
+    assert bm.claiming_dequeues(views) == 3

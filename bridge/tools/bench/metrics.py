@@ -219,6 +219,19 @@ def sustained_rate(views: list[dict[str, Any]], slots: int) -> float | None:
     return finished / (end - begin)
 
 
+DEQUEUE = "POST /v1/agl/queues/rollouts/dequeue"
+BATCH_GAP_S = 0.002
+
+
+def claiming_dequeues(views: list[dict[str, Any]]) -> int:
+    """How many dequeues claimed these rollouts: the Store stamps a batch's attempts one after another (about
+    0.1 ms apart), and one executor's consecutive dequeues are milliseconds apart at least (a request
+    each). The rest of the Store's dequeue count found the queue empty: polls while slots were free."""
+    attempts = [v.get("attempt") or {} for v in views]
+    starts = sorted(float(a["start_time"]) for a in attempts if a.get("start_time") is not None)
+    return sum(1 for i, start in enumerate(starts) if i == 0 or start - starts[i - 1] > BATCH_GAP_S)
+
+
 def _overlap(start: float, stop: float, begin: float, end: float) -> float:
     return max(0.0, min(stop, end) - max(start, begin))
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from rich.table import Table
 
+from bridge.tools.bench.metrics import DEQUEUE
 from bridge.tools.render import cell, key_value_table, show
 from bridge.tools.stats import mean, percentile, rounded
 
@@ -139,6 +140,9 @@ def print_table(result: dict[str, Any]) -> None:
     endpoints.add_column("per rollout", justify="right")
     for key, value in result["store_requests_by_endpoint"].items():
         endpoints.add_row(cell(key), cell(value))
+        empty = result.get("empty_dequeues_per_rollout")
+        if key == DEQUEUE and empty is not None:
+            endpoints.add_row("  of which found no rollout (polls while slots were free)", cell(empty))
     show(endpoints, sys.stdout)
 
 

@@ -12,8 +12,8 @@ Agent Lightning's own runner (n_runners = C) on the same Store, after our worker
 
 Which pool (measured with this benchmark): `-P prefork -c 8` for CPU-heavy agents and small slot
 counts (~100 MB per slot). For LLM-bound agents `-P threads` (the task code is thread-safe: per-process
-clients are shared, per-attempt state lives in its objects): one process of 128 threads sustained 92% of
-ideal at 2,000 ms per LLM call in 159 MB. Python runs one core per process (the GIL), so when calls are
+clients are shared, per-attempt state lives in its objects): one process of 128 threads sustained 95% of
+ideal at 2,000 ms per LLM call in 190 MB. Python runs one core per process (the GIL), so when calls are
 fast, use a process per core: at 500 ms, two processes of 64 threads did 23.5 rollouts/s where one of
 128 did 14.4. What bounds 128 slots on 2 cores below ~1 s per call is CPU: a rollout costs ~60-90 ms
 in all (worker 25-60 depending on GIL contention, Store ~20 for its 24 spans, stand-ins ~9, bridge ~2).
@@ -32,7 +32,12 @@ With --store-url (or another reused service) that process is not measured: its f
 "in all" leaves it out.
 
 "Sustained" figures count only the time every slot had work (from the dequeue that filled the last
-free slot to the last dequeue), leaving out the ramp-up and the tail of the last wave.
+free slot to the last dequeue), leaving out the ramp-up and the tail of the last wave. With latency, the
+sustained efficiency is the slots' share of ideal work in that window (each rollout's LLM calls x latency
+from its worker's start; a perfect executor scores 1), and "slot time" splits the rest: episode overhead
+(HTTP, parsing, spans, the GIL), hand-off (dequeue to worker start, the report) and free (no attempt held
+the slot: the bridge noticing it, coalescing, its dequeue) [slot_time_shares]. At 0 ms it is the count of
+rollouts finished in the window over its length.
 
 Timeline figures: `dispatch_enqueue_to_dequeue_p50_ms` (the bridge's Store poll while slots are free),
 `dispatch_dequeue_to_start_p50_ms` and, with every slot busy, `dequeue_to_start_p50/p99_ms` (publish,
@@ -158,6 +163,10 @@ def run_workload(
     views = client.rollouts(ids)
     summary = summarize(views, wall, cpu, requests) | client.stored_trace(ids)
     summary["unfinished"] = len(ids) - len(done)
+    dequeues = (requests or {}).get(bm.DEQUEUE)
+    summary["empty_dequeues_per_rollout"] = (
+        round(max(0, dequeues - bm.claiming_dequeues(views)) / len(views), 3) if dequeues and views else None
+    )
     summary["sustained_rollouts_per_s"] = rounded(bm.sustained_rate(views, args.concurrency), 3)
     summary["rss_mb_total"] = round(sampler.peak_total.get(memory_group, 0.0), 1)
     summary["rss_mb_peak_process"] = round(sampler.peak_process_mb(memory_group), 1)
