@@ -25,7 +25,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from bridge.core.errors import StoreUnavailable
+import httpx
+
+from bridge.core.errors import StoreError, StoreUnavailable
 from bridge.core.store import TRACES, StoreClient
 
 log = logging.getLogger("workers.trace_courier")
@@ -109,10 +111,14 @@ class TraceCourier:
             if parcel.state == "taken":
                 self._cond.wait()
                 continue
+            left = parcel.time_left()
+            if left is not None and left <= 0:  # out of time before it could lead: the lone send says why
+                self._queue.remove(parcel)
+                parcel.state, parcel.alone = "done", True
+                return []
             if not self._busy:
                 self._busy = True
                 return self._take(parcel)
-            left = parcel.time_left()
             if left is not None and left <= MIN_TRY_S:  # the request in flight is taking too long: go alone
                 self._queue.remove(parcel)
                 parcel.state, parcel.alone = "done", True
@@ -163,12 +169,14 @@ class TraceCourier:
             log.info("a shared span request for %d attempts failed (%s); each sends alone", len(batch), exc)
             for parcel in batch:
                 parcel.alone = True
+            if not isinstance(exc, (StoreError, httpx.HTTPError)):  # not the Store's answer (a time limit): raise it
+                batch[0].alone, batch[0].error = False, exc
 
     def _send_alone(self, parcel: _Parcel) -> None:
-        timeout = parcel.try_timeout()
-        if timeout is not None and timeout <= 0:
+        left = parcel.time_left()
+        if left is not None and left <= 0:
             raise StoreUnavailable("the span batch waited its whole time bound for a shared request", path=TRACES)
-        self._post(parcel.payload, parcel.deadline, timeout, once=False)
+        self._post(parcel.payload, parcel.deadline, parcel.try_timeout(), once=False)
 
     def _post(self, payload: bytes, deadline: float | None, timeout: float | None, *, once: bool) -> None:
         with self._cond:

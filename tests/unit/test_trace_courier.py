@@ -132,3 +132,23 @@ def test_a_member_short_of_time_stops_waiting_for_a_slow_request(sink_factory: l
     assert time.monotonic() - started < 2.5  # went alone before the slow request's 3 s were up
     slow.join(timeout=10)
     assert sorted(sink.delivered()) == ["at-short", "at-slow"]
+
+
+def test_an_error_that_is_not_the_stores_answer_reaches_the_leader_and_spares_the_others(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """E.g. Celery's soft time limit raised inside the shared request: the thread that sent it must see it."""
+    delivered: list[bytes] = []
+
+    def post(store: StoreClient, url: str | None, payload: bytes, **kwargs: object) -> None:
+        if kwargs.get("once"):
+            raise RuntimeError("time limit")
+        time.sleep(0.3)  # keeps the first request in flight while the others gather
+        delivered.append(payload)
+
+    monkeypatch.setattr("workers.trace_courier.post_traces", post)
+    courier = TraceCourier(StoreClient("http://127.0.0.1:9"))
+    errors = _send_all(courier, ["at-first", "at-leader", "at-other"])
+    assert len(errors) == 1 and isinstance(next(iter(errors.values())), RuntimeError)
+    failed = next(iter(errors))
+    assert sorted(delivered) == sorted(_payload(a) for a in ["at-first", "at-leader", "at-other"] if a != failed)
