@@ -51,7 +51,7 @@ from bridge.core.errors import StoreError, TelemetryError
 from bridge.core.redact import redact_url
 from bridge.core.store import TRACES, StoreClient
 from workers import span_encoding
-from workers.trace_courier import TraceCourier, post_traces
+from workers.trace_courier import TraceCourier
 
 log = logging.getLogger("workers.telemetry")
 
@@ -182,7 +182,7 @@ class AttemptTelemetry:
                 if together and self._courier is not None and not self._flush_failed:
                     self._courier.send(payload, deadline=deadline, timeout=timeout)
                 else:
-                    post_traces(self._store, self._traces_url, payload, deadline=deadline, timeout=timeout)
+                    self._store.post_traces(payload, url=self._traces_url, deadline=deadline, timeout=timeout)
             except StoreError as exc:
                 self._flush_failed = True
                 with self._buffer_lock:

@@ -35,29 +35,6 @@ log = logging.getLogger("workers.trace_courier")
 MAX_BYTES = 4 * 1024 * 1024  # a shared request's body (~40 KB per WebShop rollout, mostly token ids)
 MAX_PARCELS = 64
 MIN_TRY_S = 0.2  # a member with less time left than this goes alone (and its caller retries the round)
-_PROTOBUF = {"Content-Type": "application/x-protobuf"}
-
-
-def post_traces(
-    store: StoreClient,
-    url: str | None,
-    payload: bytes,
-    *,
-    deadline: float | None,
-    timeout: float | None,
-    once: bool = False,
-) -> None:
-    """``payload`` to ``url`` (None: the Store's ``/v1/traces``) with the Store client's retry and reconnect
-    policy until ``deadline``, or a single try with ``once``; ``timeout`` bounds each try."""
-    store.request(
-        "POST",
-        url or TRACES,
-        content=payload,
-        headers=_PROTOBUF,
-        deadline=None if once else deadline,
-        retries=0 if once else None,
-        timeout=timeout,
-    )
 
 
 @dataclass(eq=False)
@@ -181,4 +158,4 @@ class TraceCourier:
     def _post(self, payload: bytes, deadline: float | None, timeout: float | None, *, once: bool) -> None:
         with self._cond:
             self.requests += 1
-        post_traces(self._store, self._url, payload, deadline=deadline, timeout=timeout, once=once)
+        self._store.post_traces(payload, url=self._url, deadline=deadline, timeout=timeout, once=once)

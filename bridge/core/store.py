@@ -294,14 +294,26 @@ class StoreClient:
         data = self._json("GET", "/spans", params={"rollout_id": rollout_id, "attempt_id": attempt_id})
         return list(data["items"])
 
-    def post_traces(self, payload: bytes, *, deadline: float | None = None) -> None:
-        """OTLP/HTTP protobuf export; a 500 here also closes the connection, which the retry handles."""
+    def post_traces(
+        self,
+        payload: bytes,
+        *,
+        url: str | None = None,
+        deadline: float | None = None,
+        timeout: float | None = None,
+        once: bool = False,
+    ) -> None:
+        """OTLP/HTTP protobuf export to ``url`` (None: the Store's ``/v1/traces``; an absolute URL keeps this
+        client's retry and reconnect policy, and a 500 here also closes the connection, which the retry
+        handles) until ``deadline``, or a single try with ``once``; ``timeout`` bounds each try."""
         self.request(
             "POST",
-            TRACES,
+            url or TRACES,
             content=payload,
             headers={"Content-Type": "application/x-protobuf"},
-            deadline=deadline,
+            deadline=None if once else deadline,
+            retries=0 if once else None,
+            timeout=timeout,
         )
 
     def wait_rollouts(self, rollout_ids: list[str], timeout_s: float = 0.0) -> list[Rollout]:

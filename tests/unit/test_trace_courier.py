@@ -140,14 +140,15 @@ def test_an_error_that_is_not_the_stores_answer_reaches_the_leader_and_spares_th
     """E.g. Celery's soft time limit raised inside the shared request: the thread that sent it must see it."""
     delivered: list[bytes] = []
 
-    def post(store: StoreClient, url: str | None, payload: bytes, **kwargs: object) -> None:
+    def post(payload: bytes, **kwargs: object) -> None:
         if kwargs.get("once"):
             raise RuntimeError("time limit")
         time.sleep(0.3)  # keeps the first request in flight while the others gather
         delivered.append(payload)
 
-    monkeypatch.setattr("workers.trace_courier.post_traces", post)
-    courier = TraceCourier(StoreClient("http://127.0.0.1:9"))
+    store = StoreClient("http://127.0.0.1:9")
+    monkeypatch.setattr(store, "post_traces", post)
+    courier = TraceCourier(store)
     errors = _send_all(courier, ["at-first", "at-leader", "at-other"])
     assert len(errors) == 1 and isinstance(next(iter(errors.values())), RuntimeError)
     failed = next(iter(errors))
