@@ -200,7 +200,8 @@ class Settings(BaseSettings):
     # poll_min_s; every empty dequeue doubles the wait, with jitter, up to poll_max_s. The Store cannot
     # notify, so poll_max_s bounds how long a rollout enqueued into an empty queue waits (a trainer's first
     # rollout of every batch): 0.2 s keeps dispatch p99 under 250 ms for 5-10 empty dequeues a second, about
-    # 2-4% of a Store's capacity. Raise it for a Store shared with other work.
+    # 2-4% of a Store's capacity. Raise it for a Store shared with other work. Once the slots were all busy,
+    # empty polls back off up to the coalescing wait (2% of the episode time), where that is longer.
     poll_min_s: float = Field(default=0.1, gt=0, validation_alias=AliasChoices("BRIDGE_POLL_MIN_S", "poll_min_s"))
     poll_max_s: float = Field(default=0.2, gt=0, validation_alias=AliasChoices("BRIDGE_POLL_MAX_S", "poll_max_s"))
     max_batch: int = Field(default=64, ge=1, le=10000, validation_alias=AliasChoices("BRIDGE_MAX_BATCH", "max_batch"))

@@ -9,7 +9,13 @@ longer; ``BRIDGE_COALESCE_MAX_S`` caps it (0 turns it off). Short episodes get a
 milliseconds. Below the cap (1.5 s: episodes up to 75 s) about ``SHARE * slots`` slots free during a wait
 whatever the episode length (Little's law again), so a dequeue claims that many plus one; a lower cap made
 long episodes pay a dequeue for nearly every rollout (0.25 s at 60 s episodes on 128 slots: 0.5 freed
-slots a wait). Figures: docs/performance.md.
+slots a wait).
+
+The same share bounds the polls of an empty queue (``idle_poll_s``): while a batch's last wave runs, slots
+free one by one and the queue is empty until the trainer enqueues the next batch. Polling it every
+``BRIDGE_POLL_MAX_S`` (0.2 s) cost the Store about 0.5 empty dequeues per rollout at 30 s episodes, as many
+as every other request of the bridge; polling every 2% of the episode time last measured at capacity lets
+a new batch's first rollout wait that much longer, like a coalescing wait. Figures: docs/performance.md.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ class Coalescer:
         self.max_s = max_s
         self._clock = clock
         self._times: collections.deque[float] = collections.deque(maxlen=SAMPLES)
+        self._episode_s: float | None = None  # mean episode time, last measured with every slot busy
 
     def dispatched(self) -> None:
         self._times.append(self._clock())
@@ -41,4 +48,11 @@ class Coalescer:
         if elapsed <= 0:
             return 0.0
         rate = (len(times) - 1) / elapsed
-        return min(self.max_s, SHARE * slots / rate)
+        self._episode_s = slots / rate
+        return min(self.max_s, SHARE * self._episode_s)
+
+    def idle_poll_s(self) -> float:
+        """Longest wait between empty polls this estimate allows: 0 before any was made at capacity."""
+        if self.max_s <= 0 or self._episode_s is None:
+            return 0.0
+        return min(self.max_s, SHARE * self._episode_s)

@@ -164,9 +164,11 @@ class Dispatcher:
         return self._next_poll(found_work=bool(batch))
 
     def _next_poll(self, *, found_work: bool) -> float:
-        """poll_min_s after work was found; each empty poll doubles the wait (jittered) up to poll_max_s."""
+        """poll_min_s after work was found; each empty poll doubles the wait (jittered) up to poll_max_s,
+        or up to the coalescer's share of the episode time where that is longer (long episodes)."""
         self._empty_polls = 0 if found_work else self._empty_polls + 1
-        ceiling = min(self.settings.poll_max_s, self.settings.poll_min_s * 2**self._empty_polls)
+        longest = max(self.settings.poll_max_s, self._coalescer.idle_poll_s())
+        ceiling = min(longest, self.settings.poll_min_s * 2**self._empty_polls)
         return random.uniform(max(self.settings.poll_min_s, ceiling / 2), ceiling)
 
     # --- one rollout -----------------------------------------------------------------------------

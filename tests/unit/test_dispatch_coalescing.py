@@ -1,10 +1,14 @@
-"""The bridge's wait for freed slots to gather: a small share of the episode time, capped, never without data."""
+"""The bridge's wait for freed slots to gather, and its back-off between empty polls: a small share of the
+episode time, capped, never without data."""
 
 from __future__ import annotations
 
 import pytest
+import redis
 
+from bridge.core.settings import load_settings
 from bridge.dispatch.coalesce import MIN_SAMPLES, SHARE, Coalescer
+from bridge.dispatch.dispatcher import Dispatcher
 
 
 class Clock:
@@ -52,3 +56,49 @@ def test_a_stale_rate_reads_as_slow_not_fast() -> None:
     assert coalescer.wait_s(8) < 0.001
     clock.now += 60.0  # then nothing for a minute
     assert coalescer.wait_s(8) == pytest.approx(SHARE * 8 / (63 / (60.064 - 1.0 - 0.001)))  # the last second is grace
+
+
+def test_empty_polls_may_wait_the_same_share_of_the_episode_measured_at_capacity() -> None:
+    clock = Clock()
+    coalescer = Coalescer(max_s=1.5, clock=clock)
+    assert coalescer.idle_poll_s() == 0.0  # never at capacity: no estimate, the poll settings alone
+    _steady(coalescer, clock, every_s=0.25)  # 4 rollouts/s finishing on 128 slots: 32 s episodes
+    coalescer.wait_s(128)
+    assert coalescer.idle_poll_s() == pytest.approx(SHARE * 32)
+    clock.now += 120.0  # the last wave's tail: no dispatches, no wait at capacity; the estimate holds
+    assert coalescer.idle_poll_s() == pytest.approx(SHARE * 32)
+    _steady(coalescer, clock, every_s=0.01)  # the next batch has 1.28 s episodes
+    coalescer.wait_s(128)
+    assert coalescer.idle_poll_s() == pytest.approx(SHARE * 1.28)
+
+
+def test_the_idle_poll_wait_is_capped_and_off_with_coalescing() -> None:
+    clock = Clock()
+    capped, off = Coalescer(max_s=0.5, clock=clock), Coalescer(max_s=0.0, clock=clock)
+    for coalescer in (capped, off):
+        _steady(coalescer, clock, every_s=0.5)  # 64 s episodes on 128 slots
+        coalescer.wait_s(128)
+    assert capped.idle_poll_s() == 0.5
+    assert off.idle_poll_s() == 0.0
+
+
+def _polls(dispatcher: Dispatcher, count: int) -> list[float]:
+    return [dispatcher._next_poll(found_work=False) for _ in range(count)]
+
+
+@pytest.mark.parametrize("every_s, longest", [(0.25, SHARE * 32), (0.01, 0.2)])
+def test_the_bridge_backs_off_empty_polls_to_the_longer_of_poll_max_and_the_episode_share(
+    every_s: float, longest: float
+) -> None:
+    settings = load_settings(store_url="http://127.0.0.1:1", broker_url="redis://127.0.0.1:1/0")
+    dispatcher = Dispatcher(settings, None, redis.Redis.from_url(settings.broker_url), None)  # type: ignore[arg-type]
+    assert max(_polls(dispatcher, 20)) <= settings.poll_max_s  # no estimate yet
+    clock = Clock()
+    dispatcher._coalescer = coalescer = Coalescer(settings.coalesce_max_s, clock=clock)
+    _steady(coalescer, clock, every_s=every_s)
+    coalescer.wait_s(128)
+    assert dispatcher._next_poll(found_work=True) <= settings.poll_min_s  # a dequeue found work
+    waits = _polls(dispatcher, 20)
+    assert waits[0] <= 2 * settings.poll_min_s  # the back-off still starts short after work was found
+    assert max(waits) <= longest
+    assert min(waits[-10:]) >= longest / 2  # jittered between half the ceiling and the ceiling
