@@ -49,10 +49,10 @@ class Coalescer:
             return 0.0
         rate = (len(times) - 1) / elapsed
         self._episode_s = slots / rate
-        return min(self.max_s, SHARE * self._episode_s)
+        return self.idle_poll_s()
 
     def idle_poll_s(self) -> float:
-        """Longest wait between empty polls this estimate allows: 0 before any was made at capacity."""
+        """The share of the episode time last measured at capacity, capped: 0 before any measurement, or when off."""
         if self.max_s <= 0 or self._episode_s is None:
             return 0.0
         return min(self.max_s, SHARE * self._episode_s)
