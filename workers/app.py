@@ -10,22 +10,20 @@
 * task events (Flower's task list) through ``workers.events``: Celery 5.6 erases events that task threads
   send while a batch is being published, so under ``-P threads`` Flower showed finished tasks as
   ``RECEIVED`` or ``STARTED`` forever.
+* under ``-P threads`` the consumer loop is woken by the thread that finished a task (``workers.loop_wake``),
+  or a freed slot would wait for the loop's next turn before its next message.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-from celery import Celery, bootsteps
-from celery.concurrency.thread import TaskPool as ThreadTaskPool
+from celery import Celery
 
 from bridge.core.message import base_app
 from bridge.core.settings import Settings, get_settings
 from workers import events
+from workers.loop_wake import LoopWaker
 
 __all__ = ["app", "create_app"]
-
-THREADS_WAKEUP_S = 0.05
 
 
 def create_app(settings: Settings) -> Celery:
@@ -44,39 +42,8 @@ def create_app(settings: Settings) -> Celery:
         worker_cancel_long_running_tasks_on_connection_loss=False,
     )
     events.install(app)
-    app.steps["consumer"].add(ThreadsWakeup)
+    app.steps["consumer"].add(LoopWaker)
     return app
-
-
-class ThreadsWakeup(bootsteps.StartStopStep):
-    """Wake the consumer's event loop every 50 ms under the ``threads`` pool.
-
-    The loop asks the broker for a message only while the channel may take one more, and re-checks
-    when it wakes. Under prefork a finished task wakes it (the result comes back over a pipe it
-    watches); under ``threads`` the task acknowledges from its own thread and nothing wakes the loop,
-    so with every slot busy a message published for a slot that just freed waited for the loop's next
-    wake-up: 0.5 s at the median, 1.6 s at p95 (measured: 128 threads, 2,000 ms LLM calls). A timer
-    that fires every 50 ms bounds that wait at no measurable cost.
-    """
-
-    requires = ("celery.worker.consumer.tasks:Tasks",)
-
-    def __init__(self, c: Any, **kwargs: Any) -> None:
-        super().__init__(c, **kwargs)
-        self._timer: Any = None
-
-    def start(self, c: Any) -> None:
-        if isinstance(c.pool, ThreadTaskPool) and c.timer is not None and self._timer is None:
-            self._timer = c.timer.call_repeatedly(THREADS_WAKEUP_S, _wake)
-
-    def stop(self, c: Any) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-
-def _wake() -> None:
-    """Nothing to do: firing is the point (the loop re-checks whether it may consume)."""
 
 
 app = create_app(get_settings())

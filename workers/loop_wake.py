@@ -1,0 +1,108 @@
+"""Wake the worker's consumer loop when a pool thread finishes a task.
+
+Why. Under ``-P threads`` the consumer loop asks the broker for a message only while the channel may take
+one more, and re-checks only when it wakes. Under prefork a finished task wakes it (the result comes back
+over a pipe the loop watches); under ``threads`` the task acknowledges from its own thread and nothing woke
+the loop, so with every slot busy a message published for a slot that just freed waited for the loop's next
+wake-up: 0.5 s at the median, 1.6 s at p95 (128 threads, 2,000 ms LLM calls).
+
+The first fix, a timer firing every 50 ms, bounded those waits but kept the loop turning 20 times a second
+whether or not anything happened: 10-14 ms of CPU a second measured on an idle worker (each turn re-registers
+the broker's sockets with epoll), about 1.5 ms per rollout at 128 slots and 5 ms at 32. Here a pipe the
+loop watches is written by the thread that has just acknowledged its task (a done-callback of the pool's
+future, which runs after the acknowledgement), so the loop turns when there is something to re-check, at
+once, and sleeps otherwise. The task events a thread buffers (``workers.events``) are flushed on that turn,
+``task-started`` on the loop's next one (a message, a timer, or at most the broker poll's one second).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from concurrent.futures import Future
+from typing import Any
+
+from celery import bootsteps
+from celery.concurrency.thread import TaskPool as ThreadTaskPool
+
+__all__ = ["LoopWaker"]
+
+
+class LoopWaker(bootsteps.StartStopStep):
+    """A consumer step: under the ``threads`` pool, a self-pipe in the loop and a wake after every task.
+
+    Other pools need none (prefork's result pipes wake the loop; green pools have no buffered events), and
+    without an event loop (``c.hub`` is None) Celery's own loop polls the broker on a timeout.
+    """
+
+    requires = ("celery.worker.consumer.tasks:Tasks",)
+
+    def __init__(self, c: Any, **kwargs: Any) -> None:
+        super().__init__(c, **kwargs)
+        self._pipe: tuple[int, int] | None = None
+        self._wrapped = False
+        self._own_on_apply: Any = None
+        self._lock = threading.Lock()  # a wake never writes to a descriptor ``stop`` closed (and reused)
+        self._loop_thread = 0
+
+    def start(self, c: Any) -> None:
+        if not isinstance(c.pool, ThreadTaskPool) or c.hub is None or self._pipe is not None:
+            return
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(read_fd, False)
+        os.set_blocking(write_fd, False)
+        self._pipe = (read_fd, write_fd)
+        self._loop_thread = threading.get_ident()  # consumer steps start on the thread that runs the loop
+        c.hub.add_reader(read_fd, _drain, read_fd)
+        self._wrapped = True
+        self._own_on_apply = vars(c.pool).get("on_apply")  # one set on the instance before us, if any
+        on_apply = c.pool.on_apply
+
+        def apply_then_wake(*args: Any, **kwargs: Any) -> Any:
+            result = on_apply(*args, **kwargs)
+            future: Future[Any] = result.f
+            future.add_done_callback(self._wake_after)  # runs after the task's callback acknowledged it
+            return result
+
+        c.pool.on_apply = apply_then_wake
+
+    def stop(self, c: Any) -> None:
+        """Undone on every consumer restart (a lost broker connection): ``start`` builds it again."""
+        if self._pipe is None:
+            return
+        with self._lock:
+            read_fd, write_fd = self._pipe
+            self._pipe = None
+        if self._wrapped:
+            self._wrapped = False
+            if self._own_on_apply is None:
+                del c.pool.on_apply  # the pool's class method again
+            else:
+                c.pool.on_apply = self._own_on_apply
+        if c.hub is not None:
+            c.hub.remove_reader(read_fd)
+        os.close(read_fd)
+        os.close(write_fd)
+
+    def wake(self) -> None:
+        """Safe from any thread; a wake-up already pending (a full pipe) or a stopped step is enough.
+
+        The loop's own thread (a future already done when its callback was added) needs none: it re-checks
+        before it polls."""
+        if threading.get_ident() == self._loop_thread:
+            return
+        with self._lock:
+            if self._pipe is not None:
+                with contextlib.suppress(BlockingIOError, OSError):
+                    os.write(self._pipe[1], b"\0")
+
+    def _wake_after(self, _future: Future[Any]) -> None:
+        self.wake()
+
+
+def _drain(read_fd: int) -> None:
+    """The loop's read callback: the wake-up already happened, so only empty the pipe."""
+    with contextlib.suppress(BlockingIOError, OSError):
+        while os.read(read_fd, 4096):
+            pass
