@@ -12,11 +12,12 @@ Agent Lightning's own runner (n_runners = C) on the same Store, after our worker
 
 Which pool (measured with this benchmark): `-P prefork -c 8` for CPU-heavy agents and small slot
 counts (~100 MB per slot). For LLM-bound agents `-P threads` (the task code is thread-safe: per-process
-clients are shared, per-attempt state lives in its objects): one process of 128 threads sustained 95% of
-ideal at 2,000 ms per LLM call in 190 MB. Python runs one core per process (the GIL), so when calls are
-fast, use a process per core: at 500 ms, two processes of 64 threads did 23.5 rollouts/s where one of
-128 did 14.4. What bounds 128 slots on 2 cores below ~1 s per call is CPU: a rollout costs ~60-90 ms
-in all (worker 25-60 depending on GIL contention, Store ~20 for its 24 spans, stand-ins ~9, bridge ~2).
+clients are shared, per-attempt state lives in its objects): one process of 128 threads sustained 97% of
+ideal at 2,000 ms per LLM call in 190 MB, two processes of 128 on 2 cores 96.6% in 375 MB. Python
+runs one core per process (the GIL), so when calls are fast, use a process per core: at 500 ms, two
+processes of 64 threads did 23.5 rollouts/s where one of 128 did 14.4. What bounds 128 slots on 2 cores
+below ~1 s per call is CPU: a rollout costs ~60-90 ms in all (worker 25-60 depending on GIL contention,
+Store ~20 for its 24 spans, stand-ins ~9, bridge ~2).
 
 CPU figures, per rollout over the workload, from /proc of each process tree (JSON keys in brackets):
   worker CPU ms/rollout [worker_cpu_ms_per_rollout]: our worker processes; the peer's is its runner
