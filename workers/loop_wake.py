@@ -7,8 +7,9 @@ the loop, so with every slot busy a message published for a slot that just freed
 wake-up: 0.5 s at the median, 1.6 s at p95 (128 threads, 2,000 ms LLM calls).
 
 The first fix, a timer firing every 50 ms, bounded those waits but kept the loop turning 20 times a second
-whether or not anything happened: 10-14 ms of CPU a second measured on an idle worker (each turn re-registers
-the broker's sockets with epoll), about 1.5 ms per rollout at 128 slots and 5 ms at 32. Here a pipe the
+whether or not anything happened, each turn re-registering the broker's sockets with epoll: an idle
+32-thread worker used 43 clock ticks of CPU per 30 s with it and 18-21 without (about 7 ms a second,
+0.8 ms per rollout at 128 slots x 2,000 ms, 3 ms at 32; docs/performance.md). Here a pipe the
 loop watches is written by the thread that has just acknowledged its task (a done-callback of the pool's
 future, which runs after the acknowledgement), so the loop turns when there is something to re-check, at
 once, and sleeps otherwise. The task events a thread buffers (``workers.events``) are flushed on that turn,
@@ -41,7 +42,6 @@ class LoopWaker(bootsteps.StartStopStep):
     def __init__(self, c: Any, **kwargs: Any) -> None:
         super().__init__(c, **kwargs)
         self._pipe: tuple[int, int] | None = None
-        self._wrapped = False
         self._own_on_apply: Any = None
         self._lock = threading.Lock()  # a wake never writes to a descriptor ``stop`` closed (and reused)
         self._loop_thread = 0
@@ -55,31 +55,28 @@ class LoopWaker(bootsteps.StartStopStep):
         self._pipe = (read_fd, write_fd)
         self._loop_thread = threading.get_ident()  # consumer steps start on the thread that runs the loop
         c.hub.add_reader(read_fd, _drain, read_fd)
-        self._wrapped = True
         self._own_on_apply = vars(c.pool).get("on_apply")  # one set on the instance before us, if any
         on_apply = c.pool.on_apply
 
         def apply_then_wake(*args: Any, **kwargs: Any) -> Any:
             result = on_apply(*args, **kwargs)
             future: Future[Any] = result.f
-            future.add_done_callback(self._wake_after)  # runs after the task's callback acknowledged it
+            future.add_done_callback(lambda _done: self.wake())  # after the task's callback acknowledged it
             return result
 
         c.pool.on_apply = apply_then_wake
 
     def stop(self, c: Any) -> None:
         """Undone on every consumer restart (a lost broker connection): ``start`` builds it again."""
-        if self._pipe is None:
+        if self._pipe is None:  # never started here (another pool, no loop), or already stopped
             return
         with self._lock:
             read_fd, write_fd = self._pipe
             self._pipe = None
-        if self._wrapped:
-            self._wrapped = False
-            if self._own_on_apply is None:
-                del c.pool.on_apply  # the pool's class method again
-            else:
-                c.pool.on_apply = self._own_on_apply
+        if self._own_on_apply is None:
+            del c.pool.on_apply  # the pool's class method again
+        else:
+            c.pool.on_apply = self._own_on_apply
         if c.hub is not None:
             c.hub.remove_reader(read_fd)
         os.close(read_fd)
@@ -96,9 +93,6 @@ class LoopWaker(bootsteps.StartStopStep):
             if self._pipe is not None:
                 with contextlib.suppress(BlockingIOError, OSError):
                     os.write(self._pipe[1], b"\0")
-
-    def _wake_after(self, _future: Future[Any]) -> None:
-        self.wake()
 
 
 def _drain(read_fd: int) -> None:
