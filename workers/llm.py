@@ -24,7 +24,7 @@ import openai
 
 from bridge.core.backoff import backoff_delay
 from bridge.core.errors import LLMError
-from bridge.core.http import pooled_transport, retry_after_s
+from bridge.core.http import HTTPClient, pooled_transport, retry_after_s
 from bridge.core.models import AttemptedRollout, LLMResource, ResourcesUpdate
 from bridge.core.settings import Settings
 from workers import metrics as worker_metrics
@@ -111,7 +111,7 @@ def shared_http(timeout_s: float) -> httpx.Client:
     global _http_client
     with _http_lock:
         if _http_client is None:
-            _http_client = httpx.Client(
+            _http_client = HTTPClient(
                 timeout=httpx.Timeout(timeout_s, connect=10.0), transport=pooled_transport(max_connections=512)
             )
         return _http_client

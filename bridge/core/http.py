@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 import struct
 import threading
+from typing import Any
 
 import httpx
 
@@ -66,6 +67,38 @@ class PerThreadTransport(httpx.BaseTransport):
             pool.close()
 
 
+class _SetCookieOnly(httpx.Cookies):
+    """A cookie store that reads a response only when it sets a cookie.
+
+    httpx hands every response to its cookie store, which builds urllib request and response stand-ins and
+    copies their headers before the standard library finds no ``Set-Cookie`` there: 5% of a worker's Python
+    time at 0 ms latency (py-spy ``--gil``, docs/performance.md), for services (the Store, WebShop, an LLM
+    server) that set none. A response that does set one (e.g. a load balancer's sticky-session cookie in
+    front of an LLM gateway) is read as before, and the cookie goes back with the next request.
+    """
+
+    def extract_cookies(self, response: httpx.Response) -> None:
+        if "set-cookie" in response.headers:
+            super().extract_cookies(response)
+
+
+class HTTPClient(httpx.Client):
+    """``httpx.Client`` whose cookie store skips responses that set no cookie (``_SetCookieOnly``); every
+    client this project builds for a service is one."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.cookies = super().cookies.jar  # the jar itself, as httpx keeps one it is given
+
+    @property
+    def cookies(self) -> httpx.Cookies:
+        return self._set_cookie_only
+
+    @cookies.setter
+    def cookies(self, cookies: Any) -> None:  # whatever httpx.Cookies accepts
+        self._set_cookie_only = _SetCookieOnly(cookies)
+
+
 def _limits(max_connections: int) -> httpx.Limits:
     return httpx.Limits(
         max_connections=max_connections, max_keepalive_connections=max_connections, keepalive_expiry=KEEPALIVE_S
@@ -97,7 +130,7 @@ def service_client(base_url: str, *, token: str | None, timeout_s: float, max_co
     retry policy, while a slow answer may take the whole ``timeout_s``.
     """
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    return httpx.Client(
+    return HTTPClient(
         base_url=base_url.rstrip("/"),
         headers=headers,
         timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 5.0)),
