@@ -3,7 +3,9 @@
 The attempt clock starts at dequeue (docs/store-protocol.md 6.3), so rollouts must not wait in the broker.
 Each worker node advertises its execution slots on every queue it consumes in Redis (an expiring key,
 refreshed every few seconds, so a dead worker's slots vanish on their own; the same number on each of its
-queues: the node runs that many tasks in all, whichever queues they come from). The bridge records
+queues: the node runs that many tasks in all, whichever queues they come from), and lists itself in the
+queue's node listing, where the bridge looks for those keys on every tick: scanning for them instead walks
+the whole keyspace, which a long run fills with per-attempt markers. The bridge records
 every attempt it publishes in a per-queue sorted set; the worker removes it when the task ends,
 whatever the outcome.
 
@@ -34,24 +36,55 @@ log = logging.getLogger("bridge.core.capacity")
 CAPACITY_TTL_S = 30
 
 
+# How long a node stays listed in ``keys.capacity_nodes`` after its last advertisement, in any node's clock:
+# long past its slot key's expiry, so clock skew between hosts never drops a live node (a dropped one is
+# listed again at its next advertisement anyway).
+NODE_LISTING_S = 10 * CAPACITY_TTL_S
+
+
 def advertise(client: redis.Redis, worker: str, queues: Iterable[str], slots: int) -> None:
-    """Called by each worker node on start and then periodically."""
+    """Called by each worker node on start and then periodically: its slot key on each queue, and its entry
+    in the queue's node listing, where nodes gone for ``NODE_LISTING_S`` are dropped."""
+    now = time.time()
     pipe = client.pipeline()
     for queue in queues:
         pipe.set(keys.capacity(queue, worker), slots, ex=CAPACITY_TTL_S)
+        pipe.zadd(keys.capacity_nodes(queue), {worker: now})
+        pipe.zremrangebyscore(keys.capacity_nodes(queue), "-inf", now - NODE_LISTING_S)
+        pipe.expire(keys.capacity_nodes(queue), int(NODE_LISTING_S))
     pipe.execute()
 
 
 def withdraw(client: redis.Redis, worker: str, queues: Iterable[str]) -> None:
     """Called on warm shutdown so the bridge stops counting this worker at once."""
-    client.delete(*[keys.capacity(q, worker) for q in queues])
+    pipe = client.pipeline()
+    for queue in queues:
+        pipe.delete(keys.capacity(queue, worker))
+        pipe.zrem(keys.capacity_nodes(queue), worker)
+    pipe.execute()
+
+
+def _advertised(client: redis.Redis, queues: list[str]) -> tuple[list[tuple[str, str, int]], list[int]]:
+    """(queue, node, slots) of every live advertisement on ``queues``, and each queue's in-flight count.
+
+    Two round trips whatever the size of the keyspace: the node listings (with the in-flight counts), then
+    the listed nodes' slot keys. A listed node whose key has expired is dead or gone: it is left out."""
+    pipe = client.pipeline(transaction=False)
+    for queue in queues:
+        pipe.zrange(keys.capacity_nodes(queue), 0, -1)
+        pipe.zcard(keys.inflight(queue))
+    answers = pipe.execute()
+    inflight = [int(answers[2 * i + 1]) for i in range(len(queues))]
+    listed = [(queue, _text(node) or "") for i, queue in enumerate(queues) for node in answers[2 * i]]
+    if not listed:
+        return [], inflight
+    values = client.mget([keys.capacity(queue, node) for queue, node in listed])
+    live = [(queue, node, int(value)) for (queue, node), value in zip(listed, values, strict=True) if value is not None]
+    return live, inflight
 
 
 def total_slots(client: redis.Redis, queue: str) -> int:
-    names = list(client.scan_iter(match=keys.capacity_pattern(queue), count=500))
-    if not names:
-        return 0
-    return sum(int(v) for v in client.mget(names) if v is not None)
+    return sum(slots for _, _, slots in _advertised(client, [queue])[0])
 
 
 def mark_inflight(client: redis.Redis, queue: str, attempt_id: str) -> None:
@@ -163,29 +196,15 @@ class SlotView:
 
 
 def read_slots(client: redis.Redis, queues: Iterable[str]) -> SlotView:
-    """Every live node's slots on ``queues`` and each queue's in-flight count (one SCAN per queue, one pipeline)."""
-    names: dict[str, tuple[str, str]] = {}  # key -> (queue, node)
+    """Every live node's slots on ``queues`` and each queue's in-flight count (``_advertised``)."""
     ours = list(queues)
-    for queue in ours:
-        prefix = keys.capacity(queue, "")
-        for name in client.scan_iter(match=keys.capacity_pattern(queue), count=500):
-            key = name.decode() if isinstance(name, bytes) else str(name)
-            names[key] = (queue, key[len(prefix) :])
-    pipe = client.pipeline(transaction=False)
-    for queue in ours:
-        pipe.zcard(keys.inflight(queue))
-    if names:
-        pipe.mget(list(names))
-    answers = pipe.execute()
-    inflight = {queue: int(answers[i]) for i, queue in enumerate(ours)}
-    values = answers[len(ours)] if names else []
+    live, counts = _advertised(client, ours)
     slots: dict[str, int] = {}
     consumed: dict[str, set[str]] = {}
-    for (queue, node), value in zip(names.values(), values, strict=True):
-        if value is None:  # expired between the SCAN and the MGET
-            continue
-        slots[node] = max(slots.get(node, 0), int(value))  # the same number on each queue: counted once
+    for queue, node, value in live:
+        slots[node] = max(slots.get(node, 0), value)  # the same number on each queue: counted once
         consumed.setdefault(node, set()).add(queue)
+    inflight = dict(zip(ours, counts, strict=True))
     return SlotView({node: (slots[node], frozenset(consumed[node])) for node in slots}, inflight)
 
 

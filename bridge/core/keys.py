@@ -22,6 +22,15 @@ def capacity_pattern(queue: str) -> str:
     return f"{PREFIX}:capacity:{queue}:*"
 
 
+def capacity_nodes(queue: str) -> str:
+    """Sorted set of the worker nodes that advertised slots on ``queue`` (score: when, on the node's clock).
+
+    The bridge reads it every tick instead of scanning for ``capacity`` keys: a SCAN walks the whole
+    keyspace, which long runs fill with per-attempt markers (docs/performance.md). The slot keys still
+    decide which nodes are alive; this only says where to look."""
+    return f"{PREFIX}:nodes:{queue}"
+
+
 def worker_capacity_pattern(worker: str) -> str:
     """Every queue's slot key of one worker node: it has started once one exists (``bridge.tools.stack``)."""
     return f"{PREFIX}:capacity:*:{worker}"

@@ -26,7 +26,7 @@ def queues(redis_client: redis.Redis) -> Iterator[tuple[str, str]]:
     yield pair
     for queue in pair:
         names = list(redis_client.scan_iter(match=keys.capacity_pattern(queue)))
-        redis_client.delete(keys.inflight(queue), *names)
+        redis_client.delete(keys.inflight(queue), keys.capacity_nodes(queue), *names)
 
 
 def fill(client: redis.Redis, queue: str, count: int) -> None:
