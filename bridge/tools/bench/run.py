@@ -16,8 +16,9 @@ clients are shared, per-attempt state lives in its objects): one process of 128 
 ideal at 2,000 ms per LLM call in 190 MB, two processes of 128 on 2 cores 96.6% in 375 MB. Python
 runs one core per process (the GIL), so when calls are fast, use a process per core: at 500 ms, two
 processes of 64 threads did 23.5 rollouts/s where one of 128 did 14.4. What bounds 128 slots on 2 cores
-below ~1 s per call is CPU: a rollout costs ~60-90 ms in all (worker 25-60 depending on GIL contention,
-Store ~20 for its 24 spans, stand-ins ~9, bridge ~2).
+below ~1 s per call is CPU: a rollout costs ~55-90 ms in all (worker 22-35, more with slow LLM calls than
+at 0 ms because work after a pause costs more: `python -m bridge.tools.bench.wake_cost`; Store ~20 for its
+24 spans, stand-ins ~9, bridge ~2).
 
 CPU figures, per rollout over the workload, from /proc of each process tree (JSON keys in brackets):
   worker CPU ms/rollout [worker_cpu_ms_per_rollout]: our worker processes; the peer's is its runner

@@ -8,10 +8,11 @@ docs/performance.md). The work does not change; the CPU it costs does, because a
 caches, and on a virtual machine its virtual CPU, cold. This script gives that factor for the host it runs
 on, so a figure measured at 0 ms latency is not taken for what the same rollout costs at 2 s.
 
-The second table runs N threads that each step after a 2,000 ms pause, spread evenly: what matters is how
-often the process (and the cores) work, not how long one thread sleeps, so many slots at 2 s warm each other.
+The second table runs N slots that each step after a 2,000 ms pause, spread evenly, as N threads and as
+one thread taking the N in turn (what an event loop would do): what matters is how often the process (and
+the cores) work, not how long one slot sleeps, so many slots at 2 s warm each other, threads or not.
 
-    python -m bridge.tools.bench.wake_cost            # about 80 s
+    python -m bridge.tools.bench.wake_cost            # about 2 minutes
 """
 
 from __future__ import annotations
@@ -83,6 +84,22 @@ def threads_cpu_per_step_us(threads: int, pause_s: float, wall_s: float) -> floa
     return sum(spent) / max(1, len(spent)) * 1e6
 
 
+def loop_cpu_per_step_us(conversations: int, pause_s: float, wall_s: float) -> float:
+    """One thread stepping ``conversations`` in turn, one every ``pause_s / conversations``: the same answers
+    met by an event loop instead of a thread per slot."""
+    history = [[{"role": "system", "content": "You are shopping."}] for _ in range(conversations)]
+    for conversation in history:
+        one_step(conversation)
+    spent, steps, stop = 0.0, 0, time.monotonic() + wall_s
+    while time.monotonic() < stop:
+        time.sleep(pause_s / conversations)
+        started = time.thread_time()
+        one_step(history[steps % conversations])
+        spent += time.thread_time() - started
+        steps += 1
+    return spent / max(1, steps) * 1e6
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bridge.tools.bench.wake_cost",
@@ -105,11 +122,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         baseline = baseline or cost
         print(f"{pause * 1000:>17.0f} ms  {cost:>15.0f}  {cost / baseline:>14.2f}")
     pause = args.threads_pause_ms / 1000
-    heading = f"threads, {args.threads_pause_ms:,.0f} ms apart each"
+    heading = f"slots, each {args.threads_pause_ms:,.0f} ms apart"
     print(f"\n{heading:>28}  {'CPU us per step':>15}  {'x back to back':>14}")
+    wall = max(3 * pause, args.budget_s * 2)
     for count in (int(value) for value in args.threads.split(",")):
-        cost = threads_cpu_per_step_us(count, pause, max(3 * pause, args.budget_s * 2))
-        print(f"{count:>28}  {cost:>15.0f}  {cost / baseline:>14.2f}")
+        cost = threads_cpu_per_step_us(count, pause, wall)
+        print(f"{f'{count} thread' + 's' * (count > 1):>28}  {cost:>15.0f}  {cost / baseline:>14.2f}")
+        if count > 1:
+            cost = loop_cpu_per_step_us(count, pause, wall)
+            print(f"{f'1 thread, {count} in turn':>28}  {cost:>15.0f}  {cost / baseline:>14.2f}")
     return 0
 
 
