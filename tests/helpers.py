@@ -25,15 +25,24 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import redis
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
 
+from bridge.core import keys
 from bridge.core.store import API
 from bridge.tools.stack import LocalStack, StackConfig
 
 TEST_REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/11")
+
+
+def drop_adverts(client: redis.Redis, queue: str) -> list[str]:
+    """Remove every slot advert on ``queue`` and its node listing (a test's own queue); the nodes it had."""
+    nodes = [node.decode() for node in client.zrange(keys.capacity_nodes(queue), 0, -1)]
+    client.delete(keys.capacity_nodes(queue), *[keys.capacity(queue, node) for node in nodes])
+    return nodes
 
 
 def split_tasks(limit: int, split: str = "test") -> list[dict[str, Any]]:

@@ -18,10 +18,6 @@ def capacity(queue: str, worker: str) -> str:
     return f"{PREFIX}:capacity:{queue}:{worker}"
 
 
-def capacity_pattern(queue: str) -> str:
-    return f"{PREFIX}:capacity:{queue}:*"
-
-
 def capacity_nodes(queue: str) -> str:
     """Sorted set of the worker nodes that advertised slots on ``queue`` (score: when, on the node's clock).
 

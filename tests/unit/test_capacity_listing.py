@@ -15,6 +15,7 @@ import pytest
 import redis
 
 from bridge.core import capacity, keys
+from tests.helpers import drop_adverts
 
 
 class NoKeyspaceWalk(redis.Redis):
@@ -31,8 +32,8 @@ class NoKeyspaceWalk(redis.Redis):
 def queue(redis_client: redis.Redis) -> Iterator[str]:
     name = f"rollouts-{uuid.uuid4().hex[:8]}"
     yield name
-    nodes = [n.decode() for n in redis_client.zrange(keys.capacity_nodes(name), 0, -1)]
-    redis_client.delete(keys.capacity_nodes(name), keys.inflight(name), *[keys.capacity(name, n) for n in nodes])
+    drop_adverts(redis_client, name)
+    redis_client.delete(keys.inflight(name))
 
 
 def test_slots_and_in_flight_are_read_without_walking_the_keyspace(redis_client: redis.Redis, queue: str) -> None:

@@ -17,6 +17,7 @@ import redis
 
 from bridge.core import capacity, keys
 from bridge.dispatch import placement
+from tests.helpers import drop_adverts
 
 
 @pytest.fixture
@@ -25,8 +26,8 @@ def queues(redis_client: redis.Redis) -> Iterator[tuple[str, str]]:
     pair = (f"train-{tag}", f"val-{tag}")
     yield pair
     for queue in pair:
-        names = list(redis_client.scan_iter(match=keys.capacity_pattern(queue)))
-        redis_client.delete(keys.inflight(queue), keys.capacity_nodes(queue), *names)
+        drop_adverts(redis_client, queue)
+        redis_client.delete(keys.inflight(queue))
 
 
 def fill(client: redis.Redis, queue: str, count: int) -> None:

@@ -33,7 +33,7 @@ from bridge.runner import CeleryRunner, _loop_alive, store_url_of
 from bridge.runner_support.direct import RolloutFailedError
 from bridge.runner_support.fleet import AgentMismatchError, agent_path
 from bridge.runner_support.stop import EitherEvent
-from tests.helpers import TEST_REDIS_URL
+from tests.helpers import TEST_REDIS_URL, drop_adverts
 from tests.unit.test_architecture import IMPORTS, within
 
 
@@ -52,9 +52,8 @@ def queue(redis_client: redis.Redis) -> Iterator[str]:
     """A queue of this test's own, so its advertisements meet nobody else's; removed afterwards."""
     name = f"runner-test-{uuid.uuid4().hex[:8]}"
     yield name
-    for key in redis_client.scan_iter(match=keys.capacity_pattern(name)):
-        node = key.decode().rsplit(":", 1)[-1]
-        redis_client.delete(key, keys.worker_agent(node))
+    for node in drop_adverts(redis_client, name):
+        redis_client.delete(keys.worker_agent(node))
 
 
 def advertise(client: redis.Redis, queue: str, node: str, agent: str | None) -> None:

@@ -43,17 +43,25 @@ def one_step(conversation: list[dict[str, str]]) -> int:
     return len(json.dumps({"model": "m", "messages": conversation, "ids": answer["prompt_token_ids"]}))
 
 
+def _conversation() -> list[dict[str, str]]:
+    """A fresh conversation, its code path warmed by one untimed step."""
+    conversation = [{"role": "system", "content": "You are shopping."}]
+    one_step(conversation)
+    return conversation
+
+
+def _step_after(pause_s: float, conversation: list[dict[str, str]]) -> float:
+    """Sleep ``pause_s``, then one step: the CPU seconds the step took on this thread's clock."""
+    if pause_s:
+        time.sleep(pause_s)
+    started = time.thread_time()
+    one_step(conversation)
+    return time.thread_time() - started
+
+
 def cpu_per_step_us(pause_s: float, steps: int) -> float:
-    conversation: list[dict[str, str]] = [{"role": "system", "content": "You are shopping."}]
-    one_step(conversation)  # warm the code path once
-    spent = 0.0
-    for _ in range(steps):
-        if pause_s:
-            time.sleep(pause_s)
-        started = time.thread_time()
-        one_step(conversation)
-        spent += time.thread_time() - started
-    return spent / steps * 1e6
+    conversation = _conversation()
+    return sum(_step_after(pause_s, conversation) for _ in range(steps)) / steps * 1e6
 
 
 def threads_cpu_per_step_us(threads: int, pause_s: float, wall_s: float) -> float:
@@ -64,15 +72,11 @@ def threads_cpu_per_step_us(threads: int, pause_s: float, wall_s: float) -> floa
     stop = time.monotonic() + wall_s
 
     def slot(index: int) -> None:
-        conversation: list[dict[str, str]] = [{"role": "system", "content": "You are shopping."}]
-        one_step(conversation)
+        conversation = _conversation()
         time.sleep(pause_s * index / threads)
         mine: list[float] = []
         while time.monotonic() < stop:
-            time.sleep(pause_s)
-            started = time.thread_time()
-            one_step(conversation)
-            mine.append(time.thread_time() - started)
+            mine.append(_step_after(pause_s, conversation))
         with lock:
             spent.extend(mine)
 
@@ -87,15 +91,10 @@ def threads_cpu_per_step_us(threads: int, pause_s: float, wall_s: float) -> floa
 def loop_cpu_per_step_us(conversations: int, pause_s: float, wall_s: float) -> float:
     """One thread stepping ``conversations`` in turn, one every ``pause_s / conversations``: the same answers
     met by an event loop instead of a thread per slot."""
-    history = [[{"role": "system", "content": "You are shopping."}] for _ in range(conversations)]
-    for conversation in history:
-        one_step(conversation)
+    history = [_conversation() for _ in range(conversations)]
     spent, steps, stop = 0.0, 0, time.monotonic() + wall_s
     while time.monotonic() < stop:
-        time.sleep(pause_s / conversations)
-        started = time.thread_time()
-        one_step(history[steps % conversations])
-        spent += time.thread_time() - started
+        spent += _step_after(pause_s / conversations, history[steps % conversations])
         steps += 1
     return spent / max(1, steps) * 1e6
 
