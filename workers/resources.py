@@ -57,5 +57,5 @@ def _build(settings: Settings) -> WorkerResources:
     )
     board = FenceBoard(client, settings.store_base) if settings.fence_board else None
     monitor = HeartbeatMonitor(store, client, board)
-    courier = TraceCourier(store, settings.traces_endpoint)
+    courier = TraceCourier(store, settings.traces_endpoint, gather_max_s=settings.span_gather_max_s)
     return WorkerResources(settings, store, client, webshop, monitor, courier, os.getpid())

@@ -126,6 +126,10 @@ class AttemptTelemetry:
         self._export = export
         self._traces_url = traces_url  # None: the Store's /v1/traces
         self._courier = courier  # the final flush may share a request with other attempts' (trace_courier)
+        self._opened = time.monotonic()
+        self._open = courier is not None  # counted among the courier's running attempts until ``close``
+        if courier is not None:
+            courier.opened()
         self._buffer: list[ReadableSpan] = []
         self._int_lists: dict[int, dict[str, Sequence[int]]] = {}  # kept beside the spans: span_encoding
         self._buffer_lock = threading.Lock()
@@ -180,7 +184,8 @@ class AttemptTelemetry:
             started = time.perf_counter()
             try:
                 if together and self._courier is not None and not self._flush_failed:
-                    self._courier.send(payload, deadline=deadline, timeout=timeout)
+                    running_s = time.monotonic() - self._opened
+                    self._courier.send(payload, deadline=deadline, timeout=timeout, running_s=running_s)
                 else:
                     self._store.post_traces(payload, url=self._traces_url, deadline=deadline, timeout=timeout)
             except StoreError as exc:
@@ -202,6 +207,9 @@ class AttemptTelemetry:
     def close(self) -> None:
         """Drop anything unsent: nothing of the attempt outlives it."""
         self._processor.shutdown()
+        if self._courier is not None and self._open:
+            self._open = False
+            self._courier.closed()
         with self._buffer_lock:
             self._buffer.clear()
             self._int_lists.clear()

@@ -57,15 +57,14 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("AGENT_LIGHTNING_SERVICE_NAME", "service_name"),
     )
     trace_content: bool = Field(default=False, validation_alias=AliasChoices("TRACE_CONTENT", "trace_content"))
-    # Unset: an attempt's spans go to the Store in one batch before its report, and while the episode runs
-    # only when they keep it alive (the rollout has unresponsive_seconds: every heartbeat) or when
-    # SPAN_BUFFER_MAX_SPANS are buffered. A number streams them every N seconds (a live view of running
-    # attempts in the Store) at one more Store request per running attempt per interval.
     span_flush_interval_s: float | None = Field(
         default=None, gt=0, le=60, validation_alias=AliasChoices("SPAN_FLUSH_INTERVAL_S", "span_flush_interval_s")
     )
     span_buffer_max_spans: int = Field(
         default=1000, ge=10, validation_alias=AliasChoices("SPAN_BUFFER_MAX_SPANS", "span_buffer_max_spans")
+    )
+    span_gather_max_s: float = Field(  # workers.trace_courier
+        default=0.25, ge=0, le=5, validation_alias=AliasChoices("SPAN_GATHER_MAX_S", "span_gather_max_s")
     )
 
     # --- WebShop environment -------------------------------------------------------------------

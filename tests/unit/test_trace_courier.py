@@ -153,3 +153,71 @@ def test_an_error_that_is_not_the_stores_answer_reaches_the_leader_and_spares_th
     assert len(errors) == 1 and isinstance(next(iter(errors.values())), RuntimeError)
     failed = next(iter(errors))
     assert sorted(delivered) == sorted(_payload(a) for a in ["at-first", "at-leader", "at-other"] if a != failed)
+
+
+def _gathering(sink: OtlpSink, *, running: int, episode_s: float, gather_max_s: float = 0.25) -> TraceCourier:
+    """A courier of a process with ``running`` attempts whose episodes have lasted ``episode_s``."""
+    courier = TraceCourier(
+        StoreClient(sink.url, retries=1, timeout_s=5), f"{sink.url}/v1/traces", gather_max_s=gather_max_s
+    )
+    for _ in range(running):
+        courier.opened()
+    courier.send(_payload("at-measured"), deadline=None, timeout=5, running_s=episode_s)
+    return courier
+
+
+def test_the_wait_for_others_is_a_share_of_the_episode_and_only_where_others_are_due(
+    sink_factory: list[OtlpSink],
+) -> None:
+    sink = OtlpSink()
+    sink_factory.append(sink)
+    # 128 threads of 15 s episodes: 1% of an episode is 0.15 s, in which 127 others end 1.27 times.
+    assert _gathering(sink, running=128, episode_s=15.0).gather_s() == pytest.approx(0.15)
+    assert _gathering(sink, running=256, episode_s=60.0).gather_s() == pytest.approx(0.25)  # capped: 1.06 others
+    assert _gathering(sink, running=128, episode_s=60.0).gather_s() == 0.0  # capped: 0.53 others, no wait
+    assert _gathering(sink, running=32, episode_s=15.0).gather_s() == 0.0  # 0.3 others expected: no wait
+    assert _gathering(sink, running=1, episode_s=15.0).gather_s() == 0.0  # prefork: one attempt a process
+    assert _gathering(sink, running=128, episode_s=15.0, gather_max_s=0).gather_s() == 0.0  # turned off
+    fresh = TraceCourier(StoreClient(sink.url), gather_max_s=0.25)
+    for _ in range(128):
+        fresh.opened()
+    assert fresh.gather_s() == 0.0  # no episode measured yet
+    ending = _gathering(sink, running=128, episode_s=15.0)
+    for _ in range(100):
+        ending.closed()  # 28 attempts left running: 0.27 others expected
+    assert ending.gather_s() == 0.0
+
+
+def test_flushes_that_end_apart_share_a_request_when_the_leader_waits_for_them(sink_factory: list[OtlpSink]) -> None:
+    """With nothing in flight each flush would go alone; a leader waiting its share gathers those behind it."""
+    attempts = [f"at-{i}" for i in range(5)]
+    counts = {}
+    for cap in (0.0, 1.0):
+        sink = OtlpSink()
+        sink_factory.append(sink)
+        courier = _gathering(sink, running=200, episode_s=100.0, gather_max_s=cap)  # a wait of 1 s when on
+        sink.requests.clear()
+        threads = [
+            threading.Thread(target=courier.send, args=(_payload(a),), kwargs={"deadline": None, "timeout": 5})
+            for a in attempts
+        ]
+        for thread in threads:
+            thread.start()
+            time.sleep(0.1)  # apart: each request (to a sink that answers at once) is done before the next
+        for thread in threads:
+            thread.join(timeout=10)
+        assert sorted(sink.delivered()) == attempts
+        counts[cap] = len(sink.requests)
+    assert counts[0.0] == 5
+    assert counts[1.0] == 1
+
+
+def test_a_leader_stops_waiting_for_others_while_it_keeps_time_for_its_own_try(sink_factory: list[OtlpSink]) -> None:
+    sink = OtlpSink()
+    sink_factory.append(sink)
+    courier = _gathering(sink, running=200, episode_s=300.0, gather_max_s=3.0)  # a wait of 3 s
+    assert courier.gather_s() == pytest.approx(3.0)
+    started = time.monotonic()
+    courier.send(_payload("at-short"), deadline=time.time() + 1.0, timeout=1.0)
+    assert time.monotonic() - started < 0.9  # waited 1.0 - 2 x 0.2 s at most, then sent
+    assert sink.requests[-1] == ["at-short"]
