@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-import numpy as np
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue
@@ -60,24 +59,28 @@ def _framed(tag: bytes, payload: bytes) -> bytes:
     return tag + _varint(len(payload)) + payload
 
 
-def _int_items(values: Sequence[int]) -> bytes:
-    """``ArrayValue.values`` elements, each an AnyValue holding ``int_value``, for every integer at once.
+class _Items(dict[int, bytes]):
+    """Each integer's ``ArrayValue.values`` element (its tag, its length, the ``int_value`` tag, its varint),
+    made once: a vocabulary's worth of token ids recurs in every prompt, so a list is written by looking its
+    elements up (``b"".join`` over a C-level map) rather than computed again. Holds at most ``LIMIT``
+    integers (about 6 MB); others are computed each time."""
 
-    Computed with numpy in a table of one row per element (its tag, its length, the ``int_value`` tag, the
-    varint's 7-bit groups, as many as the largest value needs), whose unused tail bytes are masked out."""
-    as_u64 = np.asarray(values, dtype=np.int64).view(np.uint64)  # int64 on the wire: two's complement
-    groups = max(1, (int(as_u64.max()).bit_length() + 6) // 7)
-    size = np.ones(len(as_u64), dtype=np.uint8)  # varint bytes of each value
-    for k in range(1, groups):
-        size += as_u64 >= np.uint64(1 << (7 * k))
-    table = np.empty((len(as_u64), 3 + groups), dtype=np.uint8)
-    table[:, 0], table[:, 1], table[:, 2] = _V, size + 1, _I
-    for k in range(groups):
-        group = ((as_u64 >> np.uint64(7 * k)) & np.uint64(0x7F)).astype(np.uint8)
-        if k < groups - 1:
-            group |= (size > k + 1).astype(np.uint8) << 7  # every byte but a varint's last continues it
-        table[:, 3 + k] = group
-    return table[np.arange(3 + groups) < (size + 3)[:, None]].tobytes()
+    LIMIT = 65_536
+
+    def __missing__(self, value: int) -> bytes:
+        varint = _varint(value)
+        item = bytes((_V, len(varint) + 1, _I)) + varint
+        if len(self) < self.LIMIT:
+            self[value] = item
+        return item
+
+
+_ITEMS = _Items()
+
+
+def _int_items(values: Sequence[int]) -> bytes:
+    """``ArrayValue.values`` elements, each an AnyValue holding ``int_value``, for every integer at once."""
+    return b"".join(map(_ITEMS.__getitem__, values))
 
 
 def int_list_attribute(key: str, values: Sequence[int]) -> bytes:

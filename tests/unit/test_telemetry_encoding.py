@@ -7,13 +7,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from workers import span_encoding
 from workers.span_encoding import encode
 
 TOKEN_KEYS = ("prompt_token_ids", "response_token_ids")
@@ -98,3 +101,14 @@ def test_token_ids_kept_beside_spans_encode_as_the_sdk_encodes_attributes() -> N
     assert ours == sdk
     assert list(ours) == list(sdk)  # the same order of spans
     assert _decoded(encode(without)) != sdk  # the lists really come from the side table
+
+
+def test_integers_past_the_remembered_limit_are_still_written_and_not_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Elements are remembered per integer up to a bound, so an unbounded range of ids cannot grow a worker."""
+    monkeypatch.setattr(span_encoding, "_ITEMS", span_encoding._Items())
+    monkeypatch.setattr(span_encoding._Items, "LIMIT", 50)
+    values = list(range(1_000, 1_100)) + EDGES
+    expected = ArrayValue(values=[AnyValue(int_value=v) for v in values]).SerializeToString()
+    assert span_encoding._int_items(values) == expected
+    assert span_encoding._int_items(values) == expected  # the same from memory and not
+    assert len(span_encoding._ITEMS) == 50
