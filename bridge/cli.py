@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 from collections.abc import Sequence
-from types import ModuleType
+from types import FrameType, ModuleType
 
 from bridge.core.settings import ConfigError, load_settings
 
@@ -51,6 +52,16 @@ def _run(args: argparse.Namespace) -> int:
     from bridge.dispatch.service import run_bridge
 
     return run_bridge(load_settings(), metrics_port=args.metrics_port)
+
+
+def _interrupt_on_sigterm() -> None:
+    """A tool stopped with SIGTERM unwinds as on Ctrl-C, so the processes it started are stopped too (Python's
+    default for SIGTERM ends the process at once, leaving a bench's Store, stand-ins and workers running)."""
+
+    def interrupt(_signum: int, _frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
 
 
 def load_tool(name: str) -> ModuleType:
@@ -103,6 +114,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 1
     args = parser.parse_args(args_in)
+    if command is not None:
+        _interrupt_on_sigterm()
     try:
         return int(args.func(args))
     except ConfigError as error:

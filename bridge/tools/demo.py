@@ -14,13 +14,11 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import signal
 import sys
 import time
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
-from types import FrameType
 from typing import Any, TextIO
 
 import redis
@@ -65,7 +63,6 @@ def main(args: argparse.Namespace) -> int:
         print("error: --rollouts, --workers and --concurrency must be at least 1", file=sys.stderr)
         return 2
     settings, store_configured = _settings()
-    _raise_on_sigterm()
     stack = LocalStack(_stack_config(settings, store_configured, args))
     say(f"logs of every process: {stack.log_dir}")
     rollout_ids: list[str] = []
@@ -160,13 +157,6 @@ def _stack_config(settings: Settings, store_configured: bool, args: argparse.Nam
         worker_metrics=True,
         log_dir=args.log_dir,
     )
-
-
-def _raise_on_sigterm() -> None:
-    def handle(_signum: int, _frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, handle)
 
 
 # --- the run --------------------------------------------------------------------------------------
