@@ -189,26 +189,12 @@ class AttemptRun(AttemptReporter):
             traces_url=self.settings.traces_endpoint,
             courier=self.res.courier,
         )
-        interval = self._heartbeat_interval()
-        watch = AttemptWatch(
-            self.rid,
-            self.aid,
-            lease,
-            telemetry,
-            interval_s=interval,
-            flush_interval_s=span_flush_interval(
-                self.settings.span_flush_interval_s, self.attempted.config.unresponsive_seconds, interval
-            ),
-            flush_max_pending=self.settings.span_buffer_max_spans,
-            deadline=self._episode_deadline(),
-            executor=self.executor,
-            unresponsive_s=self.attempted.config.unresponsive_seconds,
-            first_beat_in_s=interval - (time.time() - self.dequeued_at),  # the clock started at the dequeue
-            viewed_at=self.viewed_at,
-            alive_at=self.dequeued_at,
-        )
+        try:
+            watch = self._watch(lease, telemetry)
+        except BaseException:
+            telemetry.close()  # it counts among the process's running attempts (trace_courier) until closed
+            raise
         self.watch, self.telemetry = watch, telemetry
-        self.res.monitor.watch(watch)
         try:
             result = body(telemetry, watch)
             # Within the episode's budget: retrying past Celery's soft limit would turn a telemetry failure
@@ -234,6 +220,29 @@ class AttemptRun(AttemptReporter):
         finally:
             self.res.monitor.unwatch(watch)
             telemetry.close()
+
+    def _watch(self, lease: Lease, telemetry: AttemptTelemetry) -> AttemptWatch:
+        """The attempt's heartbeat, lease and fence watch, registered with the process's monitor."""
+        interval = self._heartbeat_interval()
+        watch = AttemptWatch(
+            self.rid,
+            self.aid,
+            lease,
+            telemetry,
+            interval_s=interval,
+            flush_interval_s=span_flush_interval(
+                self.settings.span_flush_interval_s, self.attempted.config.unresponsive_seconds, interval
+            ),
+            flush_max_pending=self.settings.span_buffer_max_spans,
+            deadline=self._episode_deadline(),
+            executor=self.executor,
+            unresponsive_s=self.attempted.config.unresponsive_seconds,
+            first_beat_in_s=interval - (time.time() - self.dequeued_at),  # the clock started at the dequeue
+            viewed_at=self.viewed_at,
+            alive_at=self.dequeued_at,
+        )
+        self.res.monitor.watch(watch)
+        return watch
 
     def _run_litagent(self, lease: Lease, configured: ConfiguredAgent) -> Outcome:
         """A configured LitAgent in place of the WebShop episode (``workers.agents.litagent``)."""

@@ -131,7 +131,6 @@ class HeartbeatMonitor:
 
     def watch(self, watch: AttemptWatch) -> None:
         with self._lock:
-            self._watches.add(watch)
             if not self._threads or not all(t.is_alive() for t in self._threads):
                 # Started lazily so that under prefork they live in the child, not the parent.
                 self._threads = [
@@ -140,6 +139,7 @@ class HeartbeatMonitor:
                 ]
                 for thread in self._threads:
                     thread.start()
+            self._watches.add(watch)  # only once the threads run: a watch nobody serves must not hold a lease
 
     def unwatch(self, watch: AttemptWatch) -> None:
         with self._lock:

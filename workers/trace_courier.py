@@ -92,6 +92,11 @@ class TraceCourier:
         with self._cond:
             self._running = max(0, self._running - 1)
 
+    @property
+    def running(self) -> int:
+        with self._cond:
+            return self._running
+
     def gather_s(self) -> float:
         """How long a flush that finds no request in flight waits for others (0: it goes at once)."""
         with self._cond:

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Iterator
+from types import SimpleNamespace
 
 import pytest
 import redis
@@ -22,6 +24,7 @@ from bridge.core import keys
 from bridge.core.settings import load_settings
 from bridge.core.store import StoreClient
 from tests.loopback import RecordingStore
+from workers import heartbeat
 from workers.execution import AttemptRun
 from workers.heartbeat import HeartbeatMonitor
 from workers.reporting import ReportPending
@@ -36,13 +39,8 @@ def store() -> Iterator[RecordingStore]:
     recorder.close()
 
 
-def test_an_unexpected_error_is_reported_as_a_failed_attempt_not_left_to_reconcile(
-    redis_client: redis.Redis, store: RecordingStore, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    settings = load_settings(store_url=store.url, store_retries=0)
-    client = StoreClient(store.url, retries=0, timeout_s=2)
-    monitor = HeartbeatMonitor(client, redis_client)
-    res = WorkerResources(settings, client, redis_client, None, monitor, TraceCourier(client), 0)  # type: ignore[arg-type]
+def _attempt() -> tuple[str, str, dict[str, object]]:
+    """A fresh attempt's task payload: rollout id, attempt id, payload."""
     rid, aid = f"ro-{uuid.uuid4().hex[:8]}", f"at-{uuid.uuid4().hex[:8]}"
     now = time.time()
     payload = {
@@ -53,6 +51,17 @@ def test_an_unexpected_error_is_reported_as_a_failed_attempt_not_left_to_reconci
         "config": {"timeout_seconds": 3},  # the report is retried until then, then kept for a Celery retry
         "attempt": {"rollout_id": rid, "attempt_id": aid, "sequence_id": 1, "start_time": now},
     }
+    return rid, aid, payload
+
+
+def test_an_unexpected_error_is_reported_as_a_failed_attempt_not_left_to_reconcile(
+    redis_client: redis.Redis, store: RecordingStore, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = load_settings(store_url=store.url, store_retries=0)
+    client = StoreClient(store.url, retries=0, timeout_s=2)
+    monitor = HeartbeatMonitor(client, redis_client)
+    res = WorkerResources(settings, client, redis_client, None, monitor, TraceCourier(client), 0)  # type: ignore[arg-type]
+    rid, aid, payload = _attempt()
 
     def broken(*_: object, **__: object) -> None:
         raise NameError("name 'span_flush_interval' is not defined")  # the bug that showed it
@@ -70,4 +79,38 @@ def test_an_unexpected_error_is_reported_as_a_failed_attempt_not_left_to_reconci
     finally:
         redis_client.delete(*(k for k in redis_client.scan_iter(f"*{aid}*")))
         res.monitor.close()
+        client.close()
+
+
+def test_an_attempt_whose_watch_cannot_start_leaves_nothing_counted_or_watched(
+    redis_client: redis.Redis, store: RecordingStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """E.g. the heartbeat threads cannot start: the attempt fails once, its telemetry is closed (the process's
+    courier no longer counts it as running, which would make other attempts wait for it) and no watch stays
+    registered (one would keep renewing a lease nobody holds)."""
+    settings = load_settings(store_url=store.url, store_retries=0)
+    client = StoreClient(store.url, retries=0, timeout_s=2)
+    monitor = HeartbeatMonitor(client, redis_client)
+    courier = TraceCourier(client, gather_max_s=0.25)
+    res = WorkerResources(settings, client, redis_client, None, monitor, courier, 0)  # type: ignore[arg-type]
+    _, aid, payload = _attempt()
+
+    class Unstartable(threading.Thread):
+        def start(self) -> None:
+            raise RuntimeError("can't start new thread")
+
+    def run_leased(run: AttemptRun, lease: object, *, first_start: bool) -> object:
+        return run._run_attempt(run.lease, lambda telemetry, watch: pytest.fail("the episode must not run"))  # type: ignore[arg-type]
+
+    monkeypatch.setattr(AttemptRun, "_run_leased", run_leased)
+    monkeypatch.setattr(heartbeat, "threading", SimpleNamespace(Thread=Unstartable))  # the monitor's threads only
+    try:
+        with pytest.raises(ReportPending):
+            AttemptRun(payload, celery_task_id=aid, res=res).execute()
+        assert courier.running == 0
+        assert monitor._snapshot() == []
+        kept = json.loads(redis_client.get(keys.pending_report(aid)) or "{}")
+        assert kept["status"] == "failed" and "can't start new thread" in kept["metadata"]["error"]
+    finally:
+        redis_client.delete(*(k for k in redis_client.scan_iter(f"*{aid}*")))
         client.close()
