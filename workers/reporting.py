@@ -32,7 +32,6 @@ from workers.lease import Lease, executor_id, mark_done
 from workers.resources import WorkerResources
 from workers.telemetry import AttemptTelemetry, current_trace_id
 
-DONE_MARKER_TTL_S = 7 * 24 * 3600
 REPORT_GRACE_S = 300.0
 
 
@@ -276,7 +275,7 @@ class AttemptReporter:
     def _finished(self, status: str) -> None:
         """Mark the attempt done (a redelivery skips it) and drop its kept report."""
         try:
-            mark_done(self.res.redis, self.aid, str(status), DONE_MARKER_TTL_S)
+            mark_done(self.res.redis, self.aid, str(status), self.settings.done_marker_ttl_s)
             self.res.redis.delete(keys.pending_report(self.aid))
         except redis.RedisError as exc:
             self.log.warning("could not record the finished marker: %r", exc)

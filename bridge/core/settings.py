@@ -142,10 +142,6 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("REDIS_URL", "redis_url"),
         description="coordination Redis (leases, slots, rate limits, leader lock); default: a Redis broker's URL",
     )
-    # RabbitMQ closes the channel of a consumer holding an unacknowledged message past the server's
-    # consumer_timeout (30 min by default since 3.8.17), and its tasks go back to the queue while they run.
-    # Servers before 3.12 have no per-queue override, so the bridge cannot raise it: this declares what the
-    # server enforces, and start-up refuses a hard time limit that would not fit (docs/operations.md, RabbitMQ).
     consumer_timeout_s: float = Field(
         default=1800.0,
         gt=0,
@@ -175,15 +171,15 @@ class Settings(BaseSettings):
         default=10.0, gt=0, le=300, validation_alias=AliasChoices("HEARTBEAT_INTERVAL_S", "heartbeat_interval_s")
     )
     lease_ttl_s: float = Field(default=30.0, gt=0, validation_alias=AliasChoices("LEASE_TTL_S", "lease_ttl_s"))
+    done_marker_ttl_s: int = Field(  # workers.reporting: a redelivery of a reported attempt is not run again
+        default=7 * 24 * 3600, gt=0, validation_alias=AliasChoices("DONE_MARKER_TTL_S", "done_marker_ttl_s")
+    )
     # How old a worker's view of its rollout may be when it starts or reports (docs/store-protocol.md 10): the
     # dequeue answer is a fresh view and every heartbeat renews it, so a short episode reads nothing extra.
     # A read is always made after a takeover and when the Store's watchdog could have acted; 0: always.
     fence_max_age_s: float = Field(
         default=10.0, ge=0, le=300, validation_alias=AliasChoices("FENCE_MAX_AGE_S", "fence_max_age_s")
     )
-    # Share fence reads through Redis (workers.fence_board): one worker process per round reads the rollouts of
-    # every running attempt of the cluster and posts a verdict per attempt, instead of a read per process per
-    # interval (one per running attempt under prefork). Off: each process reads its own attempts.
     fence_board: bool = Field(default=True, validation_alias=AliasChoices("FENCE_BOARD", "fence_board"))
     # Largest difference between a worker's clock and the Store's that a worker starts with (measured at start
     # from the Store's Date header, then corrected for in every comparison of the Store's timestamps); 0: no check.
@@ -303,6 +299,11 @@ class Settings(BaseSettings):
                 f"{name} ({self.redelivery_timeout_s:g}s) must exceed the hard time limit "
                 f"plus BRIDGE_MAX_QUEUE_WAIT_S ({longest:g}s), or {why}; "
                 f"raise {name} (for RabbitMQ: the server's consumer_timeout first) or lower ROLLOUT_DEFAULT_TIMEOUT_S"
+            )
+        if self.done_marker_ttl_s < 2 * self.redelivery_timeout_s:
+            raise ValueError(
+                f"DONE_MARKER_TTL_S ({self.done_marker_ttl_s}s) must be at least twice the broker's redelivery "
+                f"timeout ({self.redelivery_timeout_s:g}s), which is how late a duplicate delivery can come"
             )
         if self.lease_ttl_s <= self.heartbeat_interval_s * 2:
             raise ValueError("LEASE_TTL_S must be more than twice HEARTBEAT_INTERVAL_S so a live lease never lapses")

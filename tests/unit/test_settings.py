@@ -67,3 +67,10 @@ def test_timeouts_the_broker_cannot_cover_are_clamped_and_others_kept() -> None:
     assert settings.covered_timeout(20_000) == longest
     assert settings.covered_timeout(600) == 600
     assert settings.covered_timeout(None) is None
+
+
+def test_done_markers_must_outlive_the_brokers_redelivery_window() -> None:
+    """A duplicate can come as late as the broker's redelivery timeout; the marker that drops it must last."""
+    with pytest.raises(ConfigError, match="DONE_MARKER_TTL_S"):
+        load_settings(store_url="http://store:4747", visibility_timeout_s=7200, done_marker_ttl_s=3600)
+    assert load_settings(store_url="http://store:4747", done_marker_ttl_s=86_400).done_marker_ttl_s == 86_400

@@ -23,7 +23,7 @@ import redis
 from bridge.core import keys
 from bridge.core.settings import load_settings
 from bridge.core.store import StoreClient
-from tests.loopback import RecordingStore
+from tests.loopback import LoopbackServer, RecordingStore
 from workers import heartbeat
 from workers.execution import AttemptRun
 from workers.heartbeat import HeartbeatMonitor
@@ -114,3 +114,37 @@ def test_an_attempt_whose_watch_cannot_start_leaves_nothing_counted_or_watched(
     finally:
         redis_client.delete(*(k for k in redis_client.scan_iter(f"*{aid}*")))
         client.close()
+
+
+def test_a_duplicate_that_comes_after_the_attempts_markers_expired_stops_at_the_fence(
+    redis_client: redis.Redis,
+) -> None:
+    """DONE_MARKER_TTL_S may be shortened to bound Redis's memory: a delivery of a reported attempt that comes
+    after its done, started and owner markers expired looks like a first start, but its dequeue is old, so it
+    reads the rollout from the Store, whose attempt is no longer running, and writes nothing."""
+    rid, aid, payload = _attempt()
+    payload["start_time"] = payload["attempt"]["start_time"] = time.time() - 3 * 24 * 3600  # type: ignore[index]
+    stored = {**payload, "status": "succeeded"}
+    stored["attempt"] = {**payload["attempt"], "status": "succeeded", "end_time": time.time() - 3 * 24 * 3600}  # type: ignore[dict-item]
+    seen: list[tuple[str, str]] = []
+
+    def answer(method: str, path: str) -> tuple[int, dict[str, str], bytes]:
+        seen.append((method, path))
+        if method == "GET" and path == f"/v1/agl/rollouts/{rid}":
+            return 200, {"Content-Type": "application/json"}, json.dumps(stored).encode()
+        return 500, {}, b""
+
+    server = LoopbackServer(answer)
+    client = StoreClient(server.url, retries=0, timeout_s=2)
+    settings = load_settings(store_url=server.url, store_retries=0)
+    monitor = HeartbeatMonitor(client, redis_client)
+    res = WorkerResources(settings, client, redis_client, None, monitor, TraceCourier(client), 0)  # type: ignore[arg-type]
+    try:
+        assert redis_client.exists(keys.done(aid), keys.started(aid), keys.owner(aid)) == 0  # all expired
+        outcome = AttemptRun(payload, celery_task_id=aid, res=res).execute()
+        assert outcome.status == "skipped" and outcome.reason == "not running: rollout is succeeded"
+        assert seen == [("GET", f"/v1/agl/rollouts/{rid}")]  # no spans, no report
+    finally:
+        redis_client.delete(*(k for k in redis_client.scan_iter(f"*{aid}*")))
+        client.close()
+        server.close()
