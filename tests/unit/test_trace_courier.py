@@ -68,8 +68,9 @@ def sink_factory() -> Iterator[list[OtlpSink]]:
         sink.close()
 
 
-def _courier(sink: OtlpSink) -> TraceCourier:
-    return TraceCourier(StoreClient(sink.url, retries=1, timeout_s=5), f"{sink.url}/v1/traces")
+def _courier(sink: OtlpSink, gather_max_s: float = 0.0) -> TraceCourier:
+    store = StoreClient(sink.url, retries=1, timeout_s=5)
+    return TraceCourier(store, f"{sink.url}/v1/traces", gather_max_s=gather_max_s)
 
 
 def _send_all(courier: TraceCourier, attempt_ids: list[str], timeout: float = 5.0) -> dict[str, BaseException]:
@@ -157,9 +158,7 @@ def test_an_error_that_is_not_the_stores_answer_reaches_the_leader_and_spares_th
 
 def _gathering(sink: OtlpSink, *, running: int, episode_s: float, gather_max_s: float = 0.25) -> TraceCourier:
     """A courier of a process with ``running`` attempts whose episodes have lasted ``episode_s``."""
-    courier = TraceCourier(
-        StoreClient(sink.url, retries=1, timeout_s=5), f"{sink.url}/v1/traces", gather_max_s=gather_max_s
-    )
+    courier = _courier(sink, gather_max_s)
     for _ in range(running):
         courier.opened()
     courier.send(_payload("at-measured"), deadline=None, timeout=5, running_s=episode_s)

@@ -39,6 +39,14 @@ def store() -> Iterator[RecordingStore]:
     recorder.close()
 
 
+def _resources(store_url: str, redis_client: redis.Redis, *, gather_max_s: float = 0.0) -> WorkerResources:
+    """A worker process's resources against ``store_url`` (no WebShop: these attempts never reach an episode)."""
+    settings = load_settings(store_url=store_url, store_retries=0)
+    client = StoreClient(store_url, retries=0, timeout_s=2)
+    courier = TraceCourier(client, gather_max_s=gather_max_s)
+    return WorkerResources(settings, client, redis_client, None, HeartbeatMonitor(client, redis_client), courier, 0)  # type: ignore[arg-type]
+
+
 def _attempt() -> tuple[str, str, dict[str, object]]:
     """A fresh attempt's task payload: rollout id, attempt id, payload."""
     rid, aid = f"ro-{uuid.uuid4().hex[:8]}", f"at-{uuid.uuid4().hex[:8]}"
@@ -57,10 +65,7 @@ def _attempt() -> tuple[str, str, dict[str, object]]:
 def test_an_unexpected_error_is_reported_as_a_failed_attempt_not_left_to_reconcile(
     redis_client: redis.Redis, store: RecordingStore, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    settings = load_settings(store_url=store.url, store_retries=0)
-    client = StoreClient(store.url, retries=0, timeout_s=2)
-    monitor = HeartbeatMonitor(client, redis_client)
-    res = WorkerResources(settings, client, redis_client, None, monitor, TraceCourier(client), 0)  # type: ignore[arg-type]
+    res = _resources(store.url, redis_client)
     rid, aid, payload = _attempt()
 
     def broken(*_: object, **__: object) -> None:
@@ -79,7 +84,7 @@ def test_an_unexpected_error_is_reported_as_a_failed_attempt_not_left_to_reconci
     finally:
         redis_client.delete(*(k for k in redis_client.scan_iter(f"*{aid}*")))
         res.monitor.close()
-        client.close()
+        res.store.close()
 
 
 def test_an_attempt_whose_watch_cannot_start_leaves_nothing_counted_or_watched(
@@ -88,11 +93,7 @@ def test_an_attempt_whose_watch_cannot_start_leaves_nothing_counted_or_watched(
     """E.g. the heartbeat threads cannot start: the attempt fails once, its telemetry is closed (the process's
     courier no longer counts it as running, which would make other attempts wait for it) and no watch stays
     registered (one would keep renewing a lease nobody holds)."""
-    settings = load_settings(store_url=store.url, store_retries=0)
-    client = StoreClient(store.url, retries=0, timeout_s=2)
-    monitor = HeartbeatMonitor(client, redis_client)
-    courier = TraceCourier(client, gather_max_s=0.25)
-    res = WorkerResources(settings, client, redis_client, None, monitor, courier, 0)  # type: ignore[arg-type]
+    res = _resources(store.url, redis_client, gather_max_s=0.25)
     _, aid, payload = _attempt()
 
     class Unstartable(threading.Thread):
@@ -107,13 +108,13 @@ def test_an_attempt_whose_watch_cannot_start_leaves_nothing_counted_or_watched(
     try:
         with pytest.raises(ReportPending):
             AttemptRun(payload, celery_task_id=aid, res=res).execute()
-        assert courier.running == 0
-        assert monitor._snapshot() == []
+        assert res.courier.running == 0
+        assert res.monitor._snapshot() == []
         kept = json.loads(redis_client.get(keys.pending_report(aid)) or "{}")
         assert kept["status"] == "failed" and "can't start new thread" in kept["metadata"]["error"]
     finally:
         redis_client.delete(*(k for k in redis_client.scan_iter(f"*{aid}*")))
-        client.close()
+        res.store.close()
 
 
 def test_a_duplicate_that_comes_after_the_attempts_markers_expired_stops_at_the_fence(
@@ -135,10 +136,7 @@ def test_a_duplicate_that_comes_after_the_attempts_markers_expired_stops_at_the_
         return 500, {}, b""
 
     server = LoopbackServer(answer)
-    client = StoreClient(server.url, retries=0, timeout_s=2)
-    settings = load_settings(store_url=server.url, store_retries=0)
-    monitor = HeartbeatMonitor(client, redis_client)
-    res = WorkerResources(settings, client, redis_client, None, monitor, TraceCourier(client), 0)  # type: ignore[arg-type]
+    res = _resources(server.url, redis_client)
     try:
         assert redis_client.exists(keys.done(aid), keys.started(aid), keys.owner(aid)) == 0  # all expired
         outcome = AttemptRun(payload, celery_task_id=aid, res=res).execute()
@@ -146,5 +144,5 @@ def test_a_duplicate_that_comes_after_the_attempts_markers_expired_stops_at_the_
         assert seen == [("GET", f"/v1/agl/rollouts/{rid}")]  # no spans, no report
     finally:
         redis_client.delete(*(k for k in redis_client.scan_iter(f"*{aid}*")))
-        client.close()
+        res.store.close()
         server.close()
