@@ -128,8 +128,11 @@ def test_undeliverable_reward_span_fails_the_attempt_as_telemetry(
     assert set(rollout_ids) <= refused_rollouts
 
 
-def _flush_at_once(store: StoreClient, courier: TraceCourier, members: list[tuple[str, str]]) -> dict[str, Exception]:
-    """Each member's episode and reward spans (reward = its index / 100), flushed by all members at once."""
+def _flush_at_once(
+    store: StoreClient, courier: TraceCourier, members: list[tuple[str, str]], apart_s: float = 0.0
+) -> dict[str, Exception]:
+    """Each member's episode and reward spans (reward = its index / 100), flushed by all members at once, or
+    ``apart_s`` after one another."""
     start = threading.Barrier(len(members))
     errors: dict[str, Exception] = {}
 
@@ -141,6 +144,7 @@ def _flush_at_once(store: StoreClient, courier: TraceCourier, members: list[tupl
             pass
         telemetry.emit_reward(index / 100)
         start.wait(timeout=30)
+        time.sleep(index * apart_s)
         try:
             telemetry.flush(deadline=time.time() + 5, timeout=5, together=True)
         except TelemetryError as exc:
@@ -178,6 +182,37 @@ def test_attempts_flushing_at_once_share_requests_and_the_store_files_each_spans
                 stored = spans(services.store_url, rid, aid)
                 assert sorted(s["name"] for s in stored) == ["agentlightning.annotation", "webshop.episode"], stored
                 assert [reward_value(s) for s in stored if reward_value(s) is not None] == [index / 100]
+    finally:
+        store.close()
+        for rid, _ in members:
+            httpx.post(f"{services.store_url}{API}/rollouts/{rid}", json={"status": "cancelled"}, timeout=30)
+
+
+def test_flushes_apart_share_a_request_when_a_leader_waits_and_the_store_files_each_under_its_own(
+    services: LocalStack,
+) -> None:
+    """Many slots, long episodes (``SPAN_GATHER_MAX_S``): flushes 0.1 s apart, each of which would find no
+    request in flight, go in one request because the first waits for the others; the real Store still files
+    every attempt's spans and reward under that attempt."""
+    created = [
+        httpx.post(f"{services.store_url}{API}/rollouts", json={"input": {"gathered": i}}, timeout=30).json()
+        for i in range(5)
+    ]
+    members = [(c["rollout_id"], c["attempt"]["attempt_id"]) for c in created]
+    store = StoreClient(services.store_url, retries=2)
+    try:
+        courier = TraceCourier(store, gather_max_s=2.0)
+        for _ in range(200):  # a process of many running attempts ...
+            courier.opened()
+        courier.send(b"", deadline=None, timeout=5, running_s=200.0)  # ... whose episodes last minutes
+        assert courier.gather_s() == 2.0
+        sent = courier.requests
+        assert _flush_at_once(store, courier, members, apart_s=0.1) == {}
+        assert courier.requests - sent == 1
+        for index, (rid, aid) in enumerate(members):
+            stored = spans(services.store_url, rid, aid)
+            assert sorted(s["name"] for s in stored) == ["agentlightning.annotation", "webshop.episode"], stored
+            assert [reward_value(s) for s in stored if reward_value(s) is not None] == [index / 100]
     finally:
         store.close()
         for rid, _ in members:
