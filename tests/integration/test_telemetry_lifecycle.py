@@ -8,6 +8,7 @@ import threading
 import time
 import tracemalloc
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import httpx
 import pytest
@@ -160,32 +161,44 @@ def _flush_at_once(
     return errors
 
 
+@contextmanager
+def _members(services: LocalStack, count: int, tag: str) -> Iterator[tuple[list[tuple[str, str]], StoreClient]]:
+    """``count`` fresh rollouts' (rollout id, attempt id) and a Store client; the rollouts are cancelled after."""
+    created = [
+        httpx.post(f"{services.store_url}{API}/rollouts", json={"input": {tag: i}}, timeout=30).json()
+        for i in range(count)
+    ]
+    members = [(c["rollout_id"], c["attempt"]["attempt_id"]) for c in created]
+    store = StoreClient(services.store_url, retries=2)
+    try:
+        yield members, store
+    finally:
+        store.close()
+        for rid, _ in members:
+            httpx.post(f"{services.store_url}{API}/rollouts/{rid}", json={"status": "cancelled"}, timeout=30)
+
+
+def _assert_filed_under_each(services: LocalStack, group: list[tuple[str, str]]) -> None:
+    """Each member's episode and reward span (its index / 100) are stored under its own attempt."""
+    for index, (rid, aid) in enumerate(group):
+        stored = spans(services.store_url, rid, aid)
+        assert sorted(s["name"] for s in stored) == ["agentlightning.annotation", "webshop.episode"], stored
+        assert [reward_value(s) for s in stored if reward_value(s) is not None] == [index / 100]
+
+
 def test_attempts_flushing_at_once_share_requests_and_the_store_files_each_spans_under_its_own(
     services: LocalStack,
 ) -> None:
     """The courier's shared requests against the real Store: every attempt's spans land under that attempt,
     and a member whose rollout the Store does not know fails alone (its 500 costs the others nothing)."""
-    created = [
-        httpx.post(f"{services.store_url}{API}/rollouts", json={"input": {"shared": i}}, timeout=30).json()
-        for i in range(16)
-    ]
-    members = [(c["rollout_id"], c["attempt"]["attempt_id"]) for c in created]
-    store = StoreClient(services.store_url, retries=2)
-    try:
+    with _members(services, 16, "shared") as (members, store):
         courier = TraceCourier(store)
         assert _flush_at_once(store, courier, members[:12]) == {}
         assert courier.requests < 12  # flushes that met a request in flight went together in the next
         unknown = ("ro-unknown", "at-unknown")  # e.g. a rollout the Store lost in a restart
         assert set(_flush_at_once(store, courier, [*members[12:], unknown])) == {"ro-unknown"}
-        for group in (members[:12], members[12:]):
-            for index, (rid, aid) in enumerate(group):
-                stored = spans(services.store_url, rid, aid)
-                assert sorted(s["name"] for s in stored) == ["agentlightning.annotation", "webshop.episode"], stored
-                assert [reward_value(s) for s in stored if reward_value(s) is not None] == [index / 100]
-    finally:
-        store.close()
-        for rid, _ in members:
-            httpx.post(f"{services.store_url}{API}/rollouts/{rid}", json={"status": "cancelled"}, timeout=30)
+        _assert_filed_under_each(services, members[:12])
+        _assert_filed_under_each(services, members[12:])
 
 
 def test_flushes_apart_share_a_request_when_a_leader_waits_and_the_store_files_each_under_its_own(
@@ -194,13 +207,7 @@ def test_flushes_apart_share_a_request_when_a_leader_waits_and_the_store_files_e
     """Many slots, long episodes (``SPAN_GATHER_MAX_S``): flushes 0.1 s apart, each of which would find no
     request in flight, go in one request because the first waits for the others; the real Store still files
     every attempt's spans and reward under that attempt."""
-    created = [
-        httpx.post(f"{services.store_url}{API}/rollouts", json={"input": {"gathered": i}}, timeout=30).json()
-        for i in range(5)
-    ]
-    members = [(c["rollout_id"], c["attempt"]["attempt_id"]) for c in created]
-    store = StoreClient(services.store_url, retries=2)
-    try:
+    with _members(services, 5, "gathered") as (members, store):
         courier = TraceCourier(store, gather_max_s=2.0)
         for _ in range(200):  # a process of many running attempts ...
             courier.opened()
@@ -209,11 +216,4 @@ def test_flushes_apart_share_a_request_when_a_leader_waits_and_the_store_files_e
         sent = courier.requests
         assert _flush_at_once(store, courier, members, apart_s=0.1) == {}
         assert courier.requests - sent == 1
-        for index, (rid, aid) in enumerate(members):
-            stored = spans(services.store_url, rid, aid)
-            assert sorted(s["name"] for s in stored) == ["agentlightning.annotation", "webshop.episode"], stored
-            assert [reward_value(s) for s in stored if reward_value(s) is not None] == [index / 100]
-    finally:
-        store.close()
-        for rid, _ in members:
-            httpx.post(f"{services.store_url}{API}/rollouts/{rid}", json={"status": "cancelled"}, timeout=30)
+        _assert_filed_under_each(services, members)
