@@ -56,6 +56,7 @@ PEER = {
     "peer_store_ceiling_rollouts_per_s",
     "peer_cpu_ms_per_rollout_total",
 }
+FLOOR = {key.replace("peer_", "floor_") for key in PEER} | {"ratio_vs_floor", "ratio_floor_vs_peer"}
 CPU_FIGURES = ("Store CPU ms/rollout", "Store ceiling rollouts/s (one core)", "CPU ms/rollout in all")
 
 
@@ -112,22 +113,31 @@ def test_bench_prints_every_figure_as_json(services: LocalStack, tmp_path: Path)
         assert 0 < result[figure] < 30_000, (figure, result[figure])
 
 
-def test_bench_runs_the_agent_lightning_runner_side_by_side(services: LocalStack, tmp_path: Path) -> None:
-    # Its own Store, so that the Store's CPU is measured for both executors.
+def test_bench_runs_the_agent_lightning_runner_and_the_floor_side_by_side(services: LocalStack, tmp_path: Path) -> None:
+    # Its own Store, so that the Store's CPU is measured for every executor.
     result, table = _bench(
         services,
         tmp_path,
-        *("--rollouts", "10", "--concurrency", "2", "--probes", "0", "--peer", "agl-runner"),
+        *("--rollouts", "10", "--concurrency", "2", "--probes", "0", "--peer", "agl-runner", "--floor"),
         own_store=True,
     )
-    assert result.keys() >= (REQUIRED | PEER), (REQUIRED | PEER) - result.keys()
-    for prefix in ("", "peer_"):
+    assert result.keys() >= (REQUIRED | PEER | FLOOR), (REQUIRED | PEER | FLOOR) - result.keys()
+    for prefix in ("", "peer_", "floor_"):
         store_ms, ceiling = result[f"{prefix}store_cpu_ms_per_rollout"], result[f"{prefix}store_ceiling_rollouts_per_s"]
         assert store_ms > 0 and ceiling == pytest.approx(1000 / store_ms, rel=0.05), (prefix, store_ms, ceiling)
-        worker = result["worker_cpu_ms_per_rollout" if not prefix else "peer_worker_cpu_ms_per_rollout"]
+        worker = result[f"{prefix}worker_cpu_ms_per_rollout"]
         assert worker > 0 and worker + store_ms <= result[f"{prefix}cpu_ms_per_rollout_total"] + 0.05
-    for label in CPU_FIGURES:  # printed for a person too, ours and the peer's
-        assert label in table and f"peer {label}" in table, label
-    assert result["peer_statuses"] == {"succeeded": 10}
-    assert result["ratio_vs_peer"] > 0
+    for label in CPU_FIGURES:  # printed for a person too, for every executor
+        assert label in table and f"peer {label}" in table and f"floor {label}" in table, label
+    assert result["peer_statuses"] == {"succeeded": 10} and result["floor_statuses"] == {"succeeded": 10}
+    assert result["ratio_vs_peer"] > 0 and result["ratio_vs_floor"] > 0
+    # The floor runs the same episode under the same telemetry: the Store holds the same spans for it as for
+    # ours (the peer without --peer-spans ships fewer), from one trace request and one report per rollout.
+    assert result["floor_stored_spans_per_rollout"] == result["stored_spans_per_rollout"]
+    floor_requests = result["floor_store_requests_by_endpoint"]
+    assert floor_requests["POST /v1/traces"] == 1.0, floor_requests
+    assert floor_requests["POST /v1/agl/rollouts/{rollout_id}/attempts/{attempt_id}"] == 1.0, floor_requests
+    assert result["ratio_floor_vs_peer"] == pytest.approx(
+        result["floor_rollouts_per_s"] / result["peer_rollouts_per_s"], rel=0.01
+    )
     assert result["dispatch_p99_ms"] is None  # no probes asked for

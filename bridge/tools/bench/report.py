@@ -119,21 +119,11 @@ def print_table(result: dict[str, Any]) -> None:
                 f" ({result.get('store_cpu_growth_pct')}%)",
             )
         )
-    if "peer_rollouts_per_s" in result:
-        rows += [
-            ("peer rollouts/s", result["peer_rollouts_per_s"]),
-            ("ratio vs peer", result["ratio_vs_peer"]),
-            ("peer Store requests/rollout", result["peer_store_requests_per_rollout"]),
-            ("peer worker (runner) CPU ms/rollout", result["peer_cpu_ms_per_rollout"]),
-            ("peer Store CPU ms/rollout", result.get("peer_store_cpu_ms_per_rollout")),
-            ("peer Store ceiling rollouts/s (one core)", result.get("peer_store_ceiling_rollouts_per_s")),
-            ("peer CPU ms/rollout in all", result.get("peer_cpu_ms_per_rollout_total")),
-            ("peer RSS MB total", result["peer_rss_mb_total"]),
-            (
-                "peer stored spans, token ids/rollout (sample)",
-                f"{result.get('peer_stored_spans_per_rollout')}, {result.get('peer_stored_token_ids_per_rollout')}",
-            ),
-        ]
+    for kind, worker in (("peer", "worker (runner)"), ("floor", "executor")):
+        if f"{kind}_rollouts_per_s" in result:
+            rows += _executor_rows(result, kind, worker)
+    if result.get("ratio_floor_vs_peer") is not None:
+        rows.append(("floor rollouts/s over peer's", result["ratio_floor_vs_peer"]))
     show(key_value_table(rows, title=f"workload: {result['config']}"), sys.stdout)
     endpoints = Table(title="Store requests per rollout, by endpoint", title_justify="left", box=None)
     endpoints.add_column("endpoint")
@@ -144,6 +134,28 @@ def print_table(result: dict[str, Any]) -> None:
         if key == DEQUEUE and empty is not None:
             endpoints.add_row("  of which found no rollout (polls while slots were free)", cell(empty))
     show(endpoints, sys.stdout)
+
+
+def _executor_rows(result: dict[str, Any], kind: str, worker: str) -> list[tuple[str, Any]]:
+    """The rows of the peer's or the floor's phase (``--peer``, ``--floor``)."""
+
+    def figure(key: str) -> Any:
+        return result.get(f"{kind}_{key}")
+
+    return [
+        (f"{kind} rollouts/s", figure("rollouts_per_s")),
+        (f"ratio vs {kind}", result.get(f"ratio_vs_{kind}")),
+        (f"{kind} Store requests/rollout", figure("store_requests_per_rollout")),
+        (f"{kind} {worker} CPU ms/rollout", figure("cpu_ms_per_rollout")),
+        (f"{kind} Store CPU ms/rollout", figure("store_cpu_ms_per_rollout")),
+        (f"{kind} Store ceiling rollouts/s (one core)", figure("store_ceiling_rollouts_per_s")),
+        (f"{kind} CPU ms/rollout in all", figure("cpu_ms_per_rollout_total")),
+        (f"{kind} RSS MB total", figure("rss_mb_total")),
+        (
+            f"{kind} stored spans, token ids/rollout (sample)",
+            f"{figure('stored_spans_per_rollout')}, {figure('stored_token_ids_per_rollout')}",
+        ),
+    ]
 
 
 def _shares(shares: dict[str, float] | None) -> str | None:

@@ -8,7 +8,13 @@ dispatch latency and durations from the Store's rollout and attempt times.
 
 Phases: (1) dispatch probes: rollouts enqueued one by one while slots are free, enqueue -> task start;
 (2) the workload: N rollouts enqueued at once; (3) with --peer agl-runner, the same workload run by
-Agent Lightning's own runner (n_runners = C) on the same Store, after our workers are stopped.
+Agent Lightning's own runner (n_runners = C) on the same Store, after our workers are stopped; (4) with
+--floor, the same workload run by the floor: our layout of processes and slots (a process per slot under
+prefork) running the same episode with only the Store calls it needs (one dequeue for a process's free slots,
+the spans, the final status; no broker, lease or heartbeat). The
+episode's own work is common to every executor, so [ratio_vs_floor] is what our guarantees cost in
+throughput net of what our batching saves, and [ratio_floor_vs_peer] what dropping the runner's machinery
+alone gains on this host.
 
 Which pool (measured with this benchmark): `-P prefork -c 8` for CPU-heavy agents and small slot
 counts (~100 MB per slot). For LLM-bound agents `-P threads` (the task code is thread-safe: per-process
@@ -71,6 +77,10 @@ SOAK_EARLY = 1000
 SOAK_WINDOWS = {"early": (1000, 1500), "late": (4400, 4900)}
 SOAK_EDGES = sorted({edge for window in SOAK_WINDOWS.values() for edge in window})
 STAND_IN_MODEL = "webshop-heuristic"
+EXECUTORS = {
+    "peer": "Agent Lightning's runner",
+    "floor": "the floor (bridge.tools.bench.floor: no broker, lease, heartbeat or report journal)",
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -84,6 +94,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--pool", default="prefork", help="Celery pool: prefork (a process per slot) or threads (default prefork)")
     add("--peer", choices=["agl-runner"], default=None, help="also run the workload with Agent Lightning's runner")
     add("--peer-spans", action="store_true", help="the peer ships its episode spans too (same trace volume)")
+    add(
+        "--floor",
+        action="store_true",
+        help="also run the workload with the floor: the episode and the Store calls it needs, nothing else",
+    )
     add("--probes", type=int, default=20, help="dispatch-latency probes while slots are free (0: skip)")
     add(
         "--soak",
@@ -190,24 +205,64 @@ def _counters(store_url: str) -> dict[str, float] | None:
         return None
 
 
-def start_peer(stack: LocalStack, client: BenchClient, args: argparse.Namespace) -> ManagedProcess:
-    """The SDK runner in a child process; healthy once its runners have all polled the Store."""
+def start_executor(stack: LocalStack, client: BenchClient, args: argparse.Namespace, kind: str) -> ManagedProcess:
+    """The SDK runner (``peer``) or the floor in a child process; healthy once each of its slots polled the Store."""
     workers_before = int(client.call("GET", "/statistics").get("total_workers", 0))
+    # The floor mirrors our layout: a process per slot under prefork, else `--workers` processes of threads,
+    # each claiming for all its slots at once.
+    processes = args.concurrency if args.pool == "prefork" else max(1, args.workers)
+    pollers = processes if kind == "floor" else args.concurrency
 
     def polled() -> bool:
-        return int(client.call("GET", "/statistics").get("total_workers", 0)) >= workers_before + args.concurrency
+        return int(client.call("GET", "/statistics").get("total_workers", 0)) >= workers_before + pollers
 
-    argv = [
-        PYTHON,
-        "-m",
-        "bridge.tools.bench.peer",
-        "--store-url",
-        stack.store_url,
-        "--n-runners",
-        str(args.concurrency),
-    ]
-    argv += ["--poll-interval-s", "1.0"] + (["--export-spans"] if args.peer_spans else [])
-    return stack.spawn("peer", argv, polled, timeout=300, waiting_for=f"{args.concurrency} runners polling the Store")
+    slots = str(args.concurrency)
+    if kind == "floor":
+        per_process = str(max(1, args.concurrency // processes))
+        argv = [PYTHON, "-m", "bridge.tools.bench.floor", "--processes", str(processes), "--n-slots", per_process]
+    else:
+        argv = [PYTHON, "-m", "bridge.tools.bench.peer", "--store-url", stack.store_url, "--n-runners", slots]
+        argv += ["--poll-interval-s", "1.0"] + (["--export-spans"] if args.peer_spans else [])
+    return stack.spawn(kind, argv, polled, timeout=300, waiting_for=f"the {kind} polling the Store")
+
+
+def run_executor(
+    stack: LocalStack,
+    client: BenchClient,
+    args: argparse.Namespace,
+    resources_id: str,
+    groups: dict[str, list[int]],
+    kind: str,
+) -> dict[str, Any]:
+    """The workload again, run by the peer or the floor on the same Store and stand-ins."""
+    process = start_executor(stack, client, args, kind)
+    shared = {k: v for k, v in groups.items() if k not in ("bridge", "worker")}
+    summary, _, _ = run_workload(client, args, resources_id, {kind: [process.pid or 0]} | shared, kind)
+    process.stop()
+    return summary
+
+
+def executor_figures(kind: str, summary: dict[str, Any], ours_rps: float | None) -> dict[str, Any]:
+    """A phase's figures under its prefix (``peer_``, ``floor_``), with our rate over its rate."""
+    rate = summary["rollouts_per_s"]
+    figures = {
+        "rollouts_per_s": rate,
+        "store_requests_per_rollout": summary["store_requests_per_rollout"],
+        "store_requests_by_endpoint": summary["store_requests_by_endpoint"],
+        "cpu_ms_per_rollout": summary.get(f"{kind}_cpu_ms_per_rollout"),
+        "worker_cpu_ms_per_rollout": summary.get(f"{kind}_cpu_ms_per_rollout"),
+        "store_cpu_ms_per_rollout": summary.get("store_cpu_ms_per_rollout"),
+        "store_ceiling_rollouts_per_s": summary.get("store_ceiling_rollouts_per_s"),
+        "cpu_ms_per_rollout_total": summary.get("cpu_ms_per_rollout_total"),
+        "rss_mb_total": summary["rss_mb_total"],
+        "statuses": summary["statuses"],
+        "rollout_duration_p50_ms": summary["rollout_duration_p50_ms"],
+        "stored_spans_per_rollout": summary["stored_spans_per_rollout"],
+        "stored_token_ids_per_rollout": summary["stored_token_ids_per_rollout"],
+    }
+    return {f"{kind}_{key}": value for key, value in figures.items()} | {
+        f"ratio_vs_{kind}": round(ours_rps / rate, 3) if ours_rps and rate else None
+    }
 
 
 def stop_ours(stack: LocalStack) -> None:
@@ -304,31 +359,20 @@ def _bench(stack: LocalStack, args: argparse.Namespace, say: Any) -> int:
         result["store_cpu_growth_pct"] = (
             rounded((cost_late - cost_early) / cost_early * 100) if cost_early and cost_late else None
         )
-    if args.peer:
-        say("peer: stopping our workers and the bridge, starting Agent Lightning's runner")
+    kinds = (["peer"] if args.peer else []) + (["floor"] if args.floor else [])
+    if kinds:
+        say("stopping our workers and the bridge")
         stop_ours(stack)
-        peer = start_peer(stack, client, args)
-        peer_groups = {"peer": [peer.pid or 0]} | {k: v for k, v in groups.items() if k not in ("bridge", "worker")}
-        peer_summary, _, _ = run_workload(client, args, resources_id, peer_groups, "peer")
-        peer.stop()
+    for kind in kinds:
+        say(f"{kind}: the same workload, run by {EXECUTORS[kind]}")
         result.update(
-            peer_rollouts_per_s=peer_summary["rollouts_per_s"],
-            ratio_vs_peer=round(summary["rollouts_per_s"] / peer_summary["rollouts_per_s"], 3)
-            if peer_summary["rollouts_per_s"]
-            else None,
-            peer_store_requests_per_rollout=peer_summary["store_requests_per_rollout"],
-            peer_store_requests_by_endpoint=peer_summary["store_requests_by_endpoint"],
-            peer_cpu_ms_per_rollout=peer_summary.get("peer_cpu_ms_per_rollout"),
-            peer_worker_cpu_ms_per_rollout=peer_summary.get("peer_cpu_ms_per_rollout"),
-            peer_store_cpu_ms_per_rollout=peer_summary.get("store_cpu_ms_per_rollout"),
-            peer_store_ceiling_rollouts_per_s=peer_summary.get("store_ceiling_rollouts_per_s"),
-            peer_cpu_ms_per_rollout_total=peer_summary.get("cpu_ms_per_rollout_total"),
-            peer_rss_mb_total=peer_summary["rss_mb_total"],
-            peer_statuses=peer_summary["statuses"],
-            peer_rollout_duration_p50_ms=peer_summary["rollout_duration_p50_ms"],
-            peer_stored_spans_per_rollout=peer_summary["stored_spans_per_rollout"],
-            peer_stored_token_ids_per_rollout=peer_summary["stored_token_ids_per_rollout"],
+            executor_figures(
+                kind, run_executor(stack, client, args, resources_id, groups, kind), summary["rollouts_per_s"]
+            )
         )
+    if args.peer and args.floor:
+        floor_rps, peer_rps = result["floor_rollouts_per_s"], result["peer_rollouts_per_s"]
+        result["ratio_floor_vs_peer"] = round(floor_rps / peer_rps, 3) if floor_rps and peer_rps else None
     print_table(result)
     if args.json:
         print(json.dumps(result, sort_keys=True))
