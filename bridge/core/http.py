@@ -8,6 +8,7 @@ import struct
 import threading
 from typing import Any
 
+import httpcore
 import httpx
 
 # A request given up on (a timeout) must not reach the service later. On a normal close the kernel keeps
@@ -21,6 +22,47 @@ ABORT_ON_CLOSE = [(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 # server's close and fail with "Server disconnected without sending a response" (seen on WebShop /step
 # between 5 s LLM calls). A fresh connection on loopback or a LAN costs far less than such a failure.
 KEEPALIVE_S = 2.0
+
+
+class _ExpiryCheckedConnection(httpcore.HTTPConnection):
+    """A connection that the pool retires in the same step as it finds it expired.
+
+    httpcore's pool hands an idle connection to a request under the pool's lock, but the request starts on
+    it (under the connection's own lock) after that lock is released; meanwhile another thread's pass over
+    the pool may find the connection expired (idle past ``KEEPALIVE_S``) and close it, which httpcore does
+    without any lock. Closed before the request starts, the request moves to another connection; closed
+    just after, the request's socket disappears under it: ``ReadError('[Errno 9] Bad file descriptor')`` on
+    a WebShop ``/step`` once in about 9,000 requests at 128 threads (docs/performance.md), a failed rollout,
+    since a step is not retried. Checking and closing under the connection's lock leaves only the first
+    case: a request that starts finds the connection closed and the pool gives it another.
+    """
+
+    def has_expired(self) -> bool:
+        inner = self._connection
+        lock = getattr(inner, "_state_lock", None)
+        if inner is None or lock is None:  # not connected yet (or a protocol without that lock): as httpcore
+            return super().has_expired()
+        if not inner.has_expired():  # the common case, without the lock: a live connection stays either way
+            return False
+        with lock:
+            if not inner.has_expired():  # a request started on it meanwhile
+                return False
+            inner.close()
+            return True
+
+
+class _ExpiryCheckedPool(httpcore.ConnectionPool):
+    def create_connection(self, origin: httpcore.Origin) -> httpcore.ConnectionInterface:
+        connection = super().create_connection(origin)
+        if type(connection) is httpcore.HTTPConnection:  # a direct one; proxies' connections stay as they are
+            connection.__class__ = _ExpiryCheckedConnection  # same object, one method more careful
+        return connection
+
+
+def _expiry_checked(transport: httpx.HTTPTransport) -> httpx.HTTPTransport:
+    """``transport`` whose pool retires expired connections atomically (``_ExpiryCheckedConnection``)."""
+    transport._pool.__class__ = _ExpiryCheckedPool
+    return transport
 
 
 class PerThreadTransport(httpx.BaseTransport):
@@ -40,21 +82,22 @@ class PerThreadTransport(httpx.BaseTransport):
         self._tls = httpx.create_ssl_context()
         self._local = threading.local()
         self._lock = threading.Lock()
-        self._pools: dict[int, httpx.HTTPTransport] = {}  # thread ident -> its pool
+        self._pools: dict[threading.Thread, httpx.HTTPTransport] = {}  # each calling thread's pool
 
     def _own(self) -> httpx.HTTPTransport:
         pool: httpx.HTTPTransport | None = getattr(self._local, "pool", None)
         if pool is None:
             pool = httpx.HTTPTransport(verify=self._tls, limits=self._limits, socket_options=ABORT_ON_CLOSE)
             self._local.pool = pool
-            live = {thread.ident for thread in threading.enumerate()}
-            me = threading.get_ident()
             with self._lock:
-                # A pool filed under our own ident belongs to an ended thread whose ident was reused.
-                ended = [ident for ident in self._pools if ident not in live or ident == me]
-                for ident in ended:
-                    self._pools.pop(ident).close()
-                self._pools[me] = pool
+                # Keyed by the thread itself, not its ident (reused once a thread ends), and judged under the
+                # lock: a list of live threads taken before it missed a thread that started and filed its pool
+                # meanwhile, and closed that pool under its first call. A thread that threading did not start
+                # (a "dummy" thread) counts as alive for good: its pool is closed only with the transport.
+                ended = [thread for thread in self._pools if not thread.is_alive()]
+                for thread in ended:
+                    self._pools.pop(thread).close()
+                self._pools[threading.current_thread()] = pool
         return pool
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
@@ -119,7 +162,7 @@ def shared_transport(max_connections: int) -> httpx.HTTPTransport:
     Store request and WebShop step opened a new connection, at a cost to both sides. Shared, the pool holds
     only as many connections as requests run at once, and they stay warm.
     """
-    return httpx.HTTPTransport(limits=_limits(max_connections), socket_options=ABORT_ON_CLOSE)
+    return _expiry_checked(httpx.HTTPTransport(limits=_limits(max_connections), socket_options=ABORT_ON_CLOSE))
 
 
 def service_client(base_url: str, *, token: str | None, timeout_s: float, max_connections: int) -> httpx.Client:

@@ -9,9 +9,12 @@ against a loopback server; the pools' own connection counts are read from httpco
 
 from __future__ import annotations
 
+import _thread
 import threading
+import time
 from collections.abc import Iterator
 
+import httpcore
 import httpx
 import pytest
 
@@ -37,12 +40,12 @@ def test_each_thread_has_its_own_llm_pool_and_ended_threads_pools_are_closed(ser
     client = httpx.Client(base_url=server.url, transport=transport)
     try:
         client.get("/a")
-        mine = transport._pools[threading.get_ident()]
+        mine = transport._pools[threading.current_thread()]
         seen: list[object] = []
 
         def other() -> None:
             client.get("/b")
-            seen.append(transport._pools[threading.get_ident()])
+            seen.append(transport._pools[threading.current_thread()])
 
         _in_thread(other)
         assert seen and seen[0] is not mine  # the other thread did not use (or walk) this thread's connections
@@ -68,5 +71,57 @@ def test_threads_calling_a_service_now_and_then_share_one_warm_connection(server
         # would have opened three, each idle until it expired).
         assert len(transport._pool.connections) == 1
         assert server.paths == ["/a", "/b", "/c"]
+    finally:
+        client.close()
+
+
+def test_a_thread_that_threading_did_not_start_keeps_its_pool_while_others_make_theirs(server: RecordingStore) -> None:
+    # The pools of ended threads are closed when another thread makes its own; a thread missing from
+    # threading's list (one started by C code, or one that started after the list was taken) once counted
+    # as ended, and its connection was closed under its call.
+    transport = pooled_transport(max_connections=8)
+    client = httpx.Client(base_url=server.url, transport=transport)
+    pools: list[httpx.HTTPTransport] = []
+    made, checked, done = threading.Event(), threading.Event(), threading.Event()
+
+    def foreign() -> None:
+        client.get("/foreign")
+        pools.append(transport._local.pool)
+        made.set()
+        checked.wait(10)
+        client.get("/foreign-again")
+        done.set()
+
+    try:
+        _thread.start_new_thread(foreign, ())
+        assert made.wait(10)
+        _in_thread(lambda: client.get("/other"))  # makes its own pool, closing the ended threads' pools
+        assert len(pools[0]._pool.connections) == 1  # still open: the foreign thread is alive
+        checked.set()
+        assert done.wait(10)
+        assert server.paths.count("/foreign") == 1 and server.paths.count("/foreign-again") == 1
+        assert len(pools[0]._pool.connections) == 1  # the same warm connection served its next call
+    finally:
+        checked.set()
+        client.close()
+
+
+def test_a_connection_the_pool_finds_expired_is_closed_at_once_so_no_request_starts_on_it(
+    server: RecordingStore,
+) -> None:
+    # httpcore closes an expired connection after it released the lock under which a request starts on it:
+    # a request handed that connection just before could start and then lose its socket mid-read (EBADF).
+    client = service_client(server.url, token=None, timeout_s=5.0, max_connections=4)
+    try:
+        client.get("/a")
+        pool = client._transport._pool  # type: ignore[attr-defined]
+        [connection] = pool.connections
+        assert not connection.has_expired() and not connection.is_closed()  # idle within the keep-alive
+        connection._connection._expire_at = time.monotonic() - 1.0  # now idle past it
+        assert connection.has_expired() and connection.is_closed()  # found expired and closed in one step
+        with pytest.raises(httpcore.ConnectionNotAvailable):  # a request handed it earlier cannot start on it
+            connection.handle_request(httpcore.Request("GET", f"{server.url}/b"))
+        client.get("/c")  # the pool drops it and opens another
+        assert server.paths == ["/a", "/c"] and len(pool.connections) == 1 and pool.connections[0] is not connection
     finally:
         client.close()
