@@ -10,11 +10,10 @@ Phases: (1) dispatch probes: rollouts enqueued one by one while slots are free, 
 (2) the workload: N rollouts enqueued at once; (3) with --peer agl-runner, the same workload run by
 Agent Lightning's own runner (n_runners = C) on the same Store, after our workers are stopped; (4) with
 --floor, the same workload run by the floor: our layout of processes and slots (a process per slot under
-prefork) running the same episode with only the Store calls it needs (one dequeue for a process's free slots,
-the spans, the final status; no broker, lease or heartbeat). The
-episode's own work is common to every executor, so [ratio_vs_floor] is what our guarantees cost in
-throughput net of what our batching saves, and [ratio_floor_vs_peer] what dropping the runner's machinery
-alone gains on this host.
+prefork) running the same episode with only the Store calls it needs (one dequeue for a process's free
+slots, the spans, the final status; no broker, lease or heartbeat). The episode's own work is common to
+every executor, so [ratio_vs_floor] is what our guarantees cost in throughput net of what our batching
+saves, and [ratio_floor_vs_peer] what dropping the runner's machinery alone gains on this host.
 
 Which pool (measured with this benchmark): `-P prefork -c 8` for CPU-heavy agents and small slot
 counts (~100 MB per slot). For LLM-bound agents `-P threads` (the task code is thread-safe: per-process
