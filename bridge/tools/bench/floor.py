@@ -78,8 +78,8 @@ class FloorExecutor:
                 self.free.release()
 
     def _run_one(self, rollout: Any) -> None:
+        from bridge.tools.bench.episode import run_episode
         from workers import llm as llm_mod
-        from workers.agent import Episode
         from workers.inputs import parse_task_input
         from workers.telemetry import AttemptTelemetry
 
@@ -90,17 +90,8 @@ class FloorExecutor:
         )
         try:
             task = parse_task_input(rollout.input, max_chars=self.settings.max_instruction_chars)
-            episode = Episode(
-                task=task,
-                env=self.env,
-                client=llm_mod.make_client(target, self.settings.llm_timeout_s),
-                target=target,
-                telemetry=telemetry,
-                settings=self.settings,
-                check_stop=lambda: None,
-            )
-            with telemetry.span("webshop.episode", {"webshop.task_id": task.task_id}) as root:
-                result = episode.run()
+            with telemetry.span("webshop.episode", {"webshop.task_id": task.task_id}) as root:  # as our task's
+                result = run_episode(task, self.env, target, telemetry, self.settings)
                 root.set_attribute("episode.reward", result.reward)
             telemetry.flush()
         finally:

@@ -33,8 +33,8 @@ def _make_agent(export_spans: bool = False) -> Any:
     from bridge.core.models import AttemptedRollout, ResourcesUpdate
     from bridge.core.settings import get_settings
     from bridge.core.store import StoreClient
+    from bridge.tools.bench.episode import run_episode
     from workers import llm as llm_mod
-    from workers.agent import Episode
     from workers.inputs import parse_task_input
     from workers.telemetry import AttemptTelemetry
     from workers.webshop import WebShopClient
@@ -73,16 +73,8 @@ def _make_agent(export_spans: bool = False) -> Any:
                 export=export_spans,
             )
             try:
-                episode = Episode(
-                    task=parse_task_input(task, max_chars=settings.max_instruction_chars),
-                    env=env,
-                    client=llm_mod.make_client(target, settings.llm_timeout_s),
-                    target=target,
-                    telemetry=telemetry,
-                    settings=settings,
-                    check_stop=lambda: None,
-                )
-                reward = float(episode.run().reward)
+                parsed = parse_task_input(task, max_chars=settings.max_instruction_chars)
+                reward = float(run_episode(parsed, env, target, telemetry, settings).reward)
                 telemetry.flush()
                 return reward
             finally:
