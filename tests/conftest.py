@@ -1,8 +1,20 @@
-"""Test-session set-up shared by unit and integration tests."""
+"""Test-session set-up shared by unit and integration tests: signals, this process's Redis, the schedule.
+
+The suite runs in parallel (pytest-xdist, ``-n`` in pyproject's addopts). Each worker process owns its
+Redis database or server (``tests/redis_for_tests.py``), its Store, WebShop server and LLM stand-in
+(``tests/integration/conftest.py``), its ports and its RabbitMQ vhosts. The tests are handed out as
+groups (a module, or a ``cost`` test alone) longest first, so the long scenarios start at once and
+short modules fill the gaps around them (``tests/schedule.py``).
+"""
 
 from __future__ import annotations
 
+import os
 import signal
+
+import pytest
+
+from tests import redis_for_tests, schedule
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -12,3 +24,22 @@ def _interrupt(signum: int, frame: object) -> None:
 # A CI timeout or `kill` sends SIGTERM: turn it into KeyboardInterrupt so fixtures tear down the processes
 # they started (they run in their own sessions and would otherwise outlive the test run).
 signal.signal(signal.SIGTERM, _interrupt)
+
+# No network here: LiteLLM (in the Store and wherever agentlightning is imported, unit tests included) uses its
+# bundled model cost map instead of fetching one (three failing fetches with 6 s of back-off otherwise); child
+# processes inherit it.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook turns each item's group into its node id suffix
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    schedule.order(items, name_groups=config.pluginmanager.hasplugin("xdist"))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    return schedule.LongestFirst(config, log)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    redis_for_tests.stop()

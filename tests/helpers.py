@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -34,8 +33,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from bridge.core import keys
 from bridge.core.store import API
 from bridge.tools.stack import LocalStack, StackConfig
+from tests import redis_for_tests
 
-TEST_REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/11")
+TEST_REDIS_URL = redis_for_tests.url()  # this process's own database or server (tests/redis_for_tests.py)
 
 
 def drop_adverts(client: redis.Redis, queue: str) -> list[str]:

@@ -13,24 +13,23 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import pytest
-
 from bridge.core.redact import redact_url
 from bridge.tools.rabbitmq import Vhost, amqp_answers, with_vhost
 from bridge.tools.stack import LocalStack, StackConfig
+from tests.prerequisites import missing
 
 RABBITMQ_URL = os.environ.get("TEST_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672//")
 
 
 @contextmanager
 def private_vhost(prefix: str) -> Iterator[tuple[str, Vhost]]:
-    """``(broker URL on a fresh vhost, the vhost)``; skips with the reason when RabbitMQ cannot be used."""
+    """``(broker URL on a fresh vhost, the vhost)``; a missing prerequisite when RabbitMQ cannot be used."""
     if not amqp_answers(RABBITMQ_URL):
-        pytest.skip(f"no RabbitMQ answers at {redact_url(RABBITMQ_URL)} (.ci/run installs and starts one)")
+        missing(f"no RabbitMQ answers at {redact_url(RABBITMQ_URL)} (.ci/run installs and starts one)")
     vhost = Vhost(f"{prefix}-{os.getpid()}-{uuid.uuid4().hex[:6]}")
     why = vhost.available()
     if why is not None:
-        pytest.skip(f"cannot isolate the tests in a vhost of their own: {why}")
+        missing(f"cannot isolate the tests in a vhost of their own: {why}")
     with vhost:
         yield with_vhost(RABBITMQ_URL, vhost.name), vhost
 

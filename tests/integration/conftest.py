@@ -7,7 +7,6 @@ the bridge are started per module, because tests kill and reconfigure them.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,10 +18,6 @@ from bridge.core.store import API
 from bridge.tools.procs import redis_answers
 from bridge.tools.stack import LocalStack, StackConfig
 from tests.helpers import TEST_REDIS_URL, cancel_unfinished
-
-# No network here: LiteLLM (in the Store and wherever agentlightning is imported) uses its bundled model cost
-# map instead of fetching one (three failing fetches with back-off otherwise); child processes inherit it.
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -3,14 +3,13 @@
 Every scenario must end with no rollout lost, no attempt executed twice in effect, no finished status
 flipped by a late report and no reward the WebShop server did not compute. The broker is a Redis of this
 module's own (append-only, so it can be restarted); the Store, WebShop server and LLM stand-in are the
-session's. The default run (CI) covers bad input, redelivery and killed workers; the scenarios marked
-``slow`` (bridge kill, Redis restart, Store outage, flaky environment) run with ``CHAOS_SLOW=1``
-(``CHAOS_SLOW=1 pytest -m slow tests/integration/test_chaos.py``), or all at once through ``python -m bridge chaos``.
+session's. Every scenario runs by default, each on its own (``cost``: tests/schedule.py); ``-m "not slow"``
+leaves out those that wait for outages (bridge kill, Redis restart, Store outage, flaky environment), and
+``python -m bridge chaos`` runs them all at once outside pytest.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,7 +22,6 @@ from tests.helpers import cancel_unfinished, split_tasks
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 
 ROLLOUTS = 100
-slow = pytest.mark.skipif(os.environ.get("CHAOS_SLOW") != "1", reason="slow chaos scenario: set CHAOS_SLOW=1")
 RESULTS: list[chaos.ScenarioResult] = []
 
 
@@ -96,7 +94,6 @@ def test_killed_pool_and_main_processes_lose_nothing(
 
 
 @pytest.mark.slow
-@slow
 def test_bridge_killed_after_a_dequeue_strands_nothing(
     services: LocalStack, chaos_services: LocalStack, tasks: list[dict[str, object]], tmp_path: Path
 ) -> None:
@@ -105,7 +102,6 @@ def test_bridge_killed_after_a_dequeue_strands_nothing(
 
 
 @pytest.mark.slow
-@slow
 def test_redis_restart_loses_nothing(
     services: LocalStack, chaos_services: LocalStack, tasks: list[dict[str, object]], tmp_path: Path
 ) -> None:
@@ -114,18 +110,15 @@ def test_redis_restart_loses_nothing(
 
 
 @pytest.mark.slow
-@slow
 def test_store_outage_of_15_seconds_loses_nothing(
     services: LocalStack, chaos_services: LocalStack, tasks: list[dict[str, object]], tmp_path: Path
 ) -> None:
-    if "store" not in services.processes:
-        pytest.skip("the session's Store was not started by the tests; it cannot be paused")
+    assert "store" in services.processes, "the session's Store was not started by the tests: it cannot be paused"
     result = run("store-outage", services, chaos_services, tasks, tmp_path)
     assert any("paused the Store" in n for n in result.notes), result.notes
 
 
 @pytest.mark.slow
-@slow
 def test_flaky_environment_and_rate_limited_llm_lose_nothing(
     services: LocalStack, chaos_services: LocalStack, tasks: list[dict[str, object]], tmp_path: Path
 ) -> None:

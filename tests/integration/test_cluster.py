@@ -4,13 +4,12 @@ Each worker host is a Linux network namespace with its own host name, reaching R
 WebShop server and the LLM stand-in over a veth link to a private subnet, as a worker machine reaches them
 over a network; the bridge runs in a host of its own. Every run is audited like the chaos suite (lost,
 executed twice, flipped, bad reward: all 0). Small counts and the harness's short intervals (heartbeat
-1 s, lease 4 s, reconcile 5 s) keep the module under three minutes. Needs root and iproute2: skipped otherwise.
-The same host loss with RabbitMQ as broker runs with ``CLUSTER_SLOW=1`` (about a minute more).
+1 s, lease 4 s, reconcile 5 s) keep the module under three minutes. Needs root and iproute2 (and socat for
+RabbitMQ): skipped otherwise, with the reason, and failed on CI (``tests/prerequisites.py``).
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -27,6 +26,7 @@ from bridge.tools.cluster.netns import Cluster, remove_leftovers, unavailable_re
 from bridge.tools.cluster.run import figures_table
 from bridge.tools.rabbitmq import amqp_answers
 from tests.helpers import split_tasks
+from tests.prerequisites import missing, require
 from tests.rabbit import RABBITMQ_URL
 
 pytestmark = pytest.mark.integration
@@ -38,8 +38,7 @@ DEADLINE_S = 150.0
 @pytest.fixture(scope="module")
 def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestBed]:
     """Two worker hosts and a bridge host; the services on the subnet's gateway address, 500 ms LLM calls."""
-    if REASON:
-        pytest.skip(f"no multi-host test bed here: {REASON}")
+    require(REASON and f"no multi-host test bed here: {REASON}")
     config = BedConfig(hosts=2, concurrency=4, policy_latency_ms=500.0, log_dir=tmp_path_factory.mktemp("cluster"))
     with TestBed(config) as opened:
         yield opened
@@ -52,8 +51,7 @@ def tasks() -> list[dict[str, Any]]:
 
 
 def test_hosts_have_their_own_names_and_links_and_leave_nothing_behind() -> None:
-    if REASON:
-        pytest.skip(f"no multi-host test bed here: {REASON}")
+    require(REASON and f"no multi-host test bed here: {REASON}")
     with Cluster() as cluster:
         one, two = cluster.add_host("host1"), cluster.add_host("host2")
         names = [subprocess.check_output([*h.prefix, "hostname"], text=True).strip() for h in (one, two)]
@@ -115,13 +113,11 @@ def test_a_partitioned_host_is_taken_over_reports_nothing_late_and_returns(
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(os.environ.get("CLUSTER_SLOW") != "1", reason="RabbitMQ across hosts: set CLUSTER_SLOW=1")
 def test_with_rabbitmq_a_lost_host_rollouts_run_again_on_the_other(tmp_path: Path, tasks: list[dict[str, Any]]) -> None:
     """The same host loss with RabbitMQ as broker (a vhost of its own on the local server, relayed to the subnet)."""
-    if REASON:
-        pytest.skip(f"no multi-host test bed here: {REASON}")
+    require(REASON and f"no multi-host test bed here: {REASON}")
     if not amqp_answers(RABBITMQ_URL) or shutil.which("socat") is None:
-        pytest.skip(f"needs RabbitMQ at {redact_url(RABBITMQ_URL)} and socat")
+        missing(f"needs RabbitMQ at {redact_url(RABBITMQ_URL)} and socat")
     config = BedConfig(hosts=2, concurrency=4, log_dir=tmp_path, rabbitmq_url=RABBITMQ_URL)
     with TestBed(config) as amqp_bed:
         assert amqp_bed.services is not None and amqp_bed.services.broker_url.startswith("amqp://")

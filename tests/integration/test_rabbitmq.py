@@ -4,13 +4,12 @@ Real processes throughout: the session's ``agl store``, WebShop server and LLM s
 tests' database) for coordination, ``celery -A workers worker`` nodes and ``python -m bridge`` on the RabbitMQ
 at 127.0.0.1:5672, isolated in a vhost of this module's own (deleted at the end: no other queue is touched).
 The broker restart runs against a private ``rabbitmq-server`` node on a free port, never the shared server.
-Everything is skipped, with the reason, where no RabbitMQ answers.
+Where no RabbitMQ answers, everything is skipped with the reason (and fails on CI: ``tests/prerequisites.py``).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -32,6 +31,7 @@ from bridge.tools.chaos import run as chaos
 from bridge.tools.rabbitmq import PrivateRabbitMQ, server_version
 from bridge.tools.stack import LocalStack
 from tests.helpers import cancel_unfinished, enqueue, purchases, rollout, split_tasks, wait_finished
+from tests.prerequisites import require
 from tests.rabbit import amqp_services, over, private_vhost
 
 pytestmark = pytest.mark.integration
@@ -157,13 +157,10 @@ def test_chaos_over_rabbitmq_loses_nothing(scenario: str, clean: LocalStack, tmp
 
 @pytest.mark.chaos
 @pytest.mark.slow
-@pytest.mark.skipif(os.environ.get("CHAOS_SLOW") != "1", reason="slow chaos scenario: set CHAOS_SLOW=1")
 def test_a_rabbitmq_restart_loses_nothing(services: LocalStack, tmp_path: Path) -> None:
     """A private RabbitMQ node (never the shared one) restarted mid-run: durable queues, persistent messages
     and publisher confirms keep every rollout."""
-    why = PrivateRabbitMQ.unavailable()
-    if why:
-        pytest.skip(why)
+    require(PrivateRabbitMQ.unavailable())
     cancel_unfinished(services.store_url)
     node = PrivateRabbitMQ(tmp_path / "node").start()
     try:

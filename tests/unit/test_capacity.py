@@ -1,7 +1,7 @@
 """Dispatch capacity: a worker's slot-freed wake-up ends the full bridge's wait at once
 (``bridge.core.capacity.notify_freed``/``wait_for_freed``), and without one the wait ends at its bound.
 
-Uses the Redis at ``TEST_REDIS_URL`` if it answers (no process is started) and skips otherwise."""
+Uses this test process's Redis (``tests/redis_for_tests.py``)."""
 
 from __future__ import annotations
 

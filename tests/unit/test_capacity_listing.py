@@ -1,7 +1,7 @@
 """How the bridge finds the workers' slot adverts (``bridge.core.capacity``): through each queue's node
 listing, never by walking the keyspace, which long runs fill with per-attempt markers (a SCAN per tick cost
 0.2 ms with an empty Redis and 780 ms with a million keys, docs/performance.md). The slot keys still decide
-who is alive. Real Redis at ``TEST_REDIS_URL``; the test skips without one.
+who is alive. Real Redis: this test process's (``tests/redis_for_tests.py``).
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 claimed beyond its slots shows a negative room that no other queue's free slots hide, and a dequeue is
 sized so that any mix of modes in it can start.
 
-Slot adverts and in-flight entries are written to the Redis at ``TEST_REDIS_URL`` exactly as workers and
-the bridge write them (``capacity.advertise``/``mark_inflight``); the test skips without a Redis.
+Slot adverts and in-flight entries are written to the test process's own Redis (``tests/redis_for_tests.py``)
+exactly as workers and the bridge write them (``capacity.advertise``/``mark_inflight``).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 reported attempt is renewed by nobody, Redis data loss is repaired by the live owner's next renewal (started
 marker included), and only an executor that holds an attempt frees its in-flight slot.
 
-Real Redis at ``TEST_REDIS_URL``, real expiry; the test skips without one.
+Real Redis (this test process's, ``tests/redis_for_tests.py``), real expiry.
 """
 
 from __future__ import annotations

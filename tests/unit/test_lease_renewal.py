@@ -1,7 +1,7 @@
 """The heartbeat's lease renewals do not wait for the Store: with a Store that answers slowly, every lease of
 a process with many attempts stays alive, and an attempt that is no longer ours gets no Store call at all.
 
-Real Redis at ``TEST_REDIS_URL`` (skips without one), real ``StoreClient`` and ``HeartbeatMonitor``; the Store
+Real Redis (this test process's, ``tests/redis_for_tests.py``), real ``StoreClient`` and ``HeartbeatMonitor``; the Store
 is a local HTTP endpoint that answers after a delay, as a Store does under load.
 """
 

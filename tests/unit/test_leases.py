@@ -1,7 +1,7 @@
 """Execution leases in Redis: one executor per attempt, takeovers told apart from first starts, finished
 attempts never leased again.
 
-The tests use the Redis at ``TEST_REDIS_URL`` if it answers (no process is started) and skip otherwise."""
+The tests use this test process's Redis (``tests/redis_for_tests.py``)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The global LLM rate limit: one token bucket per model in Redis, shared by every worker.
 
-The Redis tests use the Redis at ``TEST_REDIS_URL`` if it answers (no process is started) and skip otherwise."""
+The Redis tests use this test process's Redis (``tests/redis_for_tests.py``)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ first after a refill won, so one caller could lose to newcomers over and over. M
 load (50 threads, 3 calls each, 25 calls/s): waits p50 1.03 s, p90 3.29 s, max 5.58 s where 50/rate is
 2.0 s; with reservations p50 1.96 s, p90 2.01 s, max 2.01 s.
 
-Skips without the Redis at ``TEST_REDIS_URL``."""
+Real Redis: this test process's (``tests/redis_for_tests.py``)."""
 
 from __future__ import annotations
 
