@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from xdist.scheduler import LoadGroupScheduling
 
-DEFAULT_COST_S = 1.0
+DEFAULT_COST_S = 0.1  # most unmarked tests are unit tests of a few milliseconds to a second
 
 
 def _own_cost(node: pytest.Item | pytest.Collector | None) -> float | None:

@@ -26,7 +26,7 @@ from bridge.core.store import API
 from bridge.tools.stack import LocalStack, StackConfig
 from tests.helpers import split_tasks, wait_finished
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cost(75)]
 
 SLOTS = 4
 MAX_BATCH = 4

@@ -18,7 +18,7 @@ import pytest
 from bridge.tools.stack import LocalStack
 from tests.helpers import cancel_unfinished
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cost(48)]
 
 REQUIRED = {
     "rollouts",

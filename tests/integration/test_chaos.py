@@ -70,6 +70,7 @@ def run(
     return result
 
 
+@pytest.mark.cost(25)
 def test_malformed_inputs_fail_as_input_errors_and_the_rest_succeed(
     services: LocalStack, chaos_services: LocalStack, tasks: list[dict[str, object]], tmp_path: Path
 ) -> None:
@@ -78,6 +79,7 @@ def test_malformed_inputs_fail_as_input_errors_and_the_rest_succeed(
     assert result.succeeded == result.enqueued - len(chaos.MALFORMED)
 
 
+@pytest.mark.cost(30)
 def test_redelivered_running_tasks_do_not_run_twice(
     services: LocalStack, chaos_services: LocalStack, tasks: list[dict[str, object]], tmp_path: Path
 ) -> None:
@@ -85,6 +87,7 @@ def test_redelivered_running_tasks_do_not_run_twice(
     assert any("re-published" in n and not n.startswith("re-published 0 ") for n in result.notes), result.notes
 
 
+@pytest.mark.cost(75)
 def test_killed_pool_and_main_processes_lose_nothing(
     services: LocalStack, chaos_services: LocalStack, tasks: list[dict[str, object]], tmp_path: Path
 ) -> None:
@@ -93,6 +96,7 @@ def test_killed_pool_and_main_processes_lose_nothing(
     assert sum("killed worker main process" in n for n in result.notes) == 3, result.notes
 
 
+@pytest.mark.cost(160)
 @pytest.mark.slow
 def test_bridge_killed_after_a_dequeue_strands_nothing(
     services: LocalStack, chaos_services: LocalStack, tasks: list[dict[str, object]], tmp_path: Path
@@ -101,6 +105,7 @@ def test_bridge_killed_after_a_dequeue_strands_nothing(
     assert sum("killed the bridge" in n for n in result.notes) == 2, result.notes
 
 
+@pytest.mark.cost(40)
 @pytest.mark.slow
 def test_redis_restart_loses_nothing(
     services: LocalStack, chaos_services: LocalStack, tasks: list[dict[str, object]], tmp_path: Path
@@ -109,6 +114,7 @@ def test_redis_restart_loses_nothing(
     assert "restarted Redis" in result.notes
 
 
+@pytest.mark.cost(57)
 @pytest.mark.slow
 def test_store_outage_of_15_seconds_loses_nothing(
     services: LocalStack, chaos_services: LocalStack, tasks: list[dict[str, object]], tmp_path: Path
@@ -118,6 +124,7 @@ def test_store_outage_of_15_seconds_loses_nothing(
     assert any("paused the Store" in n for n in result.notes), result.notes
 
 
+@pytest.mark.cost(70)
 @pytest.mark.slow
 def test_flaky_environment_and_rate_limited_llm_lose_nothing(
     services: LocalStack, chaos_services: LocalStack, tasks: list[dict[str, object]], tmp_path: Path

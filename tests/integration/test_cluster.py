@@ -29,7 +29,7 @@ from tests.helpers import split_tasks
 from tests.prerequisites import missing, require
 from tests.rabbit import RABBITMQ_URL
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cost(140)]
 
 REASON = unavailable_reason()
 DEADLINE_S = 150.0
@@ -112,6 +112,7 @@ def test_a_partitioned_host_is_taken_over_reports_nothing_late_and_returns(
     assert result.figures["second_batch_on_returned_host"] >= 1
 
 
+@pytest.mark.cost(72)
 @pytest.mark.slow
 def test_with_rabbitmq_a_lost_host_rollouts_run_again_on_the_other(tmp_path: Path, tasks: list[dict[str, Any]]) -> None:
     """The same host loss with RabbitMQ as broker (a vhost of its own on the local server, relayed to the subnet)."""

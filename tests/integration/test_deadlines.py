@@ -20,6 +20,8 @@ from bridge.core.settings import load_settings
 from bridge.tools.stack import LocalStack, StackConfig
 from tests.helpers import attempts, enqueue, rollout, silent_llm_url, wait_finished
 
+pytestmark = pytest.mark.cost(19)
+
 TIMEOUT_SECONDS = 20.0  # the rollout's budget; the episode's own deadline is the soft limit below it
 MARGIN_S = 4.0  # reporting the failure: a span flush and one Store update
 

@@ -24,7 +24,7 @@ from bridge.tools.procs import http_ok
 from bridge.tools.stack import LocalStack
 from tests.helpers import cancel_unfinished
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cost(10)]
 
 ROLLOUTS = 5
 SUMMARY_KEYS = {

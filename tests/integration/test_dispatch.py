@@ -24,7 +24,7 @@ from bridge.dispatch.publisher import Publisher
 from bridge.tools.stack import LocalStack
 from tests.helpers import attempts, enqueue, rollout, split_tasks, stack_for, wait_finished
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cost(56)]
 
 
 def _count(store_url: str, status: str) -> int:

@@ -18,6 +18,8 @@ import pytest
 from bridge.cli import build_parser
 from bridge.tools.procs import find_executable
 
+pytestmark = pytest.mark.cost(10)
+
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "AGENT_LIGHTNING_STORE_URL": "http://127.0.0.1:9"}  # importing `workers` reads settings
 BRIDGE_COMMANDS = sorted(build_parser()._subparsers._group_actions[0].choices)  # type: ignore[union-attr,arg-type]

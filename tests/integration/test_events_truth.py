@@ -27,7 +27,7 @@ from celery import Celery
 from bridge.tools.stack import LocalStack
 from tests.helpers import enqueue, split_tasks, stack_for, wait_finished
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cost(31)]
 
 ROLLOUTS = 56
 BAD_INPUTS = 4  # fail at once as `input`: a Store `failed` is still a task that ended (Celery SUCCESS)

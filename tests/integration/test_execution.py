@@ -10,7 +10,7 @@ import pytest
 from bridge.tools.stack import LocalStack
 from tests.helpers import attempts, enqueue, purchases, split_tasks, stack_for, wait_finished
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cost(31)]
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,7 @@ from bridge.tools.procs import ManagedProcess, free_port, http_ok
 from bridge.tools.stack import LocalStack, StackConfig
 from tests.helpers import attempts, cancel_unfinished, enqueue, wait_finished
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cost(9)]
 
 HUGE_CHARS = 4_000_000
 MAX_STEPS = 3

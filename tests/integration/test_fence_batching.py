@@ -25,7 +25,7 @@ from bridge.tools.bench.metrics import store_requests
 from bridge.tools.stack import LocalStack
 from tests.helpers import attempts, enqueue, rollout, slow_episode_stack, split_tasks, wait_finished
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cost(110)]
 
 SLOTS = 8
 INTERVAL_S = 2.0  # HEARTBEAT_INTERVAL_S of the worker

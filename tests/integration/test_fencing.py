@@ -18,7 +18,7 @@ from bridge.core.store import API
 from bridge.tools.stack import LocalStack
 from tests.helpers import attempts, enqueue, rollout, slow_episode_stack, split_tasks
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cost(17)]
 
 LLM_LATENCY_MS = 700.0  # 7 steps or so: an episode of about 5 s
 

@@ -24,7 +24,7 @@ from bridge.core.message import TASK_NAME
 from bridge.tools.stack import LocalStack
 from tests.helpers import attempts, enqueue, rollout, slow_episode_stack, split_tasks, wait_finished
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cost(14)]
 
 LLM_LATENCY_MS = 700.0  # an episode of about 5 s
 

@@ -26,7 +26,7 @@ from bridge.core.store import StoreClient
 from bridge.tools.stack import LocalStack
 from tests.helpers import attempts, cancel_unfinished, enqueue, spans, stack_for, wait_finished
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cost(300)]
 
 AGENTS = "tests.agents_for_tests"
 ROOT = Path(__file__).resolve().parents[2]

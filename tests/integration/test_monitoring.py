@@ -23,7 +23,7 @@ from bridge.core.message import TASK_NAME
 from bridge.tools.stack import LocalStack
 from tests.helpers import cancel_unfinished, enqueue, split_tasks, stack_for, wait_finished
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cost(14)]
 
 GOOD = 6
 FLOWER_AUTH = ("ops", "s3cret-for-tests")

@@ -34,7 +34,7 @@ from tests.helpers import cancel_unfinished, enqueue, purchases, rollout, split_
 from tests.prerequisites import require
 from tests.rabbit import amqp_services, over, private_vhost
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cost(115)]
 
 QUEUE = "rollouts"
 # Few slots for the rollouts, so a run outlasts its faults' schedule (placed by progress) without 100 rollouts:
@@ -155,6 +155,7 @@ def test_chaos_over_rabbitmq_loses_nothing(scenario: str, clean: LocalStack, tmp
         assert any("re-published" in n and not n.startswith("re-published 0 ") for n in result.notes), result.notes
 
 
+@pytest.mark.cost(95)
 @pytest.mark.chaos
 @pytest.mark.slow
 def test_a_rabbitmq_restart_loses_nothing(services: LocalStack, tmp_path: Path) -> None:

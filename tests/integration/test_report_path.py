@@ -40,7 +40,7 @@ from bridge.tools.procs import ManagedProcess
 from bridge.tools.stack import LocalStack, StackConfig
 from tests.helpers import attempts, enqueue, reward_value, rollout, spans, split_tasks, wait_finished
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cost(165)]
 
 REWARD_SPAN_NAME = b"agentlightning.annotation"
 OUTAGE_S = 20.0  # longer than the pre-report read's retries below (3 tries of 2 s + backoff: about 8 s)

@@ -24,7 +24,7 @@ from bridge.tools.stack import LocalStack
 from tests.helpers import attempts, cancel_unfinished, stack_for
 from tests.integration.test_runner_agents import AGENT_PATH, OtherAgent, ScoredAgent
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cost(22)]
 
 ROOT = str(Path(__file__).resolve().parents[2])
 REWARDS = [0.0, 0.25, 0.5, 0.75, 1.0, 0.125]

@@ -49,6 +49,7 @@ def run_with_agent(name: str, services: LocalStack, tmp: Path, monkeypatch: pyte
     return result
 
 
+@pytest.mark.cost(205)
 def test_killed_workers_lose_nothing_with_a_generic_agent(
     services: LocalStack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -56,6 +57,7 @@ def test_killed_workers_lose_nothing_with_a_generic_agent(
     assert sum("killed" in note for note in result.notes) >= 4, result.notes
 
 
+@pytest.mark.cost(90)
 def test_redelivered_messages_do_not_run_a_generic_agent_twice(
     services: LocalStack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

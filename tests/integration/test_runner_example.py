@@ -13,7 +13,7 @@ from bridge.tools.stack import LocalStack
 from tests.helpers import cancel_unfinished, stack_for
 from tests.integration.test_runner import ROOT, _spans, llm
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cost(13)]
 
 
 def test_the_readme_example_agent_runs_on_the_workers(services: LocalStack, tmp_path: Path) -> None:

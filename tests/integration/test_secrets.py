@@ -36,7 +36,7 @@ from tests.prerequisites import missing
 from workers.lease import Lease
 from workers.ratelimit import LLMRateLimiter, RateLimit
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cost(46)]
 
 RUN = uuid.uuid4().hex[:10]
 SECRETS = {

@@ -36,7 +36,7 @@ from tests.helpers import (
     wait_finished,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cost(27)]
 
 ROLLOUTS = 20
 PUBLISH_SPAN = "apply_async/workers.run_rollout"

@@ -30,7 +30,7 @@ from tests.helpers import (
 from workers.telemetry import AttemptTelemetry
 from workers.trace_courier import TraceCourier
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cost(110)]
 
 ATTEMPTS = 1000
 WARMUP = 100

@@ -78,7 +78,7 @@ from tests.helpers import (  # noqa: E402
     wait_finished,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cost(70)]
 
 
 @pytest.fixture(scope="module")
