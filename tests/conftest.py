@@ -16,6 +16,8 @@ import pytest
 
 from tests import redis_for_tests, schedule
 
+pytest_plugins = ["pytester"]  # tests/unit/test_schedule.py runs collections of its own
+
 
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
