@@ -6,7 +6,7 @@ final status, the fence is re-checked right before reporting (the Store never re
 a report that lost its fence is withheld, and a delivered report is marked done in Redis so that a
 redelivery of the message never runs the attempt again. The report itself is decided once and kept in
 Redis until the Store took it: a Celery retry or a redelivery delivers that report, it never judges an
-attempt whose episode has run a second time (issue 15, item 4; tests/integration/test_report_path.py).
+attempt whose episode has run a second time (docs/architecture.md, "Guarantees"; tests/integration/test_report_path.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Backpressure per queue, with real workers: the bridge never claims more rollouts for a queue than
 that queue's workers can start now (docs/architecture.md, hop 1).
 
-The operator's set-up of issue 15: ``QUEUE_BY_MODE=train=rollouts-train,val=rollouts-val,test=rollouts-val``,
+The operator's set-up of docs/operations.md ("A queue per mode"):
+``QUEUE_BY_MODE=train=rollouts-train,val=rollouts-val,test=rollouts-val``,
 one worker consuming only ``rollouts-train`` and one only ``rollouts-val`` (4 slots each), LLM calls of
 200 ms. The Store is sampled while the rollouts run: a rollout is *claimed* from its dequeue (its
 attempt clock runs, docs/store-protocol.md 6.3) until it finishes, so ``preparing`` + ``running`` per

@@ -1,4 +1,4 @@
-"""A finished episode is never lost on the report path (issue 15, item 4).
+"""A finished episode is never lost on the report path (docs/architecture.md, "Guarantees").
 
 The Store goes away right after it stored the episode's spans, reward span included, and stays away for
 longer than the pre-report read's retries. Before the fix the task's Celery retry ran as a takeover,

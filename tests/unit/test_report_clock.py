@@ -1,4 +1,4 @@
-"""Clock skew between a worker host and the Store (issue 15, item 8): measured at start, corrected, bounded.
+"""Clock skew between a worker host and the Store (docs/store-protocol.md): measured at start, corrected, bounded.
 
 A real loopback HTTP server plays the Store's ``/health`` with a ``Date`` header from a clock that is off by
 a known amount, the way uvicorn writes it (whole seconds).
