@@ -27,14 +27,17 @@ def _own_cost(node: pytest.Item | pytest.Collector | None) -> float | None:
     return None
 
 
-def group_of(item: pytest.Item) -> tuple[str, float]:
-    """``(group name, the group's cost in seconds if the item sets it, else what the item adds to it)``."""
+def group_of(item: pytest.Item) -> tuple[str, float, bool]:
+    """``(group name, seconds, whether they are the whole group's cost or what the item adds to it)``."""
     module = item.getparent(pytest.Module)
     module_name = module.path.stem if module is not None else item.nodeid.split("::")[0]
     alone = _own_cost(item)
     if alone is not None:
-        return f"{module_name}.{item.name}", alone
-    return module_name, DEFAULT_COST_S
+        return f"{module_name}.{item.name}", alone, True
+    declared = _own_cost(module)
+    if declared is not None:
+        return module_name, declared, True
+    return module_name, DEFAULT_COST_S, False
 
 
 def order(items: list[pytest.Item], *, name_groups: bool = True) -> None:
@@ -42,15 +45,11 @@ def order(items: list[pytest.Item], *, name_groups: bool = True) -> None:
     groups: dict[str, list[pytest.Item]] = defaultdict(list)
     cost: dict[str, float] = defaultdict(float)
     for item in items:
-        name, seconds = group_of(item)
+        name, seconds, whole = group_of(item)
         groups[name].append(item)
-        cost[name] += seconds
+        cost[name] = seconds if whole else cost[name] + seconds
         if name_groups:
             item.add_marker(pytest.mark.xdist_group(name))
-    for name, members in groups.items():
-        declared = _own_cost(members[0].getparent(pytest.Module))
-        if declared is not None and _own_cost(members[0]) is None:
-            cost[name] = declared
     first_seen = {name: index for index, name in enumerate(groups)}
     ranked = sorted(groups, key=lambda name: (-cost[name], first_seen[name]))
     items[:] = [item for name in ranked for item in groups[name]]
