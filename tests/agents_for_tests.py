@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 import agentlightning as agl
+import numpy
 import openai
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -36,7 +37,9 @@ def _ask(resources: agl.NamedResources, task: dict[str, Any]) -> str:
 
 
 def _reward(task: dict[str, Any]) -> float:
-    return float(task.get("reward", 1.0))
+    """The input's ``reward`` (a number, or "nan"/"inf" as text); a ``numpy.float64`` when ``numpy`` is set."""
+    value = float(task.get("reward", 1.0))
+    return numpy.float64(value) if task.get("numpy") else value
 
 
 class FloatAgent(agl.LitAgent[dict[str, Any]]):

@@ -13,11 +13,13 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import ClassVar
 
 import openai
 
 from bridge.core.settings import Settings
 from workers import llm as llm_mod
+from workers.failures import FailureClass
 from workers.inputs import TaskInput
 from workers.prompts import Conversation, parse_action, step_prompt
 from workers.telemetry import LLM_SPAN, AttemptTelemetry
@@ -28,6 +30,8 @@ log = logging.getLogger("workers.agent")
 
 @dataclass
 class EpisodeResult:
+    blame: ClassVar[FailureClass] = FailureClass.ENV  # its values come from the environment's answers
+
     reward: float
     steps: int
     done: bool

@@ -103,6 +103,7 @@ class AttemptRun(AttemptReporter):
             # policy bounds it, instead of reconcile finding the attempt stranded and re-publishing it forever.
             self.log.exception("unexpected error in the worker; failing the attempt")
             error = f"unexpected worker error: {type(exc).__name__}: {redact_text(str(exc))}"
+            self._discard_kept()  # if delivering it raised, the failure must not re-deliver it
             return self._report_failure(classify(exc), error)
         finally:
             try:

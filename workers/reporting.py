@@ -12,9 +12,10 @@ attempt whose episode has run a second time (docs/architecture.md, "Guarantees";
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import redis
 from celery.exceptions import SoftTimeLimitExceeded
@@ -49,7 +50,12 @@ class Outcome:
 
 
 class RunResult(Protocol):
-    """What a finished agent run reports: the WebShop ``EpisodeResult`` or a LitAgent's ``AgentRunResult``."""
+    """What a finished agent run reports: the WebShop ``EpisodeResult`` or a LitAgent's ``AgentRunResult``.
+
+    ``blame`` is the failure class of a result the Store cannot take (a value that is not JSON).
+    """
+
+    blame: ClassVar[FailureClass]
 
     @property
     def reward(self) -> float | None: ...
@@ -70,7 +76,8 @@ class PendingReport:
     deadline: float  # epoch s: delivery is retried until then (the attempt's own deadline)
 
     def to_json(self) -> str:
-        return json.dumps({"status": str(self.status), "metadata": self.metadata, "deadline": self.deadline})
+        data = {"status": str(self.status), "metadata": self.metadata, "deadline": self.deadline}
+        return json.dumps(data, allow_nan=False)
 
     @classmethod
     def from_json(cls, raw: object) -> PendingReport | None:
@@ -122,6 +129,9 @@ class AttemptReporter:
 
     def _report_success(self, result: RunResult, telemetry: AttemptTelemetry) -> Outcome:
         metadata = {**self._base_metadata(telemetry), **result.metadata()}
+        bad = not_json(metadata)
+        if bad is not None:  # checked before the report is kept: the Store could never take it
+            return self._report_failure(result.blame, f"the result cannot be reported: {bad}", telemetry)
         outcome = self._report(AttemptStatus.SUCCEEDED, metadata)
         if outcome is None:
             return Outcome("succeeded", reward=result.reward)
@@ -189,6 +199,13 @@ class AttemptReporter:
         if kept.status != report.status:
             self.log.warning("a %s report was already decided for this attempt; delivering it", kept.status)
         return kept
+
+    def _discard_kept(self) -> None:
+        """Drop the kept report (one whose delivery raised an unexpected error), so a failure replaces it."""
+        try:
+            self.res.redis.delete(keys.pending_report(self.aid))
+        except redis.RedisError as exc:
+            self.log.warning("could not drop the kept report (%r)", exc)
 
     def _pending_report(self) -> PendingReport | None:
         """The report an earlier delivery decided and could not deliver, if any."""
@@ -360,3 +377,23 @@ class AttemptReporter:
         if timeout:
             return max(self.dequeued_at + timeout, time.time() + 5)
         return time.time() + REPORT_GRACE_S
+
+
+def not_json(value: Any, path: str = "metadata") -> str | None:
+    """Where ``value`` holds something the Store's JSON cannot carry (a NaN or infinite float, a non-string
+    key, an object), named with its path and value; None when it is plain JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{path} is {float(value)!r}, not a finite number"
+    if value is None or isinstance(value, (str, int, float)):
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                return f"{path} has a key {key!r} that is not a string"
+            found = not_json(item, f"{path}.{key}")
+            if found is not None:
+                return found
+        return None
+    if isinstance(value, (list, tuple)):
+        return next((f for i, item in enumerate(value) if (f := not_json(item, f"{path}[{i}]")) is not None), None)
+    return f"{path} is a {type(value).__name__}, not JSON"

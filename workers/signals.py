@@ -25,12 +25,11 @@ from typing import Any
 import redis
 from celery import signals
 
-from bridge.core import capacity, keys
+from bridge.core import capacity, handback, keys
 from bridge.core.coordination import coordination_redis
 from bridge.core.errors import StoreError
 from bridge.core.logs import configure_logging
 from bridge.core.message import DEFAULT_AGENT, TASK_NAME
-from bridge.core.models import AttemptStatus, RolloutStatus
 from bridge.core.settings import ConfigError, Settings, get_settings
 from bridge.core.store import StoreClient
 from bridge.core.tracing import setup_process_tracing
@@ -276,16 +275,17 @@ _hand_back = ExpiredHandBack()
 
 
 def hand_back_expired(rollout: dict[str, Any], store: StoreClient) -> None:
-    """Requeue an expired message's rollout in the Store if its attempt is still the unstarted latest one."""
+    """Requeue an expired message's rollout in the Store if it is live and its attempt the unstarted latest one."""
     rid = rollout.get("rollout_id")
     aid = (rollout.get("attempt") or {}).get("attempt_id")
     if not isinstance(rid, str) or not isinstance(aid, str):
         return
     try:
-        current = store.get_rollout(rid)
-        attempt = getattr(current, "attempt", None)
-        if attempt is not None and attempt.attempt_id == aid and attempt.status == AttemptStatus.PREPARING:
-            store.update_rollout(rid, status=RolloutStatus.REQUEUING)
-            log.warning("[rollout=%s attempt=%s] message expired in the broker; handed back", rid, aid)
+        why_not = handback.hand_back(store, rid, aid)
     except StoreError as exc:
         log.error("[rollout=%s attempt=%s] expired message could not be handed back: %s", rid, aid, exc)
+        return
+    if why_not is None:
+        log.warning("[rollout=%s attempt=%s] message expired in the broker; handed back", rid, aid)
+    else:
+        log.info("[rollout=%s attempt=%s] message expired in the broker; not handed back: %s", rid, aid, why_not)

@@ -9,6 +9,7 @@ turn a real reward into "episode finished"), so it fails the attempt as an envir
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -112,6 +113,8 @@ class WebShopClient:
             raise WebShopError(f"WebShop {path} answer lacks observation/done/session_id: {str(data)[:200]}")
         if isinstance(reward, bool) or not isinstance(reward, (int, float)):
             raise WebShopError(f"WebShop {path} answered a non-numeric reward {reward!r}")
+        if not math.isfinite(reward):
+            raise WebShopError(f"WebShop {path} answered a non-finite reward ({reward!r})")
         raw_info = data.get("info")
         info: dict[str, Any] = raw_info if isinstance(raw_info, dict) else {}
         return Observation(session_id, observation, done, float(reward), info)

@@ -195,6 +195,26 @@ class SlotView:
         return out
 
 
+HELD_TTL_S = 10  # the leader rewrites it every second; a dead bridge's record fades with it
+
+
+def record_held(client: redis.Redis, held: dict[str, int], served: set[str]) -> None:
+    """The leader's held rollouts per queue and the held queues nobody consumes, for ``status``."""
+    unserved = ",".join(sorted(q for q in held if q not in served))
+    pipe = client.pipeline()
+    pipe.delete(keys.bridge_held())
+    pipe.hset(keys.bridge_held(), mapping={"unserved": unserved, **{f"queue:{q}": n for q, n in held.items()}})
+    pipe.expire(keys.bridge_held(), HELD_TTL_S)
+    pipe.execute()
+
+
+def read_held(client: redis.Redis) -> tuple[dict[str, int], list[str]]:
+    """What ``record_held`` wrote: held rollouts per queue, and the held queues nobody consumes."""
+    raw = {_text(k) or "": _text(v) or "" for k, v in client.hgetall(keys.bridge_held()).items()}
+    held = {k.removeprefix("queue:"): int(v) for k, v in raw.items() if k.startswith("queue:")}
+    return held, [q for q in raw.get("unserved", "").split(",") if q]
+
+
 def read_slots(client: redis.Redis, queues: Iterable[str]) -> SlotView:
     """Every live node's slots on ``queues`` and each queue's in-flight count (``_advertised``)."""
     ours = list(queues)

@@ -75,6 +75,11 @@ def pending_report(attempt_id: str) -> str:
     return f"{PREFIX}:report:{attempt_id}"
 
 
+def bridge_held() -> str:
+    """Hash: queue -> rollouts the leading bridge holds for it, and ``unserved`` (queues nobody consumes)."""
+    return f"{PREFIX}:bridge:held"
+
+
 def bridge_leader() -> str:
     """Held by the one bridge that dispatches; others wait, so two bridges never double-publish."""
     return f"{PREFIX}:bridge:leader"

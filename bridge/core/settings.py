@@ -206,6 +206,9 @@ class Settings(BaseSettings):
     max_queue_wait_s: float = Field(
         default=300.0, gt=0, validation_alias=AliasChoices("BRIDGE_MAX_QUEUE_WAIT_S", "max_queue_wait_s")
     )
+    max_held: int = Field(  # bridge.dispatch.hold
+        default=32, ge=1, le=10000, validation_alias=AliasChoices("BRIDGE_MAX_HELD", "max_held")
+    )
     reconcile_interval_s: float = Field(  # with the lease, bounds a lost host's recovery (docs/cluster.md)
         default=20.0, gt=0, validation_alias=AliasChoices("BRIDGE_RECONCILE_INTERVAL_S", "reconcile_interval_s")
     )

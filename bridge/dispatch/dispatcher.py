@@ -4,9 +4,9 @@ Backpressure, per queue: each queue's room comes from ``bridge.core.capacity`` (
 a node's counted once however many queues it consumes, minus attempts in flight; negative when a queue
 holds more than its nodes can run). A dequeue cannot choose the mode, and the mode picks the queue, so
 ``bridge.dispatch.placement`` sizes each dequeue for any mix: a batch while every consumed queue has
-room, one rollout at a time while some are full (a rollout that cannot be placed is *parked* here,
-never published into a full queue, and nothing else is claimed until it is placed), none while all
-are. So no queue is claimed beyond its slots by more than the one parked rollout; with the single
+room, one rollout at a time while some are full (a rollout that cannot be placed is *held* here,
+never published into a full queue: ``bridge.dispatch.hold``), none while all are. So no queue is
+claimed beyond its slots by more than the held rollouts (``BRIDGE_MAX_HELD`` in all); with the single
 default queue the batch is ``min(free slots, BRIDGE_MAX_BATCH)``, one request per batch as before.
 With no worker consuming there are no slots, so the bridge never dequeues and rollouts stay
 ``queuing`` in the Store, where their clock has not started yet.
@@ -40,19 +40,21 @@ from typing import Protocol
 
 import redis
 
-from bridge.core import capacity
+from bridge.core import capacity, handback
 from bridge.core.errors import PublishError, StoreError, UnknownIdError
 from bridge.core.models import ACTIVE_ATTEMPT, AttemptedRollout, AttemptStatus, RolloutStatus
 from bridge.core.settings import Settings
 from bridge.core.store import StoreClient
 from bridge.dispatch import broker, metrics, placement
 from bridge.dispatch.coalesce import Coalescer
+from bridge.dispatch.hold import Hold
 from bridge.dispatch.leader import LeaderLock
 from bridge.dispatch.publisher import Publisher, describe
 
 log = logging.getLogger("bridge.dispatch.dispatcher")
 
 FULL_CAPACITY_WAIT_S = 0.2
+UNEXPECTED_ERROR_WAIT_S = 1.0
 GAUGES_EVERY_S = 1.0
 
 
@@ -86,7 +88,8 @@ class Dispatcher:
         self._empty_polls = 0
         self._next_gauges = 0.0
         self._probe: broker.QueueProbe | None = None  # opened by the first gauge update
-        self._parked: tuple[AttemptedRollout, str, float] | None = None  # rollout, its queue, parked at (monotonic)
+        self._hold = Hold(settings.max_held)  # claimed rollouts whose queue has no room now
+        self._unserved_reported: set[str] = set()  # queues already logged as consumed by no worker
         self._suspects: dict[str, float] = {}  # attempt id -> when reconcile first saw it stranded (monotonic)
         self._coalescer = Coalescer(settings.coalesce_max_s)
         # Longer than it takes every live executor to renew its lease (one heartbeat) after Redis lost them.
@@ -98,15 +101,29 @@ class Dispatcher:
         log.info("bridge %s dispatching to queues %s", self.settings.dispatcher_id, ", ".join(self.queues))
         try:
             while not self.stop.is_set():
-                self.stop.wait(self.tick())
+                self.stop.wait(self._tick_surviving())
         finally:
-            if self._parked is not None:  # claimed, never published: give it back rather than strand it
-                self.hand_back(self._parked[0], "shutdown")
-                self._parked = None
+            for held in self._hold.take_all():  # claimed, never published: give them back rather than strand them
+                self.hand_back(held.rollout, "shutdown")
             self._lock.release()
             if self._probe is not None:
                 self._probe.close()
         log.info("bridge stopped")
+
+    def _tick_surviving(self) -> float:
+        """``tick``, but an unexpected error is logged and counted and the loop goes on after a pause.
+
+        A claimed batch is never dropped by it: ``_place`` publishes or hands back each rollout on its own,
+        and whatever an error left half done (an in-flight entry, an unpublished claim) is repaired by the
+        reconcile scheduled here.
+        """
+        try:
+            return self.tick()
+        except Exception:
+            metrics.LOOP_ERRORS.inc()
+            log.exception("unexpected error in the dispatch loop; going on in %.0fs", UNEXPECTED_ERROR_WAIT_S)
+            self._next_reconcile = min(self._next_reconcile, time.monotonic() + UNEXPECTED_ERROR_WAIT_S)
+            return UNEXPECTED_ERROR_WAIT_S
 
     def tick(self) -> float:
         """One round; returns how long to wait before the next."""
@@ -126,12 +143,15 @@ class Dispatcher:
         rooms, served = view.rooms(), view.served()
         if time.monotonic() >= self._next_gauges:  # observability only: once a second, not every tick
             self._next_gauges = time.monotonic() + GAUGES_EVERY_S
-            self._update_gauges(rooms)
-        if self._parked is not None:
-            return self._place_parked(rooms, served)
+            self._update_gauges(rooms, served)
+        self._place_held(rooms, served)
         limit = placement.claim_limit(rooms, served, self.settings.max_batch)
+        if not served.issuperset(self.queues):  # a rollout claimed for an unserved queue is held: keep room
+            limit = min(limit, self._hold.room())
         if limit <= 0:
-            return self._wait_for_slot(gather_for=view.slots())
+            if self._hold.room() == 0:
+                log.debug("the hold is full (%d rollouts): claiming nothing until one goes out", len(self._hold))
+            return self._wait_for_slot(gather_for=0 if self._hold else view.slots())
         try:
             metrics.DEQUEUE_REQUESTS.inc()
             batch = self.store.dequeue(limit, self.settings.dispatcher_id)
@@ -149,16 +169,7 @@ class Dispatcher:
             return wait
         metrics.DEQUEUED.inc(len(batch))
         for rollout in batch:
-            queue = self.settings.queue_for_mode(rollout.mode)
-            if placement.fits(queue, rooms, served):
-                rooms[queue] -= 1
-                self.dispatch(rollout)
-            elif self._parked is None:
-                self._park(rollout, queue)
-            else:  # a second unplaceable rollout in one batch: only a queue nobody consumes can cause it
-                self.hand_back(rollout, "no_room")
-        if self._parked is not None:
-            return self._wait_for_slot()
+            self._place(rollout, rooms, served)
         if len(batch) >= limit:
             return 0.0
         return self._next_poll(found_work=bool(batch))
@@ -173,34 +184,57 @@ class Dispatcher:
 
     # --- one rollout -----------------------------------------------------------------------------
 
-    def _park(self, rollout: AttemptedRollout, queue: str) -> None:
-        """Hold a claimed rollout whose queue has no room now (see ``bridge.dispatch.placement``)."""
-        self._parked = (rollout, queue, time.monotonic())
-        metrics.PARKED.set(1)
-        log.info("[rollout=%s] queue %s is full: held until a slot frees", rollout.rollout_id, queue)
+    def _place(self, rollout: AttemptedRollout, rooms: dict[str, int], served: set[str]) -> None:
+        """Publish one claimed rollout, or hold it; on an unexpected error, hand it back (never drop it)."""
+        try:
+            queue = self.settings.queue_for_mode(rollout.mode)
+            if placement.fits(queue, rooms, served):
+                rooms[queue] -= 1
+                self.dispatch(rollout)
+            else:  # the claim limit never exceeds the hold's room
+                self._hold_rollout(rollout, queue, served)
+        except Exception:
+            metrics.LOOP_ERRORS.inc()
+            log.exception("[rollout=%s attempt=%s] unexpected error placing it", *_ids(rollout))
+            self.hand_back(rollout, "error")
 
-    def _place_parked(self, rooms: dict[str, int], served: set[str]) -> float:
-        """Publish the parked rollout once its queue has room; hand it back when it waited too long."""
-        assert self._parked is not None
-        rollout, queue, since = self._parked
-        if placement.fits(queue, rooms, served):
-            self._parked = None
-            metrics.PARKED.set(0)
-            self.dispatch(rollout)
-            return 0.0
-        bound = self.settings.max_queue_wait_s if queue in served else float(capacity.CAPACITY_TTL_S)
-        if time.monotonic() - since > bound:
-            self._parked = None
-            metrics.PARKED.set(0)
+    def _hold_rollout(self, rollout: AttemptedRollout, queue: str, served: set[str]) -> None:
+        """Hold a claimed rollout whose queue has no room now (``bridge.dispatch.hold``)."""
+        self._hold.add(rollout, queue)
+        if queue in served:
+            log.info("[rollout=%s] queue %s is full: held until a slot frees", rollout.rollout_id, queue)
+            return
+        log.info("[rollout=%s] no worker consumes queue %s: held until one does", rollout.rollout_id, queue)
+        if queue not in self._unserved_reported:
+            self._unserved_reported.add(queue)
             log.warning(
-                "[rollout=%s] %s for %.0fs: handing it back",
-                rollout.rollout_id,
-                f"queue {queue} full" if queue in served else f"no worker consumes queue {queue}",
-                bound,
+                "no live worker consumes queue %s (mode %r routes there, QUEUE_BY_MODE): its rollouts are held "
+                "until a worker consumes it (at most BRIDGE_MAX_HELD=%d held in all)",
+                queue,
+                rollout.mode,
+                self._hold.capacity,
             )
-            self.hand_back(rollout, "no_room")
-            return 0.0
-        return self._wait_for_slot()
+
+    def _place_held(self, rooms: dict[str, int], served: set[str]) -> None:
+        """Publish the held rollouts whose queue has room; hand back those a full queue kept too long."""
+        if not self._hold:
+            return
+        for held in self._hold.placeable(rooms, served):
+            try:
+                self.dispatch(held.rollout)
+            except Exception:
+                metrics.LOOP_ERRORS.inc()
+                log.exception("[rollout=%s attempt=%s] unexpected error publishing it", *_ids(held.rollout))
+                self.hand_back(held.rollout, "error")
+        for held in self._hold.overdue(served, self.settings.max_queue_wait_s):
+            log.warning(
+                "[rollout=%s] queue %s full for %.0fs: handing it back",
+                held.rollout.rollout_id,
+                held.queue,
+                self.settings.max_queue_wait_s,
+            )
+            self.hand_back(held.rollout, "no_room")
+        self._unserved_reported &= {queue for queue in self._hold.by_queue() if queue not in served}
 
     def dispatch(self, rollout: AttemptedRollout) -> bool:
         """Publish, or hand back; returns True when the rollout is in the broker."""
@@ -215,6 +249,12 @@ class Dispatcher:
             self._forget_inflight(queue, aid)
             self.hand_back(rollout, "publish_failed")
             return False
+        except Exception:  # not the broker saying no: our bug or a library's; the rollout goes back all the same
+            metrics.LOOP_ERRORS.inc()
+            log.exception("unexpected error publishing %s; handing it back", describe(rollout))
+            self._forget_inflight(queue, aid)
+            self.hand_back(rollout, "error")
+            return False
         metrics.PUBLISHED.labels(queue).inc()
         self._coalescer.dispatched()
         if rollout.attempt.start_time:
@@ -223,24 +263,25 @@ class Dispatcher:
         return True
 
     def hand_back(self, rollout: AttemptedRollout, reason: str) -> None:
-        """Put a claimed rollout back at the tail of the Store queue.
+        """Put a claimed rollout back at the tail of the Store queue, if it is still live and unstarted.
 
-        See docs/store-protocol.md section 10, "Handing a rollout back".
+        See ``bridge.core.handback`` and docs/store-protocol.md section 10, "Handing a rollout back".
         """
+        rid, aid = rollout.rollout_id, rollout.attempt.attempt_id
         try:
-            self.store.update_rollout(rollout.rollout_id, status=RolloutStatus.REQUEUING)
-            metrics.HANDED_BACK.labels(reason).inc()
-            log.warning(
-                "[rollout=%s attempt=%s] handed back to the Store (%s)",
-                rollout.rollout_id,
-                rollout.attempt.attempt_id,
-                reason,
-            )
-        except StoreError as exc:
+            why_not = handback.hand_back(self.store, rid, aid)
+        except Exception as exc:  # a StoreError, or anything else: reconcile retries either way
             metrics.STORE_ERRORS.labels("hand_back").inc()
             # Still preparing under our dispatcher id: the next reconcile picks it up again.
             log.error("[rollout=%s] could not hand back (%s); reconciliation will retry", rollout.rollout_id, exc)
             self._next_reconcile = min(self._next_reconcile, time.monotonic() + 5.0)
+            return
+        if why_not is not None:
+            metrics.HAND_BACKS_WITHHELD.inc()
+            log.info("[rollout=%s attempt=%s] not handed back (%s): %s", rid, aid, reason, why_not)
+            return
+        metrics.HANDED_BACK.labels(reason).inc()
+        log.warning("[rollout=%s attempt=%s] handed back to the Store (%s)", rid, aid, reason)
 
     # --- repair ----------------------------------------------------------------------------------
 
@@ -287,8 +328,8 @@ class Dispatcher:
         stranded = {
             aid for aid, rollout in active.items() if aid not in inflight and self._abandoned(rollout, facts[aid])
         }
-        if self._parked is not None:  # claimed and deliberately not published yet
-            stranded.discard(self._parked[0].attempt.attempt_id)
+        self._release_moved_on(active)
+        stranded -= self._hold.attempt_ids()  # claimed and deliberately not published yet
         lost = self._lost_in_flight(inflight, recorded, facts)
         confirmed = self._confirm(orphans | stranded | lost)
         for aid in sorted(confirmed & lost):
@@ -323,6 +364,24 @@ class Dispatcher:
                     "its executor died" if facts[aid].started else "bridge crash or broker loss",
                 )
         return repaired
+
+    def _release_moved_on(self, active: dict[str, AttemptedRollout]) -> None:
+        """Drop held rollouts the Store moved on from (cancelled, finished, started, timed out, superseded)."""
+        for held in self._hold.discard(
+            aid
+            for aid in self._hold.attempt_ids()
+            if aid not in active
+            or active[aid].status != RolloutStatus.PREPARING
+            or active[aid].attempt.status != AttemptStatus.PREPARING
+        ):
+            current = active.get(held.attempt_id)
+            log.warning(
+                "[rollout=%s attempt=%s] held for queue %s, but the Store moved on (%s): dropped, not published",
+                held.rollout.rollout_id,
+                held.attempt_id,
+                held.queue,
+                f"rollout {current.status}, attempt {current.attempt.status}" if current else "no longer active",
+            )
 
     def _lost_in_flight(
         self, inflight: dict[str, str], recorded: dict[str, float], facts: dict[str, capacity.Execution]
@@ -383,7 +442,15 @@ class Dispatcher:
         except redis.RedisError:
             pass
 
-    def _update_gauges(self, free: dict[str, int]) -> None:
+    def _update_gauges(self, free: dict[str, int], served: set[str]) -> None:
+        held = self._hold.by_queue()
+        for queue in self.queues:
+            metrics.HELD.labels(queue).set(held.get(queue, 0))
+            metrics.UNSERVED.labels(queue).set(0 if queue in served else 1)
+        try:
+            capacity.record_held(self.redis, held, served)
+        except redis.RedisError:
+            pass
         if self._probe is None:
             self._probe = broker.queues_for(self.settings, self.redis)
         try:
@@ -395,3 +462,7 @@ class Dispatcher:
                 metrics.OLDEST_IN_FLIGHT_AGE.labels(queue).set(capacity.oldest_inflight_age(self.redis, queue) or 0.0)
         except (redis.RedisError, broker.BrokerReadError):
             pass
+
+
+def _ids(rollout: AttemptedRollout) -> tuple[str, str]:
+    return rollout.rollout_id, rollout.attempt.attempt_id

@@ -21,10 +21,19 @@ STRANDED_IN_FLIGHT = Counter(
     "In-flight entries freed by reconciliation: older than the longest queue wait, never started, no lease",
 )
 DEQUEUE_REQUESTS = Counter("agl_bridge_dequeue_requests_total", "Dequeue requests sent to the Store")
-PARKED = Gauge("agl_bridge_parked", "Claimed rollouts held by the bridge until their queue has room (0 or 1)")
+HELD = Gauge("agl_bridge_held_rollouts", "Claimed rollouts the bridge holds until their queue has room", ["queue"])
+UNSERVED = Gauge("agl_bridge_unserved_queue", "1 when no live worker consumes the queue", ["queue"])
+HAND_BACKS_WITHHELD = Counter(
+    "agl_bridge_hand_backs_withheld_total",
+    "Hand-backs not made because the Store had moved on (cancelled, finished, started or superseded)",
+)
 TIMEOUTS_CLAMPED = Counter(
     "agl_bridge_timeouts_clamped_total",
     "Rollouts whose timeout_seconds was lowered to what the broker's visibility timeout covers",
+)
+LOOP_ERRORS = Counter(
+    "agl_bridge_loop_errors_total",
+    "Unexpected errors in the dispatch loop (logged with the rollout ids; the loop goes on)",
 )
 STORE_ERRORS = Counter("agl_bridge_store_errors_total", "Failed Store requests", ["kind"])
 BROKER_ERRORS = Counter("agl_bridge_broker_errors_total", "Failed broker (Redis) operations")
@@ -51,5 +60,5 @@ DISPATCH_LATENCY = Histogram(
 # Series a dashboard alerts on are exported at zero from the start, not only after the first error.
 for _kind in ("dequeue", "hand_back"):
     STORE_ERRORS.labels(_kind)
-for _reason in ("publish_failed", "stranded", "no_room", "shutdown"):
+for _reason in ("publish_failed", "stranded", "no_room", "shutdown", "error"):
     HANDED_BACK.labels(_reason)

@@ -8,18 +8,16 @@ queue (``QUEUE_BY_MODE``). So a batch is safe only if *any* mix of modes in it c
   queues receives more than it can take). With one queue, as by default, this is ``min(free slots,
   BRIDGE_MAX_BATCH)``: the same single request per batch as without queues per mode;
 * some consumed queues are full, others have room: claim **one** rollout. If it routes to a queue with
-  room it is published; if not, it is *parked* in the bridge (``Dispatcher._parked``) and published as
-  soon as its queue frees a slot, and nothing else is claimed meanwhile. At most one rollout is ever
-  claimed beyond the slots. The cost is one dequeue request per rollout while a queue is full, instead
-  of one per batch (measured in tests/integration/test_backpressure.py);
+  room it is published; if not, it is *held* in the bridge (``bridge.dispatch.hold``) and published as
+  soon as its queue frees a slot, while the bridge goes on claiming one at a time for the others. The cost
+  is one dequeue request per rollout while a queue is full, instead of one per batch (measured in
+  tests/integration/test_backpressure.py);
 * no consumed queue has room: claim nothing and block on the workers' slot-freed wake-up.
 
 A queue that no live node consumes is left out of the batch size, so a queue mapped for a mode the
-trainer never uses does not slow the others; a rollout routed to it is parked like one for a full queue
-(a node that restarts re-advertises within ``CAPACITY_TTL_S``) and handed back after that long if still
-no node consumes it, so neither a restarting node nor a mode nobody serves pulls rollouts into the broker.
-A parked rollout whose queue stays full is handed back after ``BRIDGE_MAX_QUEUE_WAIT_S``, the same
-bound as a message waiting in the broker.
+trainer never uses does not slow the others; a rollout routed to it is held until a node consumes the
+queue, and the queue is reported. The dispatcher never claims more than the hold has room for
+(``BRIDGE_MAX_HELD``), so at most that many rollouts are ever claimed beyond the slots.
 
 The alternative, claiming a batch and handing back at once what cannot be placed, was rejected: each
 hand-back is one more Store request *and* uses up one of the rollout's ``max_attempts``

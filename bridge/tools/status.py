@@ -133,7 +133,9 @@ def _broker_part(settings: Settings, client: redis.Redis) -> tuple[dict[str, Any
             entry = workers.setdefault(worker, {"name": worker, "queues": [], "slots": 0, "active": []})
             entry["queues"].append(queue)
             entry["slots"] += int(slots or 0)
-        queues = set(settings.all_queues()) | {q for w in workers.values() for q in w["queues"]}
+        held, unserved = capacity.read_held(client)
+        part["unserved"] = unserved
+        queues = set(settings.all_queues()) | {q for w in workers.values() for q in w["queues"]} | set(held)
         for queue in sorted(queues):
             slots = capacity.total_slots(client, queue)
             inflight = capacity.inflight_count(client, queue)
@@ -146,6 +148,7 @@ def _broker_part(settings: Settings, client: redis.Redis) -> tuple[dict[str, Any
                 "oldest_in_flight_s": _round(oldest_inflight),
                 "slots": slots,
                 "free_slots": max(0, slots - inflight),
+                "held": held.get(queue, 0),
             }
         part["ok"] = True
     except (redis.RedisError, broker.BrokerReadError) as exc:
@@ -192,12 +195,17 @@ def render(report: dict[str, Any]) -> str:
     if brk.get("coordination_url"):
         lines.append(f"  coordination Redis {brk['coordination_url']}")
     if brk["queues"]:
-        lines.append(f"  {'queue':<20} {'depth':>6} {'oldest':>8} {'in flight':>9} {'slots':>6} {'free':>5}")
+        header = f"  {'queue':<20} {'depth':>6} {'oldest':>8} {'in flight':>9} {'slots':>6} {'free':>5} {'held':>5}"
+        lines.append(header)
         for name, q in brk["queues"].items():
             oldest = f"{q['oldest_queued_s']:.1f}s" if q["oldest_queued_s"] is not None else "-"
             lines.append(
                 f"  {name:<20} {q['depth']:>6} {oldest:>8} {q['in_flight']:>9} {q['slots']:>6} {q['free_slots']:>5}"
+                f" {q.get('held', 0):>5}"
             )
+        for name in brk.get("unserved", []):
+            held = brk["queues"].get(name, {}).get("held", 0)
+            lines.append(f"  ! no worker consumes queue {name}: the bridge holds {held} rollouts (QUEUE_BY_MODE)")
     lines.append(f"Workers ({len(report['workers'])} online, {report['in_flight']} rollouts in flight)")
     for worker in report["workers"]:
         queues = ",".join(worker["queues"]) or "?"

@@ -27,6 +27,37 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.integration)
 
 
+SHARED_STACK_PARAM = "agent_stack"  # module-scoped, parametrized with (agent, pool): test_litagent.py
+
+
+class SharedStackOrder:
+    """Runs the tests that share a ``SHARED_STACK_PARAM`` value back to back, so each stack starts once.
+
+    pytest's own reordering for higher-scoped parameters goes by the parameter's index in each test's
+    list, which pairs unrelated values across test functions; this runs after it (trylast) and keeps
+    every other item in place.
+    """
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        slots = [i for i, item in enumerate(items) if _stack_param(item) is not None]
+        first: dict[object, int] = {}
+        for i in slots:
+            first.setdefault(_stack_param(items[i]), i)
+        ordered = sorted((items[i] for i in slots), key=lambda item: first[_stack_param(item)])
+        for i, item in zip(slots, ordered, strict=True):
+            items[i] = item
+
+
+def _stack_param(item: pytest.Item) -> object:
+    callspec = getattr(item, "callspec", None)
+    return callspec.params.get(SHARED_STACK_PARAM) if callspec is not None else None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(SharedStackOrder(), "shared-stack-order")
+
+
 @pytest.fixture(scope="session")
 def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("stack-logs")

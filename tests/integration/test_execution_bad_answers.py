@@ -2,11 +2,12 @@
 
 A tiny misbehaving server (``app`` below, run by uvicorn in a subprocess on loopback) plays both the
 WebShop server and the OpenAI-compatible LLM. A marker word in the rollout's instruction picks how it
-misbehaves: WebShop answers that are not JSON, lack fields or are not objects; LLM answers with no
-choices, an empty message, a multi-megabyte message, or a body that is not JSON. Without a marker it is
-a well-behaved one-product shop whose LLM buys at once (reward 1.0), which proves the worker still works
-after every bad rollout. Real bridge, real Celery worker, real Store; each bad rollout must end with a
-clear, classified error in the attempt metadata (or a bounded retry), never a hang or a dead worker.
+misbehaves: WebShop answers that are not JSON, lack fields, are not objects or carry a non-finite reward
+(or reward info); LLM answers with no choices, an empty message, a multi-megabyte message, or a body that
+is not JSON. Without a marker it is a well-behaved one-product shop whose LLM buys at once (reward 1.0),
+which proves the worker still works after every bad rollout. Real bridge, real Celery worker, real Store;
+each bad rollout must end with a clear, classified error in the attempt metadata (or a bounded retry),
+never a hang or a dead worker.
 """
 
 from __future__ import annotations
@@ -66,6 +67,15 @@ async def _step(request: Request) -> Response:
         return JSONResponse(["not", "an", "object"])
     done = "buy now" in str(body.get("action", "")).lower()
     page = "Thank you for shopping with us!" if done else "Product B000000001 [SEP] Buy Now"
+    if done and _sessions.get(sid) in ("webshop-nanreward", "webshop-naninfo"):
+        # Python's json reads NaN and Infinity (httpx too); Starlette's JSONResponse refuses to write them.
+        bad = (
+            '"reward": NaN'
+            if _sessions[sid] == "webshop-nanreward"
+            else '"reward": 1.0, "info": {"reward_info": {"r_price": Infinity}}'
+        )
+        text = f'{{"session_id": "{sid}", "observation": "{page}", "done": true, {bad}}}'
+        return Response(text.encode(), media_type="application/json")
     return JSONResponse({"session_id": sid, "observation": page, "done": done, "reward": 1.0 if done else 0.0})
 
 
@@ -128,6 +138,8 @@ CASES: dict[str, tuple[str, str]] = {
     "webshop-html": ("env", "non-JSON"),
     "webshop-nofields": ("env", "lacks observation"),
     "webshop-steplist": ("env", "expected an object"),
+    "webshop-nanreward": ("env", "non-finite reward (nan)"),
+    "webshop-naninfo": ("env", "metadata.reward_info.r_price is inf, not a finite number"),
     "llm-nochoices": ("llm", "no choices"),
     "llm-notjson": ("llm", "not valid JSON"),
     "llm-html": ("llm", "non-JSON content"),

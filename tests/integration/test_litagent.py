@@ -53,11 +53,17 @@ def _stack(
     return stack
 
 
-@pytest.fixture
-def agent_stack(services: LocalStack, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[LocalStack]:
-    """A worker node running the agent the test's ``agent`` parameter names, and a bridge."""
+@pytest.fixture(scope="module")
+def agent_stack(
+    services: LocalStack, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[LocalStack]:
+    """A worker node running the agent the test's ``(agent, pool)`` parameter names, and a bridge.
+
+    Module-scoped, so pytest runs the tests that share a parameter together and starts each stack once
+    (a worker with ``AGENT=`` set pays Agent Lightning's import, about 9 s of CPU).
+    """
     agent, pool = request.param
-    stack = _stack(services, tmp_path, f"{AGENTS}:{agent}", pool=pool)
+    stack = _stack(services, tmp_path_factory.mktemp(agent), f"{AGENTS}:{agent}", pool=pool)
     yield stack
     stack.stop()
     cancel_unfinished(services.store_url)
@@ -105,6 +111,33 @@ def test_agent_calls_are_spans_and_the_adapter_recovers_reward_and_token_ids(age
         [triplet] = _triplets(agent_stack.store_url, rid)
         assert triplet.reward == expected
         assert triplet.prompt["token_ids"] and triplet.response["token_ids"]
+
+
+@pytest.mark.parametrize(
+    ("agent_stack", "value"),
+    [
+        pytest.param(("FloatAgent", "prefork"), "nan", id="returns-nan"),
+        pytest.param(("FloatAgent", "prefork"), "numpy-nan", id="returns-numpy-nan"),
+        pytest.param(("FloatAgent", "prefork"), "-inf", id="returns-minus-inf"),
+        pytest.param(("NoneAgent", "prefork"), "inf", id="emits-inf"),
+        pytest.param(("AsyncAgent", "threads"), "nan", id="async-threads-returns-nan"),
+    ],
+    indirect=["agent_stack"],
+)
+def test_a_non_finite_reward_fails_the_attempt_at_once_with_class_agent(agent_stack: LocalStack, value: str) -> None:
+    """NaN or infinity (``np.mean([])`` gives one) fails the attempt at its end, naming the value, in one
+    attempt: never reported as a reward, never left to the Store's watchdog, never re-published. The worker
+    goes on: a finite reward after it succeeds."""
+    task = {"question": "What is 1 + 1?", "reward": value.removeprefix("numpy-"), "numpy": value.startswith("numpy")}
+    ids = enqueue(agent_stack.store_url, [task, {"question": "What is 2 + 2?", "reward": 0.5}])
+    final = wait_finished(agent_stack.store_url, ids, timeout_s=WAIT_S)
+    bad, good = (final[rid] for rid in ids)
+    meta = bad["attempt"]["metadata"]
+    assert bad["status"] == "failed" and meta["failure_class"] == "agent", (bad, meta)
+    assert "non-finite reward" in meta["error"] and value.removeprefix("numpy-") in meta["error"], meta
+    assert [a["status"] for a in attempts(agent_stack.store_url, ids[0])] == ["failed"]
+    assert "reward" not in meta
+    assert good["status"] == "succeeded" and good["attempt"]["metadata"]["reward"] == 0.5
 
 
 @pytest.mark.parametrize(

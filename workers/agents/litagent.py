@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from agentlightning.types import LLM, AttemptedRollout, ProxyLLM, ResourceUnion
 from celery.exceptions import SoftTimeLimitExceeded
@@ -43,7 +44,7 @@ from workers.agents import capture
 from workers.agents.loading import ConfiguredAgent
 from workers.agents.spans import add_returned_spans
 from workers.agents.tracer import WorkerTracer, activate
-from workers.failures import AgentError
+from workers.failures import AgentError, FailureClass
 
 log = logging.getLogger("workers.agents")
 
@@ -53,6 +54,8 @@ _RESOURCE = TypeAdapter(ResourceUnion)
 @dataclass
 class AgentRunResult:
     """What a LitAgent attempt produced, for the report (``metadata``) and the task's outcome."""
+
+    blame: ClassVar[FailureClass] = FailureClass.AGENT
 
     agent: str
     result_kind: str  # reward | spans | none
@@ -155,6 +158,9 @@ def run_agent(
             emitted = _last_reward(add_returned_spans(attempt.telemetry, own.get_last_trace()))
             attempt.last_reward = emitted if emitted is not None else attempt.last_reward
         result, spans = _interpret(raw, attempt, configured.path)
+        if result.reward is not None and not math.isfinite(result.reward):
+            how = "returned" if result.result_kind == "reward" else "emitted"
+            raise AgentError(f"the agent {how} a non-finite reward ({float(result.reward)!r}); a reward must be finite")
         return result
     finally:
         hooks.fire("on_rollout_end", spans=spans)
@@ -214,7 +220,8 @@ def _interpret(raw: Any, attempt: capture.AttemptCapture, path: str) -> tuple[Ag
         if isinstance(raw, (bool, int)):
             log.warning("the agent returned %s as its reward; converted to float", type(raw).__name__)
         value = float(raw)
-        attempt.telemetry.emit_reward(value)  # after every span the agent made: they have all ended
+        if math.isfinite(value):  # a non-finite one fails the attempt (run_agent): no reward span for it
+            attempt.telemetry.emit_reward(value)  # after every span the agent made: they have all ended
         return AgentRunResult(path, "reward", value, calls), []
     if isinstance(raw, list):
         if not raw:

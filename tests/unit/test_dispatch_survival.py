@@ -1,0 +1,157 @@
+"""The dispatch loop survives the unexpected, and holds what it cannot place: a Dispatcher on this test's Redis
+database with a Store and a publisher that misbehave on purpose (plain objects: no HTTP, no broker)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from bridge.core import capacity
+from bridge.core.errors import PublishError
+from bridge.core.models import AttemptedRollout, RolloutStatus
+from bridge.core.settings import load_settings
+from bridge.dispatch import metrics
+from bridge.dispatch.dispatcher import UNEXPECTED_ERROR_WAIT_S, Dispatcher
+from bridge.dispatch.hold import Hold
+
+QUEUES = "train=rollouts-train,val=rollouts-val"
+
+
+def _rollout(n: int, mode: str = "train") -> AttemptedRollout:
+    rid, aid = f"ro-{n}", f"at-{n}"
+    return AttemptedRollout.model_validate(
+        {
+            "rollout_id": rid,
+            "status": "preparing",
+            "mode": mode,
+            "attempt": {"rollout_id": rid, "attempt_id": aid, "status": "preparing", "start_time": 1.0},
+        }
+    )
+
+
+class Store:
+    """The Store calls the Dispatcher makes: ``dequeue`` takes up to ``limit`` from the head of the queue."""
+
+    def __init__(self, queue: list[AttemptedRollout], dequeue_error: Exception | None = None) -> None:
+        self.queue = list(queue)
+        self.dequeue_error = dequeue_error
+        self.rollouts = {r.rollout_id: r for r in queue}
+        self.requeued: list[str] = []
+
+    def dequeue(self, limit: int, worker_id: str) -> list[AttemptedRollout]:
+        if self.dequeue_error is not None:
+            error, self.dequeue_error = self.dequeue_error, None
+            raise error
+        batch, self.queue = self.queue[:limit], self.queue[limit:]
+        return batch
+
+    def get_rollout(self, rollout_id: str) -> AttemptedRollout:
+        return self.rollouts[rollout_id]
+
+    def update_rollout(self, rollout_id: str, **fields: Any) -> None:
+        assert fields == {"status": RolloutStatus.REQUEUING}
+        self.requeued.append(rollout_id)
+
+    def list_rollouts(self, **_: Any) -> tuple[list[AttemptedRollout], int]:
+        return list(self.rollouts.values()), len(self.rollouts)
+
+
+class Publisher:
+    """Records what it publishes; raises ``error`` for the rollout ids in ``fail``."""
+
+    def __init__(self, fail: set[str] = frozenset(), error: Exception | None = None) -> None:  # type: ignore[assignment]
+        self.fail, self.error = fail, error or RuntimeError("a bug in the publish path")
+        self.published: list[tuple[str, str]] = []
+
+    def publish(self, rollout: AttemptedRollout, queue: str) -> None:
+        if rollout.rollout_id in self.fail:
+            raise self.error
+        self.published.append((rollout.rollout_id, queue))
+
+
+@pytest.fixture
+def client(redis_client: redis.Redis) -> Iterator[redis.Redis]:
+    redis_client.flushdb()
+    capacity.advertise(redis_client, "w-train@test", ["rollouts-train"], 4)
+    yield redis_client
+    redis_client.flushdb()
+
+
+def _dispatcher(client: redis.Redis, store: Store, publisher: Publisher) -> Dispatcher:
+    settings = load_settings(
+        store_url="http://127.0.0.1:9", broker_url="redis://127.0.0.1:9/0", queue_by_mode=QUEUES, max_held=2
+    )
+    dispatcher = Dispatcher(settings, store, client, publisher)  # type: ignore[arg-type]
+    dispatcher._next_reconcile = float("inf")  # this test drives the ticks; reconcile is tested elsewhere
+    return dispatcher
+
+
+def test_an_unexpected_publish_error_hands_that_rollout_back_and_the_batch_goes_on(client: redis.Redis) -> None:
+    store = Store([_rollout(1), _rollout(2), _rollout(3)])
+    publisher = Publisher(fail={"ro-2"})
+    errors = metrics.LOOP_ERRORS._value.get()
+    dispatcher = _dispatcher(client, store, publisher)
+    dispatcher._tick_surviving()
+    dispatcher._tick_surviving()  # two a tick: the hold keeps room for val rollouts, whose queue nobody consumes
+    assert publisher.published == [("ro-1", "rollouts-train"), ("ro-3", "rollouts-train")]
+    assert store.requeued == ["ro-2"]
+    assert capacity.inflight_ids(client, "rollouts-train") == {"at-1", "at-3"}  # its slot is not kept busy
+    assert metrics.LOOP_ERRORS._value.get() == errors + 1
+
+
+def test_a_refused_publish_is_handed_back_as_before(client: redis.Redis) -> None:
+    store = Store([_rollout(1)])
+    _dispatcher(client, store, Publisher(fail={"ro-1"}, error=PublishError("broker said no")))._tick_surviving()
+    assert store.requeued == ["ro-1"]
+
+
+def test_an_error_anywhere_in_a_tick_is_counted_and_the_loop_goes_on(client: redis.Redis) -> None:
+    store = Store([_rollout(1)], dequeue_error=RuntimeError("a bug in the dequeue path"))
+    publisher = Publisher()
+    dispatcher = _dispatcher(client, store, publisher)
+    errors = metrics.LOOP_ERRORS._value.get()
+    assert dispatcher._tick_surviving() == UNEXPECTED_ERROR_WAIT_S
+    assert metrics.LOOP_ERRORS._value.get() == errors + 1
+    dispatcher._tick_surviving()
+    assert publisher.published == [("ro-1", "rollouts-train")]
+
+
+def test_rollouts_for_an_unserved_queue_are_held_while_the_others_go_on_and_the_hold_is_bounded(
+    client: redis.Redis,
+) -> None:
+    store = Store([_rollout(1, "val"), _rollout(2), _rollout(3, "val"), _rollout(4), _rollout(5)])
+    publisher = Publisher()
+    dispatcher = _dispatcher(client, store, publisher)
+    for _ in range(3):
+        dispatcher._tick_surviving()
+    dispatcher._next_gauges = 0.0  # the gauges are read at the start of a tick, once a second
+    dispatcher._tick_surviving()
+    assert publisher.published == [("ro-2", "rollouts-train")]
+    assert [r.rollout_id for r in store.queue] == ["ro-4", "ro-5"]  # two held (BRIDGE_MAX_HELD=2): no more claims
+    assert store.requeued == []  # held, not cycled through hand-backs
+    assert metrics.HELD.labels("rollouts-val")._value.get() == 2
+    assert metrics.UNSERVED.labels("rollouts-val")._value.get() == 1
+    assert capacity.read_held(client) == ({"rollouts-val": 2}, ["rollouts-val"])
+
+    capacity.advertise(client, "w-val@test", ["rollouts-val"], 1)  # a val worker with one slot comes
+    dispatcher._tick_surviving()
+    dispatcher._tick_surviving()
+    assert publisher.published[1:] == [("ro-1", "rollouts-val"), ("ro-4", "rollouts-train"), ("ro-5", "rollouts-train")]
+    dispatcher.stop.set()  # type: ignore[attr-defined]
+    dispatcher.run()  # shutdown hands back what it still holds, if still live
+    assert store.requeued == ["ro-3"]
+
+
+def test_the_hold_releases_oldest_first_and_only_into_room() -> None:
+    hold = Hold(capacity=3)
+    for n, queue in [(1, "a"), (2, "b"), (3, "a")]:
+        hold.add(_rollout(n), queue)
+    assert hold.room() == 0
+    rooms = {"a": 1, "b": 0}
+    assert [h.rollout.rollout_id for h in hold.placeable(rooms, served={"a", "b"})] == ["ro-1"]
+    assert rooms == {"a": 0, "b": 0}
+    assert hold.overdue(served={"a"}, max_wait_s=-1) and hold.by_queue() == {"b": 1}  # b unserved: kept
+    assert [h.attempt_id for h in hold.discard(["at-2"])] == ["at-2"] and len(hold) == 0
