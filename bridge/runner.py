@@ -42,7 +42,7 @@ from agentlightning.execution.events import ExecutionEvent
 from agentlightning.types import Hook, NamedResources, Rollout, RolloutMode
 from pydantic import TypeAdapter
 
-from bridge.core.coordination import coordination_redis
+from bridge.core.coordination import coordination_redis, deployment_scope
 from bridge.core.models import RolloutStatus
 from bridge.core.settings import ConfigError, Settings, load_settings
 from bridge.core.store import API, StoreClient
@@ -100,10 +100,14 @@ class CeleryRunner(Runner[Any]):
             log.warning(
                 "hooks run on the workers, not in CeleryRunner: configure them there with AGENT_HOOKS=%s", paths
             )
-        settings = self._settings or self._load(None)
+        known = self._settings or self._load(None, fallback=False)
+        settings = known or self._load(None)
         client = coordination_redis(settings)
         try:
-            check_fleet(client, settings.all_queues(), self._agent)
+            # Until init_worker names the Store (or AGENT_LIGHTNING_STORE_URL does), its workers' key scope is
+            # unknown: then the workers of every Store on these queues are checked.
+            scope = deployment_scope(known) if known is not None else None
+            check_fleet(client, scope, settings.all_queues(), self._agent)
         except redis.RedisError as exc:
             log.warning("could not read the workers' agents from the broker (%r); not checked", exc)
         finally:
@@ -142,6 +146,8 @@ class CeleryRunner(Runner[Any]):
                 self._store.close()
             if self._redis is not None:
                 self._redis.close()
+            if self._dispatcher is not None:
+                self._dispatcher.publisher.close()
             self._store, self._redis, self._dispatcher = None, None, None
         self.worker_id = None
 
@@ -184,7 +190,8 @@ class CeleryRunner(Runner[Any]):
             "[rollout=%s attempt=%s] step: executing on the cluster", started.rollout_id, started.attempt.attempt_id
         )
         direct.publish(dispatcher, started)
-        final = direct.wait_finished(store, settings, started, dispatching=lambda: _loop_alive(coordination))
+        alive = dispatcher.scope
+        final = direct.wait_finished(store, settings, started, dispatching=lambda: _loop_alive(coordination, alive))
         if final.status != RolloutStatus.SUCCEEDED:
             raise direct.failure(store, final)
         return Rollout.model_validate(final.model_dump(mode="json"))
@@ -229,11 +236,12 @@ class CeleryRunner(Runner[Any]):
             return load_settings(**overrides, store_url=DEFAULT_STORE_URL) if fallback else None
 
 
-def _loop_alive(coordination: redis.Redis) -> bool:
-    """Whether a dispatch loop will retry a requeued rollout; an unreachable Redis counts as yes, so step
-    keeps waiting (bounded by the rollout's budget) rather than failing on a coordination hiccup."""
+def _loop_alive(coordination: redis.Redis, scope: str) -> bool:
+    """Whether a dispatch loop of this deployment (``scope``) will retry a requeued rollout; an unreachable
+    Redis counts as yes, so step keeps waiting (bounded by the rollout's budget) rather than failing on a
+    coordination hiccup."""
     try:
-        return dispatching(coordination)
+        return dispatching(coordination, scope)
     except redis.RedisError as exc:
         log.warning("could not read the dispatch lock (%r); waiting for the rollout as if a loop ran", exc)
         return True

@@ -9,6 +9,7 @@ Importing this module imports ``agentlightning``: only workers configured with o
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -137,6 +138,17 @@ class LoopingAgent(agl.LitAgent[dict[str, Any]]):
         while True:
             _ask(resources, task)
             time.sleep(0.2)
+
+
+class BlockingAgent(agl.LitAgent[dict[str, Any]]):
+    """With ``block`` in its input it waits forever outside any LLM call (a tool call without a timeout);
+    otherwise it answers like ``FloatAgent``. Only abandoning its thread can end such an attempt."""
+
+    def rollout(self, task: dict[str, Any], resources: agl.NamedResources, rollout: agl.Rollout) -> float:
+        if task.get("block"):
+            threading.Event().wait()
+        _ask(resources, task)
+        return _reward(task)
 
 
 class RaisingHook(agl.Hook):

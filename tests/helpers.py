@@ -38,10 +38,11 @@ from tests import redis_for_tests
 TEST_REDIS_URL = redis_for_tests.url()  # this process's own database or server (tests/redis_for_tests.py)
 
 
-def drop_adverts(client: redis.Redis, queue: str) -> list[str]:
-    """Remove every slot advert on ``queue`` and its node listing (a test's own queue); the nodes it had."""
-    nodes = [node.decode() for node in client.zrange(keys.capacity_nodes(queue), 0, -1)]
-    client.delete(keys.capacity_nodes(queue), *[keys.capacity(queue, node) for node in nodes])
+def drop_adverts(client: redis.Redis, scope: str, queue: str) -> list[str]:
+    """Remove every slot advert on ``queue`` of deployment ``scope`` and its node listing (a test's own queue);
+    the nodes it had."""
+    nodes = [node.decode() for node in client.zrange(keys.capacity_nodes(scope, queue), 0, -1)]
+    client.delete(keys.capacity_nodes(scope, queue), *[keys.capacity(scope, queue, node) for node in nodes])
     return nodes
 
 

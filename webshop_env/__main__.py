@@ -68,6 +68,9 @@ def _build_parser() -> argparse.ArgumentParser:
         "--timeout-rate", type=float, default=0.0, help="fault test: share of /reset and /step that stall"
     )
     serve.add_argument("--stall-s", type=float, default=60.0, help="how long an injected stall lasts")
+    serve.add_argument(
+        "--nan-reward-rate", type=float, default=0.0, help="fault test: share of purchases answered with reward NaN"
+    )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.add_argument("--access-log", action="store_true", help="log every request (slower)")
 
@@ -108,6 +111,7 @@ def _serve(args: argparse.Namespace) -> None:
         error_rate=args.error_rate,
         timeout_rate=args.timeout_rate,
         stall_s=args.stall_s,
+        nan_reward_rate=args.nan_reward_rate,
     )
     app = create_app(config)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=args.access_log)

@@ -13,6 +13,7 @@ import collections
 import contextlib
 import json
 import logging
+import math
 import random
 import time
 from collections.abc import AsyncIterator
@@ -22,7 +23,7 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from webshop_env.env import EnvSettings, build_env, free_form_goal
@@ -59,6 +60,7 @@ class ServerConfig:
     error_rate: float = 0.0  # share of /reset and /step answered 503 *before* acting (fault tests)
     timeout_rate: float = 0.0  # share of /reset and /step that stall for `stall_s` before acting
     stall_s: float = 60.0
+    nan_reward_rate: float = 0.0  # share of purchases answered with reward NaN; the ledger keeps the real one
     ledger_size: int = 100_000  # purchases remembered for GET /purchases
 
 
@@ -168,7 +170,7 @@ class WebShopServer:
             }
         )
 
-    async def step(self, request: Request) -> JSONResponse:
+    async def step(self, request: Request) -> Response:
         data = await self.read_json(request)
         sid = self.session_id_of(data)
         action = data.get("action")
@@ -186,17 +188,21 @@ class WebShopServer:
             was_done = session.state.done
             result = self.env.step(session.state, action)
             session.touch()
-            if result.done and not was_done:
+            purchased = result.done and not was_done
+            if purchased:
                 self.record_purchase(sid, session.state, result.reward, result.info)
-        return JSONResponse(
-            {
-                "session_id": sid,
-                "observation": result.observation,
-                "done": result.done,
-                "reward": result.reward,
-                "info": result.info,
-            }
-        )
+        answer = {
+            "session_id": sid,
+            "observation": result.observation,
+            "done": result.done,
+            "reward": result.reward,
+            "info": result.info,
+        }
+        if purchased and self.config.nan_reward_rate > 0 and self.faults.random() < self.config.nan_reward_rate:
+            # Fault test: JSON has no NaN, but Python's json (and so httpx) reads one; Starlette refuses to write it.
+            answer["reward"] = math.nan
+            return Response(json.dumps(answer), media_type="application/json")
+        return JSONResponse(answer)
 
     async def inject_faults(self) -> None:
         """Optional latency and failures, decided before the request touches any state."""

@@ -43,7 +43,7 @@ from bridge.core.message import DEFAULT_AGENT
 from bridge.core.models import AttemptedRollout, AttemptStatus
 from bridge.core.redact import redact_text
 from bridge.core.settings import ConfigError
-from workers import clock
+from workers import clock, stuck
 from workers import llm as llm_mod
 from workers.agent import Episode
 from workers.agents import loading as agent_loading
@@ -197,7 +197,10 @@ class AttemptRun(AttemptReporter):
             raise
         self.watch, self.telemetry = watch, telemetry
         try:
-            result = body(telemetry, watch)
+            if stuck.pool.threads:  # nothing else could stop an agent that blocks outside the LLM calls
+                result = stuck.run_abandonable(partial(body, telemetry, watch), watch)
+            else:  # prefork: Celery's time limits stop it; solo: the only slot, nothing to run beside it
+                result = body(telemetry, watch)
             # Within the episode's budget: retrying past Celery's soft limit would turn a telemetry failure
             # into a "timeout"; at least one try is always made.
             self._flush_while_ours(telemetry, until=min(self._report_deadline(), self._episode_deadline() - 1.0))

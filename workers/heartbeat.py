@@ -300,6 +300,8 @@ class HeartbeatMonitor:
                 if not watch.reporting:  # a finished rollout may be our own report landing: no reason to stop
                     watch.stop(verdict.reason)
                 continue
+            if wall - verdict.read_at > watch.interval_s:
+                continue  # older than one read (a round whose reader died): no proof for a heartbeat, read anew
             watch.viewed_at = verdict.read_at
             watch.next_beat = max(watch.next_beat, now + watch.interval_s - max(0.0, wall - verdict.read_at))
             watch.beats += 1

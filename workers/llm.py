@@ -3,6 +3,7 @@
 Resolution follows docs/store-protocol.md section 5: the rollout's resources (by id, else the latest),
 ``main_llm`` of type ``llm`` (used as is) or ``proxy_llm`` (rewritten to the per-attempt URL so the
 proxy files its spans under this attempt); with neither, ``OPENAI_API_BASE`` + ``WEBSHOP_MODEL``.
+``OPENAI_API_KEY`` goes only to ``OPENAI_API_BASE``'s host and the ``LLM_KEY_HOSTS`` (``llm_api_key``).
 Everything goes through the ``openai`` SDK, so vLLM, OpenAI and the stand-in are interchangeable.
 
 A call never outlives its attempt: ``chat`` takes the episode's deadline and stop check, caps each try's
@@ -18,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import httpx
 import openai
@@ -26,7 +28,9 @@ from bridge.core.backoff import backoff_delay
 from bridge.core.errors import LLMError
 from bridge.core.http import HTTPClient, pooled_transport, retry_after_s
 from bridge.core.models import AttemptedRollout, LLMResource, ResourcesUpdate
+from bridge.core.redact import redact_url
 from bridge.core.settings import Settings
+from bridge.core.settings_parse import split_host_port
 from workers import metrics as worker_metrics
 
 if TYPE_CHECKING:
@@ -50,6 +54,68 @@ class LLMTarget:
     sampling: dict[str, Any] = field(default_factory=dict)
     source: str = "settings"  # "llm", "proxy_llm" or "settings": for logs and span attributes
     return_token_ids: bool = False  # ask for vLLM's token ids (the trainer's triplets are built from them)
+    key_withheld: str = ""  # why OPENAI_API_KEY was not sent here (``llm_api_key``); added to a failed call's error
+
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+_withheld_lock = threading.Lock()
+_withheld_logged: set[str] = set()  # endpoints already named in a warning (each once per process)
+
+
+def _endpoint_host(url: str) -> tuple[str, int | None] | None:
+    """(lower-case host, port, the scheme's default where none is written) of an endpoint URL; None if unreadable."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return None
+    if not parts.hostname:
+        return None
+    return parts.hostname, port if port is not None else _DEFAULT_PORTS.get(parts.scheme.lower())
+
+
+def _key_allowed(host: tuple[str, int | None], settings: Settings) -> bool:
+    """Whether ``host`` is OPENAI_API_BASE's host and port or matches an LLM_KEY_HOSTS entry (no port: any)."""
+    base = _endpoint_host(str(settings.openai_api_base)) if settings.openai_api_base is not None else None
+    if host == base:
+        return True
+    for entry in settings.llm_key_hosts:
+        allowed = split_host_port(entry)
+        if allowed is not None and allowed[0] == host[0] and allowed[1] in (None, host[1]):
+            return True
+    return False
+
+
+def llm_api_key(endpoint: str, own_key: str | None, settings: Settings) -> tuple[str | None, str]:
+    """The API key to send to ``endpoint``, and why ``OPENAI_API_KEY`` was withheld ("" when it was not).
+
+    A resource's own key is always used as is. Otherwise ``OPENAI_API_KEY`` goes only to the host (and port)
+    of ``OPENAI_API_BASE`` and to the ``LLM_KEY_HOSTS`` entries; anywhere else the key is None.
+    """
+    if own_key or not settings.openai_api_key:
+        return own_key or None, ""
+    host = _endpoint_host(endpoint)
+    if host is not None and _key_allowed(host, settings):
+        return settings.openai_api_key, ""
+    why = (
+        f"OPENAI_API_KEY was withheld from {_show(host)}: it is not OPENAI_API_BASE's host and not listed in "
+        "LLM_KEY_HOSTS"
+    )
+    with _withheld_lock:
+        first = endpoint not in _withheld_logged
+        if len(_withheld_logged) >= 1024:  # a Store naming endpoint after endpoint: warn again, stay bounded
+            _withheld_logged.clear()
+        _withheld_logged.add(endpoint)
+    if first:
+        log.warning("%s (the Store's resources name the LLM endpoint %s)", why, redact_url(endpoint))
+    return None, why
+
+
+def _show(host: tuple[str, int | None] | None) -> str:
+    if host is None:
+        return "an endpoint without a readable host"
+    name = f"[{host[0]}]" if ":" in host[0] else host[0]
+    return f"host {name}" if host[1] is None else f"host {name}:{host[1]}"
 
 
 def proxy_attempt_url(endpoint: str, rollout_id: str, attempt_id: str) -> str:
@@ -65,23 +131,25 @@ def proxy_attempt_url(endpoint: str, rollout_id: str, attempt_id: str) -> str:
 def resolve_target(resources: ResourcesUpdate | None, rollout: AttemptedRollout, settings: Settings) -> LLMTarget:
     """Build the LLM target from the *current* attempt, never from a URL kept from an earlier one."""
     main = (resources.resources.get("main_llm") if resources else None) or None
-    api_key_default = settings.openai_api_key or "EMPTY"
     if main is not None and main.get("resource_type") in ("llm", "proxy_llm"):
         llm = LLMResource.model_validate(main)
         base = llm.endpoint
         if llm.resource_type == "proxy_llm":
             base = proxy_attempt_url(llm.endpoint, rollout.rollout_id, rollout.attempt.attempt_id)
+        key, withheld = llm_api_key(llm.endpoint, llm.api_key, settings)
         return LLMTarget(
             base,
             llm.model,
-            llm.api_key or api_key_default,
+            key or "EMPTY",
             dict(llm.sampling_parameters),
             llm.resource_type,
             settings.llm_return_token_ids,
+            withheld,
         )
     if settings.openai_api_base is not None:
         base = str(settings.openai_api_base).rstrip("/")
-        return LLMTarget(base, settings.model, api_key_default, {}, "settings", settings.llm_return_token_ids)
+        api_key = settings.openai_api_key or "EMPTY"
+        return LLMTarget(base, settings.model, api_key, {}, "settings", settings.llm_return_token_ids)
     raise LLMError(
         "no LLM to call: the Store has no 'main_llm' resource of type llm/proxy_llm for this rollout "
         "and OPENAI_API_BASE is not set"
@@ -179,8 +247,8 @@ def chat(
         except openai.APIStatusError as exc:
             worker_metrics.observe_llm(time.perf_counter() - started, "error", target.source)
             if exc.status_code < 500 and exc.status_code != 408:
-                raise LLMError(
-                    f"LLM at {target.base_url} rejected the request ({exc.status_code}): {_short(exc)}"
+                raise _llm_error(
+                    target, f"LLM at {target.base_url} rejected the request ({exc.status_code}): {_short(exc)}"
                 ) from exc
             delay = backoff_delay(attempt, base_s=1.0, cap_s=max_backoff_s)
             problem = f"{exc.status_code}: {_short(exc)}"
@@ -198,7 +266,7 @@ def chat(
             # This try was cut by the budget (its timeout was capped at the time left), not by the LLM.
             raise TimeoutError(f"the rollout's time budget ran out while calling the LLM (last try: {problem})")
         if attempt >= retries:
-            raise LLMError(f"LLM at {target.base_url} failed after {attempt + 1} tries: {problem}")
+            raise _llm_error(target, f"LLM at {target.base_url} failed after {attempt + 1} tries: {problem}")
         delay = min(delay, max_backoff_s)
         if deadline is not None and time.time() + delay >= deadline:
             raise TimeoutError(
@@ -211,6 +279,11 @@ def chat(
 
 STOP_CHECK_EVERY_S = 0.5  # a back-off re-runs the stop check at least this often
 MIN_TRY_S = 0.05  # a try with less time left than this is not started
+
+
+def _llm_error(target: LLMTarget, message: str) -> LLMError:
+    """A failed call's error, naming the withheld key where one was (a missing key is a likely cause)."""
+    return LLMError(f"{message} ({target.key_withheld})" if target.key_withheld else message)
 
 
 def _stop_if_due(check_stop: Callable[[], None] | None, deadline: float | None, problem: str) -> None:

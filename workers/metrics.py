@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server, values
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server, values
 from prometheus_client.multiprocess import MultiProcessCollector
 
 log = logging.getLogger("workers.metrics")
@@ -37,6 +37,12 @@ ROLLOUTS = Counter(
     "agl_worker_rollouts_total",
     "Task deliveries by outcome: succeeded/failed (reported to the Store), skipped (duplicate, superseded), error",
     ["status", "failure_class"],
+)
+STUCK_THREADS = Gauge(
+    "agl_worker_stuck_threads",
+    "Agent threads abandoned at their attempt's deadline or stop verdict that have not returned (-P threads)",
+    ["kind"],
+    multiprocess_mode="livesum",
 )
 EPISODE_SECONDS = Histogram(
     "agl_worker_episode_duration_seconds",

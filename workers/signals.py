@@ -1,6 +1,7 @@
 """Per-process set-up of a worker, hooked on Celery's own signals.
 
-* ``worker_ready``/``worker_shutting_down``: advertise and withdraw this node's slots (bridge.core.capacity);
+* ``worker_ready``/``worker_shutting_down``: advertise and withdraw this node's slots (bridge.core.capacity),
+  under its Store's key scope (``bridge.core.coordination.deployment_scope``: deployments may share a Redis);
 * ``worker_process_init`` (prefork children) and ``worker_init`` (threads/solo): logging and tracing;
 * ``task_revoked`` with ``expired``: a message that waited too long in the broker is handed back to the
   Store queue instead of leaving its attempt ``preparing`` forever (docs/store-protocol.md section 10,
@@ -26,14 +27,14 @@ import redis
 from celery import signals
 
 from bridge.core import capacity, handback, keys
-from bridge.core.coordination import coordination_redis
+from bridge.core.coordination import coordination_redis, deployment_scope
 from bridge.core.errors import StoreError
 from bridge.core.logs import configure_logging
 from bridge.core.message import DEFAULT_AGENT, TASK_NAME
 from bridge.core.settings import ConfigError, Settings, get_settings
 from bridge.core.store import StoreClient
 from bridge.core.tracing import setup_process_tracing
-from workers import clock
+from workers import clock, stuck
 from workers import metrics as worker_metrics
 from workers.agents import loading as agent_loading
 from workers.lease import free_slot
@@ -42,6 +43,7 @@ log = logging.getLogger("workers.signals")
 
 _ADVERTISE_EVERY_S = 10.0
 _advertiser_stop = threading.Event()
+_advertise_now = threading.Event()  # set to advertise at once: on shutdown, or when a thread got stuck
 _node: dict[str, Any] = {}
 
 
@@ -59,20 +61,24 @@ def _node_slots(consumer: Any) -> tuple[str, list[str], int]:
 def _on_worker_ready(sender: Any = None, **_: Any) -> None:
     hostname, queues, slots = _node_slots(sender)
     client = coordination_redis(get_settings())
-    _node.update(hostname=hostname, queues=queues, slots=slots, client=client)
-    log.info("worker %s offers %d slots on queues %s", hostname, slots, ", ".join(queues))
+    scope = deployment_scope(get_settings())
+    _node.update(hostname=hostname, queues=queues, slots=slots, client=client, scope=scope)
+    log.info("worker %s offers %d slots on queues %s (Redis key scope %s)", hostname, slots, ", ".join(queues), scope)
 
     agent = _advertised_agent()
 
     def advertise_forever() -> None:
         while True:
+            _advertise_now.clear()
             try:
-                capacity.advertise(client, hostname, queues, slots)
+                # One slot fewer per abandoned agent thread (workers.stuck): it still holds what it blocks on.
+                capacity.advertise(client, scope, hostname, queues, max(0, slots - stuck.stuck_threads.count()))
                 # Same lifetime as the slots: CeleryRunner.init reads which online workers run which agent.
-                client.set(keys.worker_agent(hostname), agent, ex=capacity.CAPACITY_TTL_S)
+                client.set(keys.worker_agent(scope, hostname), agent, ex=capacity.CAPACITY_TTL_S)
             except redis.RedisError as exc:
                 log.warning("could not advertise slots (broker down?): %r", exc)
-            if _advertiser_stop.wait(_ADVERTISE_EVERY_S):
+            _advertise_now.wait(_ADVERTISE_EVERY_S)
+            if _advertiser_stop.is_set():
                 return
 
     threading.Thread(target=advertise_forever, name="slot-advertiser", daemon=True).start()
@@ -81,10 +87,11 @@ def _on_worker_ready(sender: Any = None, **_: Any) -> None:
 @signals.worker_shutting_down.connect
 def _on_shutting_down(**_: Any) -> None:
     _advertiser_stop.set()
+    _advertise_now.set()
     if _node:
         try:
-            capacity.withdraw(_node["client"], _node["hostname"], _node["queues"])
-            _node["client"].delete(keys.worker_agent(_node["hostname"]))
+            capacity.withdraw(_node["client"], _node["scope"], _node["hostname"], _node["queues"])
+            _node["client"].delete(keys.worker_agent(_node["scope"], _node["hostname"]))
         except redis.RedisError:
             pass
 
@@ -145,10 +152,18 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
         log.critical("%s", error.message)
         raise
     _load_agent(settings)
+    stuck.pool.threads = _pool_name(sender) == "threads"
+    stuck.pool.max_stuck = settings.max_stuck_agent_threads
+    stuck.stuck_threads.on_change.append(_on_stuck_change)
     # Before the pool forks, so every pool process inherits the offset; exits beyond CLOCK_SKEW_TOLERANCE_S.
     clock.check_store_clock(settings)
     if settings.worker_metrics_port is not None:
         worker_metrics.serve(settings.worker_metrics_port, settings.metrics_host)
+
+
+def _on_stuck_change(count: int) -> None:
+    worker_metrics.STUCK_THREADS.labels("agent").set(count)
+    _advertise_now.set()
 
 
 @signals.task_prerun.connect
@@ -199,7 +214,7 @@ def _on_revoked(sender: Any = None, request: Any = None, expired: bool = False, 
     if _node and queue:
         try:
             # Not while another executor holds the attempt: a revoked duplicate must not free the live one's slot.
-            free_slot(_node["client"], queue, task_id)
+            free_slot(_node["client"], _node["scope"], queue, task_id)
         except redis.RedisError:
             pass
     if expired and isinstance(rollout, dict) and not _started_elsewhere(task_id):

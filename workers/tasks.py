@@ -10,6 +10,7 @@ from celery import Task
 
 from bridge.core import capacity
 from bridge.core.backoff import backoff_delay
+from bridge.core.coordination import deployment_scope
 from bridge.core.errors import DuplicateDelivery
 from bridge.core.message import TASK_NAME
 from workers.app import app
@@ -57,18 +58,20 @@ def run_rollout(
     finally:
         if final:
             token = run.lease.token if run.lease else None
-            _release_slot(res.redis, queue or res.settings.default_queue, task_id, token)
+            scope = deployment_scope(res.settings)
+            _release_slot(res.redis, scope, queue or res.settings.default_queue, task_id, token)
 
 
-def _release_slot(client: redis.Redis, queue: str, task_id: str, token: str | None) -> None:
-    """Free the attempt's slot, unless another executor holds the attempt right now.
+def _release_slot(client: redis.Redis, scope: str, queue: str, task_id: str, token: str | None) -> None:
+    """Free the attempt's slot in its deployment's (``scope``) in-flight set, unless another executor holds the
+    attempt right now, and wake that deployment's bridge.
 
     The in-flight entry is keyed by attempt id and shared by every delivery of it: a duplicate that was
     skipped, or an executor that was taken over, must not free the slot of the live execution (the bridge
     would then claim one rollout more than the workers can run). ``token`` is ours if we held the lease.
     """
     try:
-        if free_slot(client, queue, task_id, token):
-            capacity.notify_freed(client, queue)
+        if free_slot(client, scope, queue, task_id, token):
+            capacity.notify_freed(client, scope, queue)
     except redis.RedisError as exc:
         log.warning("could not clear in-flight entry %s (the bridge prunes it later): %r", task_id, exc)

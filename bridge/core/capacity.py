@@ -18,6 +18,10 @@ attempts exceed what its nodes can hold gets a negative room (its unplaced exces
 
 This needs no Celery ``inspect`` broadcast (slow, and silent while workers are busy) and counts
 messages still waiting in the broker, which ``inspect active`` would miss.
+
+Every function here that touches a deployment's slots, in-flight sets, wake-ups or held record takes its
+``scope`` (``bridge.core.coordination.deployment_scope``: a digest of the Store's URL), so deployments that
+share one Redis never count each other's workers or attempts (``bridge.core.keys``).
 """
 
 from __future__ import annotations
@@ -42,65 +46,66 @@ CAPACITY_TTL_S = 30
 NODE_LISTING_S = 10 * CAPACITY_TTL_S
 
 
-def advertise(client: redis.Redis, worker: str, queues: Iterable[str], slots: int) -> None:
+def advertise(client: redis.Redis, scope: str, worker: str, queues: Iterable[str], slots: int) -> None:
     """Called by each worker node on start and then periodically: its slot key on each queue, and its entry
     in the queue's node listing, where nodes gone for ``NODE_LISTING_S`` are dropped."""
     now = time.time()
     pipe = client.pipeline()
     for queue in queues:
-        pipe.set(keys.capacity(queue, worker), slots, ex=CAPACITY_TTL_S)
-        pipe.zadd(keys.capacity_nodes(queue), {worker: now})
-        pipe.zremrangebyscore(keys.capacity_nodes(queue), "-inf", now - NODE_LISTING_S)
-        pipe.expire(keys.capacity_nodes(queue), int(NODE_LISTING_S))
+        listing = keys.capacity_nodes(scope, queue)
+        pipe.set(keys.capacity(scope, queue, worker), slots, ex=CAPACITY_TTL_S)
+        pipe.zadd(listing, {worker: now})
+        pipe.zremrangebyscore(listing, "-inf", now - NODE_LISTING_S)
+        pipe.expire(listing, int(NODE_LISTING_S))
     pipe.execute()
 
 
-def withdraw(client: redis.Redis, worker: str, queues: Iterable[str]) -> None:
+def withdraw(client: redis.Redis, scope: str, worker: str, queues: Iterable[str]) -> None:
     """Called on warm shutdown so the bridge stops counting this worker at once."""
     pipe = client.pipeline()
     for queue in queues:
-        pipe.delete(keys.capacity(queue, worker))
-        pipe.zrem(keys.capacity_nodes(queue), worker)
+        pipe.delete(keys.capacity(scope, queue, worker))
+        pipe.zrem(keys.capacity_nodes(scope, queue), worker)
     pipe.execute()
 
 
-def _advertised(client: redis.Redis, queues: list[str]) -> tuple[list[tuple[str, str, int]], list[int]]:
+def _advertised(client: redis.Redis, scope: str, queues: list[str]) -> tuple[list[tuple[str, str, int]], list[int]]:
     """(queue, node, slots) of every live advertisement on ``queues``, and each queue's in-flight count.
 
     Two round trips whatever the size of the keyspace: the node listings (with the in-flight counts), then
     the listed nodes' slot keys. A listed node whose key has expired is dead or gone: it is left out."""
     pipe = client.pipeline(transaction=False)
     for queue in queues:
-        pipe.zrange(keys.capacity_nodes(queue), 0, -1)
-        pipe.zcard(keys.inflight(queue))
+        pipe.zrange(keys.capacity_nodes(scope, queue), 0, -1)
+        pipe.zcard(keys.inflight(scope, queue))
     answers = pipe.execute()
     inflight = [int(answers[2 * i + 1]) for i in range(len(queues))]
     listed = [(queue, _text(node) or "") for i, queue in enumerate(queues) for node in answers[2 * i]]
     if not listed:
         return [], inflight
-    values = client.mget([keys.capacity(queue, node) for queue, node in listed])
+    values = client.mget([keys.capacity(scope, queue, node) for queue, node in listed])
     live = [(queue, node, int(value)) for (queue, node), value in zip(listed, values, strict=True) if value is not None]
     return live, inflight
 
 
-def total_slots(client: redis.Redis, queue: str) -> int:
-    return sum(slots for _, _, slots in _advertised(client, [queue])[0])
+def total_slots(client: redis.Redis, scope: str, queue: str) -> int:
+    return sum(slots for _, _, slots in _advertised(client, scope, [queue])[0])
 
 
-def mark_inflight(client: redis.Redis, queue: str, attempt_id: str) -> None:
-    client.zadd(keys.inflight(queue), {attempt_id: time.time()})
+def mark_inflight(client: redis.Redis, scope: str, queue: str, attempt_id: str) -> None:
+    client.zadd(keys.inflight(scope, queue), {attempt_id: time.time()})
 
 
-def clear_inflight(client: redis.Redis, queue: str, attempt_id: str) -> None:
-    client.zrem(keys.inflight(queue), attempt_id)
+def clear_inflight(client: redis.Redis, scope: str, queue: str, attempt_id: str) -> None:
+    client.zrem(keys.inflight(scope, queue), attempt_id)
 
 
-def inflight_count(client: redis.Redis, queue: str) -> int:
-    return int(client.zcard(keys.inflight(queue)))
+def inflight_count(client: redis.Redis, scope: str, queue: str) -> int:
+    return int(client.zcard(keys.inflight(scope, queue)))
 
 
-def inflight_ids(client: redis.Redis, queue: str) -> set[str]:
-    return {m.decode() if isinstance(m, bytes) else str(m) for m in client.zrange(keys.inflight(queue), 0, -1)}
+def inflight_ids(client: redis.Redis, scope: str, queue: str) -> set[str]:
+    return {_text(m) or "" for m in client.zrange(keys.inflight(scope, queue), 0, -1)}
 
 
 @dataclass(frozen=True)
@@ -136,22 +141,23 @@ def _text(value: bytes | str | None) -> str | None:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def inflight_entries(client: redis.Redis, queue: str) -> dict[str, float]:
+def inflight_entries(client: redis.Redis, scope: str, queue: str) -> dict[str, float]:
     """Attempt id -> when it was recorded in flight (epoch seconds)."""
-    return {_text(m) or "": float(score) for m, score in client.zrange(keys.inflight(queue), 0, -1, withscores=True)}
+    entries = client.zrange(keys.inflight(scope, queue), 0, -1, withscores=True)
+    return {_text(m) or "": float(score) for m, score in entries}
 
 
-def oldest_inflight_age(client: redis.Redis, queue: str) -> float | None:
-    oldest = client.zrange(keys.inflight(queue), 0, 0, withscores=True)
+def oldest_inflight_age(client: redis.Redis, scope: str, queue: str) -> float | None:
+    oldest = client.zrange(keys.inflight(scope, queue), 0, 0, withscores=True)
     return time.time() - float(oldest[0][1]) if oldest else None
 
 
-def prune_stale(client: redis.Redis, queue: str, max_age_s: float) -> list[str]:
+def prune_stale(client: redis.Redis, scope: str, queue: str, max_age_s: float) -> list[str]:
     """Forget entries older than any task could live: their workers died without a trace."""
     cutoff = time.time() - max_age_s
-    stale = client.zrangebyscore(keys.inflight(queue), "-inf", cutoff)
+    stale = client.zrangebyscore(keys.inflight(scope, queue), "-inf", cutoff)
     if stale:
-        client.zremrangebyscore(keys.inflight(queue), "-inf", cutoff)
+        client.zremrangebyscore(keys.inflight(scope, queue), "-inf", cutoff)
         log.warning("dropped %d stale in-flight entries on queue %s", len(stale), queue)
     return [m.decode() if isinstance(m, bytes) else str(m) for m in stale]
 
@@ -198,27 +204,28 @@ class SlotView:
 HELD_TTL_S = 10  # the leader rewrites it every second; a dead bridge's record fades with it
 
 
-def record_held(client: redis.Redis, held: dict[str, int], served: set[str]) -> None:
+def record_held(client: redis.Redis, scope: str, held: dict[str, int], served: set[str]) -> None:
     """The leader's held rollouts per queue and the held queues nobody consumes, for ``status``."""
     unserved = ",".join(sorted(q for q in held if q not in served))
+    key = keys.bridge_held(scope)
     pipe = client.pipeline()
-    pipe.delete(keys.bridge_held())
-    pipe.hset(keys.bridge_held(), mapping={"unserved": unserved, **{f"queue:{q}": n for q, n in held.items()}})
-    pipe.expire(keys.bridge_held(), HELD_TTL_S)
+    pipe.delete(key)
+    pipe.hset(key, mapping={"unserved": unserved, **{f"queue:{q}": n for q, n in held.items()}})
+    pipe.expire(key, HELD_TTL_S)
     pipe.execute()
 
 
-def read_held(client: redis.Redis) -> tuple[dict[str, int], list[str]]:
+def read_held(client: redis.Redis, scope: str) -> tuple[dict[str, int], list[str]]:
     """What ``record_held`` wrote: held rollouts per queue, and the held queues nobody consumes."""
-    raw = {_text(k) or "": _text(v) or "" for k, v in client.hgetall(keys.bridge_held()).items()}
+    raw = {_text(k) or "": _text(v) or "" for k, v in client.hgetall(keys.bridge_held(scope)).items()}
     held = {k.removeprefix("queue:"): int(v) for k, v in raw.items() if k.startswith("queue:")}
     return held, [q for q in raw.get("unserved", "").split(",") if q]
 
 
-def read_slots(client: redis.Redis, queues: Iterable[str]) -> SlotView:
+def read_slots(client: redis.Redis, scope: str, queues: Iterable[str]) -> SlotView:
     """Every live node's slots on ``queues`` and each queue's in-flight count (``_advertised``)."""
     ours = list(queues)
-    live, counts = _advertised(client, ours)
+    live, counts = _advertised(client, scope, ours)
     slots: dict[str, int] = {}
     consumed: dict[str, set[str]] = {}
     for queue, node, value in live:
@@ -283,39 +290,54 @@ def _max_flow(groups: dict[frozenset[str], int], demand: dict[str, int]) -> tupl
     return total, placed
 
 
-def notify_freed(client: redis.Redis, queue: str) -> None:
+def notify_freed(client: redis.Redis, scope: str, queue: str) -> None:
     """Wake a bridge that waits in ``wait_for_freed`` (called after ``clear_inflight``, never before).
 
     Without it a full bridge re-counts slots every ``FULL_CAPACITY_WAIT_S``, so each freed slot idled
     for half that on average before the next rollout was dequeued. The list is capped and expires: it
     only ever holds "something changed", never state.
     """
+    key = keys.slot_freed(scope, queue)
     pipe = client.pipeline(transaction=False)
-    pipe.lpush(keys.slot_freed(queue), 1)
-    pipe.ltrim(keys.slot_freed(queue), 0, 15)
-    pipe.expire(keys.slot_freed(queue), 60)
+    pipe.lpush(key, 1)
+    pipe.ltrim(key, 0, 15)
+    pipe.expire(key, 60)
     pipe.execute()
 
 
-def wait_for_freed(client: redis.Redis, queues: Iterable[str], timeout_s: float) -> bool:
+def wait_for_freed(client: redis.Redis, scope: str, queues: Iterable[str], timeout_s: float) -> bool:
     """Block until a worker frees a slot on one of ``queues`` or ``timeout_s`` passes; True if woken.
 
     The wake-ups that piled up are dropped at once: the caller re-counts free slots right after, which
     sees every slot freed before its wake-up was pushed, so one count serves a burst of them.
     """
-    names = [keys.slot_freed(q) for q in queues]
+    names = [keys.slot_freed(scope, q) for q in queues]
     woken = client.blpop(names, timeout=timeout_s) is not None
     if woken:
         client.delete(*names)
     return woken
 
 
-def advertised_agents(client: redis.Redis, queues: list[str]) -> dict[str, str | None]:
+def listed_scopes(client: redis.Redis, queues: Iterable[str]) -> set[str]:
+    """The scopes of every deployment that lists worker nodes on one of ``queues``, for a caller that does not
+    know its Store yet (``CeleryRunner.init``). It walks the keyspace (SCAN): once at start, never per tick."""
+    found: set[str] = set()
+    for queue in queues:
+        head, tail = keys.capacity_nodes("\n", queue).split("\n")
+        for name in client.scan_iter(match=f"{head}*{tail}", count=1000):
+            text = _text(name) or ""
+            scope = text[len(head) : len(text) - len(tail)]
+            if scope and ":" not in scope:
+                found.add(scope)
+    return found
+
+
+def advertised_agents(client: redis.Redis, scope: str, queues: list[str]) -> dict[str, str | None]:
     """Every live worker node consuming one of ``queues`` -> the agent it advertises (None: nothing yet)."""
-    nodes = sorted(read_slots(client, queues).nodes)
+    nodes = sorted(read_slots(client, scope, queues).nodes)
     if not nodes:
         return {}
-    values = client.mget([keys.worker_agent(node) for node in nodes])
+    values = client.mget([keys.worker_agent(scope, node) for node in nodes])
     return {
         node: (value.decode() if isinstance(value, bytes) else value) for node, value in zip(nodes, values, strict=True)
     }

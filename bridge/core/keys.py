@@ -1,4 +1,13 @@
-"""Every Redis key this project uses, built from one prefix, so nothing collides with Celery's own keys."""
+"""Every Redis key this project uses, built from one prefix, so nothing collides with Celery's own keys.
+
+Several deployments (each its own Store, bridge and workers) may share one Redis. Every key that holds one
+deployment's state carries its *scope*, a digest of its Store's URL (``store_scope``; derived from settings in
+one place, ``bridge.core.coordination.deployment_scope``): slot adverts and node listings, in-flight sets,
+slot-freed wake-ups, the leader lock, the held-rollouts record, worker agent adverts, the fence board and
+shared resources. So each bridge leads its own deployment and counts only its own workers' slots. Keys named
+by an attempt id (lease, owner, started, done, pending report) need no scope: attempt ids are unique across
+Stores. The LLM rate limit (``ratelimit``) is shared on purpose: it budgets one model's provider quota.
+"""
 
 from __future__ import annotations
 
@@ -13,33 +22,33 @@ def store_scope(store_url: str) -> str:
     return hashlib.sha256(store_url.rstrip("/").encode()).hexdigest()[:12]
 
 
-def capacity(queue: str, worker: str) -> str:
-    """Execution slots one worker offers on one queue (expiring; refreshed while the worker lives)."""
-    return f"{PREFIX}:capacity:{queue}:{worker}"
+def capacity(scope: str, queue: str, worker: str) -> str:
+    """Execution slots one worker offers on one queue of one deployment (expiring; refreshed while it lives)."""
+    return f"{PREFIX}:capacity:{scope}:{queue}:{worker}"
 
 
-def capacity_nodes(queue: str) -> str:
+def capacity_nodes(scope: str, queue: str) -> str:
     """Sorted set of the worker nodes that advertised slots on ``queue`` (score: when, on the node's clock).
 
     The bridge reads it every tick instead of scanning for ``capacity`` keys: a SCAN walks the whole
     keyspace, which long runs fill with per-attempt markers (docs/performance.md). The slot keys still
     decide which nodes are alive; this only says where to look."""
-    return f"{PREFIX}:nodes:{queue}"
+    return f"{PREFIX}:nodes:{scope}:{queue}"
 
 
-def worker_capacity_pattern(worker: str) -> str:
+def worker_capacity_pattern(scope: str, worker: str) -> str:
     """Every queue's slot key of one worker node: it has started once one exists (``bridge.tools.stack``)."""
-    return f"{PREFIX}:capacity:*:{worker}"
+    return f"{PREFIX}:capacity:{scope}:*:{worker}"
 
 
-def inflight(queue: str) -> str:
+def inflight(scope: str, queue: str) -> str:
     """Sorted set of attempt ids published to ``queue`` and not yet finished (score: publish time)."""
-    return f"{PREFIX}:inflight:{queue}"
+    return f"{PREFIX}:inflight:{scope}:{queue}"
 
 
-def slot_freed(queue: str) -> str:
+def slot_freed(scope: str, queue: str) -> str:
     """Wake-up list: a worker pushes to it when a task frees a slot, the full bridge blocks on it (BLPOP)."""
-    return f"{PREFIX}:slot-freed:{queue}"
+    return f"{PREFIX}:slot-freed:{scope}:{queue}"
 
 
 def lease(attempt_id: str) -> str:
@@ -75,27 +84,34 @@ def pending_report(attempt_id: str) -> str:
     return f"{PREFIX}:report:{attempt_id}"
 
 
-def bridge_held() -> str:
+def bridge_held(scope: str) -> str:
     """Hash: queue -> rollouts the leading bridge holds for it, and ``unserved`` (queues nobody consumes)."""
-    return f"{PREFIX}:bridge:held"
+    return f"{PREFIX}:bridge:{scope}:held"
 
 
-def bridge_leader() -> str:
-    """Held by the one bridge that dispatches; others wait, so two bridges never double-publish."""
-    return f"{PREFIX}:bridge:leader"
+def bridge_leader(scope: str) -> str:
+    """Held by the one bridge of a deployment that dispatches; its others wait, so two never double-publish.
+
+    Scoped: the bridges of two deployments sharing a Redis each lead their own."""
+    return f"{PREFIX}:bridge:{scope}:leader"
 
 
 def ratelimit(model: str) -> str:
-    """Token bucket for one LLM model, shared by every worker on every host."""
+    """Token bucket for one LLM model, shared by every worker on every host.
+
+    Deliberately not scoped by deployment: the budget it enforces is the model endpoint's quota (``LLM_RPM``,
+    ``LLM_TPM``, ``LLM_RATE_LIMITS``), which every deployment calling that model through this Redis spends
+    together; a bucket per deployment would let each of them use the whole quota. Deployments sharing it should
+    configure the same limits for the model."""
     return f"{PREFIX}:ratelimit:{model}"
 
 
-def worker_agent(worker: str) -> str:
+def worker_agent(scope: str, worker: str) -> str:
     """The agent a worker node runs (its class path, or ``webshop``), refreshed with its slot advertisement.
 
     ``CeleryRunner.init`` reads it to tell which online workers run another agent than the trainer's.
     """
-    return f"{PREFIX}:agent:{worker}"
+    return f"{PREFIX}:agent:{scope}:{worker}"
 
 
 def fence_listing(scope: str) -> str:

@@ -12,6 +12,7 @@ from typing import Any
 
 from celery import Celery
 
+from bridge.core import tls
 from bridge.core.models import AttemptedRollout
 from bridge.core.settings import Settings
 
@@ -55,6 +56,10 @@ def base_app(settings: Settings, main: str, include: tuple[str, ...] = ()) -> Ce
         # a third of the bridge's CPU); Flower lists a task from the worker's own events once it is received.
         task_send_sent_event=False,
     )
+    use_ssl = tls.broker_use_ssl(settings)
+    if use_ssl is not None:  # rediss:// / amqps://: certificates checked unless BROKER_TLS_INSECURE (warned here)
+        app.conf.update(broker_use_ssl=use_ssl)
+        tls.warn_if_insecure(settings)
     if settings.broker_is_amqp:
         # Quorum queues are replicated and durable; Celery then drops global QoS (RabbitMQ refuses it on them),
         # so a countdown retry holds a slot until it fires (docs/operations.md, RabbitMQ as broker).

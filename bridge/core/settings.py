@@ -85,6 +85,11 @@ class Settings(BaseSettings):
     openai_api_base: HttpUrl | None = Field(
         default=None, validation_alias=AliasChoices("OPENAI_API_BASE", "openai_api_base")
     )
+    llm_key_hosts: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        validation_alias=AliasChoices("LLM_KEY_HOSTS", "llm_key_hosts"),
+        description="hosts (host or host:port) besides OPENAI_API_BASE's that may get OPENAI_API_KEY",
+    )
     model: str = Field(default="gpt-4o-mini", validation_alias=AliasChoices("WEBSHOP_MODEL", "model"))
     llm_timeout_s: float = Field(default=120.0, gt=0, validation_alias=AliasChoices("LLM_TIMEOUT_S", "llm_timeout_s"))
     llm_retries: int = Field(default=6, ge=0, le=50, validation_alias=AliasChoices("LLM_RETRIES", "llm_retries"))
@@ -153,6 +158,11 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("QUEUE_TYPE", "queue_type"),
         description="RabbitMQ only: durable classic or quorum (replicated) queues",
     )
+    broker_tls_insecure: bool = Field(
+        default=False,
+        validation_alias=AliasChoices("BROKER_TLS_INSECURE", "broker_tls_insecure"),
+        description="rediss:// and amqps:// (broker and REDIS_URL) without certificate checks; warned at start",
+    )
     default_queue: str = Field(
         default="rollouts", validation_alias=AliasChoices("CELERY_DEFAULT_QUEUE", "default_queue")
     )
@@ -206,6 +216,9 @@ class Settings(BaseSettings):
     max_queue_wait_s: float = Field(
         default=300.0, gt=0, validation_alias=AliasChoices("BRIDGE_MAX_QUEUE_WAIT_S", "max_queue_wait_s")
     )
+    max_stuck_agent_threads: int = Field(  # workers.stuck
+        default=4, ge=1, le=10000, validation_alias=AliasChoices("MAX_STUCK_AGENT_THREADS", "max_stuck_agent_threads")
+    )
     max_held: int = Field(  # bridge.dispatch.hold
         default=32, ge=1, le=10000, validation_alias=AliasChoices("BRIDGE_MAX_HELD", "max_held")
     )
@@ -258,6 +271,11 @@ class Settings(BaseSettings):
     def _parse_hooks(cls, value: Any) -> Any:
         return parse.parse_hooks(value)
 
+    @field_validator("llm_key_hosts", mode="before")
+    @classmethod
+    def _parse_key_hosts(cls, value: Any) -> Any:
+        return parse.parse_key_hosts(value)
+
     @field_validator("llm_rate_limits", mode="before")
     @classmethod
     def _parse_rate_limits(cls, value: Any) -> Any:
@@ -280,6 +298,14 @@ class Settings(BaseSettings):
     @classmethod
     def _check_redis(cls, value: str | None) -> str | None:
         return parse.check_redis_url(value)
+
+    @model_validator(mode="after")
+    def _check_tls(self) -> Settings:
+        """A URL that turns certificate checks off is refused unless BROKER_TLS_INSECURE says so."""
+        if not self.broker_tls_insecure:
+            for name, url in (("CELERY_BROKER_URL", self.broker_url), ("REDIS_URL", self.redis_url)):
+                parse.check_tls_verified(name, url)
+        return self
 
     @model_validator(mode="after")
     def _check_timeouts(self) -> Settings:

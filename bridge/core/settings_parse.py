@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from typing import Any
+from urllib.parse import parse_qsl, urlsplit
 
 from pydantic import AliasChoices, ValidationError
 from pydantic.fields import FieldInfo
@@ -41,6 +42,60 @@ def check_redis_url(value: str | None) -> str | None:
     if not is_redis_url(value):
         raise ValueError(f"expected a Redis URL ({', '.join(REDIS_SCHEMES)})")
     return value
+
+
+# Query parameters of a broker or Redis URL that turn TLS checks off (kombu and redis-py read them).
+_TLS_OFF = {
+    "ssl_cert_reqs": {"none", "optional", "cert_none", "cert_optional"},
+    "ssl_check_hostname": {"false", "0", "no", "off", "n", "f"},
+}
+
+
+def check_tls_verified(name: str, url: str | None) -> None:
+    """Raise ``ValueError`` when ``url``'s query turns certificate or host name checks off."""
+    if not url:
+        return
+    try:
+        query = parse_qsl(urlsplit(url).query)
+    except ValueError:
+        return
+    for key, value in query:
+        if value.strip().lower() in _TLS_OFF.get(key.lower(), ()):
+            raise ValueError(
+                f"{name} sets {key}={value}, which turns TLS certificate checks off: "
+                "set BROKER_TLS_INSECURE=true to allow that"
+            )
+
+
+def split_host_port(entry: str) -> tuple[str, int | None] | None:
+    """``host`` or ``host:port`` (IPv6 in brackets) as (lower-case host, port or None); None if it is neither."""
+    if not entry or any(c in entry for c in "/@?#\\ \t"):
+        return None
+    try:
+        parts = urlsplit(f"//{entry}")
+        port = parts.port
+    except ValueError:
+        return None
+    host = parts.hostname
+    if not host or port == 0:
+        return None
+    return host, port
+
+
+def parse_key_hosts(value: Any) -> Any:
+    """Comma-separated ``host`` or ``host:port`` entries, lower-cased; a host without a port means any port."""
+    entries = [p.strip() for p in value.split(",") if p.strip()] if isinstance(value, str) else value
+    if not isinstance(entries, list):
+        return value
+    hosts: list[str] = []
+    for entry in entries:
+        split = split_host_port(entry.strip()) if isinstance(entry, str) else None
+        if split is None:
+            raise ValueError(f"expected comma-separated host or host:port entries, got {entry!r}")
+        host, port = split
+        host = f"[{host}]" if ":" in host else host
+        hosts.append(host if port is None else f"{host}:{port}")
+    return hosts
 
 
 def is_import_path(value: str) -> bool:

@@ -23,6 +23,7 @@ import redis
 from kombu import Connection
 
 from bridge.core import keys
+from bridge.core.coordination import deployment_scope
 from bridge.core.redact import redact_url
 from bridge.core.settings import Settings
 
@@ -48,16 +49,18 @@ class QueueProbe(Protocol):
 
 
 class RedisQueues:
-    """Kombu's Redis lists; the publish time comes from the in-flight set in the coordination Redis."""
+    """Kombu's Redis lists; the publish time comes from the in-flight set (of deployment ``scope``) in the
+    coordination Redis."""
 
-    def __init__(self, broker: redis.Redis, coordination: redis.Redis) -> None:
+    def __init__(self, broker: redis.Redis, coordination: redis.Redis, scope: str) -> None:
         self.broker, self.coordination, self._own = broker, coordination, broker is not coordination
+        self.scope = scope
 
     def depth(self, queue: str) -> int:
         return queue_depth(self.broker, queue)
 
     def oldest_age(self, queue: str) -> float | None:
-        return oldest_message_age(self.broker, queue, self.coordination)
+        return oldest_message_age(self.broker, self.scope, queue, self.coordination)
 
     def close(self) -> None:
         if self._own:
@@ -109,9 +112,11 @@ def queues_for(settings: Settings, coordination: redis.Redis) -> QueueProbe:
     """The probe for ``CELERY_BROKER_URL``; a Redis broker on the coordination URL shares its client."""
     if settings.broker_is_amqp:
         return AmqpQueues(settings.broker_url)
+    scope = deployment_scope(settings)
     if settings.broker_url == settings.coordination_url:
-        return RedisQueues(coordination, coordination)
-    return RedisQueues(redis.Redis.from_url(settings.broker_url, socket_timeout=PROBE_TIMEOUT_S), coordination)
+        return RedisQueues(coordination, coordination, scope)
+    broker = redis.Redis.from_url(settings.broker_url, socket_timeout=PROBE_TIMEOUT_S)
+    return RedisQueues(broker, coordination, scope)
 
 
 def queue_depth(client: redis.Redis, queue: str) -> int:
@@ -133,10 +138,13 @@ def oldest_message_id(client: redis.Redis, queue: str) -> str | None:
     return task_id if isinstance(task_id, str) else None
 
 
-def oldest_message_age(client: redis.Redis, queue: str, coordination: redis.Redis | None = None) -> float | None:
-    """Seconds the oldest queued message has waited since the bridge published it (None: queue empty)."""
+def oldest_message_age(
+    client: redis.Redis, scope: str, queue: str, coordination: redis.Redis | None = None
+) -> float | None:
+    """Seconds the oldest queued message has waited since the bridge of deployment ``scope`` published it
+    (None: queue empty, or not published by it)."""
     task_id = oldest_message_id(client, queue)
     if task_id is None:
         return None
-    published = (coordination or client).zscore(keys.inflight(queue), task_id)
+    published = (coordination or client).zscore(keys.inflight(scope, queue), task_id)
     return max(0.0, time.time() - float(published)) if published is not None else None

@@ -27,7 +27,9 @@ slot and the broker taking the message, which kombu's publish retries make secon
 publish whose clean-up failed too): any message it had has expired, so its slot is freed and its
 attempt, if still ours and ``preparing``, handed back.
 
-Only one bridge dispatches at a time (``bridge.dispatch.leader``); others wait as hot standbys.
+Only one bridge of a deployment dispatches at a time (``bridge.dispatch.leader``); others wait as hot
+standbys. Every Redis key the loop uses is scoped by its Store (``self.scope``), so deployments sharing a
+Redis neither count each other's slots nor contend for one lock.
 """
 
 from __future__ import annotations
@@ -41,8 +43,10 @@ from typing import Protocol
 import redis
 
 from bridge.core import capacity, handback
+from bridge.core.coordination import deployment_scope
 from bridge.core.errors import PublishError, StoreError, UnknownIdError
 from bridge.core.models import ACTIVE_ATTEMPT, AttemptedRollout, AttemptStatus, RolloutStatus
+from bridge.core.redact import redact_url
 from bridge.core.settings import Settings
 from bridge.core.store import StoreClient
 from bridge.dispatch import broker, metrics, placement
@@ -56,6 +60,7 @@ log = logging.getLogger("bridge.dispatch.dispatcher")
 FULL_CAPACITY_WAIT_S = 0.2
 UNEXPECTED_ERROR_WAIT_S = 1.0
 GAUGES_EVERY_S = 1.0
+SCOPE_CHECK_EVERY_S = 60.0
 
 
 class StopSignal(Protocol):
@@ -81,7 +86,8 @@ class Dispatcher:
         self.publisher = publisher
         self.stop: StopSignal = stop if stop is not None else threading.Event()
         self.queues = settings.all_queues()
-        self._lock = LeaderLock(redis_client, settings.dispatcher_id)
+        self.scope = deployment_scope(settings)  # of every Redis key this deployment owns (bridge.core.keys)
+        self._lock = LeaderLock(redis_client, settings.dispatcher_id, scope=self.scope)
         self._next_reconcile = 0.0
         self._store_failures = 0
         self._broker_failures = 0
@@ -94,11 +100,18 @@ class Dispatcher:
         self._coalescer = Coalescer(settings.coalesce_max_s)
         # Longer than it takes every live executor to renew its lease (one heartbeat) after Redis lost them.
         self.confirm_s = 2 * settings.heartbeat_interval_s + 5.0
+        self._next_scope_check = 0.0  # monotonic: when to look again for workers of another Store URL
 
     # --- the loop ------------------------------------------------------------------------------
 
     def run(self) -> None:
-        log.info("bridge %s dispatching to queues %s", self.settings.dispatcher_id, ", ".join(self.queues))
+        log.info(
+            "bridge %s dispatching to queues %s for Store %s (Redis key scope %s)",
+            self.settings.dispatcher_id,
+            ", ".join(self.queues),
+            redact_url(self.settings.store_base),
+            self.scope,
+        )
         try:
             while not self.stop.is_set():
                 self.stop.wait(self._tick_surviving())
@@ -108,6 +121,7 @@ class Dispatcher:
             self._lock.release()
             if self._probe is not None:
                 self._probe.close()
+            self.publisher.close()
         log.info("bridge stopped")
 
     def _tick_surviving(self) -> float:
@@ -130,7 +144,9 @@ class Dispatcher:
         try:
             if not self._ensure_leader():
                 return 2.0
-            view = capacity.read_slots(self.redis, self.queues)
+            if time.monotonic() >= self._next_reconcile:
+                self.reconcile()  # before the slots are read: what it re-publishes takes slots this tick sees
+            view = capacity.read_slots(self.redis, self.scope, self.queues)
             self._broker_failures = 0
         except redis.RedisError as exc:
             metrics.BROKER_ERRORS.inc()
@@ -138,8 +154,6 @@ class Dispatcher:
             wait = min(10.0, 0.5 * 2 ** min(self._broker_failures, 5))
             log.warning("broker unreachable (%r); not dequeuing, retry in %.1fs", exc, wait)
             return wait
-        if time.monotonic() >= self._next_reconcile:
-            self.reconcile()
         rooms, served = view.rooms(), view.served()
         if time.monotonic() >= self._next_gauges:  # observability only: once a second, not every tick
             self._next_gauges = time.monotonic() + GAUGES_EVERY_S
@@ -241,7 +255,7 @@ class Dispatcher:
         queue = self.settings.queue_for_mode(rollout.mode)
         aid = rollout.attempt.attempt_id
         try:
-            capacity.mark_inflight(self.redis, queue, aid)
+            capacity.mark_inflight(self.redis, self.scope, queue, aid)
             self.publisher.publish(rollout, queue)
         except (PublishError, redis.RedisError) as exc:
             metrics.BROKER_ERRORS.inc()
@@ -308,8 +322,8 @@ class Dispatcher:
             inflight: dict[str, str] = {}
             recorded: dict[str, float] = {}  # attempt id -> when its in-flight entry was recorded
             for queue in self.queues:
-                capacity.prune_stale(self.redis, queue, self.settings.redelivery_timeout_s)
-                entries = capacity.inflight_entries(self.redis, queue)
+                capacity.prune_stale(self.redis, self.scope, queue, self.settings.redelivery_timeout_s)
+                entries = capacity.inflight_entries(self.redis, self.scope, queue)
                 inflight.update(dict.fromkeys(entries, queue))
                 recorded.update(entries)
             active = {
@@ -431,24 +445,49 @@ class Dispatcher:
         (``bridge.dispatch.coalesce``), so that slots freed meanwhile share the next dequeue.
         """
         try:
-            woken = capacity.wait_for_freed(self.redis, self.queues, FULL_CAPACITY_WAIT_S)
+            woken = capacity.wait_for_freed(self.redis, self.scope, self.queues, FULL_CAPACITY_WAIT_S)
         except redis.RedisError:
             return FULL_CAPACITY_WAIT_S  # the next tick's slot count reports the outage
         return self._coalescer.wait_s(gather_for) if woken and gather_for else 0.0
 
     def _forget_inflight(self, queue: str, attempt_id: str) -> None:
         try:
-            capacity.clear_inflight(self.redis, queue, attempt_id)
+            capacity.clear_inflight(self.redis, self.scope, queue, attempt_id)
         except redis.RedisError:
             pass
 
+    def _warn_about_other_scopes(self) -> None:
+        """No worker serves any of our queues: once a minute, say so when workers list themselves on them under
+        another Store's scope, as when this bridge and its workers spell the Store's URL differently
+        (``bridge.core.coordination.deployment_scope``). One keyspace walk a minute, only while idle so."""
+        now = time.monotonic()
+        if now < self._next_scope_check:
+            return
+        self._next_scope_check = now + SCOPE_CHECK_EVERY_S
+        try:
+            others = capacity.listed_scopes(self.redis, self.queues) - {self.scope}
+        except redis.RedisError:
+            return
+        if others:
+            log.warning(
+                "no worker of this Store (%s, Redis key scope %s) consumes queues %s, but workers list themselves "
+                "on them under other scopes %s: if they are this deployment's, give them and this bridge the same "
+                "AGENT_LIGHTNING_STORE_URL (docs/operations.md, several deployments on one Redis)",
+                redact_url(self.settings.store_base),
+                self.scope,
+                ", ".join(self.queues),
+                ", ".join(sorted(others)),
+            )
+
     def _update_gauges(self, free: dict[str, int], served: set[str]) -> None:
+        if not served:
+            self._warn_about_other_scopes()
         held = self._hold.by_queue()
         for queue in self.queues:
             metrics.HELD.labels(queue).set(held.get(queue, 0))
             metrics.UNSERVED.labels(queue).set(0 if queue in served else 1)
         try:
-            capacity.record_held(self.redis, held, served)
+            capacity.record_held(self.redis, self.scope, held, served)
         except redis.RedisError:
             pass
         if self._probe is None:
@@ -456,10 +495,11 @@ class Dispatcher:
         try:
             for queue in self.queues:
                 metrics.FREE_SLOTS.labels(queue).set(free.get(queue, 0))
-                metrics.IN_FLIGHT.labels(queue).set(capacity.inflight_count(self.redis, queue))
+                metrics.IN_FLIGHT.labels(queue).set(capacity.inflight_count(self.redis, self.scope, queue))
                 metrics.QUEUE_DEPTH.labels(queue).set(self._probe.depth(queue))
                 metrics.OLDEST_QUEUED_AGE.labels(queue).set(self._probe.oldest_age(queue) or 0.0)
-                metrics.OLDEST_IN_FLIGHT_AGE.labels(queue).set(capacity.oldest_inflight_age(self.redis, queue) or 0.0)
+                oldest = capacity.oldest_inflight_age(self.redis, self.scope, queue)
+                metrics.OLDEST_IN_FLIGHT_AGE.labels(queue).set(oldest or 0.0)
         except (redis.RedisError, broker.BrokerReadError):
             pass
 

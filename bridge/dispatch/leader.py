@@ -1,8 +1,9 @@
-"""The dispatch lock: only one bridge dispatches at a time, the others stand by as hot standbys.
+"""The dispatch lock: only one bridge of a deployment dispatches at a time, the others stand by as hot standbys.
 
 A Redis key holding a token unique to this process, renewed by the dispatch loop on every tick and
 expiring ``LEADER_TTL_S`` after the last renewal, so a killed leader is replaced within that long and two
-bridges never publish the same rollouts.
+bridges never publish the same rollouts. The key is scoped by the deployment's Store
+(``bridge.core.coordination.deployment_scope``): the bridges of two Stores sharing one Redis each lead.
 """
 
 from __future__ import annotations
@@ -22,14 +23,15 @@ LEADER_TTL_S = 15
 
 
 class LeaderLock:
-    def __init__(self, client: redis.Redis, dispatcher_id: str) -> None:
+    def __init__(self, client: redis.Redis, dispatcher_id: str, *, scope: str) -> None:
         self.redis = client
+        self.key = keys.bridge_leader(scope)
         self.token = f"{dispatcher_id}:{uuid.uuid4().hex[:8]}"
         self.held = False
 
     def ensure(self) -> tuple[bool, bool]:
         """Renew or take the lock; returns (this bridge dispatches, it has just started to). Raises RedisError."""
-        key, ttl_ms = keys.bridge_leader(), LEADER_TTL_S * 1000
+        key, ttl_ms = self.key, LEADER_TTL_S * 1000
         if self.held and locks.renew(self.redis, key, self.token, ttl_ms):
             return True, False
         was_held = self.held
@@ -44,13 +46,13 @@ class LeaderLock:
     def release(self) -> None:
         if self.held:
             try:
-                locks.release(self.redis, keys.bridge_leader(), self.token)
+                locks.release(self.redis, self.key, self.token)
             except redis.RedisError:
                 pass
             self.held = False
 
 
-def dispatching(client: redis.Redis) -> bool:
-    """Whether some dispatch loop (``python -m bridge`` or ``CeleryRunner.iter``) holds the lock now, so a
-    rollout the Store puts back in its queue will be dequeued again. Raises RedisError."""
-    return bool(client.exists(keys.bridge_leader()))
+def dispatching(client: redis.Redis, scope: str) -> bool:
+    """Whether some dispatch loop of the deployment ``scope`` (``python -m bridge`` or ``CeleryRunner.iter``)
+    holds the lock now, so a rollout the Store puts back in its queue will be dequeued again. Raises RedisError."""
+    return bool(client.exists(keys.bridge_leader(scope)))

@@ -82,6 +82,13 @@ class Publisher:
             raise PublishError(f"broker did not take rollout {rollout.rollout_id}: {exc!r}") from exc
         log.debug("published %s to %s in %.1f ms", describe(rollout), queue, (time.perf_counter() - started) * 1e3)
 
+    def close(self) -> None:
+        """Close the broker connections and pools of this publisher's Celery app (idempotent)."""
+        try:
+            self.app.close()
+        except Exception as exc:  # closing must never hide what stopped the loop
+            log.warning("could not close the publisher's broker connections: %r", exc)
+
 
 def clamp_timeout(rollout: AttemptedRollout, settings: Settings) -> AttemptedRollout:
     """The rollout as it is published: unchanged, or with ``timeout_seconds`` lowered to what the broker covers."""

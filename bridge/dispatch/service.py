@@ -11,7 +11,7 @@ from types import FrameType
 import redis
 
 from bridge.core.capacity import advertised_agents
-from bridge.core.coordination import coordination_redis
+from bridge.core.coordination import coordination_redis, deployment_scope
 from bridge.core.logs import configure_logging
 from bridge.core.message import DEFAULT_AGENT
 from bridge.core.redact import redact_url
@@ -68,7 +68,7 @@ def _warn_about_other_agents(client: redis.Redis, settings: Settings) -> None:
     its class, which the bridge cannot know without importing it.
     """
     try:
-        advertised = advertised_agents(client, settings.all_queues())
+        advertised = advertised_agents(client, deployment_scope(settings), settings.all_queues())
     except redis.RedisError:
         return  # the dispatcher reports Redis problems itself
     builtin = settings.agent == DEFAULT_AGENT

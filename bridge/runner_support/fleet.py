@@ -1,8 +1,9 @@
 """Which agent the trainer expects, and which online worker nodes run another one.
 
 A worker node is told its agent by its operator (``AGENT``) and advertises the agent's import path in Redis
-beside its slots (``bridge.core.keys.worker_agent``). A message never makes a worker import anything: it
-only names the agent the sender expects, and a worker running another refuses it. So a trainer whose agent
+beside its slots (``bridge.core.keys.worker_agent``, scoped by its deployment's Store like the slots). A
+message never makes a worker import anything: it only names the agent the sender expects, and a worker
+running another refuses it. So a trainer whose agent
 no worker runs would see its rollouts refused one by one; ``CeleryRunner.init`` reads the advertisements
 first and fails at once, naming the workers that disagree.
 """
@@ -14,7 +15,7 @@ from typing import Any
 
 import redis
 
-from bridge.core.capacity import advertised_agents
+from bridge.core.capacity import advertised_agents, listed_scopes
 from bridge.core.message import agent_identity
 
 log = logging.getLogger("bridge.runner")
@@ -50,17 +51,23 @@ def agent_path(agent: Any) -> str:
     return agent_identity(agent)
 
 
-def check_fleet(client: redis.Redis, queues: list[str], expected: str) -> dict[str, str | None]:
-    """Raise AgentMismatchError when a live worker runs another agent; returns what was read.
+def check_fleet(client: redis.Redis, scope: str | None, queues: list[str], expected: str) -> dict[str, str | None]:
+    """Raise AgentMismatchError when a live worker of the deployment ``scope`` runs another agent; returns
+    what was read (``bridge.core.coordination.deployment_scope``: workers of other Stores are not looked at).
+    With ``scope`` None (the Store is not known yet) the workers of every Store on ``queues`` are checked.
 
     No worker online is not an error (workers may start after the trainer: rollouts wait in the Store
     until one does), only a warning; a node that advertises slots but no agent yet is logged and let be.
     """
-    advertised = advertised_agents(client, queues)
+    advertised: dict[str, str | None] = {}
+    for each in sorted(listed_scopes(client, queues)) if scope is None else [scope]:
+        advertised.update(advertised_agents(client, each, queues))
     if not advertised:
         log.warning(
-            "no worker consumes queues %s yet: rollouts wait in the Store until one starts with AGENT=%s",
+            "no worker consumes queues %s yet%s: rollouts wait in the Store until one starts with AGENT=%s and "
+            "names the Store by the same URL (AGENT_LIGHTNING_STORE_URL)",
             ", ".join(queues),
+            f" for this Store (Redis key scope {scope})" if scope else "",
             expected,
         )
         return advertised

@@ -78,7 +78,7 @@ def main(args: argparse.Namespace) -> int:
         rollout_ids = _enqueue(store, args.rollouts, args.split)
         say(f"enqueued {len(rollout_ids)} rollouts from the WebShop {args.split} split")
         started = time.time()
-        finished = _follow(store, broker, settings.all_queues(), rollout_ids, started, args.timeout)
+        finished = _follow(store, broker, stack.scope, settings.all_queues(), rollout_ids, started, args.timeout)
         summary = _summary(store, rollout_ids, finished, time.time() - started, stack)
         show(render(summary), sys.stdout)
         if args.json:
@@ -175,14 +175,22 @@ def _enqueue(store: StoreClient, count: int, split: str) -> list[str]:
 
 
 def _follow(
-    store: StoreClient, broker: redis.Redis, queues: list[str], ids: list[str], started: float, timeout_s: float
+    store: StoreClient,
+    broker: redis.Redis,
+    scope: str,
+    queues: list[str],
+    ids: list[str],
+    started: float,
+    timeout_s: float,
 ) -> dict[str, str]:
-    """Poll the Store until every rollout finished (or the timeout); returns rollout id -> final status."""
+    """Poll the Store until every rollout finished (or the timeout); returns rollout id -> final status.
+
+    ``scope`` is the stack's Redis key scope (its Store's), whose in-flight sets the progress line counts."""
     progress = Progress(len(ids), started, sys.stderr)
 
     def show(finished: Mapping[str, str]) -> None:
         try:
-            in_flight = sum(capacity.inflight_count(broker, q) for q in queues)
+            in_flight = sum(capacity.inflight_count(broker, scope, q) for q in queues)
         except redis.RedisError:
             in_flight = -1
         progress.update(finished, in_flight)

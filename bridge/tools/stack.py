@@ -51,6 +51,7 @@ class StackConfig:
     concurrency: int = 4
     pool: str = "prefork"
     queues: str | None = None
+    worker_name: str = "worker"  # node names are <worker_name>N@<host> (unique across stacks sharing a broker)
     flower: bool = False
     flower_port: int | None = None
     bridge: bool = True
@@ -62,6 +63,7 @@ class StackConfig:
     env_error_rate: float = 0.0  # fault tests: share of WebShop /reset and /step answered 503
     env_timeout_rate: float = 0.0  # fault tests: share that stall for env_stall_s first
     env_stall_s: float = 60.0
+    env_nan_reward_rate: float = 0.0  # fault tests: share of purchases the WebShop server answers with reward NaN
     broker_persistent: bool = False  # a started Redis keeps an append-only file, so a restart loses nothing
     store_tracker: str | None = None
     log_dir: Path | None = None
@@ -194,6 +196,8 @@ class LocalStack:
                 str(self.config.env_timeout_rate),
             ]
             argv += ["--stall-s", str(self.config.env_stall_s)]
+        if self.config.env_nan_reward_rate:
+            argv += ["--nan-reward-rate", str(self.config.env_nan_reward_rate)]
         self._spawn("webshop", argv, lambda: http_ok(f"{url}/health", {"status": "ok"}), timeout=60)
         self.webshop_url = url
         say(f"webshop: started the offline WebShop server at {url}")
@@ -233,13 +237,14 @@ class LocalStack:
         prefix: list[str] | None = None,
         node_host: str | None = None,
     ) -> ManagedProcess:
-        """One more Celery worker node (``workerN@host``); up once it advertises its slots in Redis.
+        """One more Celery worker node (``workerN@host``, ``StackConfig.worker_name``); up once it advertises its
+        slots in Redis, under this stack's Store scope.
 
         ``prefix`` runs it through another command (the cluster harness: ``ip netns exec ...``), on a machine
         whose host name is ``node_host`` (default: this one's), which names the node.
         """
         self._worker_seq += 1
-        name = f"worker{self._worker_seq}"
+        name = f"{self.config.worker_name}{self._worker_seq}"
         celery = find_executable("celery") or "celery"
         argv = [
             *(prefix or []),
@@ -274,7 +279,7 @@ class LocalStack:
         """The worker's slot key exists: it is consuming, and the bridge counts its slots (``bridge.core.capacity``)."""
         try:
             client = redis.Redis.from_url(self.redis_url or self.broker_url, socket_timeout=1)
-            return any(True for _ in client.scan_iter(match=keys.worker_capacity_pattern(hostname)))
+            return any(True for _ in client.scan_iter(match=keys.worker_capacity_pattern(self.scope, hostname)))
         except redis.RedisError:
             return False
 
@@ -306,7 +311,7 @@ class LocalStack:
             self._leader_changed_hands(),
             env=self.component_env(),
             timeout=30,
-            waiting_for=f"taking the leader lock {keys.bridge_leader()} (does another bridge hold it?)",
+            waiting_for=f"taking the leader lock {keys.bridge_leader(self.scope)} (does another bridge hold it?)",
         )
 
     def _leader_changed_hands(self) -> Callable[[], bool]:
@@ -315,17 +320,19 @@ class LocalStack:
         Only the dispatching bridge writes that key (``bridge.dispatch.dispatcher``: a fresh token per
         process), so a new value is the new bridge dispatching, whereas its log says "dispatching" even
         while it stands by. The lock of a bridge killed just before lapses on its own (its TTL), so a
-        restarted bridge passes once it took over.
+        restarted bridge passes once it took over. The lock is this stack's Store's: a bridge of another
+        Store on the same Redis leads its own.
         """
         client = redis.Redis.from_url(self.redis_url or self.broker_url, socket_timeout=1)
+        key = keys.bridge_leader(self.scope)
         try:
-            before = client.get(keys.bridge_leader())
+            before = client.get(key)
         except redis.RedisError:
             before = None
 
         def took_over() -> bool:
             try:
-                now = client.get(keys.bridge_leader())
+                now = client.get(key)
             except redis.RedisError:
                 return False
             return now is not None and now != before
@@ -381,6 +388,12 @@ class LocalStack:
 
     def process(self, name: str) -> ManagedProcess:
         return self.processes[name]
+
+    @property
+    def scope(self) -> str:
+        """The scope of this stack's Redis keys (its Store's: ``bridge.core.keys.store_scope``), as its workers
+        and bridge compute it from ``AGENT_LIGHTNING_STORE_URL``; set once the Store is known."""
+        return keys.store_scope(self.store_url)
 
     def urls(self) -> dict[str, str | None]:
         """Where each part of the stack listens (None: not started), for the demo's summary."""

@@ -2,9 +2,10 @@
 
 Reads only: the Store's REST API, the broker's queues (Redis lists, or RabbitMQ depths by passive declare;
 bridge.dispatch.broker), the coordination Redis (in-flight sets and the slots the workers advertise, see
-bridge.core.capacity) and one Celery ``inspect active`` broadcast for the rollouts each
-worker is running. A part that does not answer is reported as such instead of failing the command, so
-the command is most useful exactly when something is broken. ``--json`` prints one object per refresh.
+bridge.core.capacity; only this deployment's, scoped by its Store: bridge.core.keys) and one Celery
+``inspect active`` request, sent to those workers only, for the rollouts each is running. A part that does
+not answer is reported as such instead of failing the command, so the command is most useful exactly when
+something is broken. ``--json`` prints one object per refresh.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 import redis
 
 from bridge.core import capacity, keys
-from bridge.core.coordination import coordination_redis
+from bridge.core.coordination import coordination_redis, deployment_scope
 from bridge.core.errors import StoreError
 from bridge.core.models import RolloutStatus
 from bridge.core.redact import redact_text, redact_url
@@ -124,8 +125,10 @@ def _broker_part(settings: Settings, client: redis.Redis) -> tuple[dict[str, Any
     part["kind"] = "rabbitmq" if settings.broker_is_amqp else "redis"
     if settings.redis_url:
         part["coordination_url"] = redact_url(settings.redis_url)
+    scope = deployment_scope(settings)
+    part["scope"] = scope
     try:
-        prefix = keys.capacity("", "").rstrip(":")
+        prefix = keys.capacity(scope, "", "").rstrip(":")
         for key in client.scan_iter(match=f"{prefix}*", count=500):
             name = key.decode() if isinstance(key, bytes) else str(key)
             queue, _, worker = name[len(prefix) :].strip(":").rpartition(":")
@@ -133,14 +136,14 @@ def _broker_part(settings: Settings, client: redis.Redis) -> tuple[dict[str, Any
             entry = workers.setdefault(worker, {"name": worker, "queues": [], "slots": 0, "active": []})
             entry["queues"].append(queue)
             entry["slots"] += int(slots or 0)
-        held, unserved = capacity.read_held(client)
+        held, unserved = capacity.read_held(client, scope)
         part["unserved"] = unserved
         queues = set(settings.all_queues()) | {q for w in workers.values() for q in w["queues"]} | set(held)
         for queue in sorted(queues):
-            slots = capacity.total_slots(client, queue)
-            inflight = capacity.inflight_count(client, queue)
+            slots = capacity.total_slots(client, scope, queue)
+            inflight = capacity.inflight_count(client, scope, queue)
             oldest_queued = probe.oldest_age(queue)
-            oldest_inflight = capacity.oldest_inflight_age(client, queue)
+            oldest_inflight = capacity.oldest_inflight_age(client, scope, queue)
             part["queues"][queue] = {
                 "depth": probe.depth(queue),
                 "oldest_queued_s": _round(oldest_queued),
@@ -159,12 +162,17 @@ def _broker_part(settings: Settings, client: redis.Redis) -> tuple[dict[str, Any
 
 
 def _add_active(workers: dict[str, dict[str, Any]], settings: Settings) -> None:
-    """Ask the workers what they run; the description is the task's kwargsrepr (ids, instruction start)."""
+    """Ask this deployment's workers what they run; the description is the task's kwargsrepr (ids, instruction
+    start). Only the nodes that advertise slots for this Store are asked: another deployment's workers on the
+    same broker answer a broadcast too."""
+    if not workers:
+        return
     try:
         from bridge.core.message import base_app
 
         app = base_app(settings, "bridge-status")
-        replies = app.control.inspect(timeout=INSPECT_TIMEOUT_S).active(safe=True) or {}
+        inspect = app.control.inspect(destination=sorted(workers), timeout=INSPECT_TIMEOUT_S)
+        replies = inspect.active(safe=True) or {}
     except Exception as exc:  # a broadcast is best effort: never let it hide the rest of the report
         for entry in workers.values():
             entry["active_error"] = repr(exc)
@@ -194,6 +202,8 @@ def render(report: dict[str, Any]) -> str:
     lines.append(f"Broker  {brk['url']}  {'ok' if brk['ok'] else 'DOWN: ' + str(brk['error'])}")
     if brk.get("coordination_url"):
         lines.append(f"  coordination Redis {brk['coordination_url']}")
+    if brk.get("scope"):
+        lines.append(f"  Redis key scope {brk['scope']} (this Store's workers, slots and leader lock)")
     if brk["queues"]:
         header = f"  {'queue':<20} {'depth':>6} {'oldest':>8} {'in flight':>9} {'slots':>6} {'free':>5} {'held':>5}"
         lines.append(header)

@@ -108,7 +108,7 @@ def test_reconcile_spares_leased_attempts_and_repairs_the_rest_only_when_confirm
         time.sleep(1.2)
         assert dispatcher.reconcile() == 1
         assert publisher.published == [stranded]  # never the leased one
-        assert stranded in capacity.inflight_ids(client, settings.default_queue)
+        assert stranded in capacity.inflight_ids(client, dispatcher.scope, settings.default_queue)
     finally:
         client.delete(keys.lease(running))
         client.close()
@@ -128,7 +128,7 @@ def test_reconcile_frees_in_flight_entries_no_message_carries_and_hands_their_at
     killed, cleanup_failed, young, running = store.dequeue(4, settings.dispatcher_id)
     store.update_rollout(cleanup_failed.rollout_id, status="requeuing")  # its hand-back went through
     for item, recorded in ((killed, old), (cleanup_failed, old), (young, time.time()), (running, old)):
-        client.zadd(keys.inflight(queue), {item.attempt.attempt_id: recorded})
+        client.zadd(keys.inflight(clean_store.scope, queue), {item.attempt.attempt_id: recorded})
     client.set(keys.started(running.attempt.attempt_id), "1", px=60_000)
     client.set(keys.lease(running.attempt.attempt_id), "some-executor", px=60_000)
     publisher = _RecordingPublisher()
@@ -141,7 +141,7 @@ def test_reconcile_frees_in_flight_entries_no_message_carries_and_hands_their_at
         # The killed publish is repaired by the rule for stranded attempts: re-published while its attempt is
         # young enough to start in time (here, where only the entry was aged), else handed back.
         assert publisher.published == [killed.attempt.attempt_id]
-        entries = capacity.inflight_entries(client, queue)
+        entries = capacity.inflight_entries(client, dispatcher.scope, queue)
         assert set(entries) == {killed.attempt.attempt_id, young.attempt.attempt_id, running.attempt.attempt_id}
         assert entries[killed.attempt.attempt_id] > old + 5  # recorded again by the new publish
         assert rollout(clean_store.store_url, cleanup_failed.rollout_id)["status"] == "requeuing"  # left alone
@@ -197,8 +197,8 @@ def test_the_bridge_warns_at_start_when_online_workers_run_another_agent(
     nodes = {f"celery@test-{uuid.uuid4().hex[:6]}": agent for agent in ("pkg.agents:CalcAgent", "webshop")}
     try:
         for node, agent in nodes.items():
-            capacity.advertise(client, node, ["rollouts"], 2)
-            client.set(keys.worker_agent(node), agent, ex=60)
+            capacity.advertise(client, clean_store.scope, node, ["rollouts"], 2)
+            client.set(keys.worker_agent(clean_store.scope, node), agent, ex=60)
         for bridge_agent, named in (("webshop", "pkg.agents:CalcAgent"), ("pkg.agents:make_agent", "'webshop'")):
             caplog.clear()
             settings = load_settings(
@@ -210,5 +210,5 @@ def test_the_bridge_warns_at_start_when_online_workers_run_another_agent(
             assert f"AGENT={bridge_agent}" in record and named in record and record.count(" runs ") == 1, record
     finally:
         for node in nodes:
-            capacity.withdraw(client, node, ["rollouts"])
-            client.delete(keys.worker_agent(node))
+            capacity.withdraw(client, clean_store.scope, node, ["rollouts"])
+            client.delete(keys.worker_agent(clean_store.scope, node))

@@ -45,10 +45,10 @@ def _wait(predicate: object, timeout_s: float, what: str) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def _queue_of(client: redis.Redis, attempt_id: str) -> str | None:
-    for name in client.scan_iter(match=keys.inflight("*")):
-        queue = (name.decode() if isinstance(name, bytes) else str(name)).removeprefix(keys.inflight(""))
-        if attempt_id in capacity.inflight_ids(client, queue):
+def _queue_of(client: redis.Redis, scope: str, attempt_id: str) -> str | None:
+    for name in client.scan_iter(match=keys.inflight(scope, "*")):
+        queue = (name.decode() if isinstance(name, bytes) else str(name)).removeprefix(keys.inflight(scope, ""))
+        if attempt_id in capacity.inflight_ids(client, scope, queue):
             return queue
     return None
 
@@ -59,7 +59,8 @@ def test_an_expired_duplicate_of_a_running_attempt_keeps_its_slot(slow_stack: Lo
     _wait(lambda: attempts(store, rid) and attempts(store, rid)[-1]["status"] == "running", 60, "a running attempt")
     view = rollout(store, rid)
     aid = view["attempt"]["attempt_id"]
-    queue = _queue_of(client, aid)
+    scope = slow_stack.scope
+    queue = _queue_of(client, scope, aid)
     assert queue is not None and client.exists(keys.lease(aid))
     app = Celery("duplicate", broker=slow_stack.broker_url)
     app.conf.update(task_serializer="json", accept_content=["json"], task_create_missing_queues=True)
@@ -73,10 +74,10 @@ def test_an_expired_duplicate_of_a_running_attempt_keeps_its_slot(slow_stack: Lo
     log = slow_stack.workers[0].log_path
     _wait(lambda: f"Discarding revoked task: {TASK_NAME}[{aid}]" in log.read_text(), 20, "the duplicate discarded")
     if client.exists(keys.lease(aid)):  # the live execution still runs: its slot must still be counted
-        assert aid in capacity.inflight_ids(client, queue)
+        assert aid in capacity.inflight_ids(client, scope, queue)
     else:
         pytest.fail("the episode ended before the duplicate was discarded: make the LLM slower")
     finished = wait_finished(store, [rid], timeout_s=120)
     assert finished[rid]["status"] == "succeeded"
     assert len(attempts(store, rid)) == 1
-    assert aid not in capacity.inflight_ids(client, queue)  # freed by the executor that ran it
+    assert aid not in capacity.inflight_ids(client, scope, queue)  # freed by the executor that ran it

@@ -236,7 +236,7 @@ def test_a_message_for_another_agent_fails_with_class_agent_naming_both(services
     stack = _stack(services, tmp_path, f"{AGENTS}:make_float_agent", bridge=False)
     try:
         client = redis.Redis.from_url(stack.broker_url)
-        [node] = [k.decode() for k in client.scan_iter(match=keys.worker_agent("*"))]
+        [node] = [k.decode() for k in client.scan_iter(match=keys.worker_agent(stack.scope, "*"))]
         assert client.get(node) == f"{AGENTS}:FloatAgent".encode()
         expected = ["webshop", f"{AGENTS}:AsyncAgent", f"{AGENTS}:FloatAgent", f"{AGENTS}:make_float_agent"]
         enqueue(stack.store_url, [{"question": "q", "reward": 0.5}] * len(expected))

@@ -65,6 +65,7 @@ class Sampler:
 
     def __init__(self, stack: LocalStack) -> None:
         self.redis = redis.Redis.from_url(stack.redis_url)
+        self.scope = stack.scope
         self.probe = AmqpQueues(stack.broker_url)
         self.samples: list[tuple[int, int, int]] = []
         self._stop = threading.Event()
@@ -72,8 +73,9 @@ class Sampler:
 
     def _run(self) -> None:
         while not self._stop.wait(0.05):
-            inflight = capacity.inflight_count(self.redis, QUEUE)
-            self.samples.append((inflight, capacity.total_slots(self.redis, QUEUE), self.probe.depth(QUEUE)))
+            inflight = capacity.inflight_count(self.redis, self.scope, QUEUE)
+            slots = capacity.total_slots(self.redis, self.scope, QUEUE)
+            self.samples.append((inflight, slots, self.probe.depth(QUEUE)))
 
     def __enter__(self) -> Sampler:
         self._thread.start()

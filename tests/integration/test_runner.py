@@ -149,7 +149,7 @@ def test_a_failing_step_raises_with_the_workers_error_and_failure_class(cluster:
 def test_a_step_the_store_retries_raises_at_once_when_no_dispatch_loop_runs(cluster: LocalStack) -> None:
     """The Store requeues the failed first attempt; with no loop to dequeue it, step says so instead of
     waiting out the rollout's budget (minutes) for a retry nobody will start."""
-    redis.Redis.from_url(cluster.broker_url).delete(keys.bridge_leader())
+    redis.Redis.from_url(cluster.broker_url).delete(keys.bridge_leader(cluster.scope))
     runner = CeleryRunner(broker_url=cluster.broker_url)
     started = time.monotonic()
     with (

@@ -20,6 +20,10 @@ from bridge.tools.procs import ManagedProcess, StackError, free_port, http_ok, s
 from bridge.tools.stack import LocalStack, StackConfig
 from tests.helpers import TEST_REDIS_URL
 
+STORE_URL = "http://store.test:4747"  # never contacted: it only names the stacks' deployment (their key scope)
+SCOPE = keys.store_scope(STORE_URL)
+OTHER_SCOPE = keys.store_scope("http://other-store.test:4747")  # another deployment on the same Redis
+
 
 def test_free_port_can_be_bound() -> None:
     port = free_port()
@@ -59,29 +63,31 @@ def test_process_tree_readings_include_children() -> None:
 @pytest.fixture
 def client() -> Iterator[redis.Redis]:
     conn = redis.Redis.from_url(TEST_REDIS_URL, socket_timeout=5)
-    conn.delete(keys.bridge_leader())
+    conn.delete(keys.bridge_leader(SCOPE), keys.bridge_leader(OTHER_SCOPE))
     yield conn
-    conn.delete(keys.bridge_leader())
+    conn.delete(keys.bridge_leader(SCOPE), keys.bridge_leader(OTHER_SCOPE))
     conn.close()
 
 
 def test_bridge_is_up_once_the_leader_lock_changes_hands(client: redis.Redis, tmp_path: Path) -> None:
-    stack: Any = LocalStack(StackConfig(broker_url=TEST_REDIS_URL, log_dir=tmp_path))
-    client.set(keys.bridge_leader(), "celery-bridge:old")  # a killed bridge's lock, not yet lapsed
+    stack: Any = LocalStack(StackConfig(store_url=STORE_URL, broker_url=TEST_REDIS_URL, log_dir=tmp_path))
+    client.set(keys.bridge_leader(SCOPE), "celery-bridge:old")  # a killed bridge's lock, not yet lapsed
     probe = stack._leader_changed_hands()
     assert not probe()
-    client.delete(keys.bridge_leader())
+    client.delete(keys.bridge_leader(SCOPE))
     assert not probe()
-    client.set(keys.bridge_leader(), "celery-bridge:new")
+    client.set(keys.bridge_leader(OTHER_SCOPE), "celery-bridge:theirs")
+    assert not probe()  # another Store's bridge on the same Redis leads its own deployment
+    client.set(keys.bridge_leader(SCOPE), "celery-bridge:new")
     assert probe()
 
 
 def test_a_worker_is_up_once_it_advertises_slots(client: redis.Redis, tmp_path: Path) -> None:
-    stack: Any = LocalStack(StackConfig(broker_url=TEST_REDIS_URL, log_dir=tmp_path))
+    stack: Any = LocalStack(StackConfig(store_url=STORE_URL, broker_url=TEST_REDIS_URL, log_dir=tmp_path))
     worker = f"unit{time.monotonic_ns()}@host"
     assert not stack._worker_advertised(worker)
-    client.set(keys.capacity("rollouts", worker), 4, ex=30)
+    client.set(keys.capacity(SCOPE, "rollouts", worker), 4, ex=30)
     try:
         assert stack._worker_advertised(worker)
     finally:
-        client.delete(keys.capacity("rollouts", worker))
+        client.delete(keys.capacity(SCOPE, "rollouts", worker))

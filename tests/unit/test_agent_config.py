@@ -79,8 +79,8 @@ def test_the_message_names_the_expected_agent_and_defaults_to_webshop() -> None:
     assert kwargs["rollout"]["attempt"]["attempt_id"] == "at-1"
 
 
-def test_worker_agent_key_is_per_node_under_the_prefix() -> None:
-    assert keys.worker_agent("worker1@host") == "agl:agent:worker1@host"
+def test_worker_agent_key_is_per_node_and_deployment_under_the_prefix() -> None:
+    assert keys.worker_agent("0123abcd", "worker1@host") == "agl:agent:0123abcd:worker1@host"
 
 
 def test_missing_agentlightning_is_a_start_up_error_naming_the_extra(

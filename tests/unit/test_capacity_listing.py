@@ -17,6 +17,8 @@ import redis
 from bridge.core import capacity, keys
 from tests.helpers import drop_adverts
 
+SCOPE = keys.store_scope("http://store.test:4747")  # the deployment these keys belong to
+
 
 class NoKeyspaceWalk(redis.Redis):
     """A client that fails the test if anything scans or lists the keyspace."""
@@ -32,8 +34,8 @@ class NoKeyspaceWalk(redis.Redis):
 def queue(redis_client: redis.Redis) -> Iterator[str]:
     name = f"rollouts-{uuid.uuid4().hex[:8]}"
     yield name
-    drop_adverts(redis_client, name)
-    redis_client.delete(keys.inflight(name))
+    drop_adverts(redis_client, SCOPE, name)
+    redis_client.delete(keys.inflight(SCOPE, name))
 
 
 def test_slots_and_in_flight_are_read_without_walking_the_keyspace(redis_client: redis.Redis, queue: str) -> None:
@@ -41,39 +43,39 @@ def test_slots_and_in_flight_are_read_without_walking_the_keyspace(redis_client:
     markers = [keys.done(f"attempt-{uuid.uuid4().hex}") for _ in range(2_000)]
     redis_client.mset(dict.fromkeys(markers, "succeeded"))
     try:
-        capacity.advertise(redis_client, "a@host", [queue], 8)
-        capacity.advertise(redis_client, "b@host", [queue, other], 4)
-        capacity.mark_inflight(redis_client, queue, "attempt-1")
+        capacity.advertise(redis_client, SCOPE, "a@host", [queue], 8)
+        capacity.advertise(redis_client, SCOPE, "b@host", [queue, other], 4)
+        capacity.mark_inflight(redis_client, SCOPE, queue, "attempt-1")
         client = NoKeyspaceWalk(connection_pool=redis_client.connection_pool)
-        view = capacity.read_slots(client, [queue])
+        view = capacity.read_slots(client, SCOPE, [queue])
         assert view.nodes == {"a@host": (8, frozenset({queue})), "b@host": (4, frozenset({queue}))}
         assert view.inflight == {queue: 1} and view.rooms() == {queue: 11}
-        assert capacity.total_slots(client, queue) == 12 and capacity.total_slots(client, other) == 4
+        assert capacity.total_slots(client, SCOPE, queue) == 12 and capacity.total_slots(client, SCOPE, other) == 4
     finally:
         redis_client.delete(*markers)
-        capacity.withdraw(redis_client, "b@host", [other])
+        capacity.withdraw(redis_client, SCOPE, "b@host", [other])
 
 
 def test_a_node_whose_slot_key_expired_is_not_counted_and_a_withdrawn_one_is_unlisted(
     redis_client: redis.Redis, queue: str
 ) -> None:
-    capacity.advertise(redis_client, "a@host", [queue], 8)
-    capacity.advertise(redis_client, "b@host", [queue], 4)
-    redis_client.delete(keys.capacity(queue, "a@host"))  # as when a dead node's key expires
-    assert capacity.read_slots(redis_client, [queue]).nodes == {"b@host": (4, frozenset({queue}))}
-    capacity.withdraw(redis_client, "b@host", [queue])
-    assert [n.decode() for n in redis_client.zrange(keys.capacity_nodes(queue), 0, -1)] == ["a@host"]
-    assert capacity.read_slots(redis_client, [queue]).nodes == {}
-    capacity.advertise(redis_client, "a@host", [queue], 8)  # back: its next advertisement counts again
-    assert capacity.total_slots(redis_client, queue) == 8
+    capacity.advertise(redis_client, SCOPE, "a@host", [queue], 8)
+    capacity.advertise(redis_client, SCOPE, "b@host", [queue], 4)
+    redis_client.delete(keys.capacity(SCOPE, queue, "a@host"))  # as when a dead node's key expires
+    assert capacity.read_slots(redis_client, SCOPE, [queue]).nodes == {"b@host": (4, frozenset({queue}))}
+    capacity.withdraw(redis_client, SCOPE, "b@host", [queue])
+    assert [n.decode() for n in redis_client.zrange(keys.capacity_nodes(SCOPE, queue), 0, -1)] == ["a@host"]
+    assert capacity.read_slots(redis_client, SCOPE, [queue]).nodes == {}
+    capacity.advertise(redis_client, SCOPE, "a@host", [queue], 8)  # back: its next advertisement counts again
+    assert capacity.total_slots(redis_client, SCOPE, queue) == 8
 
 
 def test_nodes_silent_for_the_listing_period_are_dropped_at_the_next_advertisement(
     redis_client: redis.Redis, queue: str
 ) -> None:
     long_gone = time.time() - capacity.NODE_LISTING_S - 1
-    redis_client.zadd(keys.capacity_nodes(queue), {"gone@host": long_gone, "recent@host": time.time() - 60})
-    capacity.advertise(redis_client, "a@host", [queue], 2)
-    listed = {n.decode() for n in redis_client.zrange(keys.capacity_nodes(queue), 0, -1)}
+    redis_client.zadd(keys.capacity_nodes(SCOPE, queue), {"gone@host": long_gone, "recent@host": time.time() - 60})
+    capacity.advertise(redis_client, SCOPE, "a@host", [queue], 2)
+    listed = {n.decode() for n in redis_client.zrange(keys.capacity_nodes(SCOPE, queue), 0, -1)}
     assert listed == {"recent@host", "a@host"}  # skewed clocks or a pause below the period keep a node listed
-    assert 0 < redis_client.ttl(keys.capacity_nodes(queue)) <= capacity.NODE_LISTING_S
+    assert 0 < redis_client.ttl(keys.capacity_nodes(SCOPE, queue)) <= capacity.NODE_LISTING_S

@@ -19,6 +19,8 @@ from bridge.core import capacity, keys
 from bridge.dispatch import placement
 from tests.helpers import drop_adverts
 
+SCOPE = keys.store_scope("http://store.test:4747")  # the deployment these keys belong to
+
 
 @pytest.fixture
 def queues(redis_client: redis.Redis) -> Iterator[tuple[str, str]]:
@@ -26,36 +28,36 @@ def queues(redis_client: redis.Redis) -> Iterator[tuple[str, str]]:
     pair = (f"train-{tag}", f"val-{tag}")
     yield pair
     for queue in pair:
-        drop_adverts(redis_client, queue)
-        redis_client.delete(keys.inflight(queue))
+        drop_adverts(redis_client, SCOPE, queue)
+        redis_client.delete(keys.inflight(SCOPE, queue))
 
 
 def fill(client: redis.Redis, queue: str, count: int) -> None:
     for _ in range(count):
-        capacity.mark_inflight(client, queue, f"at-{uuid.uuid4().hex[:10]}")
+        capacity.mark_inflight(client, SCOPE, queue, f"at-{uuid.uuid4().hex[:10]}")
 
 
 def test_a_node_on_two_queues_counts_its_slots_once(redis_client: redis.Redis, queues: tuple[str, str]) -> None:
     train, val = queues
-    capacity.advertise(redis_client, "shared@host", [train, val], 4)
-    capacity.advertise(redis_client, "trainer@host", [train], 4)
-    view = capacity.read_slots(redis_client, [train, val])
+    capacity.advertise(redis_client, SCOPE, "shared@host", [train, val], 4)
+    capacity.advertise(redis_client, SCOPE, "trainer@host", [train], 4)
+    view = capacity.read_slots(redis_client, SCOPE, [train, val])
     assert view.nodes == {"shared@host": (4, frozenset({train, val})), "trainer@host": (4, frozenset({train}))}
     assert view.rooms() == {train: 8, val: 4}
     fill(redis_client, val, 4)  # the shared node is busy with val: train has only its own node left
-    assert capacity.read_slots(redis_client, [train, val]).rooms() == {train: 4, val: 0}
+    assert capacity.read_slots(redis_client, SCOPE, [train, val]).rooms() == {train: 4, val: 0}
     fill(redis_client, train, 4)
-    rooms = capacity.read_slots(redis_client, [train, val]).rooms()
+    rooms = capacity.read_slots(redis_client, SCOPE, [train, val]).rooms()
     assert rooms == {train: 0, val: 0}  # summed per queue, as before, this read 8 + 4 - 8 = 4 free slots
     assert placement.claim_limit(rooms, {train, val}, 64) == 0
 
 
 def test_a_queue_claimed_beyond_its_slots_stays_negative(redis_client: redis.Redis, queues: tuple[str, str]) -> None:
     train, val = queues
-    capacity.advertise(redis_client, "trainer@host", [train], 4)
-    capacity.advertise(redis_client, "validator@host", [val], 4)
+    capacity.advertise(redis_client, SCOPE, "trainer@host", [train], 4)
+    capacity.advertise(redis_client, SCOPE, "validator@host", [val], 4)
     fill(redis_client, train, 10)
-    rooms = capacity.read_slots(redis_client, [train, val]).rooms()
+    rooms = capacity.read_slots(redis_client, SCOPE, [train, val]).rooms()
     assert rooms == {train: -6, val: 4}  # not floored at 0, and val's slots do not count for train
     # val has room, train has none: any rollout may be a train one, so one at a time.
     assert placement.claim_limit(rooms, {train, val}, 64) == 1
@@ -65,9 +67,9 @@ def test_a_queue_claimed_beyond_its_slots_stays_negative(redis_client: redis.Red
 
 def test_a_batch_is_sized_for_any_mix_of_modes(redis_client: redis.Redis, queues: tuple[str, str]) -> None:
     train, val = queues
-    capacity.advertise(redis_client, "trainer@host", [train], 8)
-    capacity.advertise(redis_client, "validator@host", [val], 3)
-    view = capacity.read_slots(redis_client, [train, val, "nobody-consumes-this"])
+    capacity.advertise(redis_client, SCOPE, "trainer@host", [train], 8)
+    capacity.advertise(redis_client, SCOPE, "validator@host", [val], 3)
+    view = capacity.read_slots(redis_client, SCOPE, [train, val, "nobody-consumes-this"])
     rooms = view.rooms()
     assert view.served() == {train, val}
     assert placement.claim_limit(rooms, view.served(), 64) == 3  # three of either mode fit
@@ -77,11 +79,11 @@ def test_a_batch_is_sized_for_any_mix_of_modes(redis_client: redis.Redis, queues
 
 def test_the_single_default_queue_claims_a_whole_batch(redis_client: redis.Redis, queues: tuple[str, str]) -> None:
     train, _ = queues
-    assert placement.claim_limit(capacity.read_slots(redis_client, [train]).rooms(), set(), 64) == 0  # no worker
-    capacity.advertise(redis_client, "a@host", [train], 8)
-    capacity.advertise(redis_client, "b@host", [train], 8)
+    assert placement.claim_limit(capacity.read_slots(redis_client, SCOPE, [train]).rooms(), set(), 64) == 0  # no worker
+    capacity.advertise(redis_client, SCOPE, "a@host", [train], 8)
+    capacity.advertise(redis_client, SCOPE, "b@host", [train], 8)
     fill(redis_client, train, 3)
-    view = capacity.read_slots(redis_client, [train])
+    view = capacity.read_slots(redis_client, SCOPE, [train])
     assert view.rooms() == {train: 13}
     assert placement.claim_limit(view.rooms(), view.served(), 64) == 13
     assert placement.claim_limit(view.rooms(), view.served(), 4) == 4

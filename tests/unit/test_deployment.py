@@ -28,8 +28,7 @@ NON_SETTINGS = {
     "FLOWER_BASIC_AUTH",  # Flower
     "PROMETHEUS_MULTIPROC_DIR",  # prometheus_client (workers.metrics)
     "LITELLM_LOCAL_MODEL_COST_MAP",  # agl store (litellm)
-    "GF_AUTH_ANONYMOUS_ENABLED",  # Grafana
-    "GF_AUTH_ANONYMOUS_ORG_ROLE",
+    "GF_SECURITY_ADMIN_PASSWORD",  # Grafana
     "RABBITMQ_DEFAULT_USER",  # the rabbitmq image (profile rabbitmq)
     "RABBITMQ_DEFAULT_PASS",
     "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS",
@@ -93,6 +92,28 @@ def test_compose_variables_are_settings_or_documented() -> None:
     assert not interpolated - documented, f"undocumented in .env.example: {sorted(interpolated - documented)}"
     for mount in re.findall(r"- \./([\w./-]+):", text):
         assert (ROOT / mount).exists(), mount
+
+
+def _host_ip(port: Any) -> str:
+    """The host address a compose port entry binds ("" for every interface); short or long syntax."""
+    if isinstance(port, dict):
+        return str(port.get("host_ip") or "")
+    parts = re.sub(r"\$\{[^}]*\}", "0", str(port)).rsplit("/", 1)[0].split(":")  # ${PORT:-1} counts as a port
+    return parts[0] if len(parts) == 3 else ""
+
+
+def test_only_flower_is_published_beyond_the_host_and_grafana_needs_a_login() -> None:
+    services = _compose()["services"]
+    published = {name: service.get("ports") or [] for name, service in services.items()}
+    assert published["flower"] and "FLOWER_BASIC_AUTH" in services["flower"]["environment"]
+    for name, ports in published.items():
+        if name != "flower":
+            assert all(_host_ip(port) == "127.0.0.1" for port in ports), (name, ports)
+    assert {"store", "bridge", "prometheus", "grafana"} <= {name for name, ports in published.items() if ports}
+    grafana = {str(k).upper(): str(v) for k, v in services["grafana"]["environment"].items()}
+    assert not [k for k in grafana if k.startswith("GF_AUTH_ANONYMOUS")], grafana
+    assert grafana.get("GF_SECURITY_ADMIN_PASSWORD"), "Grafana's admin password comes from GRAFANA_ADMIN_PASSWORD"
+    assert _host_ip("127.0.0.1:3001:3000") == "127.0.0.1" and _host_ip("3001:3000") == _host_ip("9090") == ""
 
 
 def test_dockerfile_copies_what_exists() -> None:

@@ -3,13 +3,14 @@ database with a Store and a publisher that misbehave on purpose (plain objects: 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import redis
 
-from bridge.core import capacity
+from bridge.core import capacity, keys
 from bridge.core.errors import PublishError
 from bridge.core.models import AttemptedRollout, RolloutStatus
 from bridge.core.settings import load_settings
@@ -18,18 +19,15 @@ from bridge.dispatch.dispatcher import UNEXPECTED_ERROR_WAIT_S, Dispatcher
 from bridge.dispatch.hold import Hold
 
 QUEUES = "train=rollouts-train,val=rollouts-val"
+SCOPE = keys.store_scope("http://127.0.0.1:9")  # the Dispatcher's Redis key scope: its settings' store_url
 
 
-def _rollout(n: int, mode: str = "train") -> AttemptedRollout:
+def _rollout(n: int, mode: str = "train", start_time: float = 1.0, worker_id: str | None = None) -> AttemptedRollout:
     rid, aid = f"ro-{n}", f"at-{n}"
-    return AttemptedRollout.model_validate(
-        {
-            "rollout_id": rid,
-            "status": "preparing",
-            "mode": mode,
-            "attempt": {"rollout_id": rid, "attempt_id": aid, "status": "preparing", "start_time": 1.0},
-        }
-    )
+    attempt = {"rollout_id": rid, "attempt_id": aid, "status": "preparing", "start_time": start_time}
+    if worker_id is not None:
+        attempt["worker_id"] = worker_id
+    return AttemptedRollout.model_validate({"rollout_id": rid, "status": "preparing", "mode": mode, "attempt": attempt})
 
 
 class Store:
@@ -71,11 +69,14 @@ class Publisher:
             raise self.error
         self.published.append((rollout.rollout_id, queue))
 
+    def close(self) -> None:
+        self.closed = True
+
 
 @pytest.fixture
 def client(redis_client: redis.Redis) -> Iterator[redis.Redis]:
     redis_client.flushdb()
-    capacity.advertise(redis_client, "w-train@test", ["rollouts-train"], 4)
+    capacity.advertise(redis_client, SCOPE, "w-train@test", ["rollouts-train"], 4)
     yield redis_client
     redis_client.flushdb()
 
@@ -98,7 +99,7 @@ def test_an_unexpected_publish_error_hands_that_rollout_back_and_the_batch_goes_
     dispatcher._tick_surviving()  # two a tick: the hold keeps room for val rollouts, whose queue nobody consumes
     assert publisher.published == [("ro-1", "rollouts-train"), ("ro-3", "rollouts-train")]
     assert store.requeued == ["ro-2"]
-    assert capacity.inflight_ids(client, "rollouts-train") == {"at-1", "at-3"}  # its slot is not kept busy
+    assert capacity.inflight_ids(client, SCOPE, "rollouts-train") == {"at-1", "at-3"}  # its slot is not kept busy
     assert metrics.LOOP_ERRORS._value.get() == errors + 1
 
 
@@ -134,9 +135,9 @@ def test_rollouts_for_an_unserved_queue_are_held_while_the_others_go_on_and_the_
     assert store.requeued == []  # held, not cycled through hand-backs
     assert metrics.HELD.labels("rollouts-val")._value.get() == 2
     assert metrics.UNSERVED.labels("rollouts-val")._value.get() == 1
-    assert capacity.read_held(client) == ({"rollouts-val": 2}, ["rollouts-val"])
+    assert capacity.read_held(client, SCOPE) == ({"rollouts-val": 2}, ["rollouts-val"])
 
-    capacity.advertise(client, "w-val@test", ["rollouts-val"], 1)  # a val worker with one slot comes
+    capacity.advertise(client, SCOPE, "w-val@test", ["rollouts-val"], 1)  # a val worker with one slot comes
     dispatcher._tick_surviving()
     dispatcher._tick_surviving()
     assert publisher.published[1:] == [("ro-1", "rollouts-val"), ("ro-4", "rollouts-train"), ("ro-5", "rollouts-train")]
@@ -155,3 +156,19 @@ def test_the_hold_releases_oldest_first_and_only_into_room() -> None:
     assert rooms == {"a": 0, "b": 0}
     assert hold.overdue(served={"a"}, max_wait_s=-1) and hold.by_queue() == {"b": 1}  # b unserved: kept
     assert [h.attempt_id for h in hold.discard(["at-2"])] == ["at-2"] and len(hold) == 0
+
+
+def test_a_tick_whose_reconcile_republished_claims_that_many_fewer(client: redis.Redis) -> None:
+    """A stranded attempt re-published by reconcile takes a slot the same tick's dequeue must not claim."""
+    capacity.withdraw(client, SCOPE, "w-train@test", ["rollouts-train"])
+    capacity.advertise(client, SCOPE, "w-train@test", ["rollouts-train", "rollouts-val"], 2)
+    stranded = _rollout(1, start_time=time.time(), worker_id="celery-bridge")  # ours, in no message, no lease
+    store = Store([_rollout(2), _rollout(3)])
+    store.rollouts[stranded.rollout_id] = stranded
+    publisher = Publisher()
+    dispatcher = _dispatcher(client, store, publisher)
+    dispatcher._next_reconcile = 0.0
+    dispatcher._suspects = {"at-1": time.monotonic() - dispatcher.confirm_s}  # seen stranded one scan ago
+    dispatcher._tick_surviving()
+    assert publisher.published == [("ro-1", "rollouts-train"), ("ro-2", "rollouts-train")]
+    assert [r.rollout_id for r in store.queue] == ["ro-3"]

@@ -18,13 +18,16 @@ from bridge.core import capacity, keys
 from workers.lease import Lease, Renewal, free_slot, mark_done, renew_all
 
 TTL_S = 0.3  # short, so the tests watch a real expiry
+SCOPE = keys.store_scope("http://store.test:4747")  # the deployment whose in-flight set the slot is in
 
 
 @pytest.fixture
 def attempt(redis_client: redis.Redis) -> Iterator[str]:
     aid = f"at-own-{uuid.uuid4().hex[:8]}"
     yield aid
-    redis_client.delete(keys.lease(aid), keys.owner(aid), keys.started(aid), keys.done(aid), keys.inflight("q-own"))
+    redis_client.delete(
+        keys.lease(aid), keys.owner(aid), keys.started(aid), keys.done(aid), keys.inflight(SCOPE, "q-own")
+    )
 
 
 def _expire(lease: Lease) -> None:
@@ -92,16 +95,16 @@ def test_after_data_loss_the_later_claim_wins_whoever_renews_first(redis_client:
 
 def test_only_an_executor_that_holds_the_attempt_frees_its_slot(redis_client: redis.Redis, attempt: str) -> None:
     queue = "q-own"
-    capacity.mark_inflight(redis_client, queue, attempt)
+    capacity.mark_inflight(redis_client, SCOPE, queue, attempt)
     stale, live = Lease(redis_client, attempt, TTL_S), Lease(redis_client, attempt, 5)
     assert stale.claim(60).acquired
     _expire(stale)
     assert live.claim(60).acquired
-    assert not free_slot(redis_client, queue, attempt)  # a duplicate delivery that never held it
-    assert not free_slot(redis_client, queue, attempt, stale.token)  # the executor that was taken over
-    assert capacity.inflight_ids(redis_client, queue) == {attempt}
-    assert free_slot(redis_client, queue, attempt, live.token)  # the live executor, even before its release
-    capacity.mark_inflight(redis_client, queue, attempt)
+    assert not free_slot(redis_client, SCOPE, queue, attempt)  # a duplicate delivery that never held it
+    assert not free_slot(redis_client, SCOPE, queue, attempt, stale.token)  # the executor that was taken over
+    assert capacity.inflight_ids(redis_client, SCOPE, queue) == {attempt}
+    assert free_slot(redis_client, SCOPE, queue, attempt, live.token)  # the live executor, even before its release
+    capacity.mark_inflight(redis_client, SCOPE, queue, attempt)
     live.release()
-    assert free_slot(redis_client, queue, attempt)  # nobody holds it any more (e.g. the executor died)
-    assert capacity.inflight_ids(redis_client, queue) == set()
+    assert free_slot(redis_client, SCOPE, queue, attempt)  # nobody holds it any more (e.g. the executor died)
+    assert capacity.inflight_ids(redis_client, SCOPE, queue) == set()

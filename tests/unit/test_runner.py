@@ -45,6 +45,8 @@ class EchoAgent(agl.LitAgent[Any]):
 
 
 EXPECTED = "tests.unit.test_runner:EchoAgent"
+SCOPE = keys.store_scope("http://127.0.0.1:9")  # the Redis key scope of runner_for's Store
+OTHER = keys.store_scope("http://127.0.0.1:10")  # another deployment's, on the same Redis
 
 
 @pytest.fixture
@@ -52,15 +54,16 @@ def queue(redis_client: redis.Redis) -> Iterator[str]:
     """A queue of this test's own, so its advertisements meet nobody else's; removed afterwards."""
     name = f"runner-test-{uuid.uuid4().hex[:8]}"
     yield name
-    for node in drop_adverts(redis_client, name):
-        redis_client.delete(keys.worker_agent(node))
+    for scope in (SCOPE, OTHER):
+        for node in drop_adverts(redis_client, scope, name):
+            redis_client.delete(keys.worker_agent(scope, node))
 
 
-def advertise(client: redis.Redis, queue: str, node: str, agent: str | None) -> None:
-    """What a worker node writes: its slots on its queues and, beside them, its agent."""
-    capacity.advertise(client, node, [queue], 4)
+def advertise(client: redis.Redis, queue: str, node: str, agent: str | None, scope: str = SCOPE) -> None:
+    """What a worker node of deployment ``scope`` writes: its slots on its queues and, beside them, its agent."""
+    capacity.advertise(client, scope, node, [queue], 4)
     if agent is not None:
-        client.set(keys.worker_agent(node), agent, ex=capacity.CAPACITY_TTL_S)
+        client.set(keys.worker_agent(scope, node), agent, ex=capacity.CAPACITY_TTL_S)
 
 
 def runner_for(queue: str) -> CeleryRunner:
@@ -77,6 +80,7 @@ def test_init_refuses_an_agent_the_online_workers_do_not_run_and_names_them(
     advertise(redis_client, queue, "w1@host", EXPECTED)
     advertise(redis_client, queue, "w2@host", "webshop")
     advertise(redis_client, queue, "w3@host", "other.mod:Agent")
+    advertise(redis_client, queue, "w4@host", "webshop", scope=OTHER)  # another Store's worker: not looked at
     with pytest.raises(AgentMismatchError) as caught:
         runner_for(queue).init(EchoAgent())
     assert caught.value.mismatched == {"w2@host": "webshop", "w3@host": "other.mod:Agent"}
@@ -172,14 +176,15 @@ def test_a_failed_rollout_error_carries_the_workers_error_and_class() -> None:
 def test_a_requeued_step_waits_only_while_a_dispatch_loop_holds_the_lock(redis_client: redis.Redis) -> None:
     """What ``step`` asks when the Store puts its rollout back in the queue; an unreachable Redis counts as a
     running loop (keep waiting, bounded), never as a reason to fail the step."""
-    redis_client.delete(keys.bridge_leader())
+    redis_client.delete(keys.bridge_leader(SCOPE))
     try:
-        assert not _loop_alive(redis_client)
-        redis_client.set(keys.bridge_leader(), "bridge-test:1", px=5_000)
-        assert _loop_alive(redis_client)
+        redis_client.set(keys.bridge_leader(OTHER), "bridge-other:1", px=5_000)  # another Store's loop
+        assert not _loop_alive(redis_client, SCOPE)
+        redis_client.set(keys.bridge_leader(SCOPE), "bridge-test:1", px=5_000)
+        assert _loop_alive(redis_client, SCOPE)
     finally:
-        redis_client.delete(keys.bridge_leader())
-    assert _loop_alive(redis.Redis(port=1, socket_connect_timeout=0.5))
+        redis_client.delete(keys.bridge_leader(SCOPE), keys.bridge_leader(OTHER))
+    assert _loop_alive(redis.Redis(port=1, socket_connect_timeout=0.5), SCOPE)
     error = RolloutFailedError("ro-1", "at-1", "requeuing", "ValueError: bad sum", "agent")
     assert "no dispatch loop runs to retry it" in str(error) and "ValueError: bad sum" in str(error)
 

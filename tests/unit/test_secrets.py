@@ -48,3 +48,43 @@ def test_amqp_urls_with_credentials_and_tls_are_accepted_and_never_shown() -> No
     with pytest.raises(ConfigError) as info:  # an AMQP broker needs REDIS_URL; the refusal shows no password
         load_settings(store_url="http://127.0.0.1:1", broker_url="amqp://agl:amqp-pw-789@rabbit.example//")
     assert "REDIS_URL" in info.value.message and "amqp-pw-789" not in info.value.message
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Authorization: Bearer tok-SECRET.abc_def",
+        "{'Authorization': 'Bearer tok-SECRET', 'Accept': 'application/json'}",
+        "authorization=tok-SECRET",
+        "Authorization: Basic tok-SECRET==",
+        "the proxy answered 401 to Bearer tok-SECRET; retrying",
+        "bearer\ttok-SECRET",
+    ],
+)
+def test_bearer_tokens_and_authorization_values_are_masked(text: str) -> None:
+    shown = redact_text(text)
+    assert "tok-SECRET" not in shown and "***" in shown
+    assert redact_text(shown) == shown
+
+
+def test_authorization_keeps_its_scheme_readable() -> None:
+    assert redact_text("Authorization: Bearer abc") == "Authorization: Bearer ***"
+    assert redact_text("Authorization: abc was rejected") == "Authorization: *** was rejected"
+
+
+@pytest.mark.parametrize(
+    "name", ["api_key", "apikey", "key", "token", "access_token", "sig", "signature", "X-Amz-Signature", "password"]
+)
+def test_secret_query_values_are_masked_in_urls_and_in_text(name: str) -> None:
+    url = f"https://llm.example:8443/v1/chat?model=m&{name}=val-SECRET&page=2#top"
+    assert redact_url(url) == f"https://llm.example:8443/v1/chat?model=m&{name}=***&page=2#top"
+    text = redact_text(f"POST {url} failed: 500")
+    assert "val-SECRET" not in text and "model=m" in text and "failed: 500" in text
+
+
+def test_url_redaction_keeps_what_is_not_secret() -> None:
+    assert redact_url("https://h/x?model=m&ssl_cert_reqs=required") == "https://h/x?model=m&ssl_cert_reqs=required"
+    assert redact_url("https://h/cb#access_token=at-SECRET&state=1") == "https://h/cb#access_token=***&state=1"
+    assert redact_url("http://u:pw-SECRET@h:1/p?token=t-SECRET") == "http://u:***@h:1/p?token=***"
+    assert "pw-SECRET" not in redact_url("redis://:pw-SECRET@h:99999/0")  # a port urllib cannot read
+    assert redact_url("https://h/x?key=") == "https://h/x?key="

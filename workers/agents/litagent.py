@@ -39,6 +39,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from bridge.core.errors import BridgeError, Superseded
 from bridge.core.models import ResourcesUpdate
+from bridge.core.settings import Settings
 from workers import llm as llm_mod
 from workers.agents import capture
 from workers.agents.loading import ConfiguredAgent
@@ -120,6 +121,38 @@ def named_resources(
     return named
 
 
+def keyed_resources(resources: dict[str, Any], settings: Settings) -> tuple[dict[str, Any], str]:
+    """The agent's resources with the key of each ``LLM`` decided by ``workers.llm.llm_api_key``, and why
+    OPENAI_API_KEY was withheld from any ("" if from none).
+
+    An LLM's own key stays. One without gets OPENAI_API_KEY where the key may go, else the placeholder
+    "EMPTY", so that the ``openai`` SDK does not fall back to OPENAI_API_KEY from the environment.
+    """
+    keyed = dict(resources)
+    reasons: list[str] = []
+    for name, resource in resources.items():
+        if not isinstance(resource, LLM) or resource.api_key:
+            continue
+        key, why = llm_mod.llm_api_key(resource.endpoint, None, settings)
+        if why:
+            reasons.append(f"{why} (resource {name!r})")
+            key = "EMPTY"
+        if key is not None:
+            keyed[name] = resource.model_copy(update={"api_key": key})
+    return keyed, "; ".join(reasons)
+
+
+@contextmanager
+def _withheld_note(why: str) -> Iterator[None]:
+    """An agent's failure says which keys were withheld from its LLM resources (a likely cause)."""
+    try:
+        yield
+    except AgentError as exc:
+        if not why:
+            raise
+        raise AgentError(f"{exc} ({why})") from exc.__cause__
+
+
 def run_agent(
     configured: ConfiguredAgent,
     payload: dict[str, Any],
@@ -141,12 +174,13 @@ def run_agent(
         runner = _runners[id(agent)] = WorkerRunner(tracer, worker_id)
         agent.set_runner(runner)
     rollout = AttemptedRollout.model_validate(payload)
+    resources, withheld = keyed_resources(resources, attempt.settings)
     hooks = _Hooks(configured, runner, rollout)
     spans: list[Any] = []
     try:
         hooks.fire("on_rollout_start")
         # With AGENT_TRACER=none the SDK is not wrapped (workers.signals): only the emitters record here.
-        with capture.capturing(attempt):
+        with capture.capturing(attempt), _withheld_note(withheld):
             if own is None:
                 hooks.fire("on_trace_start", tracer=tracer)
                 raw = _call_agent(agent, rollout, resources, attempt.deadline)
@@ -231,6 +265,8 @@ def _interpret(raw: Any, attempt: capture.AttemptCapture, path: str) -> tuple[Ag
             added = add_returned_spans(attempt.telemetry, raw)
         except TypeError as exc:
             raise AgentError(f"the agent returned {exc}") from exc
+        except ValueError as exc:  # a trace or span id that is not hex
+            raise AgentError(f"the agent returned spans whose ids cannot be read: {exc}") from exc
         reward: float | None = _last_reward(added)
         if reward is None:
             reward = attempt.last_reward

@@ -73,7 +73,10 @@ def from_agl_span(span: Span, resource: Resource) -> ReadableSpan:
 
 
 def add_returned_spans(telemetry: AttemptTelemetry, spans: Sequence[Any]) -> list[ReadableSpan]:
-    """Add a returned trace (all ReadableSpan, all Span or all SpanCoreFields) to the attempt's batch."""
+    """Add a returned trace (all ReadableSpan, all Span or all SpanCoreFields) to the attempt's batch.
+
+    Returns the spans as they were filed. Raises TypeError for other kinds, ValueError for ids that are not hex.
+    """
     resource = telemetry.resource
     if all(isinstance(s, ReadableSpan) for s in spans):
         converted = [refile_otel(s, resource) for s in spans]
@@ -87,6 +90,8 @@ def add_returned_spans(telemetry: AttemptTelemetry, spans: Sequence[Any]) -> lis
             otel = telemetry.tracer.start_span(fields.name, attributes=attributes, start_time=start)
             otel.set_status(_status(fields.status))
             otel.end(end_time=_ns(fields.end_time) or start)
+            if isinstance(otel, ReadableSpan):  # the SDK's span: already in the batch through the tracer
+                converted.append(otel)
         return converted
     else:
         kinds = sorted({type(s).__name__ for s in spans})

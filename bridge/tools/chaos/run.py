@@ -36,6 +36,7 @@ from bridge.tools.chaos.scenarios import (
     CHAOS_DISPATCHER_ID,
     CHAOS_ENV,
     CHAOS_QUEUE,
+    HELD_QUEUE,
     MALFORMED,
     RETRY_CONFIG,
     SCENARIOS,
@@ -75,7 +76,7 @@ def scenario_stack(
             workers=workers,
             concurrency=concurrency,
             log_dir=log_dir,
-            extra_env={**CHAOS_ENV, "BRIDGE_DISPATCHER_ID": CHAOS_DISPATCHER_ID, **agent_env},
+            extra_env={**CHAOS_ENV, "BRIDGE_DISPATCHER_ID": CHAOS_DISPATCHER_ID, **agent_env, **scenario.env},
             **overrides,
         )
     )
@@ -90,7 +91,7 @@ def reset_between_scenarios(services: LocalStack) -> None:
                 store.update_rollout(item.rollout_id, status="cancelled")
     redis.Redis.from_url(services.redis_url or services.broker_url).flushdb()
     if is_amqp_url(services.broker_url):  # Redis lists went with the flush; RabbitMQ queues are emptied here
-        purge(services.broker_url, [CHAOS_QUEUE])
+        purge(services.broker_url, [CHAOS_QUEUE, HELD_QUEUE])
 
 
 def run_scenario(
@@ -114,7 +115,9 @@ def run_scenario(
         with StoreClient(stack.store_url, retries=3) as store:
             config = {**RETRY_CONFIG, **scenario.rollout_config}
             inputs = scenario.inputs(tasks)
-            rollouts = store.enqueue([{"input": item, "mode": "test", "config": config} for item in inputs])
+            rollouts = store.enqueue(
+                [{"input": item, "mode": scenario.mode_of(i), "config": config} for i, item in enumerate(inputs)]
+            )
         run = ChaosRun(services, stack, [r.rollout_id for r in rollouts], borrowed)
         observer = threading.Thread(target=run.observe, name="chaos-observer", daemon=True)
         observer.start()

@@ -23,7 +23,8 @@ from bridge.core.models import ACTIVE_ROLLOUT, FINISHED_ROLLOUT, AttemptedRollou
 from bridge.tools.chaos.state import ChaosRun
 
 CHAOS_DISPATCHER_ID = "chaos-bridge"
-CHAOS_QUEUE = "rollouts"  # the default queue: chaos runs set no QUEUE_BY_MODE
+CHAOS_QUEUE = "rollouts"  # the default queue
+HELD_QUEUE = "rollouts-val"  # cancel-while-held routes val rollouts here
 RETRY_CONFIG: dict[str, Any] = {
     "max_attempts": 3,
     "retry_condition": ["failed", "unresponsive", "timeout"],
@@ -82,6 +83,8 @@ class Scenario:
     inputs: Callable[[list[dict[str, Any]]], list[Any]] = lambda tasks: list(tasks)
     stack_overrides: dict[str, Any] = field(default_factory=dict)
     rollout_config: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)  # settings of its workers and bridge, over CHAOS_ENV
+    mode_of: Callable[[int], str] = lambda index: "test"  # the mode of the index-th rollout
 
 
 # --- faults --------------------------------------------------------------------------------------
@@ -198,7 +201,7 @@ def kill_bridge(run: ChaosRun) -> None:
         claimed = run.store.dequeue(5, CHAOS_DISPATCHER_ID)
         in_window = run.store.dequeue(5, CHAOS_DISPATCHER_ID)
         for rollout in in_window:  # what ``Dispatcher.dispatch`` records before the publish that never ended
-            capacity.mark_inflight(run.redis, CHAOS_QUEUE, rollout.attempt.attempt_id)
+            capacity.mark_inflight(run.redis, run.stack.scope, CHAOS_QUEUE, rollout.attempt.attempt_id)
             stranded.add(rollout.attempt.attempt_id)
         run.note(
             f"killed the bridge; {len(claimed)} rollouts left claimed and unpublished, "
@@ -207,8 +210,8 @@ def kill_bridge(run: ChaosRun) -> None:
         run.stack.start_bridge()
     # The longest queue wait, two reconcile scans, the hand-back: well within two minutes.
     started = time.monotonic()
-    run.wait_for(lambda: not stranded & capacity.inflight_ids(run.redis, CHAOS_QUEUE), 120)
-    left = stranded & capacity.inflight_ids(run.redis, CHAOS_QUEUE)
+    run.wait_for(lambda: not stranded & capacity.inflight_ids(run.redis, run.stack.scope, CHAOS_QUEUE), 120)
+    left = stranded & capacity.inflight_ids(run.redis, run.stack.scope, CHAOS_QUEUE)
     if left:
         run.note(f"error: {len(left)} of {len(stranded)} in-flight entries with no message still hold a slot")
     else:
@@ -234,6 +237,28 @@ def redeliver_running(run: ChaosRun) -> None:
     for rollout in [r for r in run.latest.values() if r.status in FINISHED_ROLLOUT][:5]:
         publish(rollout)
     run.note(f"re-published {sent} messages of running or finished attempts")
+
+
+def cancel_while_held(run: ChaosRun) -> None:
+    """Cancel half of the val rollouts while the bridge holds them (no worker consumes their queue yet),
+    then start a val worker: the cancelled ones must stay cancelled, the rest run."""
+
+    def held() -> list[AttemptedRollout]:
+        views = [run.latest.get(rid) for rid in run.rollout_ids]
+        return [r for r in views if isinstance(r, AttemptedRollout) and r.mode == "val" and r.status == "preparing"]
+
+    run.wait_for(lambda: len(held()) >= 4, 60)
+    cancelled = [r.rollout_id for r in held()][::2]
+    for rid in cancelled:
+        run.store.update_rollout(rid, status="cancelled")
+    run.note(f"cancelled {len(cancelled)} of {len(held()) + len(cancelled)} held val rollouts")
+    time.sleep(3.0)  # a reconcile scan (BRIDGE_RECONCILE_INTERVAL_S below) drops them from the hold
+    run.stack.config.queues = HELD_QUEUE
+    run.stack.add_worker()
+    run.wait_for(lambda: run.finished >= len(run.rollout_ids), 120)
+    ran = [rid for rid in cancelled if (view := run.latest.get(rid)) is not None and view.status != "cancelled"]
+    if ran:
+        run.note(f"error: {len(ran)} cancelled rollouts did not stay cancelled")
 
 
 def no_fault(run: ChaosRun) -> None:
@@ -265,4 +290,24 @@ SCENARIOS: dict[str, Scenario] = {
     "kill-bridge": Scenario("kill-bridge", kill_bridge, stack_overrides=MID_EPISODE),
     "redeliver": Scenario("redeliver", redeliver_running, stack_overrides=MID_EPISODE),
     "malformed": Scenario("malformed", no_fault, inputs=with_malformed),
+    # The WebShop server answers a NaN reward for a fifth of the purchases: those attempts fail (env) and retry.
+    "non-finite-reward": Scenario("non-finite-reward", no_fault, stack_overrides={"env_nan_reward_rate": 0.2}),
+    # A quarter of the rollouts are val, routed to a queue no worker consumes until the fault starts one.
+    "cancel-while-held": Scenario(
+        "cancel-while-held",
+        cancel_while_held,
+        stack_overrides=MID_EPISODE,
+        env={"QUEUE_BY_MODE": f"val={HELD_QUEUE}", "BRIDGE_RECONCILE_INTERVAL_S": "1"},
+        mode_of=lambda index: "val" if index % 4 == 0 else "test",
+    ),
+    # Under -P threads, 1% of WebShop requests stall for an hour with no client timeout: an agent blocked
+    # outside its LLM calls. Each is abandoned at its deadline (failed, timeout, retried); at 2 stuck threads
+    # a worker drains and re-executes itself.
+    "blocking-agent": Scenario(
+        "blocking-agent",
+        no_fault,
+        stack_overrides={"pool": "threads", "env_timeout_rate": 0.01, "env_stall_s": 3600.0},
+        rollout_config={"timeout_seconds": 20},
+        env={"WEBSHOP_TIMEOUT_S": "3600", "WEBSHOP_RETRIES": "0", "MAX_STUCK_AGENT_THREADS": "2"},
+    ),
 }

@@ -1,0 +1,183 @@
+"""Agent threads that never return, under ``-P threads``: abandoned, counted, and cured by a restart.
+
+Nothing can interrupt a Python thread. An agent that blocks outside the checks the worker puts in its way
+(the LLM calls: a tool call without a timeout, a deadlock) would hold its attempt, its lease and its slot
+forever. So under the threads pool the agent runs on a thread of its own (``run_abandonable``) while the
+task's thread watches it: at the attempt's deadline, or on a stop verdict (cancelled, superseded), plus
+``ABANDON_GRACE_S`` for the agent to notice by itself, the task gives up on it. The attempt is reported
+``failed`` (``timeout``) or left unreported (a stop verdict means it is no longer ours), its lease is no
+longer renewed, and the thread is counted here as stuck until it returns, if ever.
+
+Each stuck thread takes one slot off the node's advert (the bridge sends one rollout fewer), and at
+``MAX_STUCK_AGENT_THREADS`` the node drains and restarts itself: a Celery warm shutdown (SIGTERM: it stops
+taking messages and lets running tasks finish), then the process re-executes its own command line
+(``os.execv``), so the capacity comes back without an operator. Under prefork none of this is needed: the
+Celery hard time limit kills the child process that runs the agent (docs/operations.md, "Agents that
+block").
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextvars
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NoReturn, TypeVar
+
+from bridge.core.errors import Superseded
+from workers.heartbeat import AttemptWatch
+
+log = logging.getLogger("workers.stuck")
+
+T = TypeVar("T")
+
+ABANDON_GRACE_S = 2.0  # after the deadline or a stop verdict, how long the agent gets to return by itself
+POLL_S = 0.1
+
+
+class AgentAbandoned(TimeoutError):
+    """The agent did not return by the attempt's deadline (plus the grace): its thread is left behind."""
+
+
+@dataclass(frozen=True)
+class StuckThread:
+    thread: threading.Thread
+    attempt_id: str
+    since: float
+
+
+class StuckThreads:
+    """The process's abandoned agent threads; ``on_change`` runs whenever the count changes."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._threads: list[StuckThread] = []
+        self.on_change: list[Callable[[int], None]] = []
+
+    def add(self, thread: threading.Thread, attempt_id: str) -> None:
+        with self._lock:
+            self._threads.append(StuckThread(thread, attempt_id, time.time()))
+        self._changed()
+
+    def returned(self, thread: threading.Thread) -> None:
+        """A thread counted as stuck finished after all: its slot comes back."""
+        with self._lock:
+            before = len(self._threads)
+            self._threads = [t for t in self._threads if t.thread is not thread]
+            changed = len(self._threads) != before
+        if changed:
+            self._changed()
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self._threads)
+
+    def attempts(self) -> list[str]:
+        with self._lock:
+            return [t.attempt_id for t in self._threads]
+
+    def _changed(self) -> None:
+        count = self.count()
+        for callback in list(self.on_change):
+            try:
+                callback(count)
+            except Exception:  # a listener must never break the task that noticed
+                log.exception("stuck-thread listener failed")
+
+
+stuck_threads = StuckThreads()
+
+
+@dataclass
+class Pool:
+    """How this process runs tasks, recorded at ``worker_init``; threads is the only abandonable pool."""
+
+    threads: bool = False
+    max_stuck: int = 4
+
+
+pool = Pool()
+
+
+def run_abandonable(body: Callable[[], T], watch: AttemptWatch) -> T:
+    """``body()`` on a thread of its own, in the caller's context; its result, or what it raised.
+
+    Raises ``AgentAbandoned`` (a TimeoutError: class ``timeout``) past the watch's deadline plus
+    ``ABANDON_GRACE_S``, or ``Superseded`` that long after the watch got a stop verdict, without waiting for
+    the thread, which is then counted in ``stuck_threads``.
+    """
+    done = threading.Event()
+    outcome: dict[str, object] = {}
+    context = contextvars.copy_context()  # the task's trace context and anything set around the agent
+
+    def target() -> None:
+        try:
+            outcome["result"] = context.run(body)
+        except BaseException as exc:  # handed to the task's thread as it is
+            outcome["error"] = exc
+        finally:
+            done.set()
+            stuck_threads.returned(threading.current_thread())
+
+    thread = threading.Thread(target=target, name=f"agent-{watch.attempt_id}", daemon=True)
+    thread.start()
+    give_up_at: float | None = None
+    while not done.wait(POLL_S):
+        now = time.time()
+        if give_up_at is None and (watch.stop_reason is not None or (watch.deadline and now > watch.deadline)):
+            give_up_at = now + ABANDON_GRACE_S
+        if give_up_at is not None and now >= give_up_at and not done.is_set():
+            return _abandon(thread, watch)
+    if "error" in outcome:
+        raise outcome["error"]  # type: ignore[misc]
+    return outcome["result"]  # type: ignore[return-value]
+
+
+def _abandon(thread: threading.Thread, watch: AttemptWatch) -> NoReturn:
+    reason = watch.stop_reason
+    watch.stop("the agent did not return; its thread was abandoned")  # a late LLM call of it stops at once
+    stuck_threads.add(thread, watch.attempt_id)
+    count = stuck_threads.count()
+    log.error(
+        "rollout=%s attempt=%s: the agent did not return %.0fs after %s; its thread is abandoned "
+        "(%d stuck in this process)",
+        watch.rollout_id,
+        watch.attempt_id,
+        ABANDON_GRACE_S,
+        "the attempt's deadline" if reason is None else f"the stop verdict ({reason})",
+        count,
+    )
+    if count >= pool.max_stuck:
+        restart_worker(f"{count} agent threads stuck (MAX_STUCK_AGENT_THREADS={pool.max_stuck})")
+    if reason is not None:
+        raise Superseded(reason)
+    raise AgentAbandoned(
+        "the agent did not return by the attempt's deadline (it blocks outside any LLM call?); "
+        "its thread was abandoned and the worker counts it as stuck"
+    )
+
+
+_restart = threading.Event()
+
+
+def restart_worker(why: str) -> None:
+    """Drain this worker (Celery warm shutdown) and re-execute its command line once it has exited."""
+    if _restart.is_set():
+        return
+    _restart.set()
+    log.error("%s: draining this worker and restarting it", why)
+    atexit.register(_reexec)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _reexec() -> None:
+    log.warning("restarting: %s", " ".join(sys.orig_argv))
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    os.execv(sys.executable, sys.orig_argv)
