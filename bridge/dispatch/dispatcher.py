@@ -159,6 +159,8 @@ class Dispatcher:
             self._next_gauges = time.monotonic() + GAUGES_EVERY_S
             self._update_gauges(rooms, served)
         self._place_held(rooms, served)
+        if self._hold.waits_on(served):  # a consumed queue is full and its rollout waits: claim nothing more
+            return self._wait_for_slot()
         limit = placement.claim_limit(rooms, served, self.settings.max_batch)
         if not served.issuperset(self.queues):  # a rollout claimed for an unserved queue is held: keep room
             limit = min(limit, self._hold.room())

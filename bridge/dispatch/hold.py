@@ -2,8 +2,10 @@
 
 A dequeue takes the head of the Store's one queue whatever its mode (``bridge.dispatch.placement``), so a
 rollout for a full queue, or for a queue no live worker consumes, is held here instead of published, and
-the bridge goes on dispatching for the queues that have room. At most ``BRIDGE_MAX_HELD`` rollouts are
-held; the bridge claims nothing more while the hold is full.
+the bridge goes on dispatching for the queues that have room while it holds rollouts only for queues no
+worker consumes. At most ``BRIDGE_MAX_HELD`` rollouts are held; the bridge claims nothing more while the
+hold is full, or while a held rollout waits for a consumed queue that is full (backpressure: one rollout
+beyond that queue's slots at most, as tests/integration/test_backpressure.py checks).
 
 * A queue that is consumed but full: its held rollouts go out first (oldest first) as slots free, and one
   held longer than ``BRIDGE_MAX_QUEUE_WAIT_S`` is handed back, the same bound as a message in the broker.
@@ -62,6 +64,11 @@ class Hold:
         for item in self._items:
             counts[item.queue] = counts.get(item.queue, 0) + 1
         return counts
+
+    def waits_on(self, served: set[str]) -> bool:
+        """A held rollout waits for a consumed (full) queue: the bridge then claims nothing more, so no
+        queue is claimed beyond its slots by more than one rollout."""
+        return any(item.queue in served for item in self._items)
 
     def placeable(self, rooms: dict[str, int], served: set[str]) -> list[Held]:
         """Take out, oldest first, every held rollout whose queue has room now; ``rooms`` is charged for them."""

@@ -140,7 +140,9 @@ def test_rollouts_for_an_unserved_queue_are_held_while_the_others_go_on_and_the_
     capacity.advertise(client, SCOPE, "w-val@test", ["rollouts-val"], 1)  # a val worker with one slot comes
     dispatcher._tick_surviving()
     dispatcher._tick_surviving()
-    assert publisher.published[1:] == [("ro-1", "rollouts-val"), ("ro-4", "rollouts-train"), ("ro-5", "rollouts-train")]
+    # ro-1 goes out (oldest first); ro-3 now waits for a consumed, full queue: nothing more is claimed.
+    assert publisher.published[1:] == [("ro-1", "rollouts-val")]
+    assert [r.rollout_id for r in store.queue] == ["ro-4", "ro-5"]
     dispatcher.stop.set()  # type: ignore[attr-defined]
     dispatcher.run()  # shutdown hands back what it still holds, if still live
     assert store.requeued == ["ro-3"]
