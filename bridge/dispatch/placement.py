@@ -9,7 +9,7 @@ queue (``QUEUE_BY_MODE``). So a batch is safe only if *any* mix of modes in it c
   BRIDGE_MAX_BATCH)``: the same single request per batch as without queues per mode;
 * some consumed queues are full, others have room: claim **one** rollout. If it routes to a queue with
   room it is published; if not, it is *held* in the bridge (``bridge.dispatch.hold``) and published as
-  soon as its queue frees a slot, while the bridge goes on claiming one at a time for the others. The cost
+  soon as its queue frees a slot; nothing more is claimed until then (``Hold.waits_on``). The cost
   is one dequeue request per rollout while a queue is full, instead of one per batch (measured in
   tests/integration/test_backpressure.py);
 * no consumed queue has room: claim nothing and block on the workers' slot-freed wake-up.
