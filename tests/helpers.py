@@ -89,6 +89,16 @@ def spans(store_url: str, rollout_id: str, attempt_id: str = "latest") -> list[d
     return list(response.json()["items"])
 
 
+def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+    """Poll ``condition`` every 0.1 s; AssertionError naming ``what`` when it is not true within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"not within {timeout_s:.0f}s: {what}")
+
+
 def wait_finished(store_url: str, rollout_ids: list[str], timeout_s: float) -> dict[str, dict[str, Any]]:
     """Poll until every rollout is succeeded/failed/cancelled or the deadline passes; return the last view."""
     deadline = time.monotonic() + timeout_s

@@ -9,7 +9,6 @@ cancelled when a val worker starts. Every hand-back re-reads the rollout first (
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -21,7 +20,7 @@ from bridge.core.settings import load_settings
 from bridge.core.store import API, StoreClient
 from bridge.tools import status
 from bridge.tools.stack import LocalStack
-from tests.helpers import attempts, enqueue, rollout, stack_for, wait_finished
+from tests.helpers import attempts, enqueue, rollout, stack_for, wait_finished, wait_for
 from workers.signals import hand_back_expired
 
 pytestmark = [pytest.mark.integration, pytest.mark.cost(40)]
@@ -39,15 +38,6 @@ def metric(stack: LocalStack, series: str) -> float:
         if line.startswith(series + " "):
             return float(line.split()[-1])
     return 0.0
-
-
-def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"not within {timeout_s:.0f}s: {what}")
 
 
 def cancel(store_url: str, rollout_id: str) -> None:

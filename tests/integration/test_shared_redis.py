@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +22,7 @@ import redis
 
 from bridge.core import capacity, keys
 from bridge.tools.stack import LocalStack, StackConfig
-from tests.helpers import attempts, enqueue, split_tasks, wait_finished
+from tests.helpers import attempts, enqueue, split_tasks, wait_finished, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.cost(60)]
 
@@ -105,15 +104,6 @@ def executor_pid(worker_id: Any) -> int:
 
 def freed(client: redis.Redis, stack: LocalStack) -> Callable[[], bool]:
     return lambda: capacity.inflight_count(client, stack.scope, queue_of(stack)) == 0
-
-
-def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"not within {timeout_s:.0f}s: {what}")
 
 
 def test_two_deployments_on_one_redis_both_lead_and_each_runs_only_its_own_rollouts(

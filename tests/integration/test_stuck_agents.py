@@ -10,8 +10,6 @@ worker drains and re-executes itself, after which it has its slots back and runs
 from __future__ import annotations
 
 import os
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,22 +17,13 @@ import redis
 
 from bridge.core import capacity, keys
 from bridge.tools.stack import LocalStack
-from tests.helpers import attempts, cancel_unfinished, enqueue, rollout, stack_for, wait_finished
+from tests.helpers import attempts, cancel_unfinished, enqueue, rollout, stack_for, wait_finished, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.cost(70)]
 
 ROOT = Path(__file__).resolve().parents[2]
 SLOTS = 2
 QUEUE = "rollouts"
-
-
-def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"not within {timeout_s:.0f}s: {what}")
 
 
 def test_a_blocking_agent_is_abandoned_counted_and_the_worker_restarts_itself(
