@@ -182,6 +182,7 @@ class CeleryRunner(Runner[Any]):
     def _step(self, task: Any, resources: NamedResources | None, mode: RolloutMode | None) -> Rollout:
         settings, _ = self._ready()
         store, coordination, dispatcher = self._direct()
+        direct.wait_for_room(dispatcher, mode)
         resources_id = None
         if resources is not None:
             resources_id = direct.add_resources(store, TypeAdapter(NamedResources).dump_python(resources, mode="json"))

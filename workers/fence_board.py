@@ -60,8 +60,8 @@ Attempt = tuple[str, str]  # (rollout_id, attempt_id)
 
 
 class FenceBoard:
-    def __init__(self, redis_client: redis.Redis, store_url: str) -> None:
-        scope = keys.store_scope(store_url)
+    def __init__(self, redis_client: redis.Redis, scope: str) -> None:
+        """``scope``: the deployment's Redis key scope (``bridge.core.coordination.deployment_scope``)."""
         self._redis = redis_client
         self._scope = scope
         self._listing = keys.fence_listing(scope)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import redis
 
-from bridge.core.coordination import coordination_redis
+from bridge.core.coordination import coordination_redis, deployment_scope
 from bridge.core.settings import Settings, get_settings
 from bridge.core.store import StoreClient
 from workers.fence_board import FenceBoard
@@ -48,14 +48,14 @@ def get_resources() -> WorkerResources:
 def _build(settings: Settings) -> WorkerResources:
     store = StoreClient.from_settings(settings)
     client = coordination_redis(settings, timeout_s=10)
-    store.shared_resources = RedisResources(client, settings.store_base)
+    store.shared_resources = RedisResources(client, deployment_scope(settings))
     webshop = WebShopClient(
         str(settings.webshop_url),
         token=settings.webshop_token,
         timeout_s=settings.webshop_timeout_s,
         retries=settings.webshop_retries,
     )
-    board = FenceBoard(client, settings.store_base) if settings.fence_board else None
+    board = FenceBoard(client, deployment_scope(settings)) if settings.fence_board else None
     monitor = HeartbeatMonitor(store, client, board)
     courier = TraceCourier(store, settings.traces_endpoint, gather_max_s=settings.span_gather_max_s)
     return WorkerResources(settings, store, client, webshop, monitor, courier, os.getpid())

@@ -24,9 +24,9 @@ log = logging.getLogger("workers.shared_resources")
 
 
 class RedisResources:
-    def __init__(self, redis_client: redis.Redis, store_url: str) -> None:
+    def __init__(self, redis_client: redis.Redis, scope: str) -> None:
         self._redis = redis_client
-        self._scope = keys.store_scope(store_url)
+        self._scope = scope  # the deployment's (bridge.core.coordination.deployment_scope)
 
     def get(self, resources_id: str) -> tuple[float, ResourcesUpdate] | None:
         try:

@@ -72,9 +72,15 @@ def _on_worker_ready(sender: Any = None, **_: Any) -> None:
             _advertise_now.clear()
             try:
                 # One slot fewer per abandoned agent thread (workers.stuck): it still holds what it blocks on.
-                capacity.advertise(client, scope, hostname, queues, max(0, slots - stuck.stuck_threads.count()))
-                # Same lifetime as the slots: CeleryRunner.init reads which online workers run which agent.
+                stuck_now = stuck.stuck_threads.count()
+                capacity.advertise(client, scope, hostname, queues, max(0, slots - stuck_now))
+                # Same lifetime as the slots: CeleryRunner.init reads which online workers run which agent,
+                # and status how many threads each holds stuck.
                 client.set(keys.worker_agent(scope, hostname), agent, ex=capacity.CAPACITY_TTL_S)
+                if stuck_now:
+                    client.set(keys.worker_stuck(scope, hostname), stuck_now, ex=capacity.CAPACITY_TTL_S)
+                else:
+                    client.delete(keys.worker_stuck(scope, hostname))
             except redis.RedisError as exc:
                 log.warning("could not advertise slots (broker down?): %r", exc)
             _advertise_now.wait(_ADVERTISE_EVERY_S)
@@ -91,7 +97,10 @@ def _on_shutting_down(**_: Any) -> None:
     if _node:
         try:
             capacity.withdraw(_node["client"], _node["scope"], _node["hostname"], _node["queues"])
-            _node["client"].delete(keys.worker_agent(_node["scope"], _node["hostname"]))
+            _node["client"].delete(
+                keys.worker_agent(_node["scope"], _node["hostname"]),
+                keys.worker_stuck(_node["scope"], _node["hostname"]),
+            )
         except redis.RedisError:
             pass
 

@@ -32,9 +32,11 @@ def coordination_redis(settings: Settings, *, timeout_s: float = 5.0, connect_ti
 
 
 def deployment_scope(settings: Settings) -> str:
-    """The scope of this deployment's Redis keys: a digest of its Store's URL (``keys.store_scope``).
+    """The scope of this deployment's Redis keys: ``REDIS_KEY_SCOPE``, else a digest of its Store's URL
+    (``keys.store_scope``).
 
-    Every process of one deployment (workers, bridge, trainer, tools) must name the Store by the same URL, as
-    ``AGENT_LIGHTNING_STORE_URL`` (or the Store given to ``CeleryRunner``): another spelling of it is another
-    scope, whose bridge would see none of these workers' slots."""
-    return keys.store_scope(settings.store_base)
+    Every process of one deployment (workers, bridge, trainer, tools) must agree on it. With the digest they
+    must name the Store by the same URL: another spelling of it (``localhost`` on the trainer's host, ``store``
+    inside compose) is another scope, whose bridge sees none of these workers' slots. ``REDIS_KEY_SCOPE`` set
+    alike everywhere removes that trap."""
+    return settings.redis_key_scope or keys.store_scope(settings.store_base)

@@ -114,6 +114,12 @@ def worker_agent(scope: str, worker: str) -> str:
     return f"{PREFIX}:agent:{scope}:{worker}"
 
 
+def worker_stuck(scope: str, worker: str) -> str:
+    """How many abandoned agent threads a worker node holds (``workers.stuck``), refreshed with its slot
+    advertisement and absent while it holds none; ``python -m bridge status`` shows it."""
+    return f"{PREFIX}:stuck:{scope}:{worker}"
+
+
 def fence_listing(scope: str) -> str:
     """Sorted set of the attempts running on any worker of one Store (``rollout_id attempt_id``; score: lapse time).
 

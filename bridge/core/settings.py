@@ -158,6 +158,12 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("QUEUE_TYPE", "queue_type"),
         description="RabbitMQ only: durable classic or quorum (replicated) queues",
     )
+    redis_key_scope: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9_.-]{1,64}$",
+        validation_alias=AliasChoices("REDIS_KEY_SCOPE", "redis_key_scope"),
+        description="this deployment's Redis key scope; default: a digest of AGENT_LIGHTNING_STORE_URL",
+    )
     broker_tls_insecure: bool = Field(
         default=False,
         validation_alias=AliasChoices("BROKER_TLS_INSECURE", "broker_tls_insecure"),

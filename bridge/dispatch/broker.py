@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import redis
 from kombu import Connection
 
-from bridge.core import keys
+from bridge.core import keys, tls
 from bridge.core.coordination import deployment_scope
 from bridge.core.redact import redact_url
 from bridge.core.settings import Settings
@@ -70,8 +70,9 @@ class RedisQueues:
 class AmqpQueues:
     """RabbitMQ queues through one kombu connection, opened on first use and re-opened after an error."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, use_ssl: dict[str, Any] | None = None) -> None:
         self.url = url
+        self._ssl = use_ssl  # bridge.core.tls.broker_use_ssl: the workers' and publisher's own TLS checks
         self._connection: Any = None
         self._channel: Any = None
 
@@ -93,7 +94,8 @@ class AmqpQueues:
 
     def _open(self) -> Any:
         if self._connection is None:
-            self._connection = Connection(self.url, connect_timeout=PROBE_TIMEOUT_S)
+            options = {"ssl": self._ssl} if self._ssl is not None else {}
+            self._connection = Connection(self.url, connect_timeout=PROBE_TIMEOUT_S, **options)
             self._connection.ensure_connection(max_retries=1)
         if self._channel is None:
             self._channel = self._connection.channel()
@@ -111,11 +113,13 @@ class AmqpQueues:
 def queues_for(settings: Settings, coordination: redis.Redis) -> QueueProbe:
     """The probe for ``CELERY_BROKER_URL``; a Redis broker on the coordination URL shares its client."""
     if settings.broker_is_amqp:
-        return AmqpQueues(settings.broker_url)
+        return AmqpQueues(settings.broker_url, tls.broker_use_ssl(settings))
     scope = deployment_scope(settings)
     if settings.broker_url == settings.coordination_url:
         return RedisQueues(coordination, coordination, scope)
-    broker = redis.Redis.from_url(settings.broker_url, socket_timeout=PROBE_TIMEOUT_S)
+    broker = redis.Redis.from_url(
+        settings.broker_url, socket_timeout=PROBE_TIMEOUT_S, **tls.redis_client_options(settings.broker_url, settings)
+    )
     return RedisQueues(broker, coordination, scope)
 
 

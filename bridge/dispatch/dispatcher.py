@@ -474,7 +474,8 @@ class Dispatcher:
             log.warning(
                 "no worker of this Store (%s, Redis key scope %s) consumes queues %s, but workers list themselves "
                 "on them under other scopes %s: if they are this deployment's, give them and this bridge the same "
-                "AGENT_LIGHTNING_STORE_URL (docs/operations.md, several deployments on one Redis)",
+                "AGENT_LIGHTNING_STORE_URL, or the same REDIS_KEY_SCOPE (docs/operations.md, several deployments "
+                "on one Redis)",
                 redact_url(self.settings.store_base),
                 self.scope,
                 ", ".join(self.queues),

@@ -5,9 +5,12 @@ rollout with an attempt already started for itself (``POST /rollouts``, the Stor
 the agent and returns the Store's rollout. Here the same attempt is created claimed by the bridge's
 dispatcher id and handed to the dispatch loop's own ``Dispatcher.dispatch`` (recorded in flight, then
 published; handed back if the broker refuses it), so it needs no running loop, and a running bridge's
-reconciliation treats it like any rollout it dequeued (repairs it if the message is lost). It does not
-wait for a free slot: ``step`` bypasses the queue, as Agent Lightning's does, and the message waits in the
-broker until a worker takes it.
+reconciliation treats it like any rollout it dequeued (repairs it if the message is lost).
+
+``step`` bypasses the Store's queue, as Agent Lightning's does, but not the slots: it creates the rollout only
+once a live worker has a free slot on its queue (``wait_for_room``), so its message never waits in the broker
+past its expiry. Until then nothing exists in the Store, so no Store timeout runs. A dispatch loop may take
+the slot between the check and the publish; the message then waits as any other, within its queue wait.
 
 The wait is bounded by the rollout's own budget (its hard time limit plus the longest queue wait, for each
 attempt its config allows), so a lost rollout with no bridge to repair it ends the call with an error rather
@@ -23,17 +26,25 @@ the caller sees. The rollout stays queued, and a bridge started later runs it.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
+import redis
+
+from bridge.core import capacity
 from bridge.core.errors import PublishError
 from bridge.core.models import FINISHED_ROLLOUT, AttemptedRollout, Rollout, RolloutStatus
 from bridge.core.settings import Settings
 from bridge.core.store import API, StoreClient
+from bridge.dispatch import placement
 from bridge.dispatch.dispatcher import Dispatcher
 
+log = logging.getLogger(__name__)
+
 WAIT_SLICE_S = 2.0  # one long-poll of /waits/rollouts
+ROOM_POLL_S = 0.5  # polled, not woken: the slot-freed wake-ups belong to the dispatch loop
 WAIT_MARGIN_S = 60.0  # beyond the rollout's own bound: the worker's final report and the Store's bookkeeping
 
 
@@ -81,6 +92,41 @@ def start_rollout(
     body = {"input": task, "mode": mode, "resources_id": resources_id, "worker_id": settings.dispatcher_id}
     data = store.request("POST", API + "/rollouts", json=body, retries=0).json()
     return AttemptedRollout.model_validate(data)
+
+
+def wait_for_room(dispatcher: Dispatcher, mode: str | None) -> None:
+    """Block until a live worker has a free slot on the queue ``mode`` routes to.
+
+    TimeoutError when no worker consumes that queue for ``BRIDGE_MAX_QUEUE_WAIT_S``, or when it stays full
+    for that plus one attempt's hard time limit (every busy slot should have freed by then). An unreachable
+    Redis counts as no room: the wait goes on, within the same bound.
+    """
+    settings = dispatcher.settings
+    queue = settings.queue_for_mode(mode)
+    busy_bound = settings.max_queue_wait_s + settings.hard_time_limit(None)
+    started = time.monotonic()
+    said = False
+    while True:
+        served: set[str] = set()
+        try:
+            view = capacity.read_slots(dispatcher.redis, dispatcher.scope, dispatcher.queues)
+            served = view.served()
+            if placement.fits(queue, view.rooms(), served):
+                return
+        except redis.RedisError as exc:
+            log.warning("step: could not read the free slots (%r); waiting", exc)
+        waited = time.monotonic() - started
+        if queue not in served and waited > settings.max_queue_wait_s:
+            raise TimeoutError(
+                f"step: no live worker consumed queue {queue!r} (mode {mode!r}) for {waited:.0f}s; "
+                "start one with `celery -A workers worker -Q " + queue + "` or route the mode elsewhere (QUEUE_BY_MODE)"
+            )
+        if waited > busy_bound:
+            raise TimeoutError(f"step: queue {queue!r} had no free slot for {waited:.0f}s")
+        if not said:
+            said = True
+            log.info("step: queue %s has no free slot on a live worker; waiting for one", queue)
+        time.sleep(ROOM_POLL_S)
 
 
 def publish(dispatcher: Dispatcher, rollout: AttemptedRollout) -> None:

@@ -136,6 +136,8 @@ def _broker_part(settings: Settings, client: redis.Redis) -> tuple[dict[str, Any
             entry = workers.setdefault(worker, {"name": worker, "queues": [], "slots": 0, "active": []})
             entry["queues"].append(queue)
             entry["slots"] += int(slots or 0)
+        for worker, entry in workers.items():
+            entry["stuck_threads"] = int(client.get(keys.worker_stuck(scope, worker)) or 0)
         held, unserved = capacity.read_held(client, scope)
         part["unserved"] = unserved
         queues = set(settings.all_queues()) | {q for w in workers.values() for q in w["queues"]} | set(held)
@@ -220,6 +222,11 @@ def render(report: dict[str, Any]) -> str:
     for worker in report["workers"]:
         queues = ",".join(worker["queues"]) or "?"
         lines.append(f"  {worker['name']}  queues={queues} slots={worker['slots']} active={len(worker['active'])}")
+        if worker.get("stuck_threads"):
+            lines.append(
+                f"    ! {worker['stuck_threads']} agent threads stuck past their deadline (slots withheld;"
+                " MAX_STUCK_AGENT_THREADS restarts the worker)"
+            )
         for task in worker["active"]:
             lines.append(f"    {task['task'] or task['attempt_id']}")
     if report["last_errors"]:

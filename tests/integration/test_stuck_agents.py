@@ -3,8 +3,9 @@ bridge and Redis.
 
 The agent waits forever on an event when its input says ``block``. At the attempt's deadline the worker
 reports it ``failed`` (``timeout``) without waiting for the thread; on a cancel it stops without reporting.
-Each abandoned thread takes one slot off the node's advert, and at ``MAX_STUCK_AGENT_THREADS`` (2 here) the
-worker drains and re-executes itself, after which it has its slots back and runs rollouts again.
+Each abandoned thread takes one slot off the node's advert and shows in ``status``, and at
+``MAX_STUCK_AGENT_THREADS`` (2 here) the worker drains and re-executes itself, after which it has its slots
+back and runs rollouts again.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ import pytest
 import redis
 
 from bridge.core import capacity, keys
+from bridge.core.settings import load_settings
+from bridge.core.store import StoreClient
+from bridge.tools import status
 from bridge.tools.stack import LocalStack
 from tests.helpers import attempts, cancel_unfinished, enqueue, rollout, stack_for, wait_finished, wait_for
 
@@ -47,6 +51,12 @@ def test_a_blocking_agent_is_abandoned_counted_and_the_worker_restarts_itself(
         assert final["status"] == "failed" and meta.get("failure_class") == "timeout", final
         assert "its thread was abandoned" in meta["error"], meta
         wait_for(lambda: capacity.total_slots(client, stack.scope, QUEUE) == SLOTS - 1, 15, "one slot fewer advertised")
+        settings = load_settings(store_url=url, broker_url=clean_store.broker_url)
+        with StoreClient.from_settings(settings) as store:
+            report = status.collect(settings, store, client, inspect=False)
+        [node] = report["workers"]
+        assert node["stuck_threads"] == 1, node
+        assert "! 1 agent threads stuck past their deadline" in status.render(report)
 
         # The worker goes on with the slot it has left.
         [fine] = enqueue(url, [{"question": "What is 1 + 1?", "reward": 0.5}])

@@ -18,6 +18,7 @@ from bridge.core import tls
 from bridge.core.coordination import coordination_redis
 from bridge.core.message import base_app
 from bridge.core.settings import ConfigError, Settings, load_settings
+from bridge.dispatch import broker
 
 VERIFIED = {"ssl_cert_reqs": ssl.CERT_REQUIRED, "ssl_check_hostname": True}
 UNVERIFIED = {"ssl_cert_reqs": ssl.CERT_NONE, "ssl_check_hostname": False}
@@ -74,3 +75,19 @@ def test_opting_out_is_explicit_and_warned_once(monkeypatch: pytest.MonkeyPatch,
     assert len(warnings) == 1 and "BROKER_TLS_INSECURE" in warnings[0] and "s3cret" not in warnings[0]
     amqps = _settings("amqps://rabbit.example//", redis_url="redis://r/0", broker_tls_insecure=True)
     assert base_app(amqps, "tls-unit").conf.broker_use_ssl == {"cert_reqs": ssl.CERT_NONE}
+
+
+@pytest.mark.parametrize("insecure", [False, True])
+def test_the_queue_depth_probe_uses_the_same_tls_checks_as_the_workers(insecure: bool) -> None:
+    """``status`` and the bridge's queue gauges read the broker too: with the same checks, and the same opt-out."""
+    plain = coordination_redis(_settings("redis://127.0.0.1:1/0"))
+    separate = _settings(
+        "rediss://redis.example:6380/0", redis_url="redis://127.0.0.1:1/0", broker_tls_insecure=insecure
+    )
+    redis_probe = broker.queues_for(separate, plain)
+    assert isinstance(redis_probe, broker.RedisQueues)
+    assert _redis_options(redis_probe.broker) == (UNVERIFIED if insecure else VERIFIED)
+    amqps = _settings("amqps://rabbit.example//", redis_url="redis://r/0", broker_tls_insecure=insecure)
+    amqp_probe = broker.queues_for(amqps, plain)
+    assert isinstance(amqp_probe, broker.AmqpQueues)
+    assert amqp_probe._ssl == tls.broker_use_ssl(amqps) == base_app(amqps, "tls-unit").conf.broker_use_ssl

@@ -12,9 +12,10 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+import workers.resources
 from bridge.core import capacity, keys
 from bridge.core.coordination import deployment_scope
-from bridge.core.settings import load_settings
+from bridge.core.settings import ConfigError, load_settings
 from bridge.dispatch.dispatcher import Dispatcher
 from bridge.dispatch.leader import LeaderLock, dispatching
 from bridge.runner_support.fleet import AgentMismatchError, check_fleet
@@ -46,6 +47,25 @@ def test_the_scope_is_derived_from_the_store_url_in_one_place() -> None:
     assert deployment_scope(settings) != keys.store_scope("http://store.example:4748")
     assert keys.inflight("abc", "rollouts") == "agl:inflight:abc:rollouts"
     assert keys.ratelimit("gpt-4o") == "agl:ratelimit:gpt-4o"  # shared by every deployment on purpose
+
+
+def test_a_named_scope_lets_processes_spell_the_store_differently() -> None:
+    """The trainer's host reaches the Store as localhost, the workers as ``store``: one REDIS_KEY_SCOPE joins them,
+    and it reaches the worker's fence board and shared resources too (``workers.resources``)."""
+    spellings = ("http://127.0.0.1:4747", "http://store:4747")
+    named = [load_settings(store_url=url, broker_url="redis://r:6379/0", redis_key_scope="team-a") for url in spellings]
+    assert {deployment_scope(s) for s in named} == {"team-a"}
+    assert (
+        len({deployment_scope(load_settings(store_url=url, broker_url="redis://r:6379/0")) for url in spellings}) == 2
+    )
+    with pytest.raises(ConfigError, match="REDIS_KEY_SCOPE"):
+        load_settings(store_url=spellings[0], broker_url="redis://r:6379/0", redis_key_scope="a:b")
+    built = workers.resources._build(named[1].model_copy(update={"fence_board": True}))
+    try:
+        assert built.store.shared_resources._scope == "team-a"  # type: ignore[union-attr]
+        assert built.monitor._board is not None and built.monitor._board._scope == "team-a"
+    finally:
+        built.store.close()
 
 
 def test_slots_and_in_flight_attempts_are_counted_per_deployment(

@@ -69,7 +69,8 @@ def store() -> RecordingStore:
 @pytest.fixture
 def processes(redis_client: redis.Redis, store: RecordingStore, store_url: str) -> Iterator[list[HeartbeatMonitor]]:
     monitors = [
-        HeartbeatMonitor(cast(StoreClient, store), redis_client, FenceBoard(redis_client, store_url)) for _ in range(3)
+        HeartbeatMonitor(cast(StoreClient, store), redis_client, FenceBoard(redis_client, keys.store_scope(store_url)))
+        for _ in range(3)
     ]
     yield monitors
     _clear_boards(redis_client)
@@ -171,7 +172,10 @@ def test_attempts_the_board_has_no_verdicts_for_are_still_read_every_interval(
 
 def test_without_redis_each_process_reads_its_own(store: RecordingStore, store_url: str) -> None:
     dead = redis.Redis(port=1, socket_connect_timeout=0.2, socket_timeout=0.2)
-    monitors = [HeartbeatMonitor(cast(StoreClient, store), dead, FenceBoard(dead, store_url)) for _ in range(2)]
+    monitors = [
+        HeartbeatMonitor(cast(StoreClient, store), dead, FenceBoard(dead, keys.store_scope(store_url)))
+        for _ in range(2)
+    ]
     watches = {m: [_watch(m, store, f"ro-{i}")] for i, m in enumerate(monitors)}
     for ws in watches.values():
         ws[0].lease_unknown = True  # Redis unreachable: renewals cannot prove the lease, nobody can take it over
@@ -184,8 +188,12 @@ def test_clusters_sharing_a_redis_never_fence_each_others_attempts(
     redis_client: redis.Redis, store: RecordingStore
 ) -> None:
     ours, theirs = RecordingStore(), store
-    a = HeartbeatMonitor(cast(StoreClient, ours), redis_client, FenceBoard(redis_client, "http://store-a.test:1"))
-    b = HeartbeatMonitor(cast(StoreClient, theirs), redis_client, FenceBoard(redis_client, "http://store-b.test:1"))
+    a = HeartbeatMonitor(
+        cast(StoreClient, ours), redis_client, FenceBoard(redis_client, keys.store_scope("http://store-a.test:1"))
+    )
+    b = HeartbeatMonitor(
+        cast(StoreClient, theirs), redis_client, FenceBoard(redis_client, keys.store_scope("http://store-b.test:1"))
+    )
     try:
         watches = {a: [_watch(a, ours, "ro-a")], b: [_watch(b, theirs, "ro-b")]}
         _run_rounds([a, b], watches, 2.5 * INTERVAL_S)
@@ -202,7 +210,9 @@ def test_a_round_too_big_for_one_request_reads_its_own_first_and_gives_up_the_re
     reader = processes[0]
     mine = _watch(reader, store, "ro-mine")
     others = [(f"ro-other-{i:03d}", store.add(f"ro-other-{i:03d}")) for i in range(250)]
-    FenceBoard(redis_client, store_url).exchange(others, INTERVAL_S)  # another process lists 250 attempts
+    FenceBoard(redis_client, keys.store_scope(store_url)).exchange(
+        others, INTERVAL_S
+    )  # another process lists 250 attempts
     store.answer_reads = 1  # the Store answers the first request of the round, then fails
     mine.next_beat = 0.0
     reader.beat_due([mine])

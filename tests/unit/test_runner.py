@@ -29,7 +29,11 @@ import agentlightning as agl
 import redis
 
 from bridge.core import capacity, keys
+from bridge.core.settings import load_settings
+from bridge.core.store import StoreClient
+from bridge.dispatch.dispatcher import Dispatcher
 from bridge.runner import CeleryRunner, _loop_alive, store_url_of
+from bridge.runner_support import direct
 from bridge.runner_support.direct import RolloutFailedError
 from bridge.runner_support.fleet import AgentMismatchError, agent_path
 from bridge.runner_support.stop import EitherEvent
@@ -262,3 +266,39 @@ def test_iter_returns_once_the_event_is_set_and_a_cancelled_iter_leaves_no_threa
     asyncio.run(cancel_after(1.0))  # asyncio.run joins the loop's worker threads: it returns once ours ended
     assert time.monotonic() - started < 5.0
     assert threading.active_count() <= threads
+
+
+def _direct_dispatcher(queue: str, **overrides: Any) -> Dispatcher:
+    settings = load_settings(
+        broker_url=TEST_REDIS_URL, default_queue=queue, store_url="http://127.0.0.1:9", **overrides
+    )
+    client = redis.Redis.from_url(TEST_REDIS_URL)
+    return Dispatcher(settings, StoreClient.from_settings(settings), client, publisher=None)  # type: ignore[arg-type]
+
+
+def test_step_creates_its_rollout_only_once_a_live_worker_has_a_free_slot(
+    redis_client: redis.Redis, queue: str
+) -> None:
+    """A step on a full queue waits before creating anything, so its message never outwaits its expiry."""
+    dispatcher = _direct_dispatcher(queue)
+    capacity.advertise(redis_client, SCOPE, "w1@host", [queue], 1)
+    capacity.mark_inflight(redis_client, SCOPE, queue, "at-busy")
+    waiter = threading.Thread(target=direct.wait_for_room, args=(dispatcher, None))
+    try:
+        waiter.start()
+        waiter.join(1.5)
+        assert waiter.is_alive(), "a step on a full queue went ahead"
+        capacity.clear_inflight(redis_client, SCOPE, queue, "at-busy")
+        waiter.join(3.0)
+        assert not waiter.is_alive(), "a step did not go ahead once the slot freed"
+    finally:
+        capacity.clear_inflight(redis_client, SCOPE, queue, "at-busy")
+        waiter.join(5.0)
+
+
+def test_step_on_a_queue_no_worker_consumes_fails_naming_the_queue(queue: str) -> None:
+    dispatcher = _direct_dispatcher(queue, max_queue_wait_s=1.0)
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match=f"no live worker consumed queue '{queue}'"):
+        direct.wait_for_room(dispatcher, None)
+    assert 1.0 <= time.monotonic() - started < 5.0

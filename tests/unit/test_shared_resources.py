@@ -48,7 +48,7 @@ def _processes(server: ResourcesServer, client: redis.Redis, ttl_s: float, n: in
     stores = []
     for _ in range(n):
         store = StoreClient(server.url, retries=0, resources_ttl_s=ttl_s)
-        store.shared_resources = RedisResources(client, server.url)
+        store.shared_resources = RedisResources(client, keys.store_scope(server.url))
         stores.append(store)
     return stores
 
