@@ -7,11 +7,8 @@
   bridge's slot count is what really runs.
 * ``visibility_timeout`` above the hard time limit plus the longest queue wait (checked in settings),
   or Redis would hand a still-running rollout to a second worker.
-* task events (Flower's task list) through ``workers.events``: Celery 5.6 erases events that task threads
-  send while a batch is being published, so under ``-P threads`` Flower showed finished tasks as
-  ``RECEIVED`` or ``STARTED`` forever.
-* under ``-P threads`` the consumer loop is woken by the thread that finished a task (``workers.loop_wake``),
-  or a freed slot would wait for the loop's next turn before its next message.
+* under ``-P threads``, two corrections of Celery's internals (``bridge.core.patches``): task events that
+  reach Flower, and a consumer loop woken when a task finishes.
 """
 
 from __future__ import annotations
@@ -19,9 +16,9 @@ from __future__ import annotations
 from celery import Celery
 
 from bridge.core.message import base_app
+from bridge.core.patches import celery_task_events as events
+from bridge.core.patches.celery_loop_wake import LoopWaker
 from bridge.core.settings import Settings, get_settings
-from workers import events
-from workers.loop_wake import LoopWaker
 
 __all__ = ["app", "create_app"]
 

@@ -48,9 +48,9 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationInfo, Instrume
 from opentelemetry.trace import Status, StatusCode
 
 from bridge.core.errors import StoreError, TelemetryError
+from bridge.core.patches import otlp_token_ids as span_encoding
 from bridge.core.redact import redact_url
 from bridge.core.store import TRACES, StoreClient
-from workers import span_encoding
 from workers.trace_courier import TraceCourier
 
 log = logging.getLogger("workers.telemetry")

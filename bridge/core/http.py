@@ -8,8 +8,9 @@ import struct
 import threading
 from typing import Any
 
-import httpcore
 import httpx
+
+from bridge.core.patches.httpcore_pool_expiry import expiry_checked
 
 # A request given up on (a timeout) must not reach the service later. On a normal close the kernel keeps
 # retransmitting the bytes the peer has not acknowledged, so a span batch or heartbeat stalled by a network
@@ -22,47 +23,6 @@ ABORT_ON_CLOSE = [(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 # server's close and fail with "Server disconnected without sending a response" (seen on WebShop /step
 # between 5 s LLM calls). A fresh connection on loopback or a LAN costs far less than such a failure.
 KEEPALIVE_S = 2.0
-
-
-class _ExpiryCheckedConnection(httpcore.HTTPConnection):
-    """A connection that the pool retires in the same step as it finds it expired.
-
-    httpcore's pool hands an idle connection to a request under the pool's lock, but the request starts on
-    it (under the connection's own lock) after that lock is released; meanwhile another thread's pass over
-    the pool may find the connection expired (idle past ``KEEPALIVE_S``) and close it, which httpcore does
-    without any lock. Closed before the request starts, the request moves to another connection; closed
-    just after, the request's socket disappears under it: ``ReadError('[Errno 9] Bad file descriptor')`` on
-    a WebShop ``/step`` once in about 9,000 requests at 128 threads (docs/performance.md), a failed rollout,
-    since a step is not retried. Checking and closing under the connection's lock leaves only the first
-    case: a request that starts finds the connection closed and the pool gives it another.
-    """
-
-    def has_expired(self) -> bool:
-        inner = self._connection
-        lock = getattr(inner, "_state_lock", None)
-        if inner is None or lock is None:  # not connected yet (or a protocol without that lock): as httpcore
-            return super().has_expired()
-        if not inner.has_expired():  # the common case, without the lock: a live connection stays either way
-            return False
-        with lock:
-            if not inner.has_expired():  # a request started on it meanwhile
-                return False
-            inner.close()
-            return True
-
-
-class _ExpiryCheckedPool(httpcore.ConnectionPool):
-    def create_connection(self, origin: httpcore.Origin) -> httpcore.ConnectionInterface:
-        connection = super().create_connection(origin)
-        if type(connection) is httpcore.HTTPConnection:  # a direct one; proxies' connections stay as they are
-            connection.__class__ = _ExpiryCheckedConnection  # same object, one method more careful
-        return connection
-
-
-def _expiry_checked(transport: httpx.HTTPTransport) -> httpx.HTTPTransport:
-    """``transport`` whose pool retires expired connections atomically (``_ExpiryCheckedConnection``)."""
-    transport._pool.__class__ = _ExpiryCheckedPool
-    return transport
 
 
 class PerThreadTransport(httpx.BaseTransport):
@@ -162,7 +122,7 @@ def shared_transport(max_connections: int) -> httpx.HTTPTransport:
     Store request and WebShop step opened a new connection, at a cost to both sides. Shared, the pool holds
     only as many connections as requests run at once, and they stay warm.
     """
-    return _expiry_checked(httpx.HTTPTransport(limits=_limits(max_connections), socket_options=ABORT_ON_CLOSE))
+    return expiry_checked(httpx.HTTPTransport(limits=_limits(max_connections), socket_options=ABORT_ON_CLOSE))
 
 
 def service_client(base_url: str, *, token: str | None, timeout_s: float, max_connections: int) -> httpx.Client:

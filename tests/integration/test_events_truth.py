@@ -6,8 +6,8 @@ real rollouts; afterwards every attempt the Store finished must be ``SUCCESS`` t
 ``task-received``, ``task-started`` and ``task-succeeded`` events. The task id is the attempt id.
 
 Under ``-P threads`` Celery 5.6 erased events that task threads sent while a batch was being published
-(``workers/events.py``): before that fix this run saw 40-60 % of ``task-started`` events lost and
-tasks left ``RECEIVED`` or ``STARTED`` for good, while prefork saw every event.
+(``bridge/core/patches/celery_task_events.py``): before that fix this run saw 40-60 % of ``task-started``
+events lost and tasks left ``RECEIVED`` or ``STARTED`` for good, while prefork saw every event.
 """
 
 from __future__ import annotations

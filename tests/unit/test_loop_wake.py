@@ -12,7 +12,7 @@ from celery.concurrency.prefork import TaskPool as PreforkTaskPool
 from celery.concurrency.thread import TaskPool as ThreadTaskPool
 from kombu.asynchronous import Hub
 
-from workers.loop_wake import LoopWaker
+from bridge.core.patches.celery_loop_wake import LoopWaker
 
 
 @contextmanager

@@ -1,5 +1,5 @@
-"""Telemetry encoding: token ids kept beside the spans (``workers.span_encoding.encode``, written as wire bytes)
-must give the very OTLP payload the SDK's encoder gives with them as attributes (the Store and the trainer
+"""Telemetry encoding: token ids kept beside the spans (``bridge.core.patches.otlp_token_ids.encode``, written as
+wire bytes) must give the very OTLP payload the SDK's encoder gives with them as attributes (the Store and the trainer
 read them): compared attribute by attribute after decoding both, for every varint length, spans in order,
 over several resources and scopes."""
 
@@ -16,8 +16,8 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from workers import span_encoding
-from workers.span_encoding import encode
+from bridge.core.patches import otlp_token_ids as span_encoding
+from bridge.core.patches.otlp_token_ids import encode
 
 TOKEN_KEYS = ("prompt_token_ids", "response_token_ids")
 

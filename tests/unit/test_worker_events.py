@@ -1,4 +1,5 @@
-"""``workers.events``: the worker's task events survive task threads appending while a batch is published.
+"""``bridge.core.patches.celery_task_events``: the worker's task events survive task threads appending while a
+batch is published.
 
 The integration test (tests/integration/test_events_truth.py) shows the loss with real workers; these
 pin the two mechanisms deterministically. The broker side is a stand-in producer that records what was
@@ -16,7 +17,7 @@ import pytest
 from celery import Celery
 from kombu.asynchronous import Hub
 
-from workers import events
+from bridge.core.patches import celery_task_events as events
 
 
 class RecordingProducer:
@@ -53,7 +54,7 @@ def _dispatcher(app: Celery) -> Any:
 def test_install_swaps_in_the_thread_safe_dispatcher_and_consumer() -> None:
     app = _app()
     assert issubclass(app.events.Dispatcher, events.ThreadSafeEventDispatcher)
-    assert app.conf.worker_consumer == "workers.events:EventsConsumer"
+    assert app.conf.worker_consumer == "bridge.core.patches.celery_task_events:EventsConsumer"
     with pytest.raises(RuntimeError):
         events.install(app)  # app.events is cached now: too late
 

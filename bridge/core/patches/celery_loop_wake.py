@@ -1,19 +1,10 @@
-"""Wake the worker's consumer loop when a pool thread finishes a task.
+"""Wake the worker's consumer loop when a pool thread finishes a task (``-P threads``).
 
-Why. Under ``-P threads`` the consumer loop asks the broker for a message only while the channel may take
-one more, and re-checks only when it wakes. Under prefork a finished task wakes it (the result comes back
-over a pipe the loop watches); under ``threads`` the task acknowledges from its own thread and nothing woke
-the loop, so with every slot busy a message published for a slot that just freed waited for the loop's next
-wake-up: 0.5 s at the median, 1.6 s at p95 (128 threads, 2,000 ms LLM calls).
-
-The first fix, a timer firing every 50 ms, bounded those waits but kept the loop turning 20 times a second
-whether or not anything happened, each turn re-registering the broker's sockets with epoll: an idle
-32-thread worker used 43 clock ticks of CPU per 30 s with it and 18-21 without (about 7 ms a second,
-0.8 ms per rollout at 128 slots x 2,000 ms, 3 ms at 32; docs/performance.md). Here a pipe the
-loop watches is written by the thread that has just acknowledged its task (a done-callback of the pool's
-future, which runs after the acknowledgement), so the loop turns when there is something to re-check, at
-once, and sleeps otherwise. The task events a thread buffers (``workers.events``) are flushed on that turn,
-``task-started`` on the loop's next one (a message, a timer, or at most the broker poll's one second).
+The loop asks the broker for a message only when it wakes; under prefork a finished task wakes it (a pipe
+from the child), under ``threads`` nothing did, so a message for a slot that just freed waited for the
+loop's next turn. Here the thread that acknowledged its task writes to a pipe the loop watches, so the loop
+turns at once and sleeps otherwise. Figures: docs/performance.md, "A finished task wakes the loop".
+Registered in ``bridge.core.patches``.
 """
 
 from __future__ import annotations

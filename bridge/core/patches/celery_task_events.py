@@ -1,25 +1,11 @@
 """Task events that reach Flower under every pool: Celery's buffered event path made thread-safe.
 
-Why this exists. With an event loop (the Redis and AMQP transports), a worker buffers its ``task-*``
-events and publishes them as one ``task.multi`` batch per flush, on the loop. Under ``-P prefork`` every
-event is sent from the loop's own thread (children report back over pipes), so the buffer has one writer.
-Under ``-P threads`` ``task-started`` and ``task-succeeded``/``task-failed`` are sent from the task's own
-thread, and Celery 5.6's ``EventDispatcher.flush`` publishes the live buffer list and then empties it
-(``events[:] = []``): an event a task thread appends while the batch is being serialised and written to
-the broker is erased without ever being sent. Measured (100 rollouts, ``-P threads -c 16``, a patched
-dispatcher counting): all 300 task events were buffered, 60 ``task-started`` and 6 ``task-succeeded``
-were appended during a flush and erased, and exactly those were missing from the event stream, so
-Flower showed tasks ``RECEIVED`` or ``STARTED`` forever although the Store had every rollout
-``succeeded`` (docs/operations.md, "Flower"). The consumer also schedules each flush by adding to the
-loop's ready set from the task thread without the loop's lock.
-
-Celery fixed both in 5.7 (celery/celery issue 10434: publish a detached copy and remove only what was
-published; schedule the flush through ``hub.call_soon``), but this project pins ``celery<5.7``
-(pyproject.toml: 5.7.0 crashes the worker when Redis restarts under load). ``install`` applies the same
-two corrections through Celery's own extension points (``app.events_cls`` and ``worker_consumer``); the
-events sent, their batching and their order are unchanged, so prefork behaves as before. Under green
-pools (gevent, eventlet) Celery does not buffer task events at all, so nothing here applies to them.
-Drop this module when the pin allows a Celery with the fix.
+Under ``-P threads`` task threads append to the event buffer while the loop publishes it, and Celery 5.6's
+``EventDispatcher.flush`` empties the whole buffer afterwards, erasing what was appended meanwhile (Flower
+then shows tasks ``STARTED`` forever); the consumer also schedules flushes from task threads without the
+loop's lock. ``install`` fixes both through Celery's extension points (``app.events_cls``,
+``worker_consumer``): the same events, batching and order, so prefork behaves as before. Celery 5.7 fixed
+both upstream; docs/operations.md, "Flower", has the measurement. Registered in ``bridge.core.patches``.
 """
 
 from __future__ import annotations

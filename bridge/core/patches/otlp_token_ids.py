@@ -1,15 +1,12 @@
 """OTLP protobuf bytes for one attempt's spans: the SDK's encoder, plus token-id lists written here as bytes.
 
-Token ids are the bulk of what a worker ships (thousands of integers per rollout, every LLM call's prompt
-and completion). Carried as ordinary span attributes they cost twice (the SDK cleans every element when
-the attribute is set, then its generic encoder dispatches on the type of every element again); appended to
-the protobuf message with the repeated field's ``add`` they still built one message object per integer,
-8% of a 128-thread worker's GIL time (py-spy, docs/performance.md). So the telemetry keeps them beside the
-span (``IntLists``, by span id) and they are written straight into the wire format here: each span is
-serialized by protobuf, its token-id attributes are appended as bytes (a message's fields may come in any
-order, and repeated fields concatenate), and the enclosing scope and resource messages are framed around
-them. The result decodes to the standard OTLP message (each list an ``array_value`` of ``int_value``s), so
-the Store and the trainer's adapters see exactly what the SDK's encoder would give them.
+Token ids are the bulk of what a worker ships; as ordinary span attributes the SDK cleans and encodes them
+element by element. So the telemetry keeps them beside the span (by span id), each span is serialized by
+the SDK's encoder, and its token-id attributes are appended as protobuf bytes (fields may come in any order
+and repeated fields concatenate), framed into the scope and resource messages here. The result decodes to
+the standard OTLP message, exactly what the SDK's encoder would give. It relies on the OTLP exporter's
+``encode_spans``; figures: docs/performance.md, "Token ids straight to the wire". Registered in
+``bridge.core.patches``.
 """
 
 from __future__ import annotations
