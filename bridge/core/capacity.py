@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import redis
 
-from bridge.core import keys
+from bridge.core import keys, shared_slots
 
 log = logging.getLogger("bridge.core.capacity")
 
@@ -180,25 +180,17 @@ class SlotView:
     def rooms(self) -> dict[str, int]:
         """How many more rollouts each queue can start now (negative: its unplaced excess).
 
-        The nodes are grouped by the set of queues they consume (slots summed), which keeps the flow
-        network to a handful of vertices whatever the number of nodes; a queue's room is the extra flow
-        its rollouts could push through the network once every in-flight attempt is placed.
+        Nodes are grouped by the set of our queues they consume (slots summed). Where no group consumes two
+        queues, a queue's room is its groups' slots minus its in-flight count; nodes shared by queues need
+        the flow computation of ``bridge.core.shared_slots``.
         """
         groups: dict[frozenset[str], int] = {}
         for slots, queues in self.nodes.values():
             if queues:
                 groups[queues] = groups.get(queues, 0) + slots
-        base, placed = _max_flow(groups, self.inflight)
-        out: dict[str, int] = {}
-        for queue, count in self.inflight.items():
-            unplaced = count - placed.get(queue, 0)
-            if unplaced > 0:
-                out[queue] = -unplaced
-                continue
-            more = sum(groups.values()) + 1  # more than could ever be placed: the flow finds the real room
-            total, _ = _max_flow(groups, {**self.inflight, queue: count + more})
-            out[queue] = total - base
-        return out
+        if all(len(queues) == 1 for queues in groups):
+            return {q: sum(n for g, n in groups.items() if q in g) - count for q, count in self.inflight.items()}
+        return shared_slots.rooms(groups, self.inflight)
 
 
 HELD_TTL_S = 10  # the leader rewrites it every second; a dead bridge's record fades with it
@@ -233,61 +225,6 @@ def read_slots(client: redis.Redis, scope: str, queues: Iterable[str]) -> SlotVi
         consumed.setdefault(node, set()).add(queue)
     inflight = dict(zip(ours, counts, strict=True))
     return SlotView({node: (slots[node], frozenset(consumed[node])) for node in slots}, inflight)
-
-
-def _max_flow(groups: dict[frozenset[str], int], demand: dict[str, int]) -> tuple[int, dict[str, int]]:
-    """Place ``demand`` (per queue) on node groups (capacity per group of the queues it consumes).
-
-    Edmonds-Karp on source -> queue (its demand) -> group (unbounded, where the group consumes the
-    queue) -> sink (the group's slots). Returns the total placed and how much of each queue was placed.
-    """
-    queues = [q for q in demand if demand[q] > 0]
-    order = list(groups)
-    src: object = ("s",)
-    sink: object = ("t",)
-    capacity_of: dict[tuple[object, object], int] = {}
-    edges: dict[object, list[object]] = {src: [], sink: []}
-
-    def add(a: object, b: object, cap: int) -> None:
-        capacity_of[(a, b)] = capacity_of.get((a, b), 0) + cap
-        capacity_of.setdefault((b, a), 0)
-        edges.setdefault(a, []).append(b)
-        edges.setdefault(b, []).append(a)
-
-    unbounded = sum(groups.values()) + sum(demand.values()) + 1
-    for q in queues:
-        add(src, ("q", q), demand[q])
-        for g in order:
-            if q in g:
-                add(("q", q), ("g", g), unbounded)
-    for g in order:
-        add(("g", g), sink, groups[g])
-    total = 0
-    while True:
-        parent: dict[object, object] = {src: src}
-        frontier: list[object] = [src]
-        while frontier and sink not in parent:
-            nxt: list[object] = []
-            for a in frontier:
-                for b in edges.get(a, []):
-                    if b not in parent and capacity_of[(a, b)] > 0:
-                        parent[b] = a
-                        nxt.append(b)
-            frontier = nxt
-        if sink not in parent:
-            break
-        path: list[tuple[object, object]] = []
-        node = sink
-        while node != src:
-            path.append((parent[node], node))
-            node = parent[node]
-        push = min(capacity_of[edge] for edge in path)
-        for a, b in path:
-            capacity_of[(a, b)] -= push
-            capacity_of[(b, a)] += push
-        total += push
-    placed = {q: capacity_of[(("q", q), src)] for q in queues}
-    return total, placed
 
 
 def notify_freed(client: redis.Redis, scope: str, queue: str) -> None:

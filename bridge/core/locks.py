@@ -1,5 +1,5 @@
-"""Owner-checked writes to a Redis key that holds a token: the dispatcher's leader lock and the
-executors' attempt leases are both such keys.
+"""Owner-checked writes to a Redis key that holds a token: the executors' attempt leases (``workers.lease``),
+whose key is also set by a Lua script of their own, so redis-py's ``Lock`` (the leader lock's) does not fit.
 
 A plain ``DEL`` or ``PEXPIRE`` could touch a key another holder took after ours expired; these scripts
 compare the token and act in one atomic step, so only the holder that set a key can extend or drop it.

@@ -9,13 +9,14 @@ exactly as workers and the bridge write them (``capacity.advertise``/``mark_infl
 
 from __future__ import annotations
 
+import random
 import uuid
 from collections.abc import Iterator
 
 import pytest
 import redis
 
-from bridge.core import capacity, keys
+from bridge.core import capacity, keys, shared_slots
 from bridge.dispatch import placement
 from tests.helpers import drop_adverts
 
@@ -97,3 +98,21 @@ def test_rooms_of_a_large_cluster() -> None:
     view = capacity.SlotView(nodes, {"a": 700, "b": 10, "c": 5})
     # a: 100 nodes on {a, b} and 100 on {a}: 1600 slots in all, 10 of them held by b.
     assert view.rooms() == {"a": 1600 - 700 - 10, "b": 800 - 10 - max(0, 700 - 800), "c": 800 - 5}
+
+
+def test_the_fast_path_for_queues_on_separate_nodes_agrees_with_the_flow() -> None:
+    """Where no node consumes two of the queues, rooms are slots minus in flight, exactly what the max flow says."""
+    rng = random.Random(7)
+    for _ in range(300):
+        names = [f"q{i}" for i in range(rng.randint(1, 4))]
+        nodes = {
+            f"n{i}": (rng.randint(0, 8), frozenset({rng.choice(names)}) if rng.random() < 0.9 else frozenset())
+            for i in range(rng.randint(0, 6))
+        }
+        inflight = {q: rng.randint(0, 12) for q in names}
+        view = capacity.SlotView(nodes, inflight)
+        groups: dict[frozenset[str], int] = {}
+        for slots, consumed in nodes.values():
+            if consumed:
+                groups[consumed] = groups.get(consumed, 0) + slots
+        assert view.rooms() == shared_slots.rooms(groups, inflight), (nodes, inflight)
