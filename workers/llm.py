@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 import httpx
 import openai
 
-from bridge.core.backoff import backoff_delay
+from bridge.core.backoff import Retries
 from bridge.core.errors import LLMError
 from bridge.core.http import HTTPClient, pooled_transport, retry_after_s
 from bridge.core.models import AttemptedRollout, LLMResource, ResourcesUpdate
@@ -223,7 +223,7 @@ def chat(
         body.setdefault("return_token_ids", True)
     body["model"] = target.model
     body["messages"] = messages
-    attempt = 0
+    schedule = Retries(limit=retries, base_s=1.0, cap_s=max_backoff_s)
     rate_limited = 0
     if timeout_s is None:
         timeout_s = _client_timeout(client)
@@ -236,13 +236,13 @@ def chat(
         started = time.perf_counter()
         try:
             response = client.post("/chat/completions", cast_to=httpx.Response, body=body, options=options)
-            result = _to_result(_json_object(response), time.perf_counter() - started, attempt, rate_limited)
+            result = _to_result(_json_object(response), time.perf_counter() - started, schedule.done, rate_limited)
             worker_metrics.observe_llm(time.perf_counter() - started, "ok", target.source)
             return result
         except openai.RateLimitError as exc:
             worker_metrics.observe_llm(time.perf_counter() - started, "rate_limited", target.source)
             rate_limited += 1
-            delay = retry_after_s(exc.response, with_ms=True) or backoff_delay(attempt, base_s=1.0, cap_s=max_backoff_s)
+            hint = retry_after_s(exc.response, with_ms=True)
             problem = f"429 rate limited: {_short(exc)}"
         except openai.APIStatusError as exc:
             worker_metrics.observe_llm(time.perf_counter() - started, "error", target.source)
@@ -250,31 +250,31 @@ def chat(
                 raise _llm_error(
                     target, f"LLM at {target.base_url} rejected the request ({exc.status_code}): {_short(exc)}"
                 ) from exc
-            delay = backoff_delay(attempt, base_s=1.0, cap_s=max_backoff_s)
+            hint = None
             problem = f"{exc.status_code}: {_short(exc)}"
         except (openai.APIConnectionError, openai.APITimeoutError, httpx.HTTPError) as exc:
             worker_metrics.observe_llm(time.perf_counter() - started, "error", target.source)
-            delay = backoff_delay(attempt, base_s=1.0, cap_s=max_backoff_s)
+            hint = None
             problem = repr(exc)
         except ValueError as exc:
             # A 200 whose body is not valid JSON (a proxy's error page, a truncated answer). Possibly
             # transient, so retried like a 5xx, then an LLM error, not "infra".
             worker_metrics.observe_llm(time.perf_counter() - started, "error", target.source)
-            delay = backoff_delay(attempt, base_s=1.0, cap_s=max_backoff_s)
+            hint = None
             problem = f"answer is not valid JSON: {_short(exc)}"
         if deadline is not None and deadline - time.time() < MIN_TRY_S:
             # This try was cut by the budget (its timeout was capped at the time left), not by the LLM.
             raise TimeoutError(f"the rollout's time budget ran out while calling the LLM (last try: {problem})")
-        if attempt >= retries:
-            raise _llm_error(target, f"LLM at {target.base_url} failed after {attempt + 1} tries: {problem}")
-        delay = min(delay, max_backoff_s)
+        delay = schedule.next_delay(min(hint, max_backoff_s) if hint else None)
+        if delay is None:
+            tries = schedule.done + 1
+            raise _llm_error(target, f"LLM at {target.base_url} failed after {tries} tries: {problem}")
         if deadline is not None and time.time() + delay >= deadline:
             raise TimeoutError(
-                f"the rollout's time budget runs out before LLM retry {attempt + 1} (last try: {problem})"
+                f"the rollout's time budget runs out before LLM retry {schedule.done} (last try: {problem})"
             )
-        log.warning("LLM call failed (%s); retry %d in %.1fs", problem, attempt + 1, delay)
+        log.warning("LLM call failed (%s); retry %d in %.1fs", problem, schedule.done, delay)
         _sleep(delay, check_stop)
-        attempt += 1
 
 
 STOP_CHECK_EVERY_S = 0.5  # a back-off re-runs the stop check at least this often

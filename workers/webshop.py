@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from bridge.core.backoff import backoff_delay
+from bridge.core.backoff import Retries
 from bridge.core.errors import WebShopError
 from bridge.core.http import retry_after_s, service_client
 from workers import metrics as worker_metrics
@@ -70,7 +70,7 @@ class WebShopClient:
             log.debug("could not close WebShop session %s: %r", session_id, exc)
 
     def _post(self, path: str, body: dict[str, Any], *, idempotent: bool) -> httpx.Response:
-        attempt = 0
+        schedule = Retries(limit=self.retries, base_s=0.2, cap_s=5.0)
         while True:
             self.calls += 1
             started = time.perf_counter()
@@ -88,12 +88,12 @@ class WebShopClient:
                     raise WebShopError(f"WebShop {path} failed at {self.base_url}: {exc!r}") from exc
                 problem, retry_after = repr(exc), None
             self.errors += 1
-            if attempt >= self.retries:
-                raise WebShopError(f"WebShop {path} failed after {attempt + 1} tries at {self.base_url}: {problem}")
-            delay = retry_after if retry_after is not None else backoff_delay(attempt, base_s=0.2, cap_s=5.0)
-            log.warning("WebShop %s: %s; retry %d in %.1fs", path, problem, attempt + 1, delay)
+            delay = schedule.next_delay(retry_after)
+            if delay is None:
+                tries = schedule.done + 1
+                raise WebShopError(f"WebShop {path} failed after {tries} tries at {self.base_url}: {problem}")
+            log.warning("WebShop %s: %s; retry %d in %.1fs", path, problem, schedule.done, delay)
             time.sleep(delay)
-            attempt += 1
         if response.status_code >= 400:
             self.errors += 1
             raise WebShopError(f"WebShop {path} answered {response.status_code}: {response.text[:300]}")

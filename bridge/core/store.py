@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx
 
-from bridge.core.backoff import backoff_delay
+from bridge.core.backoff import Retries
 from bridge.core.errors import StoreRejected, StoreUnavailable, UnknownIdError
 from bridge.core.http import service_client
 from bridge.core.models import Attempt, AttemptedRollout, ResourcesUpdate, Rollout
@@ -106,7 +106,7 @@ class StoreClient:
     ) -> httpx.Response:
         """Send one request, retrying transient failures until ``retries`` or ``deadline`` runs out."""
         budget = self.retries if retries is None else retries
-        attempt = 0
+        schedule = Retries(limit=None if deadline is not None else budget, base_s=0.5, cap_s=10.0, deadline=deadline)
         while True:
             try:
                 self.requests_sent += 1
@@ -127,13 +127,11 @@ class StoreClient:
                 error = StoreUnavailable(f"Store unreachable at {redact_url(url)}: {exc!r}", path=path)
             if isinstance(error, StoreRejected):
                 raise error
-            delay = backoff_delay(attempt, base_s=0.5, cap_s=10.0)
-            out_of_time = deadline is not None and time.time() + delay > deadline
-            if (deadline is None and attempt >= budget) or out_of_time:
+            delay = schedule.next_delay()
+            if delay is None:
                 raise error
-            log.warning("%s %s failed (%s); retry %d in %.1fs", method, path, error, attempt + 1, delay)
+            log.warning("%s %s failed (%s); retry %d in %.1fs", method, path, error, schedule.done, delay)
             time.sleep(delay)
-            attempt += 1
 
     @staticmethod
     def _classify(response: httpx.Response, path: str) -> StoreRejected | StoreUnavailable | None:
