@@ -101,7 +101,7 @@ class Dispatcher:
         self._probe: broker.QueueProbe | None = None  # opened by the first gauge update
         self._hold = Hold(settings.max_held)  # claimed rollouts whose queue has no room now
         self._unserved_reported: set[str] = set()  # queues already logged as consumed by no worker
-        self._suspects: dict[str, float] = {}  # attempt id -> when reconcile first saw it stranded (monotonic)
+        self._suspects: dict[str, float] = {}  # the last scan's ``Plan.suspects``: the next scan's ``Facts.suspects``
         self._coalescer = Coalescer(settings.coalesce_max_s)
         # Longer than it takes every live executor to renew its lease (one heartbeat) after Redis lost them.
         self.confirm_s = 2 * settings.heartbeat_interval_s + 5.0
