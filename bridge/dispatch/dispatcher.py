@@ -12,20 +12,13 @@ With no worker consuming there are no slots, so the bridge never dequeues and ro
 ``queuing`` in the Store, where their clock has not started yet.
 
 Nothing dequeued is stranded: a rollout is recorded in flight before it is published; if the broker
-refuses it after retries it is handed back to the Store queue (``requeuing``). A crash between dequeue
-and publish is repaired by ``reconcile``: on start and every ``BRIDGE_RECONCILE_INTERVAL_S`` (a minute),
-attempts this dispatcher claimed that are still ``preparing``, not in flight and not leased by an executor
-are published again under the same task id (the worker's lease makes a duplicate harmless) or handed back
-when they are too old to start in time. Workers do not mark attempts ``running`` (their first span does),
-so the lease is what tells a started attempt from a stranded one. The same scan frees the slots of workers that died
-with their messages unacknowledged (the broker would redeliver them only after the visibility timeout, and
-their slots would be counted busy until then). Because a Redis restart without persistence loses
-leases until their holders renew them on the next heartbeat, nothing is repaired before it looked so
-on two scans at least ``confirm_s`` apart. An in-flight entry older than ``BRIDGE_MAX_QUEUE_WAIT_S`` whose
-attempt was never started and is not leased is stranded as well (a bridge killed between recording the
-slot and the broker taking the message, which kombu's publish retries make seconds long, or a failed
-publish whose clean-up failed too): any message it had has expired, so its slot is freed and its
-attempt, if still ours and ``preparing``, handed back.
+refuses it after retries it is handed back to the Store queue (``requeuing``). What a crash leaves half
+done (a claim never published, an in-flight entry no message carries, the slot of a worker that died with
+its messages unacknowledged) is repaired by ``reconcile``, on start, every ``BRIDGE_RECONCILE_INTERVAL_S``
+and sooner when asked: it reads the facts and applies the repairs ``bridge.dispatch.reconcile`` plans
+from them (re-publish under the same task id, hand back, free a slot, drop a held rollout). Workers do not
+mark attempts ``running`` (their first span does), so the lease is what tells a started attempt from a
+stranded one; nothing but a drop is repaired before it looked so on two scans ``confirm_s`` apart.
 
 Only one bridge of a deployment dispatches at a time (``bridge.dispatch.leader``); others wait as hot
 standbys. Every Redis key the loop uses is scoped by its Store (``self.scope``), so deployments sharing a
@@ -35,6 +28,7 @@ Redis neither count each other's slots nor contend for one lock.
 from __future__ import annotations
 
 import logging
+import math
 import random
 import threading
 import time
@@ -43,9 +37,10 @@ from typing import Protocol
 import redis
 
 from bridge.core import capacity, handback
+from bridge.core.backoff import backoff_delay
 from bridge.core.coordination import deployment_scope
 from bridge.core.errors import PublishError, StoreError, UnknownIdError
-from bridge.core.models import ACTIVE_ATTEMPT, AttemptedRollout, AttemptStatus, RolloutStatus
+from bridge.core.models import AttemptedRollout, RolloutStatus
 from bridge.core.redact import redact_url
 from bridge.core.settings import Settings
 from bridge.core.store import StoreClient
@@ -54,6 +49,16 @@ from bridge.dispatch.coalesce import Coalescer
 from bridge.dispatch.hold import Hold
 from bridge.dispatch.leader import LeaderLock
 from bridge.dispatch.publisher import Publisher, describe
+from bridge.dispatch.reconcile import (
+    DropHeld,
+    Facts,
+    FreeLost,
+    FreeOrphan,
+    HandBack,
+    Republish,
+    active_attempts,
+    plan_repairs,
+)
 
 log = logging.getLogger("bridge.dispatch.dispatcher")
 
@@ -88,7 +93,7 @@ class Dispatcher:
         self.queues = settings.all_queues()
         self.scope = deployment_scope(settings)  # of every Redis key this deployment owns (bridge.core.keys)
         self._lock = LeaderLock(redis_client, settings.dispatcher_id, scope=self.scope)
-        self._next_reconcile = 0.0
+        self._next_reconcile = 0.0  # monotonic: when reconcile is due (``_reconcile_by``); at once on start
         self._store_failures = 0
         self._broker_failures = 0
         self._empty_polls = 0
@@ -96,7 +101,7 @@ class Dispatcher:
         self._probe: broker.QueueProbe | None = None  # opened by the first gauge update
         self._hold = Hold(settings.max_held)  # claimed rollouts whose queue has no room now
         self._unserved_reported: set[str] = set()  # queues already logged as consumed by no worker
-        self._suspects: dict[str, float] = {}  # attempt id -> when reconcile first saw it stranded (monotonic)
+        self._suspects: dict[str, float] = {}  # the last scan's ``Plan.suspects``: the next scan's ``Facts.suspects``
         self._coalescer = Coalescer(settings.coalesce_max_s)
         # Longer than it takes every live executor to renew its lease (one heartbeat) after Redis lost them.
         self.confirm_s = 2 * settings.heartbeat_interval_s + 5.0
@@ -136,7 +141,7 @@ class Dispatcher:
         except Exception:
             metrics.LOOP_ERRORS.inc()
             log.exception("unexpected error in the dispatch loop; going on in %.0fs", UNEXPECTED_ERROR_WAIT_S)
-            self._next_reconcile = min(self._next_reconcile, time.monotonic() + UNEXPECTED_ERROR_WAIT_S)
+            self._reconcile_by(time.monotonic() + UNEXPECTED_ERROR_WAIT_S)
             return UNEXPECTED_ERROR_WAIT_S
 
     def tick(self) -> float:
@@ -151,7 +156,7 @@ class Dispatcher:
         except redis.RedisError as exc:
             metrics.BROKER_ERRORS.inc()
             self._broker_failures += 1
-            wait = min(10.0, 0.5 * 2 ** min(self._broker_failures, 5))
+            wait = backoff_delay(min(self._broker_failures, 5), base_s=0.5, cap_s=10.0)  # min: 2**n stays a float
             log.warning("broker unreachable (%r); not dequeuing, retry in %.1fs", exc, wait)
             return wait
         rooms, served = view.rooms(), view.served()
@@ -178,10 +183,10 @@ class Dispatcher:
         except StoreError as exc:
             metrics.STORE_ERRORS.labels("dequeue").inc()
             self._store_failures += 1
-            wait = min(30.0, 1.0 * 2 ** min(self._store_failures, 5))
+            wait = backoff_delay(min(self._store_failures, 5), base_s=1.0, cap_s=30.0)
             log.warning("dequeue failed (%s); retry in %.1fs", exc, wait)
             # A dequeue whose answer was lost may have claimed rollouts: reconcile soon.
-            self._next_reconcile = min(self._next_reconcile, time.monotonic() + wait)
+            self._reconcile_by(time.monotonic() + wait)
             return wait
         metrics.DEQUEUED.inc(len(batch))
         for rollout in batch:
@@ -290,7 +295,7 @@ class Dispatcher:
             metrics.STORE_ERRORS.labels("hand_back").inc()
             # Still preparing under our dispatcher id: the next reconcile picks it up again.
             log.error("[rollout=%s] could not hand back (%s); reconciliation will retry", rollout.rollout_id, exc)
-            self._next_reconcile = min(self._next_reconcile, time.monotonic() + 5.0)
+            self._reconcile_by(time.monotonic() + 5.0)
             return
         if why_not is not None:
             metrics.HAND_BACKS_WITHHELD.inc()
@@ -302,140 +307,99 @@ class Dispatcher:
     # --- repair ----------------------------------------------------------------------------------
 
     def reconcile(self) -> int:
-        """Repair what crashes left behind; returns how many attempts were re-published or handed back.
+        """One scan: read the facts, plan (``bridge.dispatch.reconcile``), apply the plan; returns how many
+        attempts were re-published or handed back.
 
-        * stranded: an active attempt this dispatcher claimed that no message carries and nobody holds
-          (a bridge crash between dequeue and publish, broker data loss, a freed orphan below): published
-          again under the same task id, or handed back when too old to start in time. A ``running`` one
-          (its dead executor shipped spans) is published too: the takeover reports it ``failed`` (infra)
-          and the Store's retry policy decides, sooner than its watchdog or the broker's visibility timeout.
-        * orphaned: an in-flight entry whose executor started it and is gone (no lease): a worker killed
-          with its messages unacknowledged, which the broker redelivers only after the visibility timeout.
-          Its slot is freed at once, and the attempt then counts as stranded.
-        * lost in flight: an in-flight entry older than ``max_queue_wait_s`` that no executor started or
-          holds: its message never reached the broker or has expired unstarted. Its slot is freed, and
-          its attempt, if still ours and ``preparing``, counts as stranded (its attempt is at least as old
-          as the entry, so in practice it is handed back).
-        All only after two scans ``confirm_s`` apart (see the module docstring).
+        The scan answers every earlier request for one: the next is due after ``reconcile_interval_s``, or
+        sooner where the plan asks (a suspect to confirm, a young in-flight entry to look at again); 10 s
+        after a scan whose facts could not be read.
         """
-        self._next_reconcile = time.monotonic() + self.settings.reconcile_interval_s
+        started = time.monotonic()
+        self._next_reconcile = math.inf
         try:
-            rollouts, _ = self.store.list_rollouts(status_in=[RolloutStatus.PREPARING, RolloutStatus.RUNNING])
-            inflight: dict[str, str] = {}
-            recorded: dict[str, float] = {}  # attempt id -> when its in-flight entry was recorded
-            for queue in self.queues:
-                capacity.prune_stale(self.redis, self.scope, queue, self.settings.redelivery_timeout_s)
-                entries = capacity.inflight_entries(self.redis, self.scope, queue)
-                inflight.update(dict.fromkeys(entries, queue))
-                recorded.update(entries)
-            active = {
-                r.attempt.attempt_id: r
-                for r in rollouts
-                if isinstance(r, AttemptedRollout) and r.attempt.status in ACTIVE_ATTEMPT
-            }
-            facts = capacity.executions(self.redis, set(inflight) | set(active))
+            facts = self._reconcile_facts()
         except (StoreError, redis.RedisError) as exc:
             log.warning("reconciliation skipped: %s", exc)
-            self._next_reconcile = time.monotonic() + 10.0
+            self._reconcile_by(time.monotonic() + 10.0)
             return 0
-        orphans = {
-            aid for aid, fact in facts.items() if aid in inflight and not fact.leased and (fact.started or fact.done)
-        }
-        stranded = {
-            aid for aid, rollout in active.items() if aid not in inflight and self._abandoned(rollout, facts[aid])
-        }
-        self._release_moved_on(active)
-        stranded -= self._hold.attempt_ids()  # claimed and deliberately not published yet
-        lost = self._lost_in_flight(inflight, recorded, facts)
-        confirmed = self._confirm(orphans | stranded | lost)
-        for aid in sorted(confirmed & lost):
-            self._forget_inflight(inflight[aid], aid)
-            metrics.STRANDED_IN_FLIGHT.inc()
-            log.warning(
-                "[attempt=%s] in flight for %.0fs, never started, no lease: slot freed",
-                aid,
-                time.time() - recorded[aid],
-            )
-            if aid in active and active[aid].attempt.status == AttemptStatus.PREPARING and not facts[aid].done:
-                stranded.add(aid)
-        for aid in sorted(confirmed & orphans):
-            self._forget_inflight(inflight[aid], aid)
-            metrics.ORPHANS_FREED.inc()
-            log.warning("[attempt=%s] its executor is gone (no lease): slot freed", aid)
-            if aid in active and not facts[aid].done:
-                stranded.add(aid)
-        repaired = 0
-        for aid in sorted(confirmed & stranded):
-            rollout = active[aid]
-            repaired += 1
-            age = time.time() - (rollout.attempt.start_time or time.time())
-            if age > self.settings.max_queue_wait_s and rollout.attempt.status == AttemptStatus.PREPARING:
-                self.hand_back(rollout, "stranded")
-            elif self.dispatch(rollout):
-                metrics.REPUBLISHED.inc()
-                log.warning(
-                    "[rollout=%s attempt=%s] was stranded (%s); re-published",
-                    rollout.rollout_id,
-                    aid,
-                    "its executor died" if facts[aid].started else "bridge crash or broker loss",
-                )
-        return repaired
+        self._reconcile_by(started + self.settings.reconcile_interval_s)
+        plan = plan_repairs(facts)
+        self._suspects = dict(plan.suspects)
+        self._drop_moved_on(plan.drops)
+        if plan.suspects:
+            log.info("%d attempts look stranded or orphaned; re-checking in %.0fs", len(plan.suspects), self.confirm_s)
+        if plan.rescan_by is not None:
+            self._reconcile_by(plan.rescan_by)
+        for free in plan.frees:
+            self._free_slot(free)
+        for restart in plan.restarts:
+            self._restart(restart)
+        return len(plan.restarts)
 
-    def _release_moved_on(self, active: dict[str, AttemptedRollout]) -> None:
-        """Drop held rollouts the Store moved on from (cancelled, finished, started, timed out, superseded)."""
-        for held in self._hold.discard(
-            aid
-            for aid in self._hold.attempt_ids()
-            if aid not in active
-            or active[aid].status != RolloutStatus.PREPARING
-            or active[aid].attempt.status != AttemptStatus.PREPARING
-        ):
-            current = active.get(held.attempt_id)
+    def _reconcile_facts(self) -> Facts:
+        """What a scan plans from; stale in-flight entries (older than any task could live) are pruned first."""
+        rollouts, _ = self.store.list_rollouts(status_in=[RolloutStatus.PREPARING, RolloutStatus.RUNNING])
+        inflight: dict[str, dict[str, float]] = {}
+        for queue in self.queues:
+            capacity.prune_stale(self.redis, self.scope, queue, self.settings.redelivery_timeout_s)
+            inflight[queue] = capacity.inflight_entries(self.redis, self.scope, queue)
+        active = active_attempts(rollouts)
+        return Facts(
+            active=active,
+            inflight=inflight,
+            executions=capacity.executions(self.redis, set(active).union(*inflight.values())),
+            held=frozenset(self._hold.attempt_ids()),
+            suspects=dict(self._suspects),
+            now=time.time(),
+            monotonic=time.monotonic(),
+            dispatcher_id=self.settings.dispatcher_id,
+            max_queue_wait_s=self.settings.max_queue_wait_s,
+            confirm_s=self.confirm_s,
+        )
+
+    def _drop_moved_on(self, drops: tuple[DropHeld, ...]) -> None:
+        store_says = {drop.attempt_id: drop.store_says for drop in drops}
+        for held in self._hold.discard(store_says):
             log.warning(
                 "[rollout=%s attempt=%s] held for queue %s, but the Store moved on (%s): dropped, not published",
                 held.rollout.rollout_id,
                 held.attempt_id,
                 held.queue,
-                f"rollout {current.status}, attempt {current.attempt.status}" if current else "no longer active",
+                store_says[held.attempt_id],
             )
 
-    def _lost_in_flight(
-        self, inflight: dict[str, str], recorded: dict[str, float], facts: dict[str, capacity.Execution]
-    ) -> set[str]:
-        """In-flight entries past the longest queue wait that nobody started or holds; schedules the next
-        scan for when the youngest unstarted entry would cross that age (at most every 10 s)."""
-        now, wait = time.time(), self.settings.max_queue_wait_s
-        unstarted = {aid for aid in inflight if not (facts[aid].leased or facts[aid].started or facts[aid].done)}
-        lost = {aid for aid in unstarted if now - recorded[aid] > wait}
-        pending = [recorded[aid] + wait + 1.0 - now for aid in unstarted - lost]
-        if pending:
-            self._next_reconcile = min(self._next_reconcile, time.monotonic() + max(10.0, min(pending)))
-        return lost
+    def _free_slot(self, free: FreeLost | FreeOrphan) -> None:
+        self._forget_inflight(free.queue, free.attempt_id)
+        if isinstance(free, FreeLost):
+            metrics.STRANDED_IN_FLIGHT.inc()
+            log.warning(
+                "[attempt=%s] in flight for %.0fs, never started, no lease: slot freed",
+                free.attempt_id,
+                free.in_flight_s,
+            )
+        else:
+            metrics.ORPHANS_FREED.inc()
+            log.warning("[attempt=%s] its executor is gone (no lease): slot freed", free.attempt_id)
 
-    def _abandoned(self, rollout: AttemptedRollout, fact: capacity.Execution) -> bool:
-        """Ours, and nobody runs it: neither leased nor finished, and claimed by us or started by our workers."""
-        if fact.leased or fact.done:
-            return False
-        if rollout.attempt.status == AttemptStatus.PREPARING:
-            return fact.started or rollout.attempt.worker_id == self.settings.dispatcher_id
-        return fact.started  # running: only attempts our workers executed
+    def _restart(self, restart: Republish | HandBack) -> None:
+        if isinstance(restart, HandBack):
+            self.hand_back(restart.rollout, "stranded")
+        elif self.dispatch(restart.rollout):
+            metrics.REPUBLISHED.inc()
+            log.warning(
+                "[rollout=%s attempt=%s] was stranded (%s); re-published",
+                *_ids(restart.rollout),
+                "its executor died" if restart.executor_died else "bridge crash or broker loss",
+            )
 
-    def _confirm(self, seen: set[str]) -> set[str]:
-        """The ids seen now that were already seen at least ``confirm_s`` ago; schedules the re-check."""
-        now = time.monotonic()
-        self._suspects = {aid: self._suspects.get(aid, now) for aid in seen}
-        confirmed = {aid for aid, first in self._suspects.items() if now - first >= self.confirm_s}
-        for aid in confirmed:
-            del self._suspects[aid]
-        if self._suspects:
-            log.info("%d attempts look stranded or orphaned; re-checking in %.0fs", len(self._suspects), self.confirm_s)
-            self._next_reconcile = min(self._next_reconcile, min(self._suspects.values()) + self.confirm_s + 0.5)
-        return confirmed
+    def _reconcile_by(self, when: float) -> None:
+        """The next reconcile is due no later than ``when`` (monotonic); the earliest request wins."""
+        self._next_reconcile = min(self._next_reconcile, when)
 
     def _ensure_leader(self) -> bool:
         leading, newly = self._lock.ensure()
         if newly:
-            self._next_reconcile = 0.0  # a new leader repairs what the last one left at once
+            self._reconcile_by(0.0)  # a new leader repairs what the last one left at once
         return leading
 
     # --- helpers ---------------------------------------------------------------------------------

@@ -1,0 +1,192 @@
+"""What a reconcile scan repairs, decided from facts alone: ``plan_repairs(facts) -> Plan``.
+
+The Dispatcher reads the facts (the Store's active attempts, its in-flight entries, the executions' Redis
+markers, its held rollouts, the clocks), plans, and applies the plan in order: first ``drops``, then
+``frees``, then ``restarts``. Nothing here does I/O. The hazards are those of docs/architecture.md,
+"Guarantees" (bridge crash or Redis data loss, dead worker host, a cancelled held rollout):
+
+* stranded: an active attempt this dispatcher claimed (or an executor started) that no in-flight entry
+  carries and no executor holds or finished: published again under the same task id, or handed back when
+  it is ``preparing`` and older than ``max_queue_wait_s``. A ``running`` one is published too: the
+  takeover reports it ``failed`` (infra) sooner than the Store's watchdog or the visibility timeout would.
+* orphaned: an in-flight entry whose executor started (or finished) it and holds no lease: its slot is
+  freed, and its attempt, if still active and unreported, counts as stranded.
+* lost in flight: an in-flight entry older than ``max_queue_wait_s`` that no executor started, holds or
+  finished: its message never reached the broker or expired unstarted. Its slot is freed, and its attempt,
+  if still active and ``preparing``, counts as stranded.
+* moved on: a held rollout whose Store record is no longer a ``preparing`` rollout with our attempt
+  ``preparing``: dropped from the hold, never published or handed back. Held rollouts the Store still
+  shows as claimed are not stranded: they wait for room on purpose.
+
+Only the drops are immediate. Everything else is repaired once it looked so on two scans at least
+``confirm_s`` apart, since a Redis restart without persistence loses leases until their holders renew
+them on the next heartbeat.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from bridge.core.capacity import Execution
+from bridge.core.models import ACTIVE_ATTEMPT, AttemptedRollout, AttemptStatus, Rollout, RolloutStatus
+
+# An attempt Redis holds no marker of: no lease, never started, never reported.
+NO_TRACE = Execution(leased=False, started=False, reported=None)
+
+# Lost-in-flight entries: the next scan looks again when the youngest unstarted entry crosses the longest
+# queue wait (plus this margin), but not sooner than ``RESCAN_FLOOR_S`` from now.
+LOST_MARGIN_S = 1.0
+RESCAN_FLOOR_S = 10.0
+# Suspects: the confirming scan runs this long after the first of them is ``confirm_s`` old.
+CONFIRM_MARGIN_S = 0.5
+
+
+@dataclass(frozen=True)
+class Facts:
+    """One scan's reading and the settings its rules use. Clocks: ``now`` epoch seconds (Store and Redis
+    times), ``monotonic`` the Dispatcher's scheduling clock (``suspects``, ``Plan.rescan_by``)."""
+
+    active: Mapping[str, AttemptedRollout]  # attempt id -> its rollout, for latest attempts active in the Store
+    inflight: Mapping[str, Mapping[str, float]]  # queue -> attempt id -> when it was recorded in flight (epoch)
+    executions: Mapping[str, Execution]  # attempt id -> its Redis markers; an absent id has none (NO_TRACE)
+    held: frozenset[str]  # attempt ids of the rollouts the Dispatcher holds (claimed, not published)
+    suspects: Mapping[str, float]  # attempt id -> when a scan first saw it in need of repair (monotonic)
+    now: float
+    monotonic: float
+    dispatcher_id: str  # the worker id this bridge claims rollouts under
+    max_queue_wait_s: float
+    confirm_s: float
+
+
+@dataclass(frozen=True)
+class DropHeld:
+    """Drop a held rollout the Store moved on from: neither published nor handed back."""
+
+    attempt_id: str
+    store_says: str  # what the Store shows for it now, for the log
+
+
+@dataclass(frozen=True)
+class FreeLost:
+    """Free the slot of an in-flight entry whose message never reached the broker or expired unstarted."""
+
+    queue: str
+    attempt_id: str
+    in_flight_s: float
+
+
+@dataclass(frozen=True)
+class FreeOrphan:
+    """Free the slot of an in-flight entry whose executor started it and is gone (no lease)."""
+
+    queue: str
+    attempt_id: str
+
+
+@dataclass(frozen=True)
+class Republish:
+    """Publish a stranded attempt again under the same task id (the worker's lease makes a duplicate harmless)."""
+
+    rollout: AttemptedRollout
+    executor_died: bool  # an executor started it; else it was lost before any executor saw it
+
+
+@dataclass(frozen=True)
+class HandBack:
+    """Hand a stranded ``preparing`` attempt back to the Store queue: too old to start in time."""
+
+    rollout: AttemptedRollout
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The repairs of one scan, each group sorted by attempt id, and what the next scan needs."""
+
+    drops: tuple[DropHeld, ...]
+    frees: tuple[FreeLost | FreeOrphan, ...]  # the lost entries first, then the orphans
+    restarts: tuple[Republish | HandBack, ...]
+    suspects: Mapping[str, float]  # the next scan's ``Facts.suspects``: seen now, not confirmed yet
+    rescan_by: float | None  # monotonic: the next scan is due no later than this (None: the usual interval)
+
+
+def active_attempts(rollouts: Iterable[Rollout]) -> dict[str, AttemptedRollout]:
+    """Attempt id -> rollout, for the rollouts whose latest attempt is ``preparing`` or ``running``."""
+    return {
+        r.attempt.attempt_id: r
+        for r in rollouts
+        if isinstance(r, AttemptedRollout) and r.attempt.status in ACTIVE_ATTEMPT
+    }
+
+
+def plan_repairs(facts: Facts) -> Plan:
+    """The repairs these facts call for (see the module docstring); pure: the same facts, the same plan."""
+    queue_of: dict[str, str] = {}  # attempt id -> its in-flight queue (the last queue listing it)
+    recorded: dict[str, float] = {}
+    for queue, entries in facts.inflight.items():
+        queue_of.update(dict.fromkeys(entries, queue))
+        recorded.update(entries)
+
+    def marks(aid: str) -> Execution:
+        return facts.executions.get(aid, NO_TRACE)
+
+    orphans = {aid for aid in queue_of if not marks(aid).leased and (marks(aid).started or marks(aid).done)}
+    stranded = {
+        aid
+        for aid, rollout in facts.active.items()
+        if aid not in queue_of and _abandoned(rollout, marks(aid), facts.dispatcher_id)
+    }
+    drops = _moved_on(facts.held, facts.active)
+    stranded -= facts.held - {drop.attempt_id for drop in drops}  # held on purpose, not stranded
+    unstarted = {aid for aid in queue_of if not (marks(aid).leased or marks(aid).started or marks(aid).done)}
+    lost = {aid for aid in unstarted if facts.now - recorded[aid] > facts.max_queue_wait_s}
+
+    first_seen = {aid: facts.suspects.get(aid, facts.monotonic) for aid in orphans | stranded | lost}
+    confirmed = {aid for aid, first in first_seen.items() if facts.monotonic - first >= facts.confirm_s}
+    suspects = {aid: first for aid, first in first_seen.items() if aid not in confirmed}
+
+    frees: list[FreeLost | FreeOrphan] = []
+    for aid in sorted(confirmed & lost):
+        frees.append(FreeLost(queue_of[aid], aid, facts.now - recorded[aid]))
+        if aid in facts.active and facts.active[aid].attempt.status == AttemptStatus.PREPARING:
+            stranded.add(aid)
+    for aid in sorted(confirmed & orphans):
+        frees.append(FreeOrphan(queue_of[aid], aid))
+        if aid in facts.active and not marks(aid).done:
+            stranded.add(aid)
+    restarts = tuple(_restart(facts.active[aid], marks(aid), facts) for aid in sorted(confirmed & stranded))
+
+    due = [first + facts.confirm_s + CONFIRM_MARGIN_S for first in suspects.values()]
+    waits = [recorded[aid] + facts.max_queue_wait_s + LOST_MARGIN_S - facts.now for aid in unstarted - lost]
+    if waits:
+        due.append(facts.monotonic + max(RESCAN_FLOOR_S, min(waits)))
+    return Plan(tuple(drops), tuple(frees), restarts, suspects, min(due, default=None))
+
+
+def _abandoned(rollout: AttemptedRollout, marks: Execution, dispatcher_id: str) -> bool:
+    """Nobody runs it: neither leased nor reported, and claimed by us or started by an executor."""
+    if marks.leased or marks.done:
+        return False
+    if rollout.attempt.status == AttemptStatus.PREPARING:
+        return marks.started or rollout.attempt.worker_id == dispatcher_id
+    return marks.started  # running: only attempts an executor of ours started
+
+
+def _moved_on(held: frozenset[str], active: Mapping[str, AttemptedRollout]) -> list[DropHeld]:
+    """The held attempts the Store moved on from (cancelled, finished, started, timed out, superseded)."""
+    drops = []
+    for aid in sorted(held):
+        current = active.get(aid)
+        if current is None:
+            drops.append(DropHeld(aid, "no longer active"))
+        elif current.status != RolloutStatus.PREPARING or current.attempt.status != AttemptStatus.PREPARING:
+            drops.append(DropHeld(aid, f"rollout {current.status}, attempt {current.attempt.status}"))
+    return drops
+
+
+def _restart(rollout: AttemptedRollout, marks: Execution, facts: Facts) -> Republish | HandBack:
+    """A ``preparing`` attempt older than the longest queue wait goes back to the Store; any other is re-published."""
+    age = facts.now - (rollout.attempt.start_time or facts.now)
+    if age > facts.max_queue_wait_s and rollout.attempt.status == AttemptStatus.PREPARING:
+        return HandBack(rollout)
+    return Republish(rollout, executor_died=marks.started)
