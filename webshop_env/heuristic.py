@@ -1,19 +1,9 @@
-"""Rule-based WebShop decision logic used by the heuristic LLM stand-in.
+"""Rule-based WebShop decision logic used by the heuristic LLM stand-in. This is not a model.
 
-This is not a model. It reads the current WebShop text observation (docs/webshop-env.md sections 3.1-3.5),
-the actions already taken in the episode and, when known, the pages they led to, and returns the
-next action (docs/webshop-env.md section 4). It exists
-so that the Celery agent loop, the benchmarks and the tests have an OpenAI-compatible "LLM"
-that is fast, free, deterministic and plays well enough for scores to mean something
-(it aims to beat the WebShop paper's rule baseline, 45.6 average score / 9.6% success).
-
-Strategy: search the instruction minus its price clause; open the best affordable result (search
-rank first, title overlap second); on the item page, if a synthetic instruction's "<name>:
-<value>" options are not offered, go back and try the next result while the step budget allows
-(returning to the best item seen); select one value per option group; buy.
-
-Pages are read by `webshop_env.page_reader`; this module holds the rules. Everything here is pure:
-no I/O, no randomness. `webshop_env.policy` wraps it in HTTP.
+It reads the current observation (docs/webshop-env.md sections 3.1-3.5), the actions already taken and, when
+known, the pages they led to, and returns the next action (section 4). Pages are read by
+`webshop_env.page_reader`; this module holds the rules. Everything here is pure: no I/O, no randomness.
+`webshop_env.policy` wraps it in HTTP. Strategy and aim: docs/webshop-env.md section 13.
 """
 
 from __future__ import annotations

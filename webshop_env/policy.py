@@ -1,29 +1,13 @@
 """OpenAI-compatible HTTP server that STANDS IN for an LLM playing WebShop. It is not a model.
 
-Every `POST .../chat/completions` is answered by a transparent rule-based heuristic
-(`webshop_env.heuristic`) that reads the last WebShop observation in the conversation and the
-actions in earlier assistant turns. The reply's `model` field is always
-`webshop-heuristic-standin`, so no log or dashboard can mistake these runs for a real model.
+Every `POST .../chat/completions` is answered by the rule-based heuristic (`webshop_env.heuristic`), which
+reads the last WebShop observation in the conversation and the earlier assistant turns' actions, and replies
+`Thought: <one line>` then `Action: <action>`. The reply's `model` is always `webshop-heuristic-standin`.
+Token ids come back, as from vLLM, only when the request asks with `"return_token_ids": true`.
+`--latency-ms` and `--error-rate` make it slow or failing on purpose.
 
-Why it exists: the Celery agent loop, its tests, demos and load benchmarks need an LLM endpoint
-that is free, deterministic, fast (or slow on purpose: `--latency-ms`) and failing on purpose
-(`--error-rate`: 429 with `Retry-After`, or 500), while still playing WebShop well enough for
-scores to be meaningful.
-
-Run: `python -m webshop_env.policy --host 127.0.0.1 --port 8000 [--latency-ms L]
-[--error-rate R] [--seed N]`.
-
-Conversation contract (what the agent loop sends): messages[0] is a system prompt (ignored);
-then `user` turns holding the current observation (bare, or on a line `Observation: ...`,
-possibly with other lines such as `Step 3 of 15` or `Valid actions: ...`) alternating with
-`assistant` turns holding the actions taken (`search[...]` / `click[...]`). The reply content is
-`Thought: <one line>` then `Action: <action>`.
-
-Token ids: exactly like vLLM, only when the request asks with `"return_token_ids": true` (the
-OpenAI SDK's `extra_body`, or the Agent Lightning LLM proxy's callback), the response carries
-`prompt_token_ids` at the top level and `token_ids` in each choice, so a client that works here
-works unchanged against vLLM. They are whitespace tokens hashed with CRC32 into [0, 32000): stable
-across runs and only meant for plumbing tests (the trainer's adapters need *some* ids to build triplets).
+Run: `python -m webshop_env.policy --host 127.0.0.1 --port 8000 [--latency-ms L] [--error-rate R] [--seed N]`.
+Conversation contract, token ids and why it exists: docs/webshop-env.md section 13.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """BM25 product search approximating WebShop's Lucene/Pyserini engine (docs/webshop-env.md section 5).
 
-Upstream indexes one text field per product (title, description, first bullet,
-options sentence; the catalog's ``contents`` field is exactly that text) with
-Lucene's English analyzer and BM25(k1=0.9, b=0.4).  We reuse ``rank_bm25`` with
-Lucene's always-positive idf so that every document sharing a query term is a
-hit, as it is in Lucene, and keep the 50 best in score order, ties by catalog
-order.
-
-``rank_bm25`` stays the definition of the score, but it computes each query
-term's weight with a Python loop over every candidate document, which was most
-of a search step's cost.  At start-up we therefore evaluate its very formula
-once per (term, document) pair and keep the results as postings; a query then
-only adds the postings of its terms, in query order, into a score vector.  The
-operations and their order are the same as in ``get_batch_scores``, so the
-scores, and hence the hits, are bit-for-bit identical (tests check this).
+One text field per product (the catalog's ``contents``), Lucene's English analysis and BM25(k1=0.9, b=0.4)
+with Lucene's always-positive idf, so every document sharing a query term is a hit; the 50 best in score
+order, ties by catalog order. ``rank_bm25`` defines the score, but each (term, document) weight is computed
+once at start-up with its very formula and kept as postings, summed in the same order as its
+``get_batch_scores``, so the scores are bit-for-bit identical (tests check this).
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """The Store's clock as this worker sees it: measured once at start, logged, and corrected for afterwards.
 
-The Store stamps an attempt's ``start_time`` (the dequeue) with its own clock, and its watchdog judges
-``timeout_seconds`` and ``unresponsive_seconds`` on that clock (docs/store-protocol.md 6.3). A worker compares
-those stamps with its own ``time.time()``: how long the attempt has run, when its budget ends, whether its
-view of the rollout is still fresh or the watchdog could have acted. A worker host whose clock is off by
-seconds would misjudge all of these by as much, so at start the worker measures the offset from the Store's
-``Date`` header, logs it, corrects Store timestamps by it (``to_local``), and refuses to start when the
-clocks are certainly further apart than ``CLOCK_SKEW_TOLERANCE_S`` (docs/operations.md, "Clocks").
-
-The ``Date`` header has whole seconds and uvicorn refreshes it once a second, so one reading bounds the
-Store's time to a 2 s window; a few readings a quarter second apart narrow that to about 1 s. Times the
-worker sends to the Store (heartbeats) stay on the worker's clock: the tolerance bounds their error.
+The Store stamps attempts and runs its watchdog on its own clock (docs/store-protocol.md 6.3), and a worker
+judges budgets and the freshness of its view against those stamps, so at start it measures the offset from a
+few readings of the Store's ``Date`` header, logs it, corrects Store timestamps by it (``to_local``), and
+refuses to start when the clocks are certainly further apart than ``CLOCK_SKEW_TOLERANCE_S``. Times the worker
+sends (heartbeats) stay on its own clock: the tolerance bounds their error. Precision and operator's view:
+docs/operations.md, "Clocks".
 """
 
 from __future__ import annotations

@@ -1,23 +1,12 @@
 """One fence read per heartbeat interval for every running attempt of the cluster, shared through Redis.
 
-A worker process reads the rollouts of all its running attempts in one Store request per interval
-(``workers.heartbeat``). Under ``-P prefork`` a process runs one attempt, so the Store still served one
-read per running attempt per interval: 1.13 ``GET /rollouts`` per rollout at 32 prefork slots of 12 s
-episodes, one more for every further interval of an episode (docs/performance.md). The board makes it one
-read per interval for every worker process on every host:
-
-* each process lists its running attempts in a sorted set (score: when the entry lapses unless listed again);
-* the process whose beat comes due first takes the round (``SET NX PX``, at most a second), reads every
-  listed attempt's rollout (100 a request) and posts a verdict per attempt: when the read was sent, on the
-  Store's clock, and why the attempt must stop, or nothing;
-* every process fetches its attempts' verdicts at most ``CHECK_EVERY_S`` apart (one pipelined round trip that
-  also lists them) and takes each newer one as its own read.
-
-A verdict is a Store read made by another process, no more: who may write into an attempt is still decided
-by its lease alone (``workers.lease``). An attempt with no fresh verdict (just listed, a round that failed,
-Redis unreachable or emptied) is read by its own process ``GRACE_S`` after its beat was due, as without the
-board. A rollout the reader's Store does not know gets no verdict, and keys carry a digest of the Store's URL,
-so clusters that share a Redis never fence each other's attempts.
+Each process lists its running attempts in a sorted set; the process whose beat comes due first takes the
+round (``SET NX PX``), reads every listed attempt's rollout and posts a verdict per attempt (when the read
+was sent, on the Store's clock, and why it must stop, if it must); every process fetches its attempts'
+verdicts at most ``CHECK_EVERY_S`` apart and takes each newer one as its own read. A verdict only says what
+the Store said: who may write is still decided by the lease alone. An attempt with no fresh verdict is read
+by its own process ``GRACE_S`` after its beat was due; keys carry a digest of the Store's URL.
+Why and figures: docs/performance.md, "Prefork: one fence read and one resources read for the whole fleet".
 """
 
 from __future__ import annotations

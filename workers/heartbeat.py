@@ -1,28 +1,15 @@
 """Two background threads per worker process that keep every running attempt alive and fenced.
 
-* The *lease* thread renews the Redis leases of all the process's attempts in one pipelined round trip,
-  every ``min(interval, lease TTL / 4)``, and does nothing else: no Store call can delay it, so a slow or
-  hung Store never lets a live attempt's lease lapse (which would let the bridge's reconcile or a
-  redelivery take over live work). A renewal that finds the attempt owned by a later claim, or already
-  reported, flags the attempt and the agent loop stops at its next check, without writing anything more.
-* The *Store* thread, on every interval, reads the rollouts of **all** the process's attempts in one Store
-  request (``StoreClient.get_rollouts``, 100 ids a request), so a process with 128 running attempts costs the
-  Store one read per interval, not 128. Whenever any attempt's beat is due every attempt is read, which keeps
-  them on one schedule; none goes longer than its interval unread. If an attempt is no longer the latest, or
-  the Store marked it ``timeout``/``unresponsive``, or the rollout finished or was cancelled, the attempt is
-  flagged (docs/store-protocol.md section 10). Then, only for rollouts with ``unresponsive_seconds`` (the
-  watchdog ignores liveness otherwise) and only when no span was stored since the last beat, it sends
-  ``last_heartbeat_time`` (one request per such attempt: the Store has no batched heartbeat). It also ships
-  buffered spans mid-episode where that is wanted: for those same rollouts (stored spans keep the attempt
-  alive too), when ``SPAN_FLUSH_INTERVAL_S`` asks for streaming, or when an attempt buffers too many.
-  Each of its Store calls is bounded by what the latest renewal guarantees: it must end while the lease is
-  still known to be ours, so nothing is written after a takeover could have happened; an attempt whose lease
-  is not known to be live gets no Store call (and is left out of the batched read) until the next renewal.
+* The *lease* thread renews the leases of all the process's attempts in one pipelined Redis round trip,
+  and makes no Store call, so a slow Store never lets a live lease lapse. A renewal that finds the attempt
+  claimed again or already reported flags it, and the agent loop stops without writing anything more.
+* The *Store* thread reads the rollouts of all the process's attempts in one request per interval (or takes
+  the fence board's verdicts, ``workers.fence_board``), flags an attempt that was superseded, timed out,
+  marked unresponsive, finished or cancelled, sends ``last_heartbeat_time`` where the watchdog needs it,
+  and ships buffered spans mid-episode where that is wanted. Each call must end while the lease is still
+  known to be ours, and makes a single try: the next tick is the retry.
 
-One pair of threads serves all attempts of the process, so a ``-P threads`` worker with 128 slots runs two
-threads, not 128. With the fence board (``workers.fence_board``) one read serves every process of the
-cluster: the process that takes a round reads for all, and the others apply its verdicts as their reads.
-Each Store call here makes a single try: the next tick is the retry.
+Hop by hop: docs/architecture.md, "One rollout, hop by hop" (4); docs/store-protocol.md section 10.
 """
 
 from __future__ import annotations

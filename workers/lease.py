@@ -1,22 +1,13 @@
 """A Redis lease on an attempt: the idempotency guard against Celery's at-least-once delivery.
 
-The attempt id is the Celery task id. Three keys per attempt (``bridge.core.keys``):
+The attempt id is the Celery task id. ``agl:lease:<attempt>`` says who executes it now and expires unless
+renewed, so a redelivery after a crash can take over; ``agl:owner:<attempt>`` says who claimed it last, with
+an epoch each claim raises, and a renewal succeeds only for that owner and never after the done marker, so a
+stalled executor that was taken over learns so at its next renewal and stops without writing;
+``agl:started:<attempt>`` marks a later claim as a takeover. A renewal after Redis lost its data restores all
+three, the higher epoch winning. Why: docs/architecture.md, "Guarantees" (Redelivery, Takeover).
 
-* ``agl:lease:<attempt>``: who executes it *now*; expires on its own when its holder stops renewing it, so
-  a redelivery after a crash can take over (the bridge's reconcile also reads it);
-* ``agl:owner:<attempt>``: who claimed it *last*, as an epoch-prefixed token (``<epoch>:<host:pid:thread>:<rand>``).
-  It outlives the lease, and each claim raises the epoch by one. A renewal succeeds only for this owner and
-  never after the done marker, so an executor that stalled past its lease and was taken over learns at its
-  next renewal that the attempt is no longer its own, and stops without writing (it cannot re-create the
-  lease, as an unconditional renewal could);
-* ``agl:started:<attempt>``: set by the first claim; a later claim is a takeover and reads the Store first.
-
-Redis data loss (a restart without persistence, FLUSHDB) drops all three. A live executor's next renewal
-restores them, the started marker included, because the bridge's reconcile tells a started attempt from a
-stranded one by lease and started marker. If two executors renew after such a loss (a takeover raced the
-loss), the higher epoch wins: epochs only grow through claims, so the higher one is the later claim.
-
-Public API, kept small because ``workers.execution``, ``workers.reporting`` and ``workers.heartbeat`` share it:
+Public API, small because ``workers.execution``, ``workers.reporting`` and ``workers.heartbeat`` share it:
 ``Lease.claim``, ``Lease.renew`` (bool), ``Lease.release``, ``Lease.remaining_s``, ``Lease.holder``,
 ``Lease.valid_until`` (monotonic time up to which our lease is known to be live), ``renew_all`` (every
 lease of a process in one round trip), ``mark_done`` and ``free_slot``.

@@ -1,15 +1,10 @@
 """Prometheus series of the worker nodes, served by each node on ``WORKER_METRICS_PORT``.
 
-Under the prefork pool the rollouts run in child processes that cannot serve HTTP themselves, so the
-series use prometheus_client's multiprocess mode: every process writes its values to memory-mapped
-files in one directory per node (``PROMETHEUS_MULTIPROC_DIR``), and the node's main process serves
-the sum over all of them. The directory is chosen and wiped in the main process at ``worker_init``,
-before the pool forks, because stale files from an earlier run would add old counts to new ones.
-
-Every series here has at least one label on purpose: prometheus_client creates the value of an
-unlabeled series when the module is imported, before multiprocess mode is switched on, and such a
-value would stay invisible to the node's exporter. Labeled values are created on first use, in the
-process that records them. The bridge imports this module too (through the task) but never records.
+Prefork children cannot serve HTTP, so the series use prometheus_client's multiprocess mode: every process
+writes to files in one directory per node (``PROMETHEUS_MULTIPROC_DIR``, chosen and wiped at ``worker_init``
+before the pool forks), and the node's main process serves the sum. Every series has at least one label, so
+that no value is created at import, before multiprocess mode is on. The bridge imports this module too
+(through the task) but never records. Why: docs/operations.md, "Prometheus metrics".
 """
 
 from __future__ import annotations

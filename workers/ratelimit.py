@@ -1,36 +1,13 @@
 """A global LLM rate limit: one token bucket per model in Redis, shared by every worker on every host.
 
-Why here and not only in Celery: Celery's ``rate_limit`` task option is enforced by each worker on its
-own (N workers at ``10/m`` start ``10*N`` tasks a minute), and it limits task *starts*, while a WebShop
-episode makes a dozen LLM calls at its own pace. An endpoint's quota (OpenAI's RPM/TPM, a vLLM server's
-capacity) is global, so the budget has to live where every worker sees it: the broker's Redis.
-
-The bucket holds two levels in one hash (``bridge.core.keys.ratelimit(model)``):
-
-* requests: refilled at ``rpm/60`` per second, capped at ``rpm * burst_s / 60`` (at least 1), and
-  charged one unit *before* each call (below zero while calls hold reservations, see below);
-* tokens (optional): refilled at ``tpm/60`` per second, charged *after* each call with the tokens the
-  endpoint reported (the count is unknown before). The level may go negative; a call waits until it
-  is back above zero. That is how a large answer slows the next calls instead of being refused.
-
-Refill uses the Redis server's clock (``TIME``), so workers with skewed clocks share one fair bucket.
-
-**Fair: a reservation, not a race.** ``acquire`` debits its request at once, even when the level is
-short, and gets back the time at which the level pays that debt back: its reserved slot. It then sleeps
-until the slot without asking Redis again and calls. Callers are served in the order Redis saw them,
-each ``60/rpm`` after the one before, so with N waiters the longest wait is about ``N * 60/rpm`` and no
-caller can starve. (Before, every waiter re-polled on a jittered cadence and whoever polled first after
-a refill won: a waiter could lose to newcomers until its rollout timed out.) A caller stopped while it
-waits (cancelled, superseded, out of time) gives its reservation back. Token debt (``LLM_TPM``) delays
-reservations made while it lasts by the time it takes to pay back; nobody re-polls for it either.
-
-**Fail fast: a back-off when Redis does not answer.** If Redis cannot be reached, the limiter lets the
-call through with a warning: an outage of the limiter must not fail episodes that the endpoint itself
-would have served (the LLM client still honours 429 + Retry-After). But every call into an unreachable
-Redis waits for the socket timeout, so after a failure the process skips the limiter entirely for
-``BYPASS_S`` seconds (``agl_worker_ratelimit_bypassed_total`` counts the skipped acquires and charges).
-After the back-off one caller probes Redis while the others keep skipping, so an outage costs one
-socket timeout per process per back-off period, not one per LLM call.
+An endpoint's quota is global, and Celery's ``rate_limit`` is per worker and limits task starts, so the
+budget lives in the broker's Redis (``bridge.core.keys.ratelimit(model)``). Requests are charged one unit
+before each call, tokens (optional) after it with the count the endpoint reported; refill runs on the Redis
+server's clock. ``acquire`` reserves the next slot even when the level is short and sleeps until it, so
+callers are served in arrival order and none starves; a caller stopped while waiting gives its reservation
+back. When Redis does not answer the call goes through, and the process skips the limiter for ``BYPASS_S``:
+an outage of the limiter must never fail an episode the endpoint would serve.
+Details and figures: docs/operations.md, "The LLM rate limit".
 """
 
 from __future__ import annotations

@@ -1,17 +1,13 @@
 """Per-process set-up of a worker, hooked on Celery's own signals.
 
-* ``worker_ready``/``worker_shutting_down``: advertise and withdraw this node's slots (bridge.core.capacity),
-  under its Store's key scope (``bridge.core.coordination.deployment_scope``: deployments may share a Redis);
-* ``worker_process_init`` (prefork children) and ``worker_init`` (threads/solo): logging and tracing;
-* ``task_revoked`` with ``expired``: a message that waited too long in the broker is handed back to the
-  Store queue instead of leaving its attempt ``preparing`` forever (docs/store-protocol.md section 10,
-  "Handing a rollout back"), from a thread of its own: the signal runs inside Celery's consumer loop;
-* ``worker_init`` imports and builds the configured LitAgent (``AGENT``; exit code 2 when it cannot) and
-  each prefork child builds its own in ``worker_process_init``; ``worker_ready`` also advertises the
-  node's agent (``keys.worker_agent``) with its slots;
-* ``worker_init`` measures the Store's clock against this host's (``workers.clock``) and starts the
-  node's Prometheus exporter (``WORKER_METRICS_PORT``), before the pool forks;
-* ``task_prerun``/``task_postrun`` record dequeue-to-start and outcomes (workers.metrics).
+* ``worker_init`` (before the pool forks): logging and tracing, the configured LitAgent (``AGENT``; exit code 2
+  when it cannot be built), the Store clock offset (``workers.clock``) and the Prometheus exporter;
+  ``worker_process_init`` does the per-process part in each prefork child;
+* ``worker_ready``/``worker_shutting_down``: advertise and withdraw this node's slots and agent under its
+  Store's key scope (``bridge.core.capacity``);
+* ``task_revoked`` with ``expired``: hand the rollout back to the Store queue, off Celery's loop
+  (``ExpiredHandBack``; docs/store-protocol.md section 10, "Handing a rollout back");
+* ``task_prerun``/``task_postrun``: dequeue-to-start and outcomes (``workers.metrics``).
 """
 
 from __future__ import annotations
@@ -245,13 +241,11 @@ def _started_elsewhere(attempt_id: str) -> bool:
 class ExpiredHandBack:
     """Hands expired messages' rollouts back to the Store from a thread of its own, never Celery's loop.
 
-    ``task_revoked`` runs inside the consumer's event loop (the main process of a prefork worker, the only
-    thread taking messages for every slot of the node): a Store read and update there, each up to
-    ``STORE_TIMEOUT_S`` with retries, would stop the whole node from taking messages while the Store is
-    slow, exactly when a burst of expiries arrives. The handler only queues the rollout; one daemon thread
-    per process, started lazily, does the Store calls. A hand-back that is lost (the process exits first)
-    costs nothing worse than before: the attempt stays ``preparing`` until the Store's watchdog or the
-    bridge's reconcile hands it back.
+    ``task_revoked`` runs inside the consumer's event loop (the only thread taking messages for every slot of the
+    node), where Store calls with retries would stop the node taking messages while the Store is slow, exactly
+    when a burst of expiries arrives. The handler only queues the rollout; one lazily started daemon thread per
+    process does the Store calls. A hand-back lost when the process exits leaves the attempt ``preparing`` until
+    the Store's watchdog or the bridge's reconcile hands it back.
     """
 
     MAX_QUEUED = 10_000

@@ -1,19 +1,12 @@
 """Agent threads that never return, under ``-P threads``: abandoned, counted, and cured by a restart.
 
-Nothing can interrupt a Python thread. An agent that blocks outside the checks the worker puts in its way
-(the LLM calls: a tool call without a timeout, a deadlock) would hold its attempt, its lease and its slot
-forever. So under the threads pool the agent runs on a thread of its own (``run_abandonable``) while the
-task's thread watches it: at the attempt's deadline, or on a stop verdict (cancelled, superseded), plus
-``ABANDON_GRACE_S`` for the agent to notice by itself, the task gives up on it. The attempt is reported
-``failed`` (``timeout``) or left unreported (a stop verdict means it is no longer ours), its lease is no
-longer renewed, and the thread is counted here as stuck until it returns, if ever.
-
-Each stuck thread takes one slot off the node's advert (the bridge sends one rollout fewer), and at
-``MAX_STUCK_AGENT_THREADS`` the node drains and restarts itself: a Celery warm shutdown (SIGTERM: it stops
-taking messages and lets running tasks finish), then the process re-executes its own command line
-(``os.execv``), so the capacity comes back without an operator. Under prefork none of this is needed: the
-Celery hard time limit kills the child process that runs the agent (docs/operations.md, "Agents that
-block").
+Nothing can interrupt a Python thread, so under the threads pool the agent runs on a thread of its own
+(``run_abandonable``) and the task gives up on it at the attempt's deadline, or on a stop verdict, plus
+``ABANDON_GRACE_S``: the attempt is reported ``failed`` (``timeout``) or left unreported, its lease is no
+longer renewed, and the thread counts as stuck until it returns. Each stuck thread takes one slot off the
+node's advert; at ``MAX_STUCK_AGENT_THREADS`` the node drains (warm shutdown) and re-executes its own command
+line. Under prefork Celery's hard time limit does this job. Operator's view: docs/operations.md, "Agents
+that block".
 """
 
 from __future__ import annotations

@@ -1,23 +1,12 @@
 """Spans for one attempt, delivered to the Store where the trainer reads them (docs/store-protocol.md 7-8).
 
-Each attempt gets its own ``TracerProvider`` whose resource names the rollout and the attempt, so the
-Store files every span under the right attempt without any per-span bookkeeping. Ended spans are
-buffered and sent as one OTLP/HTTP protobuf request per flush through the shared Store client (its
-retries also reconnect after the Store closes the connection on a 500): one batch per attempt, before
-its report, unless the heartbeat monitor flushes earlier (a rollout with ``unresponsive_seconds``, whose
-attempt stored spans keep alive (6.4); ``SPAN_FLUSH_INTERVAL_S`` streaming; a full buffer). The destination is
-``AGENT_LIGHTNING_OTLP_ENDPOINT`` when set (e.g. a collector in front of the Store), else the
-Store's own ``/v1/traces``.
-
-The per-attempt tracer is built directly, not through a ``TracerProvider``: the SDK's provider (1.45)
-registers an ``os.register_at_fork`` hook in its constructor that can never be removed, about 1 KB
-kept forever per attempt. The tracer has no exporter thread and no socket of its own (the Store
-client's pool is shared by every attempt of the process), so attempts do not grow threads, file
-descriptors or memory; ``tests/integration/test_telemetry_lifecycle.py`` checks that over a thousand attempts.
-It samples everything: an operator's sampler must never drop training data.
-
-No span carries a locally stamped sequence id: the Store assigns them in arrival order, which is
-what reward matching by sequence relies on (7.2).
+Each attempt gets its own tracer whose resource names the rollout and the attempt, so the Store files every
+span under the right attempt. Ended spans are buffered and sent as one OTLP/HTTP protobuf request per flush
+through the shared Store client, to ``AGENT_LIGHTNING_OTLP_ENDPOINT`` or the Store's ``/v1/traces``: one batch
+before the report, earlier only when the heartbeat monitor flushes (``unresponsive_seconds``, streaming, a full
+buffer). The tracer is built without a ``TracerProvider``, samples everything, and holds no thread or socket
+of its own. No span carries a local sequence id: the Store assigns them in arrival order, which reward
+matching relies on (7.2). Why: docs/architecture.md, "What the trainer receives" and "Design choices".
 """
 
 from __future__ import annotations

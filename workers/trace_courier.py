@@ -1,29 +1,15 @@
-"""One OTLP request for the final span batches that a process's attempts flush at the same time.
+"""One OTLP request for the final span batches that a process's attempts flush at the same time (a group commit).
 
-Under ``-P threads`` one process runs many attempts, and each ships its spans in a request of its own
-before its report: one ``POST /v1/traces`` per rollout, about 40% of the Store's requests. The courier
-is a group commit: a flush that finds no request in flight is sent at once (but see the wait below), and
-flushes that arrive while one is in flight wait for it and then go together in the next request.
-Serialized ``ExportTraceServiceRequest`` messages concatenate into one (``resource_spans`` is a repeated
-field), and the Store files each resource's spans under the attempt its resource names
-(docs/store-protocol.md 7.2), so nothing changes on the wire but the number of requests.
-
-Every parcel keeps its own bounds: a shared request is one try whose timeout is the smallest time any
-member has left (a member's spans must land while its lease, proven just before, is surely still its
-own), and a member whose time runs short while it waits goes alone. A shared try that fails is blamed on
-no one: every member then sends alone, with the usual retries, so a member the Store refuses (a
-rollout it no longer knows answers 500) costs the others one try, never their spans; an attempt whose
-flush failed sends alone from then on. Under prefork each process runs one attempt, so every flush goes
-alone at once, as before.
-
-A flush that finds no request in flight may also wait a little for others (``gather_s``): with many slots
-and long episodes, flushes come too far apart to meet a request in flight (128 threads of 15 s episodes:
-0.85-0.89 requests per rollout), and a request costs the Store about 3 ms of CPU besides its spans
-(docs/performance.md). The wait is a small share (``SHARE``, 1%) of the mean episode, capped by
-``SPAN_GATHER_MAX_S``, and taken only when at least one other attempt of the process is expected to end
-within it (Little's law: the other running attempts times the wait over the mean episode). There, 0.38
-requests per rollout were left, for about 1% of the slots' time. A process with few slots (prefork: one)
-never waits.
+A flush that finds no request in flight goes at once, or after a short wait for others (``gather_s``:
+``SHARE`` of the mean episode, at most ``SPAN_GATHER_MAX_S``, taken only when another attempt of the process
+is expected to end meanwhile); flushes that arrive while one is in flight go together in the next request.
+Serialized ``ExportTraceServiceRequest`` messages concatenate and the Store files each resource's spans under
+its attempt (docs/store-protocol.md 7.2), so only the number of requests changes. A shared request is one try
+bounded by the shortest time any member has left; if it fails, every member sends alone with the usual
+retries, and a member short of time never waits. Under prefork (one attempt per process) every flush goes
+alone at once. Figures: docs/performance.md, "Shared span requests, a longer coalescing cap, and a
+sustained figure without bias" and "What a span request costs the Store, and span batches that wait a
+little for each other".
 """
 
 from __future__ import annotations

@@ -1,27 +1,15 @@
 """How the bridge knows how many rollouts the workers can take right now, queue by queue.
 
-The attempt clock starts at dequeue (docs/store-protocol.md 6.3), so rollouts must not wait in the broker.
-Each worker node advertises its execution slots on every queue it consumes in Redis (an expiring key,
-refreshed every few seconds, so a dead worker's slots vanish on their own; the same number on each of its
-queues: the node runs that many tasks in all, whichever queues they come from), and lists itself in the
-queue's node listing, where the bridge looks for those keys on every tick: scanning for them instead walks
-the whole keyspace, which a long run fills with per-attempt markers. The bridge records
-every attempt it publishes in a per-queue sorted set; the worker removes it when the task ends,
-whatever the outcome.
-
-``SlotView.rooms`` turns that into how many more rollouts each queue can start now. A node's slots
-count once: in-flight attempts are placed on the nodes that consume their queue as a maximum flow
-would place them (each node holds at most its slots), and a queue's room is how many more of its
-rollouts that placement could still take. For a queue whose nodes consume nothing else this is plain
-``slots - in flight``; a node shared by two queues is not counted twice, and a queue whose in-flight
-attempts exceed what its nodes can hold gets a negative room (its unplaced excess), never a floored 0.
-
-This needs no Celery ``inspect`` broadcast (slow, and silent while workers are busy) and counts
-messages still waiting in the broker, which ``inspect active`` would miss.
-
-Every function here that touches a deployment's slots, in-flight sets, wake-ups or held record takes its
-``scope`` (``bridge.core.coordination.deployment_scope``: a digest of the Store's URL), so deployments that
-share one Redis never count each other's workers or attempts (``bridge.core.keys``).
+The attempt clock starts at dequeue (docs/store-protocol.md 6.3), so the bridge claims only what can start now.
+Each worker node advertises its slots on every queue it consumes in an expiring Redis key (a dead node's
+slots vanish on their own) and lists itself in the queue's node listing, which the bridge reads instead of
+scanning the keyspace; the bridge records every attempt it publishes in a per-queue in-flight set that the
+worker clears when the task ends. ``SlotView.rooms`` places the in-flight attempts on the nodes as a maximum
+flow would, so a node's slots count once however many queues it consumes and an over-full queue's room is
+negative, never a floored 0. Every function takes the deployment's ``scope`` (a digest of the Store's URL),
+so deployments sharing a Redis never count each other's slots. Why: docs/architecture.md, "One rollout, hop
+by hop" (1) and "Design choices"; figures: docs/performance.md, "The bridge read the workers' slots by
+walking Redis's whole keyspace".
 """
 
 from __future__ import annotations

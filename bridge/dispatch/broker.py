@@ -1,16 +1,11 @@
 """What waits in the broker: queue depth and the age of the oldest queued message, behind one seam.
 
 ``queues_for(settings, coordination)`` returns the probe for the configured broker; the bridge's gauges and
-``bridge status`` use only its ``depth``/``oldest_age``, so broker differences stay in this module.
-
-**Redis.** Kombu's Redis transport keeps a queue as a list: producers ``LPUSH``, consumers ``BRPOP``, so the
-oldest message sits at index -1. Its task id is the attempt id, and the bridge recorded the publish
-time of every attempt in the in-flight set (bridge.core.capacity), so the age needs no clock in the message.
-Read by the bridge's metrics and by ``bridge status``; both only read, never pop.
-
-**RabbitMQ.** A passive ``queue.declare`` answers the number of ready messages (not those delivered and
-unacknowledged) without creating anything; AMQP cannot peek at a queue's head without taking the
-message, so the oldest message's age is unknown (None). A queue not declared yet holds nothing: depth 0.
+``bridge status`` use only its ``depth``/``oldest_age`` and never take a message. Redis: the queue is a list
+(``LPUSH``/``BRPOP``, oldest at index -1) whose task id is the attempt id, aged by the publish time the bridge
+recorded in the in-flight set (``bridge.core.capacity``). RabbitMQ: a passive ``queue.declare`` gives the ready
+messages without creating anything; AMQP cannot peek at a queue's head, so the age is unknown (None), and a
+queue not declared yet holds nothing.
 """
 
 from __future__ import annotations

@@ -1,21 +1,13 @@
 """How long the bridge lets freed slots gather before it dequeues again, once every slot was busy.
 
-With every slot busy, slots free one at a time as episodes end, and a dequeue per freed slot costs the
-Store one request per rollout (1.03 per rollout measured at 128 slots of 12 s episodes). Waiting a
-little lets several freed slots share one dequeue. The wait is a small share (``SHARE``, 2%) of the
-mean episode time, which Little's law gives from the slots and the recent dispatch rate (at full capacity
-rollouts are dispatched as fast as they finish), so a freed slot idles at most about 2% of an episode
-longer; ``BRIDGE_COALESCE_MAX_S`` caps it (0 turns it off). Short episodes get a wait of a few
-milliseconds. Below the cap (1.5 s: episodes up to 75 s) about ``SHARE * slots`` slots free during a wait
-whatever the episode length (Little's law again), so a dequeue claims that many plus one; a lower cap made
-long episodes pay a dequeue for nearly every rollout (0.25 s at 60 s episodes on 128 slots: 0.5 freed
-slots a wait).
-
-The same share bounds the polls of an empty queue (``idle_poll_s``): while a batch's last wave runs, slots
-free one by one and the queue is empty until the trainer enqueues the next batch. Polling it every
-``BRIDGE_POLL_MAX_S`` (0.2 s) cost the Store about 0.5 empty dequeues per rollout at 30 s episodes, as many
-as every other request of the bridge; polling every 2% of the episode time last measured at capacity lets
-a new batch's first rollout wait that much longer, like a coalescing wait. Figures: docs/performance.md.
+A dequeue per freed slot would cost the Store a request per rollout, so the bridge waits ``SHARE`` (2%) of
+the mean episode time, which Little's law gives from the slots and the recent dispatch rate: a freed slot
+idles at most about 2% of an episode longer, and about ``SHARE * slots`` slots free meanwhile, whatever the
+episode length. ``BRIDGE_COALESCE_MAX_S`` caps the wait (0 turns it off). The same share bounds the polls of
+an empty queue once long episodes filled every slot (``idle_poll_s``). Figures: docs/performance.md,
+"Cluster scale: what a rollout costs the Store and the worker" (Freed slots gather before a dequeue),
+"Shared span requests, a longer coalescing cap, and a sustained figure without bias" and "Empty polls
+after long episodes, and one result backend per worker".
 """
 
 from __future__ import annotations

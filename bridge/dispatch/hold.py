@@ -1,20 +1,12 @@
 """Claimed rollouts the bridge holds until their queue has room: bounded, first in first out per queue.
 
-A dequeue takes the head of the Store's one queue whatever its mode (``bridge.dispatch.placement``), so a
-rollout for a full queue, or for a queue no live worker consumes, is held here instead of published, and
-the bridge goes on dispatching for the queues that have room while it holds rollouts only for queues no
-worker consumes. At most ``BRIDGE_MAX_HELD`` rollouts are held; the bridge claims nothing more while the
-hold is full, or while a held rollout waits for a consumed queue that is full (backpressure: one rollout
-beyond that queue's slots at most, as tests/integration/test_backpressure.py checks).
-
-* A queue that is consumed but full: its held rollouts go out first (oldest first) as slots free, and one
-  held longer than ``BRIDGE_MAX_QUEUE_WAIT_S`` is handed back, the same bound as a message in the broker.
-* A queue no live worker consumes (a mode mapped by ``QUEUE_BY_MODE`` to a queue nobody serves): its
-  rollouts stay held and the queue is reported (log, ``agl_bridge_unserved_queue``, ``status``) rather
-  than cycled through hand-backs; they go out once a worker consumes the queue. The Store's own clocks
-  (``timeout_seconds``, ``unresponsive_seconds``) still run on them, as on any claimed rollout.
-* Reconcile re-reads every held rollout and drops the ones the Store has moved on (cancelled, finished,
-  timed out, superseded): a cancelled rollout is never published or requeued from here.
+A rollout for a full queue, or for one no live worker consumes, is held here instead of published
+(``bridge.dispatch.placement``), at most ``BRIDGE_MAX_HELD`` of them. A full queue's held rollouts go out
+oldest first as slots free, and one held past ``BRIDGE_MAX_QUEUE_WAIT_S`` is handed back; an unserved queue's
+stay held and the queue is reported (log, ``agl_bridge_unserved_queue``, ``status``) rather than cycled through
+hand-backs. Reconcile re-reads every held rollout and drops the ones the Store moved on from, so a cancelled
+rollout is never published or requeued from here. Hop by hop: docs/architecture.md, "One rollout, hop by
+hop" (1); tests/integration/test_backpressure.py.
 """
 
 from __future__ import annotations

@@ -1,28 +1,11 @@
 """How many rollouts the bridge may claim in one dequeue, when the Store cannot be asked for a mode.
 
-A dequeue takes the head of the Store's one queue whatever its mode, and the mode decides the broker
-queue (``QUEUE_BY_MODE``). So a batch is safe only if *any* mix of modes in it can start now:
-
-* every queue a live node consumes has room: claim ``min(room over those queues, BRIDGE_MAX_BATCH)``.
-  Any mix of that many fits (a queue's room is the minimum cut from it to the nodes, so no set of
-  queues receives more than it can take). With one queue, as by default, this is ``min(free slots,
-  BRIDGE_MAX_BATCH)``: the same single request per batch as without queues per mode;
-* some consumed queues are full, others have room: claim **one** rollout. If it routes to a queue with
-  room it is published; if not, it is *held* in the bridge (``bridge.dispatch.hold``) and published as
-  soon as its queue frees a slot; nothing more is claimed until then (``Hold.waits_on``). The cost
-  is one dequeue request per rollout while a queue is full, instead of one per batch (measured in
-  tests/integration/test_backpressure.py);
-* no consumed queue has room: claim nothing and block on the workers' slot-freed wake-up.
-
-A queue that no live node consumes is left out of the batch size, so a queue mapped for a mode the
-trainer never uses does not slow the others; a rollout routed to it is held until a node consumes the
-queue, and the queue is reported. The dispatcher never claims more than the hold has room for
-(``BRIDGE_MAX_HELD``), so at most that many rollouts are ever claimed beyond the slots.
-
-The alternative, claiming a batch and handing back at once what cannot be placed, was rejected: each
-hand-back is one more Store request *and* uses up one of the rollout's ``max_attempts``
-(docs/store-protocol.md 10, "Handing a rollout back"), and the handed-back rollout moves to the tail of
-the Store queue, so a busy train queue would burn its own retries while idle val slots kept pulling it.
+A dequeue takes the head of the Store's one queue whatever its mode, so a batch must fit *any* mix of modes:
+``min(room over every consumed queue, BRIDGE_MAX_BATCH)`` while all have room, **one** rollout while some
+are full (held by ``bridge.dispatch.hold`` if it routes to a full queue; nothing more is claimed until it
+goes), none while all are. A queue no live node consumes is left out of the batch size. At most
+``BRIDGE_MAX_HELD`` rollouts are ever claimed beyond the slots (tests/integration/test_backpressure.py).
+Why one and not a batch handed back: docs/architecture.md, "Design choices".
 """
 
 from __future__ import annotations

@@ -1,21 +1,12 @@
 """Publishing a dequeued rollout as the Celery task ``workers.run_rollout``, by name.
 
 The task id is the attempt id (the idempotency key end to end). The message carries the rollout as the
-Store returned it, which holds no secret: the LLM key and endpoint are read by the worker from its own
-settings or the Store's resources. Flower shows ``argsrepr``/``kwargsrepr``, set here to the ids and the
-start of the instruction.
-
-Time limits: the broker hands an unacknowledged message to another worker after its visibility timeout
-(RabbitMQ: closes the channel after its consumer timeout), so a rollout must end (hard limit) before
-``BROKER_VISIBILITY_TIMEOUT_S`` (RabbitMQ: ``BROKER_CONSUMER_TIMEOUT_S``) ``- BRIDGE_MAX_QUEUE_WAIT_S``.
-Settings check that for ``ROLLOUT_DEFAULT_TIMEOUT_S`` at start-up; a rollout's own ``timeout_seconds``
-is only known here. One that asks for more is *clamped*: the message carries the rollout with
-``timeout_seconds`` lowered to the longest budget the broker covers (so the worker's own deadline, which
-is all the ``threads`` pool has, agrees with Celery's limits), a warning names both values and the
-setting to raise, and ``agl_bridge_timeouts_clamped_total`` counts it. Clamping was chosen over failing
-the rollout at dispatch: a trainer's generous ``timeout_seconds`` is usually a ceiling, not a need, so
-the rollout still runs and only an episode that really outlasts the bound ends as ``timeout``; handing it
-back would only bring it back with the same timeout.
+Store returned it, which holds no secret; Flower's ``argsrepr``/``kwargsrepr`` show the ids and the start of
+the instruction. A rollout must end (hard limit) before the broker redelivers it (``BROKER_VISIBILITY_TIMEOUT_S``,
+RabbitMQ: ``BROKER_CONSUMER_TIMEOUT_S``, less ``BRIDGE_MAX_QUEUE_WAIT_S``); a ``timeout_seconds`` that asks
+for more is clamped to the longest budget the broker covers, with a warning and
+``agl_bridge_timeouts_clamped_total``. Why clamp rather than fail: docs/architecture.md, "Guarantees" (Time
+limits) and "Design choices".
 """
 
 from __future__ import annotations

@@ -1,27 +1,11 @@
 """One rollout executed at once on the cluster, for ``CeleryRunner.step``.
 
-Agent Lightning's own runner executes ``step`` in its process: it publishes the resources given, creates the
-rollout with an attempt already started for itself (``POST /rollouts``, the Store's ``start_rollout``), runs
-the agent and returns the Store's rollout. Here the same attempt is created claimed by the bridge's
-dispatcher id and handed to the dispatch loop's own ``Dispatcher.dispatch`` (recorded in flight, then
-published; handed back if the broker refuses it), so it needs no running loop, and a running bridge's
-reconciliation treats it like any rollout it dequeued (repairs it if the message is lost).
-
-``step`` bypasses the Store's queue, as Agent Lightning's does, but not the slots: it creates the rollout only
-once a live worker has a free slot on its queue (``wait_for_room``), so its message never waits in the broker
-past its expiry. Until then nothing exists in the Store, so no Store timeout runs. A dispatch loop may take
-the slot between the check and the publish; the message then waits as any other, within its queue wait.
-
-The wait is bounded by the rollout's own budget (its hard time limit plus the longest queue wait, for each
-attempt its config allows), so a lost rollout with no bridge to repair it ends the call with an error rather
-than hanging it.
-
-Retries. When the attempt ends and the Store puts the rollout back in its queue (``requeuing``: its retry
-policy, a watchdog timeout, or a worker handing it back at shutdown), only a dispatch loop dequeues it again.
-With one running (any process holding the leader lock) ``step`` waits for the retry and returns its outcome;
-with none it raises ``RolloutFailedError`` at once with status ``requeuing`` rather than waiting out the
-budget for a retry nobody will start. That is Agent Lightning's own ``step``: one attempt, whose failure
-the caller sees. The rollout stays queued, and a bridge started later runs it.
+Like Agent Lightning's own ``step``, it bypasses the Store's queue: once a live worker has a free slot on the
+mode's queue (``wait_for_room``), it creates the rollout with an attempt claimed under the bridge's dispatcher
+id and hands it to ``Dispatcher.dispatch``, so no loop has to run and a running bridge's reconcile repairs it
+like any rollout it dequeued. Waits are bounded by the rollout's own budget. A retry (the rollout back in the
+Store's queue) is awaited only while some dispatch loop holds the leader lock; with none, ``step`` raises
+``RolloutFailedError`` with status ``requeuing`` at once. Contract: docs/agents.md section 2 (``step``).
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """A LitAgent's ``openai`` SDK chat calls as ``openai.chat.completion`` spans of the attempt running them.
 
-Agent Lightning's own tracers install process-wide instrumentation and one active trace at a time; a
-``-P threads`` worker runs many attempts in one process. So the SDK's ``chat.completions.create`` (sync
-and async) is wrapped once per process, and each call finds *its* attempt through a context variable
-set around the agent call (``capturing``): a call made outside any attempt passes through untouched.
-``asyncio.run`` copies the context into the agent's coroutine, so async agents are captured the same way.
-
-Inside an attempt every call gets what the WebShop loop's calls get: the stop check (a cancelled or
-superseded attempt stops at its next LLM call), a timeout no later than the attempt's deadline (the only
-bound under ``-P threads``), the cluster-wide rate limit of its model, vLLM's token ids asked for when
-``LLM_RETURN_TOKEN_IDS`` is on, and a span with ``gen_ai.*`` attributes and ``prompt_token_ids`` /
-``response_token_ids``, the names Agent Lightning's ``TracerTraceToTriplet`` reads.
+Agent Lightning's tracers hold one active trace per process, and a ``-P threads`` worker runs many attempts in
+one. So ``chat.completions.create`` (sync and async) is wrapped once per process, and each call finds its
+attempt through a context variable set around the agent call (``capturing``); a call outside any attempt
+passes through untouched. Inside an attempt a call gets what the WebShop loop's calls get: the stop check, a
+timeout no later than the attempt's deadline, the model's cluster-wide rate limit, token ids when
+``LLM_RETURN_TOKEN_IDS`` is on, and a span with the attributes ``TracerTraceToTriplet`` reads.
 """
 
 from __future__ import annotations

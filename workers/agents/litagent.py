@@ -1,24 +1,13 @@
 """One attempt of a configured LitAgent, in Agent Lightning's runner order, in place of the WebShop episode.
 
-``workers.execution`` keeps everything around it (lease, fence, heartbeats, the one span batch before the
-final status, the report); this module only runs the agent and turns what it returns into spans:
-
-1. hook ``on_rollout_start``; 2. the attempt's capture opens (the agent's ``openai`` calls and Agent
-Lightning's emitters become spans of this attempt); 3. hook ``on_trace_start``; 4. the agent:
-``training_rollout``/``validation_rollout`` by the rollout's mode, or their ``_async`` forms when the
-agent is async, with ``(input, resources=NamedResources, rollout=AttemptedRollout)``; 5. hook
-``on_trace_end``; the capture closes; 6. the return value: a number is the final reward (a reward span
-after the agent's spans), a list of spans is the trace, ``None`` leaves what the capture recorded,
-anything else fails the attempt (class ``agent``); 7. hook ``on_rollout_end`` always runs.
-
-With ``AGENT_TRACER=agentops`` steps 2 to 5 run inside Agent Lightning's AgentOps tracer's trace context
-instead (one per process: ``workers.agents.loading.check_tracer_pool``), and the spans it recorded are the
-attempt's trace unless the agent returned its own list.
-
-A hook that raises is logged and the attempt goes on, as in Agent Lightning. Coroutines run with
-``asyncio.run`` in the executing thread: a new event loop per call, correct under prefork (the child's
-main thread) and ``-P threads`` (each pool thread) alike, and the context (which attempt is capturing)
-is copied into it.
+``workers.execution`` keeps everything around it (lease, fence, heartbeats, the span batch, the report); this
+module runs, in order: ``on_rollout_start``; the attempt's capture opens; ``on_trace_start``; the agent's
+``training_rollout``/``validation_rollout`` (or ``_async``) by the rollout's mode; ``on_trace_end`` and the
+capture closes; the return value becomes spans (a number: the reward span; a list: the trace; ``None``: what
+was captured; anything else fails the attempt, class ``agent``); ``on_rollout_end`` always. With
+``AGENT_TRACER=agentops`` the middle steps run in Agent Lightning's AgentOps trace context instead. A hook
+that raises is logged and the attempt goes on; coroutines run with ``asyncio.run`` in the executing thread,
+with the context copied in. Contract: docs/agents.md section 1.
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
 """What the operator configured the workers to run: ``AGENT`` and ``AGENT_HOOKS``, imported once per process.
 
-The paths come from the worker's own settings (environment or ``.env``), never from a broker message: a
-message names the agent it expects only so that ``ConfiguredAgent.accepts`` can refuse a rollout meant
-for another agent. ``agentlightning`` is imported here only when ``AGENT`` is not ``webshop``, so the
-built-in agent keeps working without the optional ``agl`` extra.
-
-An agent path may name a ``LitAgent`` subclass (instantiated without arguments), a ``LitAgent`` instance
-(``@agentlightning.rollout`` makes one of a function), or a zero-argument factory returning one. A hook
-path names a ``Hook`` subclass, instance or factory the same way.
-
-Identity: a worker accepts a message naming either its ``AGENT`` string or the resolved identity of the
-agent it built (``bridge.core.message.agent_identity``: ``module:QualName`` of its class, or of the function
-an ``@agentlightning.rollout`` agent wraps), which is what ``CeleryRunner`` sends for the trainer's agent.
+The paths come from the worker's own settings, never from a broker message: a message names the agent it
+expects only so that ``ConfiguredAgent.accepts`` can refuse a rollout meant for another (its ``AGENT`` string or
+the built agent's identity, ``bridge.core.message.agent_identity``). An agent path names a ``LitAgent``
+subclass, instance or zero-argument factory (``@agentlightning.rollout`` functions included), a hook path a
+``Hook`` the same way. ``agentlightning`` is imported only when ``AGENT`` is not ``webshop``, so the built-in
+agent needs no ``agl`` extra. Operator's view: docs/operations.md, "Running your own agent".
 """
 
 from __future__ import annotations

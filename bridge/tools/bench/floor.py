@@ -1,17 +1,11 @@
 """The benchmark's floor: the WebShop loop with nothing around it but the Store calls the protocol requires.
 
 ``python -m bridge bench --floor`` runs the workload once more with this executor, after ours (and the
-peer's), on the same Store and stand-ins. One process claims rollouts for its free slots (the Store creates
-their attempts), and each of its ``n_slots`` threads runs ``workers.agent.Episode`` under the same root span
-and telemetry as our task, ships the spans in one request and posts the final status. No broker, lease,
-heartbeat, fence, retry or report journal: a crashed floor loses its rollouts, so it is a yardstick, never
-an executor.
-
-Why it exists: the episode's own work (the LLM and WebShop calls, the spans and what the Store pays to
-ingest them) is the same under every executor, and on a CPU-bound host it leaves little room between them.
-The floor is the plainest executor with that work, so "ours vs the floor" is what our guarantees cost net
-of what our batching saves, and "floor vs the runner" is what dropping the runner's machinery alone gains.
-It is not a strict bound: an executor that batches (our span requests and dequeues) can beat it.
+peer's), on the same Store and stand-ins. One process claims rollouts for its free slots, and each of its
+``n_slots`` threads runs ``workers.agent.Episode`` under the same telemetry as our task, ships the spans in
+one request and posts the final status. No broker, lease, heartbeat, fence, retry or report journal: a
+crashed floor loses its rollouts, so it is a yardstick, never an executor. How to read it against ours and
+the runner's, and figures: docs/performance.md, "The floor: the same episode with nothing around it".
 """
 
 from __future__ import annotations

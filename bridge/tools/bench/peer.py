@@ -1,18 +1,12 @@
 """The benchmark's peer: the same WebShop loop run by Agent Lightning's own runner (``--peer agl-runner``).
 
-``python -m bridge bench --peer agl-runner`` starts this module as a child process, so its CPU and
-memory are measured like the bridge's. It connects ``n_runners`` runner processes of the installed
-``agentlightning`` package (``Trainer`` with ``ClientServerExecutionStrategy(role="runner")``) to the
-benchmark's Store and runs until the benchmark stops it. The agent is ``workers.agent.Episode``, the
-loop our Celery task runs, so the two executors differ only in how they talk to the Store.
-
-The rollout returns its reward as a float, which the runner posts as the reward span itself; emitting
-it through the SDK tracer was seen to export to OpenTelemetry's default endpoint instead of the Store.
-The episode's own step spans go to a provider that buffers and drops them (``export=False``), which
-is the SDK runner's behaviour with ``OtelTracer`` and an uninstrumented loop. With ``--export-spans``
-(``bench --peer-spans``) they are shipped like ours instead, one OTLP request per rollout before it
-returns, with the token ids our workers ask the LLM for, so both executors deliver the same trace volume
-(the benchmark reads a sample back from the Store to show it) and only the execution machinery differs.
+``python -m bridge bench --peer agl-runner`` starts this module as a child process, so its CPU and memory are
+measured like the bridge's. It connects ``n_runners`` runner processes of the installed ``agentlightning``
+(``Trainer`` with ``ClientServerExecutionStrategy(role="runner")``) to the benchmark's Store, running
+``workers.agent.Episode``, so the two executors differ only in how they talk to the Store. The reward goes
+back as a float; with ``--export-spans`` (``bench --peer-spans``) the episode's spans and token ids are
+shipped like ours, one OTLP request per rollout, else dropped. Why: docs/performance.md, "`python -m bridge
+bench`".
 """
 
 from __future__ import annotations

@@ -2,55 +2,27 @@
 
 Starts (or reuses, with the --*-url options) a real `agl store --tracker prometheus`, Redis, the
 WebShop server and the LLM stand-in, plus K Celery workers and the bridge; runs a fixed WebShop
-workload and prints a table (with --json, one JSON object as the last line). Every figure is measured:
-Store requests from the Store's own Prometheus counters, CPU and RSS of the process trees (psutil),
-dispatch latency and durations from the Store's rollout and attempt times.
+workload and prints a table (with --json, one JSON object as the last line). It exits 0 when every
+rollout succeeded. Every figure is measured: Store requests from the Store's own Prometheus counters,
+CPU and RSS from /proc of each process tree, latencies and durations from the Store's timestamps.
 
 Phases: (1) dispatch probes: rollouts enqueued one by one while slots are free, enqueue -> task start;
 (2) the workload: N rollouts enqueued at once; (3) with --peer agl-runner, the same workload run by
 Agent Lightning's own runner (n_runners = C) on the same Store, after our workers are stopped; (4) with
---floor, the same workload run by the floor: our layout of processes and slots (a process per slot under
-prefork) running the same episode with only the Store calls it needs (one dequeue for a process's free
-slots, the spans, the final status; no broker, lease or heartbeat). The episode's own work is common to
-every executor, so [ratio_vs_floor] is what our guarantees cost in throughput net of what our batching
-saves, and [ratio_floor_vs_peer] what dropping the runner's machinery alone gains on this host.
+--floor, the same workload run by the floor: the same episode in our layout of processes and slots with
+only the Store calls it needs (no broker, lease or heartbeat). [ratio_vs_floor] is what our guarantees
+cost in throughput net of what our batching saves; [ratio_floor_vs_peer] what dropping the runner's
+machinery alone gains on this host.
 
-Which pool (measured with this benchmark): `-P prefork -c 8` for CPU-heavy agents and small slot
-counts (~100 MB per slot). For LLM-bound agents `-P threads` (the task code is thread-safe: per-process
-clients are shared, per-attempt state lives in its objects): one process of 128 threads sustained 97% of
-ideal at 2,000 ms per LLM call in 190 MB, two processes of 128 on 2 cores 96.6% in 375 MB. Python
-runs one core per process (the GIL), so when calls are fast, use a process per core: at 500 ms, two
-processes of 64 threads did 23.5 rollouts/s where one of 128 did 14.4. What bounds 128 slots on 2 cores
-below ~1 s per call is CPU: a rollout costs ~55-90 ms in all (worker 22-35, more with slow LLM calls than
-at 0 ms because work after a pause costs more: `python -m bridge.tools.bench.wake_cost`; Store ~20 for its
-24 spans, stand-ins ~9, bridge ~2).
+CPU figures are per rollout over the workload: worker, Store, "Store ceiling" (1000 / Store CPU ms,
+the rate one Store core sustains for this executor) and "in all" (every measured process; a service
+reused with --*-url is not measured and is left out). "Sustained" figures count only the time every slot
+had work; with latency, the sustained efficiency is the slots' share of ideal work (a perfect executor
+scores 1) and "slot time" splits the rest into overhead, hand-off and free slots.
 
-CPU figures, per rollout over the workload, from /proc of each process tree (JSON keys in brackets):
-  worker CPU ms/rollout [worker_cpu_ms_per_rollout]: our worker processes; the peer's is its runner
-    processes [peer_worker_cpu_ms_per_rollout, also peer_cpu_ms_per_rollout];
-  Store CPU ms/rollout [store_cpu_ms_per_rollout, peer_store_cpu_ms_per_rollout]: the `agl store`
-    process, i.e. what each executor's requests and spans cost the Store;
-  Store ceiling rollouts/s (one core) [store_ceiling_rollouts_per_s, peer_store_ceiling_rollouts_per_s]:
-    1000 / Store CPU ms per rollout, the rate one Store core sustains for this executor (the Store is one
-    Python process) if nothing else bounds it;
-  CPU ms/rollout in all [cpu_ms_per_rollout_total, peer_cpu_ms_per_rollout_total]: every measured process:
-    bridge + workers + Store + WebShop server + LLM stand-in (peer: runner + Store + the two stand-ins).
-With --store-url (or another reused service) that process is not measured: its figures are absent and
-"in all" leaves it out.
-
-"Sustained" figures count only the time every slot had work (from the dequeue that filled the last
-free slot to the last dequeue), leaving out the ramp-up and the tail of the last wave. With latency, the
-sustained efficiency is the slots' share of ideal work in that window (each rollout's LLM calls x latency
-from its worker's start; a perfect executor scores 1), and "slot time" splits the rest: episode overhead
-(HTTP, parsing, spans, the GIL), hand-off (dequeue to worker start, the report) and free (no attempt held
-the slot: the bridge noticing it, coalescing, its dequeue) [slot_time_shares]. At 0 ms it is the count of
-rollouts finished in the window over its length.
-
-Timeline figures: `dispatch_enqueue_to_dequeue_p50_ms` (the bridge's Store poll while slots are free),
-`dispatch_dequeue_to_start_p50_ms` and, with every slot busy, `dequeue_to_start_p50/p99_ms` (publish,
-broker and pool hand-off), all from the worker's own `started_at`.
-
-Numbers on a shared 2-core machine are noisy: compare ratios from one run, not absolute figures.
+Every figure and its JSON key: docs/performance.md, "Reading the figures"; which pool to choose:
+docs/operations.md, "Choosing a pool". Numbers on a shared machine are noisy: compare ratios from one
+run, not absolute figures across runs.
 """
 
 from __future__ import annotations

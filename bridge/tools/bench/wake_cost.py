@@ -2,15 +2,10 @@
 kind: decode an LLM answer, extend the conversation, encode the next request) timed with the thread's own CPU
 clock, back to back and after sleeps of growing length.
 
-Why it exists: a worker's CPU per rollout rises with the LLM's latency although every episode does the same
-steps (8 threads, 0 ms against 2,000 ms per call: 20 against 30 ms per rollout in the task threads alone,
-docs/performance.md). The work does not change; the CPU it costs does, because a thread that slept finds its
-caches, and on a virtual machine its virtual CPU, cold. This script gives that factor for the host it runs
-on, so a figure measured at 0 ms latency is not taken for what the same rollout costs at 2 s.
-
-The second table runs N slots that each step after a 2,000 ms pause, spread evenly, as N threads and as
-one thread taking the N in turn (what an event loop would do): what matters is how often the process (and
-the cores) work, not how long one slot sleeps, so many slots at 2 s warm each other, threads or not.
+A second table runs N slots that each step after a 2,000 ms pause, spread evenly, as N threads and as one
+thread taking the N in turn (what an event loop would do). The factor it prints is why a figure measured at
+0 ms LLM latency understates what the same rollout costs at 2 s. Why and figures: docs/performance.md, "The
+same work costs more after a pause: why 2 s per LLM call costs the worker more than 0 ms".
 
     python -m bridge.tools.bench.wake_cost            # about 2 minutes
 """

@@ -5,15 +5,16 @@ time, then reports three load figures and one memory figure:
 
 * serial: one session, one request at a time (latency with no queueing);
 * paced (open loop): 64 sessions whose combined rate is ``--rate`` steps/s
-  (default 500, the issue's goal), each on a fixed period with a random phase so
-  they do not fire in lockstep.  Latency is measured from each step's *scheduled*
-  send time, so a server that falls behind shows it in the tail instead of
-  silently slowing the client down (no coordinated omission).  This is the
-  figure to hold against "p99 under 20 ms for a search step";
+  (default 500), each on a fixed period with a random phase.  Latency is
+  measured from each step's *scheduled* send time, so a server that falls
+  behind shows it in the tail: the figure to hold against "p99 under 20 ms
+  for a search step";
 * saturation (closed loop): 64 sessions each sending its next step as soon as
   the previous answer arrives; its steps/s is the server's maximum rate, and its
   latency is mostly queueing;
 * memory: the server's RSS growth per idle session after opening 2,000 sessions.
+
+Method and last figures: docs/performance.md, "The WebShop server and the stand-in".
 
     python -m bridge.tools.bench.webshop [--mode both|paced|saturation] [--rate 500]
         [--sessions 64] [--paced-seconds 10] [--steps 40] [--idle-sessions 2000]

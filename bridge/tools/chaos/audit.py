@@ -1,17 +1,10 @@
 """The chaos audit: what the Store, Redis and the WebShop ledger say after a scenario.
 
-Four counts per scenario, each of which must be 0 (bridge.tools.chaos.run runs the scenarios and prints them):
-
-* lost: rollouts not finished by the scenario's deadline;
-* twice: attempts executed twice in effect. Three facts, any one counts:
-  spans of two episode executions in one attempt (two distinct ``webshop.episode`` roots in the Store);
-  an attempt's final report (status, reporting executor, its start and duration) that changed after the
-  observer first saw it, i.e. a second report; an attempt whose ``done`` marker in Redis (written by the
-  executor right after its report) names another status than the Store holds, i.e. two reports that
-  disagreed;
-* flipped: rollouts whose status changed after they were first seen finished (a late report);
-* bad reward: succeeded attempts whose reward is not what the WebShop server's purchase ledger says.
-
+Four counts per scenario, each of which must be 0 (``bridge.tools.chaos.run`` prints them): *lost*, rollouts
+not finished by the deadline; *twice*, attempts executed twice in effect: two distinct ``webshop.episode`` roots
+in one attempt, a final report that changed after the observer first saw it, or a ``done`` marker in Redis
+naming another status than the Store holds; *flipped*, rollouts whose status changed after they were first
+seen finished; *bad reward*, succeeded attempts whose reward differs from the WebShop purchase ledger.
 Nothing here reads worker logs or the inside of a lease token: both are free to change.
 """
 

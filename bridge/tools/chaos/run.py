@@ -5,15 +5,14 @@ runs each scenario on at least 100 rollouts (``max_attempts`` 3, retry on failed
 and prints one line per scenario:
 
 * lost: rollouts not finished by the scenario's deadline;
-* twice: attempts executed twice in effect: spans of two episode executions in one attempt (two
-  distinct ``webshop.episode`` roots), or two final reports for one attempt (seen in the Store, or in
-  the ``done`` marker in Redis disagreeing with it);
+* twice: attempts executed twice in effect (two episode executions in one attempt, or two final reports);
 * flipped: rollouts whose status changed after they were first seen finished (a late report);
 * bad reward: succeeded attempts whose reward is not what the WebShop server's purchase ledger says.
 
-All four must be 0 (counted by ``bridge.tools.chaos.audit``; the faults are ``bridge.tools.chaos.scenarios``).
-The tests in ``tests/integration/test_chaos.py`` drive the same scenarios and assert it.
-Everything listens on 127.0.0.1 and every wait is bounded.
+All four must be 0, else it exits 1 (counted by ``bridge.tools.chaos.audit``; the faults are
+``bridge.tools.chaos.scenarios``; ``tests/integration/test_chaos.py`` drives the same scenarios).
+Everything listens on 127.0.0.1 and every wait is bounded. See docs/operations.md, "Failure classes
+and chaos runs".
 """
 
 from __future__ import annotations

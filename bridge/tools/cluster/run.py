@@ -2,23 +2,21 @@
 
 `python -m bridge cluster` (as root on Linux) builds N worker hosts and one bridge host as network
 namespaces, each with its own host name and a veth link to a private 10.2xx.x.0/24 subnet it picks and
-removes again. Redis, the Store, the WebShop server and the LLM stand-in listen on the subnet's root-side
-address; each worker host runs one Celery node, the bridge host runs the bridge. Scenarios:
+removes again; Redis, the Store, the WebShop server and the LLM stand-in listen on the subnet's root side.
+Scenarios:
 
 * scale-out: the same latency-bound workload (LLM calls of --latency-ms) on 1..N worker hosts: throughput,
-  its ratio to one host's, and one distinct node name per host in Celery's ping, `python -m bridge status`
-  and the Store's worker ids;
+  its ratio to one host's, and one distinct node name per host in Celery's ping, `status` and the Store;
 * host-loss: SIGKILL every process of one worker host mid-run; time until every rollout it held runs again
   on another host, against the bound lease + reconcile interval + confirming scan;
-* partition: one worker host's link down for longer than the lease, then up again: its attempts are taken
-  over, nothing it reports later takes effect, and it takes new work by itself;
+* partition: one worker host's link down for longer than the lease, then up: its attempts are taken over,
+  nothing it reports later takes effect, and it takes new work by itself;
 * broker-restart, store-outage: the chaos suite's Redis restart and Store outage, across the network.
 
 Every run is audited like `python -m bridge chaos`: lost, executed twice, flipped, bad reward must all be 0.
-By default the nodes use short intervals (heartbeat 1 s, lease 4 s, reconcile 5 s); --default-intervals
-uses the product's defaults (10 s, 30 s, 20 s) to measure recovery as deployed. Namespaces, links and addresses are
-removed on every exit path; leftovers of a crashed run are removed by the next run (or --clean-only).
-See docs/cluster.md.
+Short intervals by default (heartbeat 1 s, lease 4 s, reconcile 5 s); --default-intervals uses the product's
+(10 s, 30 s, 20 s). Namespaces, links and addresses are removed on every exit path; a crashed run's leftovers
+by the next run (or --clean-only). See docs/cluster.md.
 """
 
 from __future__ import annotations
