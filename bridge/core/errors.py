@@ -90,12 +90,7 @@ class ConfigError(BridgeError):
 
 
 class MissingSetting(ConfigError):
-    """A required variable is not set; ``setting`` names it."""
-
-    setting: str
-
-    def __init__(self, message: str, *, setting: str) -> None:
-        super().__init__(message, setting=setting)
+    """A required variable is not set; ``setting`` names it (the first one, if several are)."""
 
 
 EXIT_CONFIG_ERROR = 2

@@ -443,7 +443,7 @@ def load_settings(**overrides: Any) -> Settings:
     try:
         return Settings(**overrides)
     except ValidationError as error:
-        raise config_error(error) from None
+        raise _config_error(error) from None
 
 
 @lru_cache(maxsize=1)
@@ -452,7 +452,7 @@ def get_settings() -> Settings:
     return load_settings()
 
 
-def config_error(error: ValidationError) -> ConfigError:
+def _config_error(error: ValidationError) -> ConfigError:
     """``error`` as a ConfigError naming each bad variable the way the user sets it (a MissingSetting when a
     required one is unset); ``setting`` is the first variable named."""
     problems: list[tuple[str, str]] = []
@@ -473,9 +473,8 @@ def config_error(error: ValidationError) -> ConfigError:
 
 
 def _variable(key: str) -> str:
-    """The variable behind an error's location: a field's alias, or the key itself (upper-cased)."""
-    field = Settings.model_fields.get(key)
-    return env_name(key) if field is not None else key.upper()
+    """The variable behind an error's location: a field's variable, or the key itself (upper-cased)."""
+    return env_name(key) if key in Settings.model_fields else key.upper()
 
 
 # --- URLs -------------------------------------------------------------------------------------------

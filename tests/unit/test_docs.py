@@ -22,6 +22,11 @@ def test_generated_configuration_files_are_current() -> None:
     assert not stale, f"{', '.join(stale)} differ from the settings: run `{configdoc.COMMAND}`"
 
 
+def test_a_changed_setting_makes_both_files_stale(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(Settings.model_fields["store_timeout_s"], "description", "Changed.")
+    assert configdoc.stale() == [configdoc.ENV_EXAMPLE, configdoc.OUTPUT]
+
+
 def test_check_mode_agrees() -> None:
     assert configdoc.main(["--check"]) == 0
 
