@@ -13,7 +13,8 @@ import sys
 from collections.abc import Sequence
 from types import FrameType, ModuleType
 
-from bridge.core.settings import ConfigError, load_settings
+from bridge.core.errors import EXIT_CONFIG_ERROR, ConfigError
+from bridge.core.settings import load_settings
 
 DESCRIPTION = """\
 Move Agent Lightning rollouts from the Store into Celery.
@@ -120,6 +121,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args))
     except ConfigError as error:
         print(f"error: {error.message}", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG_ERROR
     except KeyboardInterrupt:
         return 130

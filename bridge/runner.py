@@ -43,8 +43,9 @@ from agentlightning.types import Hook, NamedResources, Rollout, RolloutMode
 from pydantic import TypeAdapter
 
 from bridge.core.coordination import coordination_redis, deployment_scope
+from bridge.core.errors import MissingSetting
 from bridge.core.models import RolloutStatus
-from bridge.core.settings import ConfigError, Settings, load_settings
+from bridge.core.settings import Settings, env_name, load_settings
 from bridge.core.store import API, StoreClient
 from bridge.dispatch.dispatcher import Dispatcher
 from bridge.dispatch.leader import dispatching
@@ -231,8 +232,8 @@ class CeleryRunner(Runner[Any]):
             overrides["store_url"] = store_url
         try:
             return load_settings(**overrides)
-        except ConfigError as exc:
-            if "AGENT_LIGHTNING_STORE_URL" not in str(exc) or "store_url" in overrides:
+        except MissingSetting as exc:
+            if exc.setting != env_name("store_url") or "store_url" in overrides:
                 raise
             return load_settings(**overrides, store_url=DEFAULT_STORE_URL) if fallback else None
 

@@ -16,12 +16,12 @@ __all__ = ["app", "celery"]
 def __getattr__(name: str) -> Any:
     if name not in ("app", "celery"):
         raise AttributeError(f"module 'workers' has no attribute {name!r}")
-    from bridge.core.settings import ConfigError
+    from bridge.core.errors import EXIT_CONFIG_ERROR, ConfigError
 
     try:
         from workers.app import app
     except ConfigError as error:
         print(f"error: {error.message}", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise SystemExit(EXIT_CONFIG_ERROR) from None
     globals().update(app=app, celery=app)
     return app

@@ -29,6 +29,7 @@ from pydantic import ValidationError
 
 from bridge.core.backoff import retry_until
 from bridge.core.errors import (
+    ConfigError,
     DuplicateDelivery,
     InvalidInputError,
     LeaseUnproven,
@@ -42,7 +43,6 @@ from bridge.core.logs import RolloutLogger
 from bridge.core.message import DEFAULT_AGENT
 from bridge.core.models import AttemptedRollout, AttemptStatus
 from bridge.core.redact import redact_text
-from bridge.core.settings import ConfigError
 from workers import clock, stuck
 from workers import llm as llm_mod
 from workers.agent import Episode

@@ -29,8 +29,7 @@ from bridge.core.errors import LLMError
 from bridge.core.http import HTTPClient, pooled_transport, retry_after_s
 from bridge.core.models import AttemptedRollout, LLMResource, ResourcesUpdate
 from bridge.core.redact import redact_url
-from bridge.core.settings import Settings
-from bridge.core.settings_parse import split_host_port
+from bridge.core.settings import Settings, split_host_port
 from workers import metrics as worker_metrics
 
 if TYPE_CHECKING:

@@ -24,10 +24,10 @@ from celery import signals
 
 from bridge.core import capacity, handback, keys
 from bridge.core.coordination import coordination_redis, deployment_scope
-from bridge.core.errors import StoreError
+from bridge.core.errors import EXIT_CONFIG_ERROR, ConfigError, StoreError
 from bridge.core.logs import configure_logging
 from bridge.core.message import DEFAULT_AGENT, TASK_NAME
-from bridge.core.settings import ConfigError, Settings, get_settings
+from bridge.core.settings import Settings, get_settings
 from bridge.core.store import StoreClient
 from bridge.core.tracing import setup_process_tracing
 from workers import clock, stuck
@@ -122,18 +122,13 @@ def _load_agent(settings: Settings) -> None:
     """Import and build ``AGENT``/``AGENT_HOOKS`` now, so a bad configuration stops the worker at start.
 
     A LitAgent needs ``agentlightning`` (the ``agl`` extra): a missing package, an unimportable path or a
-    factory that fails is one line on stderr and exit code 2, like any configuration error, instead of a
-    failed attempt per rollout. Built once per process: here (the main process, which a threads or solo
-    pool runs tasks in) and again in each prefork child (``workers.agents.loading.configured_agent``).
+    factory that fails raises ConfigError, which ``_on_worker_init`` turns into one line on stderr and exit
+    code 2, instead of a failed attempt per rollout. Built once per process: here (the main process, which a
+    threads or solo pool runs tasks in) and again in each prefork child (``workers.agents.loading.configured_agent``).
     """
     if settings.agent == DEFAULT_AGENT:
         return
-    try:
-        agent_loading.configured_agent(settings)
-    except ConfigError as error:
-        print(f"error: {error.message}", file=sys.stderr)
-        log.critical("%s", error.message)
-        raise
+    agent_loading.configured_agent(settings)
     if settings.agent_tracer != "none":  # under agentops for the stop check, deadline and rate limit only
         from workers.agents.capture import install_openai_capture
 
@@ -152,11 +147,11 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
     settings = _set_up_logging_and_tracing()
     try:
         agent_loading.check_tracer_pool(settings, _pool_name(sender), int(getattr(sender, "concurrency", 1) or 1))
-    except ConfigError as error:
+        _load_agent(settings)
+    except ConfigError as error:  # Celery logs and ignores an Exception from a signal handler: exit here
         print(f"error: {error.message}", file=sys.stderr)
         log.critical("%s", error.message)
-        raise
-    _load_agent(settings)
+        raise SystemExit(EXIT_CONFIG_ERROR) from None
     stuck.pool.threads = _pool_name(sender) == "threads"
     stuck.pool.max_stuck = settings.max_stuck_agent_threads
     stuck.stuck_threads.on_change.append(_on_stuck_change)

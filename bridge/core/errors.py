@@ -74,3 +74,24 @@ class DuplicateDelivery(BridgeError):
     def __init__(self, message: str, *, retry_in_s: float) -> None:
         super().__init__(message)
         self.retry_in_s = retry_in_s
+
+
+class ConfigError(BridgeError):
+    """The configuration is invalid: ``message`` says why, ``setting`` names the variable at fault when one is.
+
+    An ordinary exception: entry points (``python -m bridge``, a worker's start-up) print the message and
+    exit with ``EXIT_CONFIG_ERROR``; a library caller (``CeleryRunner``) sees it raised.
+    """
+
+    def __init__(self, message: str, *, setting: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.setting = setting
+
+
+class MissingSetting(ConfigError):
+    """A required variable is not set; ``setting`` names it (the first one, if several are)."""
+
+
+EXIT_CONFIG_ERROR = 2
+"""The exit code of a process stopped by a ConfigError."""

@@ -1,291 +1,298 @@
 """The one settings object shared by the bridge and the workers.
 
-Variable names follow Agent Lightning's reference runner (``AGENT_LIGHTNING_STORE_URL``,
-``WEBSHOP_URL``, ``OPENAI_API_BASE``, ...) so a user can switch executors without touching their
-environment. Everything is validated when a process starts: a bad value stops it with one readable
-line naming the variable (exit code 2), never with a traceback in the middle of a run.
+Variable names follow Agent Lightning's reference runner (``AGENT_LIGHTNING_STORE_URL``, ``WEBSHOP_URL``,
+``OPENAI_API_BASE``, ...) so a user can switch executors without touching their environment. Each field reads
+the variable named by its ``validation_alias`` (keyword arguments may use the field's name instead) and is
+documented by the string below it; ``.env.example`` and docs/configuration.md are generated from the fields
+(``python -m bridge.tools.configdoc --write``). Everything is validated when a process starts: a bad value
+raises ``ConfigError`` with one readable line naming the variable, which entry points turn into exit code 2.
 """
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from typing import Annotated, Any, Literal
+from urllib.parse import parse_qsl, urlsplit
 
-from pydantic import AliasChoices, Field, HttpUrl, ValidationError, field_validator, model_validator
+from pydantic import Field, HttpUrl, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from bridge.core import settings_parse as parse
+from bridge.core.errors import ConfigError, MissingSetting
 from bridge.core.redact import redact_url
 from bridge.core.store import TRACES
 
-EXIT_CONFIG_ERROR = 2
-
-
-class ConfigError(SystemExit):
-    """Raised for invalid configuration; exits with code 2 and a readable message."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(EXIT_CONFIG_ERROR)
-        self.message = message
-
-    def __str__(self) -> str:
-        return self.message
+SET_IN_EXAMPLE = "set_in_example"
+"""``json_schema_extra`` key: the variable's line in .env.example is set, not commented out."""
+SECTION = "section"
+"""``json_schema_extra`` key: the field starts this section of .env.example and docs/configuration.md."""
 
 
 class Settings(BaseSettings):
-    """Every knob of the bridge and the workers; see ``.env.example`` for documentation."""
+    """Every knob of the bridge and the workers, in the order and sections of docs/configuration.md."""
 
-    model_config = SettingsConfigDict(env_file=".env", env_file_encoding="utf-8", extra="ignore", populate_by_name=True)
-
-    # --- Agent Lightning Store -------------------------------------------------------------
-    store_url: HttpUrl = Field(validation_alias=AliasChoices("AGENT_LIGHTNING_STORE_URL", "store_url"))
-    store_token: str | None = Field(
-        default=None, validation_alias=AliasChoices("AGENT_LIGHTNING_STORE_TOKEN", "store_token")
+    model_config = SettingsConfigDict(
+        env_file=".env", env_file_encoding="utf-8", extra="ignore", populate_by_name=True, use_attribute_docstrings=True
     )
-    store_timeout_s: float = Field(
-        default=30.0, gt=0, validation_alias=AliasChoices("STORE_TIMEOUT_S", "store_timeout_s")
-    )
-    store_retries: int = Field(default=5, ge=0, le=50, validation_alias=AliasChoices("STORE_RETRIES", "store_retries"))
 
-    # --- Tracing -----------------------------------------------------------------------------
+    store_url: HttpUrl = Field(
+        validation_alias="AGENT_LIGHTNING_STORE_URL",
+        examples=["http://127.0.0.1:4747"],
+        json_schema_extra={SECTION: "Agent Lightning Store", SET_IN_EXAMPLE: True},
+    )
+    """Base URL of the Store (`agl store`). Required, except for `python -m bridge demo`, which starts one."""
+    store_token: str | None = Field(default=None, validation_alias="AGENT_LIGHTNING_STORE_TOKEN")
+    """Bearer token sent to the Store, if a proxy in front of it asks for one (the Store itself has no auth)."""
+    store_timeout_s: float = Field(default=30.0, gt=0, validation_alias="STORE_TIMEOUT_S")
+    """Seconds per Store request."""
+    store_retries: int = Field(default=5, ge=0, le=50, validation_alias="STORE_RETRIES")
+    """Retries of a Store request's transient failures (connection errors, 5xx), with backoff."""
+
     otlp_endpoint: HttpUrl | None = Field(
-        default=None,
-        validation_alias=AliasChoices("AGENT_LIGHTNING_OTLP_ENDPOINT", "otlp_endpoint"),
+        default=None, validation_alias="AGENT_LIGHTNING_OTLP_ENDPOINT", json_schema_extra={SECTION: "Tracing"}
     )
-    service_name: str = Field(
-        default="agl-celery-bridge",
-        validation_alias=AliasChoices("AGENT_LIGHTNING_SERVICE_NAME", "service_name"),
-    )
-    trace_content: bool = Field(default=False, validation_alias=AliasChoices("TRACE_CONTENT", "trace_content"))
-    span_flush_interval_s: float | None = Field(
-        default=None, gt=0, le=60, validation_alias=AliasChoices("SPAN_FLUSH_INTERVAL_S", "span_flush_interval_s")
-    )
-    span_buffer_max_spans: int = Field(
-        default=1000, ge=10, validation_alias=AliasChoices("SPAN_BUFFER_MAX_SPANS", "span_buffer_max_spans")
-    )
-    span_gather_max_s: float = Field(  # workers.trace_courier
-        default=0.25, ge=0, le=5, validation_alias=AliasChoices("SPAN_GATHER_MAX_S", "span_gather_max_s")
-    )
+    """Where the spans of each attempt go (OTLP/HTTP protobuf). Default: the Store's own /v1/traces."""
+    service_name: str = Field(default="agl-celery-bridge", validation_alias="AGENT_LIGHTNING_SERVICE_NAME")
+    """service.name of the spans; the bridge and workers append -bridge / -worker for operator traces."""
+    trace_content: bool = Field(default=False, validation_alias="TRACE_CONTENT")
+    """Put prompts and completions into the LLM spans (off: they may hold user data)."""
+    span_flush_interval_s: float | None = Field(default=None, gt=0, le=60, validation_alias="SPAN_FLUSH_INTERVAL_S")
+    """Unset (default): an attempt's spans reach the Store in one batch before its report; while the episode runs
+    they are shipped only to keep it alive (rollouts with unresponsive_seconds, every heartbeat) or when
+    SPAN_BUFFER_MAX_SPANS are buffered. Set seconds to stream them (a live view of running attempts in the Store)
+    at one Store request per running attempt per interval."""
+    span_buffer_max_spans: int = Field(default=1000, ge=10, validation_alias="SPAN_BUFFER_MAX_SPANS")
+    """Spans an attempt buffers before it ships them, whatever SPAN_FLUSH_INTERVAL_S says."""
+    span_gather_max_s: float = Field(default=0.25, ge=0, le=5, validation_alias="SPAN_GATHER_MAX_S")
+    """A worker process running many attempts (-P threads) lets an attempt's final span batch wait up to 1% of the
+    mean episode, at most this long, for other attempts' batches to share one Store request; only when at least
+    one other is expected to end meanwhile. 0: each batch goes as soon as no request is in flight."""
 
-    # --- WebShop environment -------------------------------------------------------------------
     webshop_url: HttpUrl = Field(
         default=HttpUrl("http://localhost:3000"),
-        validation_alias=AliasChoices("WEBSHOP_URL", "webshop_url"),
+        validation_alias="WEBSHOP_URL",
+        json_schema_extra={SECTION: "WebShop environment"},
     )
-    webshop_token: str | None = Field(default=None, validation_alias=AliasChoices("WEBSHOP_TOKEN", "webshop_token"))
-    webshop_timeout_s: float = Field(
-        default=30.0, gt=0, validation_alias=AliasChoices("WEBSHOP_TIMEOUT_S", "webshop_timeout_s")
-    )
-    webshop_retries: int = Field(
-        default=3, ge=0, le=20, validation_alias=AliasChoices("WEBSHOP_RETRIES", "webshop_retries")
-    )
+    """The WebShop server (`python -m webshop_env serve`)."""
+    webshop_token: str | None = Field(default=None, validation_alias="WEBSHOP_TOKEN")
+    """Bearer token sent to the WebShop server, if it asks for one."""
+    webshop_timeout_s: float = Field(default=30.0, gt=0, validation_alias="WEBSHOP_TIMEOUT_S")
+    """Seconds per WebShop request."""
+    webshop_retries: int = Field(default=3, ge=0, le=20, validation_alias="WEBSHOP_RETRIES")
+    """Retries of a WebShop request's transient failures, with backoff."""
 
-    # --- LLM -------------------------------------------------------------------------------------
-    openai_api_key: str | None = Field(default=None, validation_alias=AliasChoices("OPENAI_API_KEY", "openai_api_key"))
+    openai_api_key: str | None = Field(
+        default=None, validation_alias="OPENAI_API_KEY", json_schema_extra={SECTION: "LLM"}
+    )
+    """API key of OPENAI_API_BASE, used when the Store's resources carry no `main_llm` (a trainer normally
+    publishes one)."""
     openai_api_base: HttpUrl | None = Field(
-        default=None, validation_alias=AliasChoices("OPENAI_API_BASE", "openai_api_base")
+        default=None, validation_alias="OPENAI_API_BASE", examples=["http://127.0.0.1:8000/v1"]
     )
+    """The LLM endpoint used when the Store's resources carry no `main_llm`. Leave it unset for the demo to start
+    the heuristic stand-in (`python -m webshop_env.policy`)."""
     llm_key_hosts: Annotated[list[str], NoDecode] = Field(
-        default_factory=list,
-        validation_alias=AliasChoices("LLM_KEY_HOSTS", "llm_key_hosts"),
-        description="hosts (host or host:port) besides OPENAI_API_BASE's that may get OPENAI_API_KEY",
+        default_factory=list, validation_alias="LLM_KEY_HOSTS", examples=["api.openai.com,vllm.internal:8000"]
     )
-    model: str = Field(default="gpt-4o-mini", validation_alias=AliasChoices("WEBSHOP_MODEL", "model"))
-    llm_timeout_s: float = Field(default=120.0, gt=0, validation_alias=AliasChoices("LLM_TIMEOUT_S", "llm_timeout_s"))
-    llm_retries: int = Field(default=6, ge=0, le=50, validation_alias=AliasChoices("LLM_RETRIES", "llm_retries"))
-    llm_max_backoff_s: float = Field(
-        default=30.0, gt=0, validation_alias=AliasChoices("LLM_MAX_BACKOFF_S", "llm_max_backoff_s")
-    )
-    # vLLM returns token ids only when asked; the trainer's adapters need them. APIs that reject unknown
-    # request fields (api.openai.com) need LLM_RETURN_TOKEN_IDS=false.
-    llm_return_token_ids: bool = Field(
-        default=True, validation_alias=AliasChoices("LLM_RETURN_TOKEN_IDS", "llm_return_token_ids")
-    )
-
-    # Global LLM rate limit (a token bucket in Redis shared by every worker; workers.ratelimit). Unset = off.
-    llm_rpm: float | None = Field(default=None, gt=0, validation_alias=AliasChoices("LLM_RPM", "llm_rpm"))
-    llm_tpm: float | None = Field(default=None, gt=0, validation_alias=AliasChoices("LLM_TPM", "llm_tpm"))
+    """Where OPENAI_API_KEY may go: the host (and port) of OPENAI_API_BASE, and these hosts (comma-separated host
+    or host:port; a host without a port means any port). An LLM endpoint the Store's resources name elsewhere
+    gets no key from the workers (a resource's own api_key is its own and is sent as is); its failed calls say
+    so."""
+    model: str = Field(default="gpt-4o-mini", validation_alias="WEBSHOP_MODEL")
+    """Model name used with OPENAI_API_BASE."""
+    llm_timeout_s: float = Field(default=120.0, gt=0, validation_alias="LLM_TIMEOUT_S")
+    """Seconds per LLM request."""
+    llm_retries: int = Field(default=6, ge=0, le=50, validation_alias="LLM_RETRIES")
+    """Retries of an LLM request's 429, 5xx and network errors."""
+    llm_max_backoff_s: float = Field(default=30.0, gt=0, validation_alias="LLM_MAX_BACKOFF_S")
+    """Longest wait between LLM retries."""
+    llm_return_token_ids: bool = Field(default=True, validation_alias="LLM_RETURN_TOKEN_IDS")
+    """Ask vLLM for prompt/response token ids (the trainer builds its triplets from them; vLLM returns them only
+    when asked). APIs that reject unknown request fields (api.openai.com) need false."""
+    llm_rpm: float | None = Field(default=None, gt=0, validation_alias="LLM_RPM")
+    """Cluster-wide LLM requests per minute per model, shared by every worker through Redis (unset: no limit)."""
+    llm_tpm: float | None = Field(default=None, gt=0, validation_alias="LLM_TPM")
+    """Cluster-wide LLM tokens per minute per model, shared like LLM_RPM (unset: no limit)."""
     llm_rate_limits: Annotated[dict[str, tuple[float | None, float | None]], NoDecode] = Field(
-        default_factory=dict,
-        validation_alias=AliasChoices("LLM_RATE_LIMITS", "llm_rate_limits"),
-        description="per-model overrides, model=rpm[:tpm] pairs, e.g. 'gpt-4o-mini=500:200000,qwen=60'",
+        default_factory=dict, validation_alias="LLM_RATE_LIMITS", examples=["gpt-4o-mini=500:200000,qwen=60"]
     )
-    llm_rate_burst_s: float = Field(
-        default=10.0, gt=0, le=60, validation_alias=AliasChoices("LLM_RATE_BURST_S", "llm_rate_burst_s")
-    )
+    """Per-model overrides of LLM_RPM and LLM_TPM as model=rpm[:tpm] pairs."""
+    llm_rate_burst_s: float = Field(default=10.0, gt=0, le=60, validation_alias="LLM_RATE_BURST_S")
+    """The burst the rate limits' token bucket allows, in seconds of the rate."""
 
-    # --- Agent loop ------------------------------------------------------------------------------
-    max_steps: int = Field(default=15, ge=1, le=200, validation_alias=AliasChoices("MAX_STEPS", "max_steps"))
-    max_reprompts: int = Field(default=2, ge=0, le=10, validation_alias=AliasChoices("MAX_REPROMPTS", "max_reprompts"))
-    max_instruction_chars: int = Field(
-        default=4000, ge=10, validation_alias=AliasChoices("MAX_INSTRUCTION_CHARS", "max_instruction_chars")
+    max_steps: int = Field(
+        default=15, ge=1, le=200, validation_alias="MAX_STEPS", json_schema_extra={SECTION: "Agent loop"}
     )
+    """Steps per episode."""
+    max_reprompts: int = Field(default=2, ge=0, le=10, validation_alias="MAX_REPROMPTS")
+    """Re-prompts after an unparsable answer."""
+    max_instruction_chars: int = Field(default=4000, ge=10, validation_alias="MAX_INSTRUCTION_CHARS")
+    """Longest instruction accepted."""
 
-    # --- Agent ----------------------------------------------------------------------------------
-    agent: str = Field(
-        default="webshop",
-        validation_alias=AliasChoices("AGENT", "agent"),
-        description="'webshop' (built in) or 'module.path:attr' naming a LitAgent class, instance or factory",
-    )
-    agent_hooks: Annotated[list[str], NoDecode] = Field(
-        default_factory=list,
-        validation_alias=AliasChoices("AGENT_HOOKS", "agent_hooks"),
-        description="comma-separated 'module:attr' Agent Lightning hooks (class, instance or factory)",
-    )
-    agent_tracer: Literal["otel", "agentops", "none"] = Field(
-        default="otel", validation_alias=AliasChoices("AGENT_TRACER", "agent_tracer")
-    )
+    agent: str = Field(default="webshop", validation_alias="AGENT", json_schema_extra={SECTION: "Agent"})
+    """Which agent the workers run: `webshop` (the built-in WebShop loop) or `module.path:attr` naming an Agent
+    Lightning LitAgent (class, instance, zero-argument factory or @agentlightning.rollout function); needs
+    `pip install -e '.[agl]'`. Messages only name the agent to check it; workers never import from them."""
+    agent_hooks: Annotated[list[str], NoDecode] = Field(default_factory=list, validation_alias="AGENT_HOOKS")
+    """Agent Lightning hooks run around each attempt of a LitAgent: comma-separated `module.path:attr` (class,
+    instance or factory)."""
+    agent_tracer: Literal["otel", "agentops", "none"] = Field(default="otel", validation_alias="AGENT_TRACER")
+    """How a LitAgent's `openai` SDK calls become spans of its attempt: otel (captured per attempt), or none (only
+    what the agent returns or emits through Agent Lightning's emitters, e.g. agl.emit_reward), or agentops (Agent
+    Lightning's AgentOps tracer and its instrumentation, one attempt per process: prefork or solo pools only; a
+    threads pool with more than one slot is refused at worker start)."""
+    max_stuck_agent_threads: int = Field(default=4, ge=1, le=10000, validation_alias="MAX_STUCK_AGENT_THREADS")
+    """Under -P threads an agent that blocks outside its LLM calls is abandoned at its attempt's deadline or stop
+    verdict (its thread keeps running, counted as stuck, one slot fewer advertised per stuck thread); at this many
+    stuck threads the worker drains (warm shutdown) and re-executes itself. Prefork needs none of it: Celery's
+    hard time limit kills the child process."""
 
-    # --- Celery ----------------------------------------------------------------------------------
     broker_url: str = Field(
         default="redis://localhost:6379/0",
-        validation_alias=AliasChoices("CELERY_BROKER_URL", "broker_url"),
-        description="Redis (redis://, rediss://, redis+socket://) or RabbitMQ (amqp://, amqps://, pyamqp://)",
+        validation_alias="CELERY_BROKER_URL",
+        examples=["redis://127.0.0.1:6379/0"],
+        json_schema_extra={SECTION: "Celery", SET_IN_EXAMPLE: True},
     )
-    redis_url: str | None = Field(
-        default=None,
-        validation_alias=AliasChoices("REDIS_URL", "redis_url"),
-        description="coordination Redis (leases, slots, rate limits, leader lock); default: a Redis broker's URL",
-    )
-    consumer_timeout_s: float = Field(
-        default=1800.0,
-        gt=0,
-        validation_alias=AliasChoices("BROKER_CONSUMER_TIMEOUT_S", "consumer_timeout_s"),
-        description="RabbitMQ only: the server's consumer_timeout (rabbitmq.conf) or its queues' consumer-timeout",
-    )
-    queue_type: Literal["classic", "quorum"] = Field(
-        default="classic",
-        validation_alias=AliasChoices("QUEUE_TYPE", "queue_type"),
-        description="RabbitMQ only: durable classic or quorum (replicated) queues",
-    )
+    """The broker: Redis (redis://, rediss://, redis+socket://) or RabbitMQ (amqp://, amqps://, pyamqp://). The
+    demo starts its own Redis when this is unset or does not answer."""
+    redis_url: str | None = Field(default=None, validation_alias="REDIS_URL", examples=["redis://127.0.0.1:6379/0"])
+    """Coordination Redis (leases, slot accounting, rate limits, the leader lock). Defaults to CELERY_BROKER_URL
+    when that is Redis; required with RabbitMQ, e.g. CELERY_BROKER_URL=amqp://agl:pw@rabbit:5672// + this."""
+    consumer_timeout_s: float = Field(default=1800.0, gt=0, validation_alias="BROKER_CONSUMER_TIMEOUT_S")
+    """RabbitMQ only: the server's consumer_timeout in seconds (rabbitmq.conf consumer_timeout, in ms there; 30 min
+    by default) or its queues' consumer-timeout. RabbitMQ closes a channel whose message stays unacknowledged
+    longer, so start-up refuses a hard limit + BRIDGE_MAX_QUEUE_WAIT_S above it. Raise the server's value first,
+    then this."""
+    queue_type: Literal["classic", "quorum"] = Field(default="classic", validation_alias="QUEUE_TYPE")
+    """RabbitMQ only: classic (durable) or quorum (replicated; no global QoS). Set it alike on every process."""
     redis_key_scope: str | None = Field(
-        default=None,
-        pattern=r"^[A-Za-z0-9_.-]{1,64}$",
-        validation_alias=AliasChoices("REDIS_KEY_SCOPE", "redis_key_scope"),
-        description="this deployment's Redis key scope; default: a digest of AGENT_LIGHTNING_STORE_URL",
+        default=None, pattern=r"^[A-Za-z0-9_.-]{1,64}$", validation_alias="REDIS_KEY_SCOPE"
     )
-    broker_tls_insecure: bool = Field(
-        default=False,
-        validation_alias=AliasChoices("BROKER_TLS_INSECURE", "broker_tls_insecure"),
-        description="rediss:// and amqps:// (broker and REDIS_URL) without certificate checks; warned at start",
-    )
-    default_queue: str = Field(
-        default="rollouts", validation_alias=AliasChoices("CELERY_DEFAULT_QUEUE", "default_queue")
-    )
+    """The scope of this deployment's keys in Redis (slots, leases, the leader lock). By default a digest of
+    AGENT_LIGHTNING_STORE_URL, so every process must spell that URL alike; a name set alike on every process
+    (letters, digits, . _ -) lets them reach the Store by different names (localhost here, store in compose)."""
+    broker_tls_insecure: bool = Field(default=False, validation_alias="BROKER_TLS_INSECURE")
+    """rediss:// and amqps:// URLs (CELERY_BROKER_URL, REDIS_URL) check the server's certificate and host name
+    against the system's CAs (a private CA: SSL_CERT_FILE=/path/ca.pem). true turns both checks off, with a
+    warning at every start; without it a URL's own ssl_cert_reqs=none or ssl_check_hostname=false is refused."""
+    default_queue: str = Field(default="rollouts", validation_alias="CELERY_DEFAULT_QUEUE")
+    """Queue of rollouts whose mode has no entry in QUEUE_BY_MODE."""
     queue_by_mode: Annotated[dict[str, str], NoDecode] = Field(
         default_factory=dict,
-        validation_alias=AliasChoices("QUEUE_BY_MODE", "queue_by_mode"),
-        description="mode=queue pairs, e.g. 'train=rollouts-train,val=rollouts-eval'",
+        validation_alias="QUEUE_BY_MODE",
+        examples=["train=rollouts-train,val=rollouts-val,test=rollouts-val"],
     )
-    default_timeout_s: float = Field(
-        default=900.0, gt=0, validation_alias=AliasChoices("ROLLOUT_DEFAULT_TIMEOUT_S", "default_timeout_s")
-    )
-    visibility_timeout_s: float = Field(
-        default=7200.0, gt=0, validation_alias=AliasChoices("BROKER_VISIBILITY_TIMEOUT_S", "visibility_timeout_s")
-    )
-    heartbeat_interval_s: float = Field(
-        default=10.0, gt=0, le=300, validation_alias=AliasChoices("HEARTBEAT_INTERVAL_S", "heartbeat_interval_s")
-    )
-    lease_ttl_s: float = Field(default=30.0, gt=0, validation_alias=AliasChoices("LEASE_TTL_S", "lease_ttl_s"))
-    done_marker_ttl_s: int = Field(  # workers.reporting: a redelivery of a reported attempt is not run again
-        default=7 * 24 * 3600, gt=0, validation_alias=AliasChoices("DONE_MARKER_TTL_S", "done_marker_ttl_s")
-    )
-    # How old a worker's view of its rollout may be when it starts or reports (docs/store-protocol.md 10): the
-    # dequeue answer is a fresh view and every heartbeat renews it, so a short episode reads nothing extra.
-    # A read is always made after a takeover and when the Store's watchdog could have acted; 0: always.
-    fence_max_age_s: float = Field(
-        default=10.0, ge=0, le=300, validation_alias=AliasChoices("FENCE_MAX_AGE_S", "fence_max_age_s")
-    )
-    fence_board: bool = Field(default=True, validation_alias=AliasChoices("FENCE_BOARD", "fence_board"))
-    # Largest difference between a worker's clock and the Store's that a worker starts with (measured at start
-    # from the Store's Date header, then corrected for in every comparison of the Store's timestamps); 0: no check.
-    clock_skew_tolerance_s: float = Field(
-        default=5.0, ge=0, validation_alias=AliasChoices("CLOCK_SKEW_TOLERANCE_S", "clock_skew_tolerance_s")
-    )
+    """Queue per rollout mode, so validation can run on its own workers: mode=queue pairs."""
+    default_timeout_s: float = Field(default=900.0, gt=0, validation_alias="ROLLOUT_DEFAULT_TIMEOUT_S")
+    """Time budget of a rollout whose config sets no timeout_seconds (soft limit ~90 %, hard limit 95 %)."""
+    visibility_timeout_s: float = Field(default=7200.0, gt=0, validation_alias="BROKER_VISIBILITY_TIMEOUT_S")
+    """Redis redelivers an unacknowledged message after this; must exceed the hard limit + BRIDGE_MAX_QUEUE_WAIT_S."""
+    heartbeat_interval_s: float = Field(default=10.0, gt=0, le=300, validation_alias="HEARTBEAT_INTERVAL_S")
+    """Seconds between a running attempt's fence reads of its rollout, and heartbeats for rollouts with
+    unresponsive_seconds (capped at unresponsive_seconds/3 of the rollout)."""
+    lease_ttl_s: float = Field(default=30.0, gt=0, validation_alias="LEASE_TTL_S")
+    """Lifetime of the Redis lease that admits one executor per attempt; more than twice the heartbeat."""
+    done_marker_ttl_s: int = Field(default=7 * 24 * 3600, gt=0, validation_alias="DONE_MARKER_TTL_S")
+    """How long Redis remembers that an attempt was reported, so a late duplicate delivery is dropped without a
+    Store read; at least twice the broker's redelivery timeout. About 150 bytes of Redis memory per attempt for
+    this long: at 10 rollouts/s, 0.9 GB with the default week. A duplicate that comes later still stops at the
+    fence (it reads the Store, which says the attempt is no longer running)."""
+    fence_max_age_s: float = Field(default=10.0, ge=0, le=300, validation_alias="FENCE_MAX_AGE_S")
+    """How old (seconds) a worker's view of its rollout may be when it starts or reports (see
+    docs/store-protocol.md section 10). The dequeue answer and every heartbeat give a fresh view, so short
+    episodes make no extra Store reads; a read is always made after a takeover and when the Store's watchdog could
+    have acted. 0 reads before every start and report."""
+    fence_board: bool = Field(default=True, validation_alias="FENCE_BOARD")
+    """Share fence reads through Redis: each heartbeat interval one worker process reads the rollouts of every
+    running attempt of the cluster and posts a verdict for each, instead of one read per process (one per running
+    attempt under prefork). false: every process reads its own attempts."""
+    clock_skew_tolerance_s: float = Field(default=5.0, ge=0, validation_alias="CLOCK_SKEW_TOLERANCE_S")
+    """Largest clock difference (seconds) between a worker host and the Store a worker starts with. It is measured
+    at start from the Store's Date header (within about 1 s), logged, and corrected for wherever the worker
+    compares the Store's timestamps with its own clock; beyond it the worker refuses to start. 0: no check."""
+    task_events: bool = Field(default=True, validation_alias="CELERY_TASK_EVENTS")
+    """Celery task events, which Flower's task list needs (three small publishes per rollout from the pool
+    parent)."""
 
-    # --- Bridge ----------------------------------------------------------------------------------
     dispatcher_id: str = Field(
-        default="celery-bridge", validation_alias=AliasChoices("BRIDGE_DISPATCHER_ID", "dispatcher_id")
+        default="celery-bridge", validation_alias="BRIDGE_DISPATCHER_ID", json_schema_extra={SECTION: "Bridge"}
     )
-    # Poll interval while slots are free: after a dequeue that found work the bridge polls again after
-    # poll_min_s; every empty dequeue doubles the wait, with jitter, up to poll_max_s. The Store cannot
-    # notify, so poll_max_s bounds how long a rollout enqueued into an empty queue waits (a trainer's first
-    # rollout of every batch): 0.2 s keeps dispatch p99 under 250 ms for 5-10 empty dequeues a second, about
-    # 2-4% of a Store's capacity. Raise it for a Store shared with other work. Once the slots were all busy,
-    # empty polls back off up to the coalescing wait (2% of the episode time), where that is longer.
-    poll_min_s: float = Field(default=0.1, gt=0, validation_alias=AliasChoices("BRIDGE_POLL_MIN_S", "poll_min_s"))
-    poll_max_s: float = Field(default=0.2, gt=0, validation_alias=AliasChoices("BRIDGE_POLL_MAX_S", "poll_max_s"))
-    max_batch: int = Field(default=64, ge=1, le=10000, validation_alias=AliasChoices("BRIDGE_MAX_BATCH", "max_batch"))
-    coalesce_max_s: float = Field(  # bridge.dispatch.coalesce
-        default=1.5, ge=0, le=5, validation_alias=AliasChoices("BRIDGE_COALESCE_MAX_S", "coalesce_max_s")
-    )
-    max_queue_wait_s: float = Field(
-        default=300.0, gt=0, validation_alias=AliasChoices("BRIDGE_MAX_QUEUE_WAIT_S", "max_queue_wait_s")
-    )
-    max_stuck_agent_threads: int = Field(  # workers.stuck
-        default=4, ge=1, le=10000, validation_alias=AliasChoices("MAX_STUCK_AGENT_THREADS", "max_stuck_agent_threads")
-    )
-    max_held: int = Field(  # bridge.dispatch.hold
-        default=32, ge=1, le=10000, validation_alias=AliasChoices("BRIDGE_MAX_HELD", "max_held")
-    )
-    reconcile_interval_s: float = Field(  # with the lease, bounds a lost host's recovery (docs/cluster.md)
-        default=20.0, gt=0, validation_alias=AliasChoices("BRIDGE_RECONCILE_INTERVAL_S", "reconcile_interval_s")
-    )
-    publish_retries: int = Field(
-        default=5, ge=0, le=50, validation_alias=AliasChoices("BRIDGE_PUBLISH_RETRIES", "publish_retries")
-    )
-    metrics_port: int | None = Field(
-        default=None, ge=0, le=65535, validation_alias=AliasChoices("BRIDGE_METRICS_PORT", "metrics_port")
-    )
-    worker_metrics_port: int | None = Field(
-        default=None,
-        ge=1,
-        le=65535,
-        validation_alias=AliasChoices("WORKER_METRICS_PORT", "worker_metrics_port"),
-        description="each worker node serves Prometheus metrics here (off when unset)",
-    )
-    task_events: bool = Field(
-        default=True,
-        validation_alias=AliasChoices("CELERY_TASK_EVENTS", "task_events"),
-        description="Celery task events (Flower's task list); off saves ~4 Redis publishes per rollout",
-    )
-    metrics_host: str = Field(
-        default="127.0.0.1",
-        validation_alias=AliasChoices("METRICS_HOST", "metrics_host"),
-        description="interface the bridge and worker metrics servers bind (0.0.0.0 in containers)",
-    )
+    """worker_id the bridge dequeues under (keep one per deployment; several bridges share it, one leads)."""
+    poll_min_s: float = Field(default=0.1, gt=0, validation_alias="BRIDGE_POLL_MIN_S")
+    """Seconds between the bridge's polls of the Store after a dequeue that found work, while slots are free;
+    every empty dequeue doubles the wait (jittered) up to BRIDGE_POLL_MAX_S."""
+    poll_max_s: float = Field(default=0.2, gt=0, validation_alias="BRIDGE_POLL_MAX_S")
+    """Longest wait between polls while slots are free: the Store cannot notify, so this bounds the wait of a
+    rollout enqueued into an empty queue (a trainer's first rollout of every batch). 0.2 costs an idle Store 5-10
+    dequeues a second (2-4% of its capacity): raise it for a shared Store. Once the slots were all busy, empty
+    polls may wait longer, up to the coalescing wait (BRIDGE_COALESCE_MAX_S; docs/performance.md)."""
+    max_batch: int = Field(default=64, ge=1, le=10000, validation_alias="BRIDGE_MAX_BATCH")
+    """Most rollouts claimed per dequeue (never more than the workers' free slots)."""
+    coalesce_max_s: float = Field(default=1.5, ge=0, le=5, validation_alias="BRIDGE_COALESCE_MAX_S")
+    """Once every slot is busy, the bridge lets freed slots gather for 2% of the mean episode time, at most this
+    many seconds (0 = off), so that one dequeue claims several: about 0.02 x slots + 1 rollouts whatever the
+    episode length below the cap, for about 1% more idle time per slot (docs/performance.md)."""
+    max_queue_wait_s: float = Field(default=300.0, gt=0, validation_alias="BRIDGE_MAX_QUEUE_WAIT_S")
+    """A message older than this in the broker expires and its rollout is handed back to the Store queue."""
+    max_held: int = Field(default=32, ge=1, le=10000, validation_alias="BRIDGE_MAX_HELD")
+    """Most claimed rollouts the bridge holds while their queue is full or consumed by no worker (QUEUE_BY_MODE);
+    it keeps dispatching for the other queues meanwhile, and claims nothing more while this many are held."""
+    reconcile_interval_s: float = Field(default=20.0, gt=0, validation_alias="BRIDGE_RECONCILE_INTERVAL_S")
+    """Seconds between the bridge's scans for stranded attempts and dead executors: with LEASE_TTL_S and a
+    confirming scan (2 x HEARTBEAT_INTERVAL_S + 5 s) it bounds how soon a lost worker host's rollouts run again
+    (docs/cluster.md)."""
+    publish_retries: int = Field(default=5, ge=0, le=50, validation_alias="BRIDGE_PUBLISH_RETRIES")
+    """Broker publish retries before a rollout is handed back."""
 
-    # --- Logging ---------------------------------------------------------------------------------
-    log_level: str = Field(default="INFO", validation_alias=AliasChoices("LOG_LEVEL", "log_level"))
-    log_json: bool = Field(default=False, validation_alias=AliasChoices("LOG_JSON", "log_json"))
+    metrics_port: int | None = Field(
+        default=None,
+        ge=0,
+        le=65535,
+        validation_alias="BRIDGE_METRICS_PORT",
+        examples=[9100],
+        json_schema_extra={SECTION: "Metrics"},
+    )
+    """The bridge serves Prometheus /metrics here (also `python -m bridge run --metrics-port`); off when unset."""
+    worker_metrics_port: int | None = Field(
+        default=None, ge=1, le=65535, validation_alias="WORKER_METRICS_PORT", examples=[9101]
+    )
+    """Each worker node serves /metrics here (sums its pool processes); off when unset. One port per node: on one
+    host with several nodes give each its own."""
+    metrics_host: str = Field(default="127.0.0.1", validation_alias="METRICS_HOST")
+    """Interface both metrics servers bind; 0.0.0.0 in containers so Prometheus can scrape them."""
+
+    log_level: str = Field(default="INFO", validation_alias="LOG_LEVEL", json_schema_extra={SECTION: "Logging"})
+    """Level of every process's log: DEBUG, INFO, WARNING, ERROR or CRITICAL."""
+    log_json: bool = Field(default=False, validation_alias="LOG_JSON")
+    """One JSON object per line (with rollout_id / attempt_id / task_id fields) instead of plain text."""
 
     @field_validator("queue_by_mode", mode="before")
     @classmethod
     def _parse_queue_map(cls, value: Any) -> Any:
-        return parse.parse_queue_map(value)
+        return _queue_map(value)
 
     @field_validator("agent")
     @classmethod
     def _check_agent(cls, value: str) -> str:
         value = value.strip()
-        if value != "webshop" and not parse.is_import_path(value):
+        if value != "webshop" and not is_import_path(value):
             raise ValueError(f"expected 'webshop' or 'module.path:attr', got {value!r}")
         return value
 
     @field_validator("agent_hooks", mode="before")
     @classmethod
     def _parse_hooks(cls, value: Any) -> Any:
-        return parse.parse_hooks(value)
+        return _hook_list(value)
 
     @field_validator("llm_key_hosts", mode="before")
     @classmethod
     def _parse_key_hosts(cls, value: Any) -> Any:
-        return parse.parse_key_hosts(value)
+        return _key_host_list(value)
 
     @field_validator("llm_rate_limits", mode="before")
     @classmethod
     def _parse_rate_limits(cls, value: Any) -> Any:
-        return parse.parse_rate_limits(value)
+        return _rate_limit_map(value)
 
     @field_validator("log_level")
     @classmethod
@@ -298,19 +305,27 @@ class Settings(BaseSettings):
     @field_validator("broker_url")
     @classmethod
     def _check_broker(cls, value: str) -> str:
-        return parse.check_broker_url(value)
+        """Redis or RabbitMQ (AMQP 0-9-1): the two brokers whose redelivery rules this project accounts for."""
+        if not (is_redis_url(value) or is_amqp_url(value)):
+            raise ValueError(f"expected a Redis or RabbitMQ URL ({', '.join(REDIS_SCHEMES + AMQP_SCHEMES)})")
+        return value
 
     @field_validator("redis_url")
     @classmethod
     def _check_redis(cls, value: str | None) -> str | None:
-        return parse.check_redis_url(value)
+        """The coordination store is always Redis; empty means unset."""
+        if not value:
+            return None
+        if not is_redis_url(value):
+            raise ValueError(f"expected a Redis URL ({', '.join(REDIS_SCHEMES)})")
+        return value
 
     @model_validator(mode="after")
     def _check_tls(self) -> Settings:
         """A URL that turns certificate checks off is refused unless BROKER_TLS_INSECURE says so."""
         if not self.broker_tls_insecure:
             for name, url in (("CELERY_BROKER_URL", self.broker_url), ("REDIS_URL", self.redis_url)):
-                parse.check_tls_verified(name, url)
+                _check_tls_verified(name, url)
         return self
 
     @model_validator(mode="after")
@@ -348,7 +363,7 @@ class Settings(BaseSettings):
 
     @property
     def broker_is_amqp(self) -> bool:
-        return parse.is_amqp_url(self.broker_url)
+        return is_amqp_url(self.broker_url)
 
     @property
     def coordination_url(self) -> str:
@@ -415,20 +430,171 @@ class Settings(BaseSettings):
         return shown
 
 
-def format_validation_error(error: ValidationError) -> str:
-    """One line per bad variable, named the way the user sets it."""
-    return parse.describe_errors(error, Settings.model_fields)
+def env_name(field: str) -> str:
+    """The environment variable that sets the field named ``field``."""
+    return str(Settings.model_fields[field].validation_alias)
 
 
 def load_settings(**overrides: Any) -> Settings:
-    """Build the settings or raise ConfigError with a message a user can act on."""
+    """The settings from the environment, ``.env`` and ``overrides`` (by field or variable name).
+
+    Raises MissingSetting when a required variable is unset, else ConfigError, with one readable line per problem.
+    """
     try:
         return Settings(**overrides)
     except ValidationError as error:
-        raise ConfigError(format_validation_error(error)) from None
+        raise _config_error(error) from None
 
 
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
     """Process-wide settings, read once."""
     return load_settings()
+
+
+def _config_error(error: ValidationError) -> ConfigError:
+    """``error`` as a ConfigError naming each bad variable the way the user sets it (a MissingSetting when a
+    required one is unset); ``setting`` is the first variable named."""
+    problems: list[tuple[str, str]] = []
+    missing: str | None = None
+    for item in error.errors():
+        loc = item.get("loc") or ()
+        name = _variable(str(loc[0])) if loc else "SETTINGS"
+        message = item.get("msg", "invalid value")
+        if item.get("type") == "missing":
+            message = "is required but not set"
+            missing = missing or name
+        problems.append((name, message))
+    text = "invalid configuration: " + "; ".join(f"{name}: {message}" for name, message in problems)
+    if missing is not None:
+        return MissingSetting(text, setting=missing)
+    named = [name for name, _ in problems if name != "SETTINGS"]
+    return ConfigError(text, setting=named[0] if named else None)
+
+
+def _variable(key: str) -> str:
+    """The variable behind an error's location: a field's variable, or the key itself (upper-cased)."""
+    return env_name(key) if key in Settings.model_fields else key.upper()
+
+
+# --- URLs -------------------------------------------------------------------------------------------
+
+REDIS_SCHEMES = ("redis://", "rediss://", "redis+socket://")
+AMQP_SCHEMES = ("amqp://", "amqps://", "pyamqp://")
+
+# Query parameters of a broker or Redis URL that turn TLS checks off (kombu and redis-py read them).
+_TLS_OFF = {
+    "ssl_cert_reqs": {"none", "optional", "cert_none", "cert_optional"},
+    "ssl_check_hostname": {"false", "0", "no", "off", "n", "f"},
+}
+
+
+def is_redis_url(url: str) -> bool:
+    return url.startswith(REDIS_SCHEMES)
+
+
+def is_amqp_url(url: str) -> bool:
+    return url.startswith(AMQP_SCHEMES)
+
+
+def _check_tls_verified(name: str, url: str | None) -> None:
+    """Raise ``ValueError`` when ``url``'s query turns certificate or host name checks off."""
+    if not url:
+        return
+    try:
+        query = parse_qsl(urlsplit(url).query)
+    except ValueError:
+        return
+    for key, value in query:
+        if value.strip().lower() in _TLS_OFF.get(key.lower(), ()):
+            raise ValueError(
+                f"{name} sets {key}={value}, which turns TLS certificate checks off: "
+                "set BROKER_TLS_INSECURE=true to allow that"
+            )
+
+
+def split_host_port(entry: str) -> tuple[str, int | None] | None:
+    """``host`` or ``host:port`` (IPv6 in brackets) as (lower-case host, port or None); None if it is neither."""
+    if not entry or any(c in entry for c in "/@?#\\ \t"):
+        return None
+    try:
+        parts = urlsplit(f"//{entry}")
+        port = parts.port
+    except ValueError:
+        return None
+    host = parts.hostname
+    if not host or port == 0:
+        return None
+    return host, port
+
+
+# --- list and map values ----------------------------------------------------------------------------
+# Each parser takes what the environment gives (a string; keyword overrides may pass the parsed type) and
+# returns the typed value, or raises ValueError with a message that names what was expected.
+
+_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
+
+
+def is_import_path(value: str) -> bool:
+    """``module.path:attr`` (attr may be dotted, e.g. ``mod:Outer.Inner``); checked here, imported only by workers."""
+    return bool(_IMPORT_PATH.match(value))
+
+
+def _key_host_list(value: Any) -> Any:
+    """Comma-separated ``host`` or ``host:port`` entries, lower-cased; a host without a port means any port."""
+    entries = [p.strip() for p in value.split(",") if p.strip()] if isinstance(value, str) else value
+    if not isinstance(entries, list):
+        return value
+    hosts: list[str] = []
+    for entry in entries:
+        split = split_host_port(entry.strip()) if isinstance(entry, str) else None
+        if split is None:
+            raise ValueError(f"expected comma-separated host or host:port entries, got {entry!r}")
+        host, port = split
+        host = f"[{host}]" if ":" in host else host
+        hosts.append(host if port is None else f"{host}:{port}")
+    return hosts
+
+
+def _queue_map(value: Any) -> Any:
+    """``mode=queue`` pairs separated by commas."""
+    if not isinstance(value, str):
+        return value
+    mapping: dict[str, str] = {}
+    for pair in (p.strip() for p in value.split(",") if p.strip()):
+        mode, sep, queue = pair.partition("=")
+        if not sep or not mode.strip() or not queue.strip():
+            raise ValueError(f"expected mode=queue pairs separated by commas, got {pair!r}")
+        mapping[mode.strip()] = queue.strip()
+    return mapping
+
+
+def _hook_list(value: Any) -> Any:
+    """Comma-separated ``module.path:attr`` entries."""
+    if isinstance(value, str):
+        value = [p.strip() for p in value.split(",") if p.strip()]
+    if isinstance(value, list):
+        bad = [p for p in value if not isinstance(p, str) or not is_import_path(p)]
+        if bad:
+            raise ValueError(f"expected comma-separated 'module.path:attr' entries, got {bad!r}")
+    return value
+
+
+def _rate_limit_map(value: Any) -> Any:
+    """``model=rpm[:tpm]`` pairs; model names may hold '/' or ':', the numbers never '='."""
+    if not isinstance(value, str):
+        return value
+    limits: dict[str, tuple[float | None, float | None]] = {}
+    for pair in (p.strip() for p in value.split(",")):
+        if not pair:
+            continue
+        model, sep, numbers = pair.rpartition("=")
+        rpm, _, tpm = numbers.partition(":")
+        try:
+            parsed = (float(rpm) if rpm.strip() else None, float(tpm) if tpm.strip() else None)
+        except ValueError:
+            parsed = (-1.0, None)
+        if not sep or not model.strip() or any(v is not None and v <= 0 for v in parsed):
+            raise ValueError(f"expected model=rpm[:tpm] pairs with positive numbers, got {pair!r}")
+        limits[model.strip()] = parsed
+    return limits

@@ -1,46 +1,135 @@
-"""Generate docs/configuration.md from the settings model and .env.example, so the reference cannot drift.
+"""Generate .env.example and docs/configuration.md from the settings model, so neither can drift from it.
 
-Each variable's name, type, range and default come from ``bridge.core.settings.Settings.model_fields``
-(the environment variable is the first name of the field's ``AliasChoices``); its description and the
-section it belongs to come from ``.env.example``, where every variable is listed under a
-``# --- Section ---`` line, after the comment lines that describe it. One comment block may describe
-several variables in a row; a blank line or a new comment block ends it.
+Each variable comes from a field of ``bridge.core.settings.Settings``, in the class's order: its name (the
+field's ``validation_alias``), type, range and default, the value its .env.example line shows (``examples``,
+else the default) and its description (the string below the field). A field whose ``json_schema_extra`` names
+a ``section`` starts that section; ``set_in_example`` leaves its .env.example line set instead of commented out.
+Variables that other programs read (docker compose, Flower, OpenTelemetry, prometheus_client) are in ``FOREIGN``.
 
-    python -m bridge.tools.configdoc            # print the markdown
-    python -m bridge.tools.configdoc --write    # write docs/configuration.md
-    python -m bridge.tools.configdoc --check    # exit 1 when docs/configuration.md is stale
+    python -m bridge.tools.configdoc            # print docs/configuration.md
+    python -m bridge.tools.configdoc --write    # write .env.example and docs/configuration.md
+    python -m bridge.tools.configdoc --check    # exit 1 when either is stale
 """
 
 from __future__ import annotations
 
 import argparse
-import re
 import sys
+import textwrap
 import types
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union, get_args, get_origin
+from typing import Any, Literal, Union, get_args, get_origin
 
 from annotated_types import Ge, Gt, Le, Lt
-from pydantic import AliasChoices, HttpUrl
+from pydantic import HttpUrl
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from bridge.core.settings import Settings
+from bridge.core.settings import SECTION, SET_IN_EXAMPLE, Settings, env_name
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV_EXAMPLE = ROOT / ".env.example"
 OUTPUT = ROOT / "docs" / "configuration.md"
+COMMAND = "python -m bridge.tools.configdoc --write"
+WIDTH = 110
 
-_SECTION = re.compile(r"^#\s*---\s*(?P<title>.*?)\s*-*\s*$")
-_VARIABLE = re.compile(r"^#?\s?(?P<name>[A-Z][A-Z0-9_]+)=(?P<value>.*)$")
 
-HEADER = """\
+@dataclass(frozen=True)
+class Variable:
+    """One line of .env.example and one row of docs/configuration.md."""
+
+    name: str
+    description: str
+    example: str  # the value its .env.example line shows
+    set_in_example: bool = False
+    info: FieldInfo | None = None  # None: another program reads it (marked † in the reference)
+
+
+@dataclass
+class Section:
+    title: str
+    variables: list[Variable] = field(default_factory=list)
+
+
+FOREIGN: dict[str, tuple[Variable, ...]] = {
+    "Tracing": (
+        Variable(
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            "Operator traces (bridge publish -> worker run) go to a standard OTLP collector only when one of the "
+            "standard OpenTelemetry variables is set, e.g. OTEL_EXPORTER_OTLP_ENDPOINT=http://otel-collector:4318",
+            "",
+        ),
+    ),
+    "Celery": (
+        Variable(
+            "COMPOSE_BROKER_URL",
+            "docker compose only: the broker inside compose's network (default its redis; this one for "
+            "`--profile rabbitmq`).",
+            "amqp://agl:change-me@rabbitmq:5672//",
+        ),
+        Variable("RABBITMQ_PASSWORD", "docker compose only: the password of that profile's RabbitMQ.", "change-me"),
+        Variable(
+            "RABBITMQ_CONSUMER_TIMEOUT_MS",
+            "docker compose only: that RabbitMQ's consumer_timeout in ms (set BROKER_CONSUMER_TIMEOUT_S to match).",
+            "1800000",
+        ),
+    ),
+    "Metrics": (
+        Variable(
+            "PROMETHEUS_MULTIPROC_DIR",
+            "prometheus_client's multiprocess directory of a worker node (wiped when the node starts; one per "
+            "node). Default: a private temporary directory.",
+            "/tmp/agl-worker-metrics",
+        ),
+    ),
+    "Flower and docker compose": (
+        Variable(
+            "FLOWER_BASIC_AUTH",
+            "Flower's basic auth, user:password (Flower reads FLOWER_* variables itself). Required by compose.",
+            "admin:change-me",
+            set_in_example=True,
+        ),
+        Variable(
+            "FLOWER_PORT",
+            "Port Flower is published on by compose (http://localhost:5555), on every interface: the only one that is.",
+            "5555",
+        ),
+        Variable(
+            "WORKER_CONCURRENCY", "Worker containers: slots per container (scale out with --scale worker=N).", "8"
+        ),
+        Variable("WORKER_POOL", "Worker containers: the Celery pool.", "prefork"),
+        Variable("WORKER_QUEUES", "Worker containers: the queues they consume.", "rollouts"),
+        Variable(
+            "STORE_PORT", "Port on 127.0.0.1 (this host only) where compose publishes the Store (dashboard).", "4747"
+        ),
+        Variable(
+            "BRIDGE_METRICS_PUBLISH_PORT", "Port on 127.0.0.1 where compose publishes the bridge's metrics.", "9100"
+        ),
+        Variable(
+            "GRAFANA_ADMIN_PASSWORD",
+            "Grafana's admin password (profile `monitoring`; user admin, on http://127.0.0.1:3001, no anonymous "
+            "access).",
+            "change-me",
+        ),
+    ),
+}
+"""Variables that other programs read, appended to the section of that title (a new one at the end if none)."""
+
+ENV_HEADER = f"""\
+# agl-celery-bridge configuration. Copy to .env (read by the bridge, the workers, `python -m bridge demo`
+# and docker compose) or export the variables. Every setting of bridge/core/settings.py is listed here with
+# its default; a bad value stops a process at start with one line naming the variable (exit code 2).
+# Lines left commented keep the default. Secrets (tokens, API keys, Flower password) belong in .env only.
+# Generated from bridge/core/settings.py by `{COMMAND}`: do not edit by hand.
+"""
+
+DOC_HEADER = f"""\
 # Configuration reference
 
-<!-- Generated by `python -m bridge.tools.configdoc --write` from bridge/core/settings.py and .env.example.
-     Do not edit by hand: change the settings or .env.example and regenerate (tests/unit/test_docs.py checks). -->
+<!-- Generated by `{COMMAND}` from bridge/core/settings.py, like .env.example.
+     Do not edit by hand: change the settings and regenerate (tests/unit/test_docs.py checks). -->
 
 Every process of the project (the bridge, the Celery workers, `python -m bridge demo` and its tools)
 reads the same settings object, `bridge.core.settings.Settings`, from the environment and from a
@@ -50,71 +139,31 @@ exit code 2. `.env.example` lists every variable with the value it would take; c
 and uncomment what you change.
 
 Columns: *type* is what the value must parse as, with its allowed range; *default* is what an unset
-variable means, followed by the example from `.env.example` where that differs. Rows with several
-variables share one description. A variable marked † is not a setting of this project: another
-program (Flower, docker compose, OpenTelemetry, prometheus_client) reads it, as its description says.
+variable means, followed by the example from `.env.example` where that differs. A variable marked †
+is not a setting of this project: another program (Flower, docker compose, OpenTelemetry,
+prometheus_client) reads it, as its description says.
 """
 
 
-@dataclass
-class EnvVariable:
-    """One variable line of .env.example, with the comment block that describes it."""
-
-    name: str
-    example: str
-    description: str
-
-
-@dataclass
-class EnvSection:
-    title: str
-    groups: list[list[EnvVariable]] = field(default_factory=list)
-
-
-def parse_env_example(text: str) -> list[EnvSection]:
-    """Sections of .env.example, each a list of groups of variables sharing one description."""
-    sections: list[EnvSection] = []
-    comment: list[str] = []
-    group_open = False
-    for raw in text.splitlines():
-        line = raw.strip()
-        section = _SECTION.match(line)
-        if section:
-            title = section.group("title").split(" (")[0].strip()
-            sections.append(EnvSection(title))
-            comment, group_open = [], False
-            continue
-        if not sections:
-            continue  # the file's own header
-        if not line:
-            comment, group_open = [], False
-            continue
-        variable = _VARIABLE.match(line)
-        if variable:
-            entry = EnvVariable(variable.group("name"), variable.group("value").strip(), " ".join(comment))
-            if group_open:
-                sections[-1].groups[-1].append(entry)
-            else:
-                sections[-1].groups.append([entry])
-                group_open = True
-            continue
-        if line.startswith("#"):
-            if group_open:
-                comment, group_open = [], False
-            comment.append(line.lstrip("#").strip())
-    return sections
-
-
-def env_name(info: FieldInfo, field_name: str) -> str:
-    """The variable a field is set by: the first name of its AliasChoices."""
-    alias = info.validation_alias
-    if isinstance(alias, AliasChoices) and alias.choices:
-        return str(alias.choices[0])
-    return field_name.upper()
-
-
-def settings_by_env() -> dict[str, FieldInfo]:
-    return {env_name(info, name): info for name, info in Settings.model_fields.items()}
+def sections() -> list[Section]:
+    """The settings' variables in the class's order, grouped by section, with the foreign ones appended."""
+    found: list[Section] = []
+    for name, info in Settings.model_fields.items():
+        extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+        if SECTION in extra or not found:
+            found.append(Section(str(extra.get(SECTION, "Settings"))))
+        example = str(info.examples[0]) if info.examples else default_of(info) or ""
+        description = " ".join((info.description or "").split())
+        found[-1].variables.append(
+            Variable(env_name(name), description, example, bool(extra.get(SET_IN_EXAMPLE)), info)
+        )
+    for title, foreign in FOREIGN.items():
+        section = next((s for s in found if s.title == title), None)
+        if section is None:
+            section = Section(title)
+            found.append(section)
+        section.variables.extend(foreign)
+    return found
 
 
 def type_name(annotation: Any) -> str:
@@ -123,8 +172,12 @@ def type_name(annotation: Any) -> str:
     if origin in (Union, types.UnionType):
         inner = [a for a in get_args(annotation) if a is not type(None)]
         return type_name(inner[0]) if len(inner) == 1 else " or ".join(type_name(a) for a in inner)
+    if origin is Literal:
+        return "one of " + ", ".join(f"`{value}`" for value in get_args(annotation))
     if origin is dict:
         return "comma-separated pairs"
+    if origin is list:
+        return "comma-separated list"
     if annotation is HttpUrl:
         return "URL"
     return {bool: "boolean", int: "integer", float: "number", str: "string"}.get(annotation, str(annotation))
@@ -170,81 +223,87 @@ def default_of(info: FieldInfo) -> str | None:
     return show_value(value)
 
 
-def _code(text: str) -> str:
-    return f"`{text}`" if text else ""
+# --- .env.example -----------------------------------------------------------------------------------------
+
+
+def render_env_example(found: Sequence[Section]) -> str:
+    """The whole .env.example: each variable's description as comment lines above its line."""
+    lines = [ENV_HEADER]
+    for section in found:
+        lines.append(f"# --- {section.title} ".ljust(103, "-"))
+        for variable in section.variables:
+            lines.extend(
+                textwrap.wrap(
+                    variable.description, WIDTH, initial_indent="# ", subsequent_indent="# ", break_on_hyphens=False
+                )
+            )
+            line = f"{variable.name}={variable.example}"
+            lines.append(line if variable.set_in_example else f"# {line}")
+        lines.append("")
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+# --- docs/configuration.md --------------------------------------------------------------------------------
 
 
 def _cell(text: str) -> str:
     return text.replace("|", "\\|").strip()
 
 
-def variable_cells(variable: EnvVariable, fields: dict[str, FieldInfo]) -> tuple[str, str, str]:
+def variable_cells(variable: Variable) -> tuple[str, str, str]:
     """(name, type, default) cells of one variable."""
-    info = fields.get(variable.name)
+    info = variable.info
     if info is None:
         return f"`{variable.name}` †", "-", f"e.g. `{variable.example}`" if variable.example else "-"
-    kind = type_name(info.annotation)
     bounds = constraints(info)
-    kind = f"{kind}, {bounds}" if bounds else kind
+    kind = type_name(info.annotation) + (f", {bounds}" if bounds else "")
     default = default_of(info)
-    shown = "required" if default is None else _code(default) or "unset"
+    shown = "required" if default is None else f"`{default}`" if default else "unset"
     if variable.example and variable.example != default:
         shown += f" (e.g. `{variable.example}`)"
     return f"`{variable.name}`", kind, shown
 
 
-def render_section(section: EnvSection, fields: dict[str, FieldInfo]) -> list[str]:
-    lines = [f"## {section.title}", "", "| variable | type | default | meaning |", "| --- | --- | --- | --- |"]
-    for group in section.groups:
-        cells = [variable_cells(variable, fields) for variable in group]
-        names, kinds, defaults = ("<br>".join(_cell(c[i]) for c in cells) for i in range(3))
-        description = _cell(group[0].description) or "See the variable's name."
-        lines.append(f"| {names} | {kinds} | {defaults} | {description} |")
-    return [*lines, ""]
-
-
-def render(env_text: str) -> str:
-    """The whole docs/configuration.md."""
-    fields = settings_by_env()
-    sections = parse_env_example(env_text)
-    parts = [HEADER]
-    for section in sections:
-        parts.extend(render_section(section, fields))
-    listed = {v.name for s in sections for g in s.groups for v in g}
-    missing = [name for name in fields if name not in listed]
-    if missing:
-        orphans = EnvSection("Not in .env.example", [[EnvVariable(name, "", "")] for name in missing])
-        parts.extend(render_section(orphans, fields))
+def render_doc(found: Sequence[Section]) -> str:
+    """The whole docs/configuration.md: one table per section, one row per variable."""
+    parts = [DOC_HEADER]
+    for section in found:
+        parts += [f"## {section.title}", "", "| variable | type | default | meaning |", "| --- | --- | --- | --- |"]
+        for variable in section.variables:
+            cells = [*variable_cells(variable), variable.description]
+            parts.append("| " + " | ".join(_cell(cell) for cell in cells) + " |")
+        parts.append("")
     return "\n".join(parts).rstrip("\n") + "\n"
 
 
-def generate(env_example: Path = ENV_EXAMPLE) -> str:
-    return render(env_example.read_text(encoding="utf-8"))
+def generated() -> dict[Path, str]:
+    """Each generated file and the text it must hold."""
+    found = sections()
+    return {ENV_EXAMPLE: render_env_example(found), OUTPUT: render_doc(found)}
+
+
+def stale() -> list[Path]:
+    """The generated files whose committed text differs from what the settings produce."""
+    return [path for path, text in generated().items() if not path.exists() or path.read_text("utf-8") != text]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bridge.tools.configdoc", description=__doc__)
     mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--write", action="store_true", help=f"write {OUTPUT.relative_to(ROOT)}")
-    mode.add_argument("--check", action="store_true", help="exit 1 when the committed file is stale")
+    mode.add_argument("--write", action="store_true", help="write .env.example and docs/configuration.md")
+    mode.add_argument("--check", action="store_true", help="exit 1 when a committed file is stale")
     args = parser.parse_args(argv)
-    text = generate()
     if args.write:
-        OUTPUT.parent.mkdir(parents=True, exist_ok=True)
-        OUTPUT.write_text(text, encoding="utf-8")
-        print(f"wrote {OUTPUT.relative_to(ROOT)}")
+        for path, text in generated().items():
+            path.write_text(text, encoding="utf-8")
+            print(f"wrote {path.relative_to(ROOT)}")
         return 0
     if args.check:
-        current = OUTPUT.read_text(encoding="utf-8") if OUTPUT.exists() else ""
-        if current != text:
-            print(
-                f"{OUTPUT.relative_to(ROOT)} is stale: run `python -m bridge.tools.configdoc --write`",
-                file=sys.stderr,
-            )
-            return 1
-        print(f"{OUTPUT.relative_to(ROOT)} is up to date")
-        return 0
-    sys.stdout.write(text)
+        outdated = stale()
+        for path in outdated:
+            print(f"{path.relative_to(ROOT)} is stale: run `{COMMAND}`", file=sys.stderr)
+        return 1 if outdated else 0
+    sys.stdout.write(generated()[OUTPUT])
     return 0
 
 

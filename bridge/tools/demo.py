@@ -22,15 +22,15 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import redis
-from pydantic import ValidationError
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn
 from rich.progress import Progress as RichProgress
 from rich.table import Table
 
 from bridge.core import capacity
+from bridge.core.errors import MissingSetting
 from bridge.core.models import FINISHED_ROLLOUT, AttemptedRollout, Rollout, RolloutStatus
 from bridge.core.redact import redact_url
-from bridge.core.settings import ConfigError, Settings, format_validation_error, load_settings
+from bridge.core.settings import Settings, env_name, load_settings
 from bridge.core.store import API, StoreClient
 from bridge.tools.procs import StackError, http_ok, redis_answers
 from bridge.tools.rabbitmq import amqp_answers, is_amqp_url
@@ -103,25 +103,13 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _settings() -> tuple[Settings, bool]:
-    """The settings, tolerating a missing Store URL (the demo starts a Store then); a bad value still stops us.
-
-    Decided on pydantic's structured errors (which field, which kind), not on the message a user reads.
-    """
-    from_environment: dict[str, Any] = {}  # no overrides: what the environment and .env say
+    """The settings, tolerating a missing Store URL (the demo starts a Store then); a bad value still stops us."""
     try:
-        return Settings(**from_environment), True
-    except ValidationError as error:
-        if not any(_store_url_missing(item) for item in error.errors()):
-            raise ConfigError(format_validation_error(error)) from None
+        return load_settings(), True
+    except MissingSetting as exc:
+        if exc.setting != env_name("store_url"):
+            raise
     return load_settings(store_url=_PLACEHOLDER_STORE), False
-
-
-def _store_url_missing(item: Mapping[str, Any]) -> bool:
-    """One validation error says AGENT_LIGHTNING_STORE_URL (under any of its names) is not set."""
-    alias = Settings.model_fields["store_url"].validation_alias
-    names = {"store_url", *(getattr(alias, "choices", None) or ())}
-    loc: tuple[Any, ...] = tuple(item.get("loc") or ())
-    return item.get("type") == "missing" and bool(loc) and loc[0] in names
 
 
 def _stack_config(settings: Settings, store_configured: bool, args: argparse.Namespace) -> StackConfig:

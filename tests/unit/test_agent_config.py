@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import os
 import sys
+from types import SimpleNamespace
 
 import pytest
 
 from bridge.core import keys
+from bridge.core.errors import ConfigError
 from bridge.core.message import DEFAULT_AGENT, task_kwargs
 from bridge.core.models import AttemptedRollout
-from bridge.core.settings import ConfigError, load_settings
+from bridge.core.settings import load_settings
 from workers.agents import loading
 from workers.failures import AgentError, FailureClass, classify
 
@@ -58,7 +60,7 @@ def test_bad_agent_settings_name_their_variable(
     monkeypatch.setenv(variable, value)
     with pytest.raises(ConfigError) as info:
         load_settings()
-    assert info.value.code == 2 and variable in info.value.message
+    assert info.value.setting == variable and variable in info.value.message
 
 
 def _rollout() -> AttemptedRollout:
@@ -90,7 +92,6 @@ def test_missing_agentlightning_is_a_start_up_error_naming_the_extra(
     monkeypatch.setenv("AGENT", "tests.agents_for_tests:FloatAgent")
     with pytest.raises(ConfigError) as info:
         loading.build(load_settings())
-    assert info.value.code == 2
     assert "pip install -e '.[agl]'" in info.value.message and "agentlightning" in info.value.message
 
 
@@ -167,3 +168,17 @@ def test_the_pool_name_is_read_before_celery_resolves_it() -> None:
 
     names = [_pool_name(Worker(p)) for p in ("threads", "processes", prefork.TaskPool, solo.TaskPool, thread.TaskPool)]
     assert names == ["threads", "prefork", "prefork", "solo", "threads"]
+
+
+def test_a_config_error_at_worker_start_exits_with_code_2_and_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Celery logs and ignores an ordinary exception from a signal handler: worker_init turns it into an exit."""
+    from workers import signals
+
+    settings = load_settings(store_url=STORE, agent="pkg.mod:Agent", agent_tracer="agentops")
+    monkeypatch.setattr(signals, "_set_up_logging_and_tracing", lambda: settings)
+    with pytest.raises(SystemExit) as exited:
+        signals._on_worker_init(sender=SimpleNamespace(pool_cls="threads", concurrency=4))
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.startswith("error: AGENT_TRACER=agentops traces one attempt per process")

@@ -16,8 +16,9 @@ import redis
 
 from bridge.core import tls
 from bridge.core.coordination import coordination_redis
+from bridge.core.errors import ConfigError
 from bridge.core.message import base_app
-from bridge.core.settings import ConfigError, Settings, load_settings
+from bridge.core.settings import Settings, load_settings
 from bridge.dispatch import broker
 
 VERIFIED = {"ssl_cert_reqs": ssl.CERT_REQUIRED, "ssl_check_hostname": True}

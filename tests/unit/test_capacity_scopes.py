@@ -15,7 +15,8 @@ import redis
 import workers.resources
 from bridge.core import capacity, keys
 from bridge.core.coordination import deployment_scope
-from bridge.core.settings import ConfigError, load_settings
+from bridge.core.errors import ConfigError
+from bridge.core.settings import load_settings
 from bridge.dispatch.dispatcher import Dispatcher
 from bridge.dispatch.leader import LeaderLock, dispatching
 from bridge.runner_support.fleet import AgentMismatchError, check_fleet

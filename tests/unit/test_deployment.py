@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from bridge.cli import build_parser
-from bridge.core.settings import Settings
+from bridge.core.settings import Settings, env_name
 
 ROOT = Path(__file__).resolve().parents[2]
 BRIDGE_COMMANDS = sorted(build_parser()._subparsers._group_actions[0].choices)  # type: ignore[union-attr,arg-type]
@@ -82,7 +82,7 @@ def test_compose_commands_exist_in_the_project() -> None:
 
 def test_compose_variables_are_settings_or_documented() -> None:
     text = (ROOT / "docker-compose.yml").read_text()
-    settings = {str(field.validation_alias.choices[0]) for field in Settings.model_fields.values()}  # type: ignore[union-attr]
+    settings = {env_name(name) for name in Settings.model_fields}
     documented = _documented()
     for service in _compose()["services"].values():
         for key in service.get("environment") or {}:

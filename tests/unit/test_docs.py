@@ -1,5 +1,6 @@
-"""The documentation stays true to the code: the generated configuration reference is current, every
-setting is in .env.example, and every docs/ page that README.md links or the source cites exists."""
+"""The documentation stays true to the code: .env.example and the configuration reference are generated from
+the current settings, every setting is described, and every docs/ page that README.md links or the source cites
+exists."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from bridge.core.settings import SECTION, Settings, env_name
 from bridge.tools import configdoc
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -15,37 +17,38 @@ SOURCE_DIRS = ("bridge", "workers", "webshop_env", "tests")
 DOC_REFERENCE = re.compile(r"\bdocs/([A-Za-z0-9_.-]+\.md)")
 
 
-def test_configuration_reference_is_current() -> None:
-    committed = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
-    assert committed == configdoc.generate(), (
-        "docs/configuration.md is stale: run `python -m bridge.tools.configdoc --write`"
-    )
+def test_generated_configuration_files_are_current() -> None:
+    stale = [str(path.relative_to(ROOT)) for path in configdoc.stale()]
+    assert not stale, f"{', '.join(stale)} differ from the settings: run `{configdoc.COMMAND}`"
+
+
+def test_a_changed_setting_makes_both_files_stale(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(Settings.model_fields["store_timeout_s"], "description", "Changed.")
+    assert configdoc.stale() == [configdoc.ENV_EXAMPLE, configdoc.OUTPUT]
 
 
 def test_check_mode_agrees() -> None:
     assert configdoc.main(["--check"]) == 0
 
 
-def test_every_setting_is_in_env_example() -> None:
-    sections = configdoc.parse_env_example((ROOT / ".env.example").read_text(encoding="utf-8"))
-    listed = {variable.name for section in sections for group in section.groups for variable in group}
-    missing = sorted(set(configdoc.settings_by_env()) - listed)
-    assert not missing, f".env.example lacks {missing} (under a '# --- Section ---' line)"
+def test_every_setting_has_a_description_and_a_section() -> None:
+    undescribed = [name for name, info in Settings.model_fields.items() if not (info.description or "").strip()]
+    assert not undescribed, f"no description (a string below the field) for {undescribed}"
+    first = next(iter(Settings.model_fields.values()))
+    assert isinstance(first.json_schema_extra, dict) and SECTION in first.json_schema_extra
 
 
-def test_every_setting_has_a_description() -> None:
-    sections = configdoc.parse_env_example((ROOT / ".env.example").read_text(encoding="utf-8"))
-    undescribed = [g[0].name for s in sections for g in s.groups if not g[0].description]
-    assert not undescribed, f"no comment line above {undescribed} in .env.example"
+def test_every_variable_is_listed_once() -> None:
+    names = [variable.name for section in configdoc.sections() for variable in section.variables]
+    assert sorted(names) == sorted(set(names)), "a variable is listed twice (a setting also in FOREIGN?)"
+    assert {env_name(field) for field in Settings.model_fields} <= set(names)
 
 
-def test_env_example_parsing() -> None:
-    text = "# header\n# --- One (note) ---\n# Shared text\n# AA=1\nBB=2\n\n# Alone\n# CC=\n"
-    (section,) = configdoc.parse_env_example(text)
-    assert section.title == "One"
-    assert [[v.name for v in g] for g in section.groups] == [["AA", "BB"], ["CC"]]
-    assert section.groups[0][1].description == "Shared text"
-    assert section.groups[1][0].example == ""
+def test_env_example_lines() -> None:
+    text = configdoc.generated()[configdoc.ENV_EXAMPLE]
+    assert "\nAGENT_LIGHTNING_STORE_URL=http://127.0.0.1:4747\n" in text  # set: examples[0], set_in_example
+    assert "\n# STORE_TIMEOUT_S=30\n" in text  # commented out: the default
+    assert "\n# AGENT_LIGHTNING_STORE_TOKEN=\n" in text  # unset by default
 
 
 def test_readme_links_into_docs_exist() -> None:

@@ -13,9 +13,9 @@ import httpx
 import openai
 import pytest
 
-from bridge.core.errors import LLMError
+from bridge.core.errors import ConfigError, LLMError
 from bridge.core.models import AttemptedRollout, ResourcesUpdate
-from bridge.core.settings import ConfigError, Settings, load_settings
+from bridge.core.settings import Settings, load_settings
 from workers import llm as llm_mod
 
 KEY = "sk-live-HOME-ONLY"

@@ -14,8 +14,8 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from bridge.core import keys
-from bridge.core.errors import Superseded
-from bridge.core.settings import ConfigError, load_settings
+from bridge.core.errors import ConfigError, Superseded
+from bridge.core.settings import load_settings
 from tests.helpers import TEST_REDIS_URL
 from workers.ratelimit import LLMRateLimiter, RateLimit
 

@@ -29,10 +29,11 @@ import agentlightning as agl
 import redis
 
 from bridge.core import capacity, keys
+from bridge.core.errors import ConfigError
 from bridge.core.settings import load_settings
 from bridge.core.store import StoreClient
 from bridge.dispatch.dispatcher import Dispatcher
-from bridge.runner import CeleryRunner, _loop_alive, store_url_of
+from bridge.runner import DEFAULT_STORE_URL, CeleryRunner, _loop_alive, store_url_of
 from bridge.runner_support import direct
 from bridge.runner_support.direct import RolloutFailedError
 from bridge.runner_support.fleet import AgentMismatchError, agent_path
@@ -126,6 +127,16 @@ def test_a_store_the_workers_cannot_reach_is_refused_without_a_configured_url(
     runner = CeleryRunner()
     runner.init_worker(0, agl.InMemoryLightningStore())
     assert runner._settings is not None and runner._settings.store_base == "http://configured:4747"
+
+
+def test_a_bad_setting_in_a_trainer_is_an_ordinary_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only a missing Store URL falls back to Agent Lightning's default; any other problem is raised."""
+    monkeypatch.delenv("AGENT_LIGHTNING_STORE_URL", raising=False)
+    monkeypatch.chdir("/")  # no .env file either
+    assert CeleryRunner()._load(None).store_base == DEFAULT_STORE_URL.rstrip("/")
+    with pytest.raises(ConfigError) as info:
+        CeleryRunner(max_steps=0)._load(None)
+    assert info.value.setting == "MAX_STEPS" and not isinstance(info.value, SystemExit)
 
 
 def test_construction_opens_nothing_and_the_runner_pickles_before_and_after_use() -> None:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from bridge.core.errors import ConfigError
 from bridge.core.redact import redact_text, redact_url
-from bridge.core.settings import ConfigError, load_settings
+from bridge.core.settings import load_settings
 
 
 def test_urls_and_error_texts_lose_their_passwords_and_keys() -> None:

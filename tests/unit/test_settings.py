@@ -7,7 +7,9 @@ import os
 import pytest
 from pydantic import HttpUrl
 
-from bridge.core.settings import ConfigError, Settings, load_settings
+from bridge import cli
+from bridge.core.errors import BridgeError, ConfigError, MissingSetting
+from bridge.core.settings import Settings, env_name, load_settings
 
 STORE = {"AGENT_LIGHTNING_STORE_URL": "http://127.0.0.1:4747"}
 
@@ -21,9 +23,39 @@ def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: object) -> None:
 
 
 def test_missing_store_url_names_the_variable(clean_env: None) -> None:
-    with pytest.raises(ConfigError) as info:
+    with pytest.raises(MissingSetting) as info:
         load_settings()
     assert "AGENT_LIGHTNING_STORE_URL: is required" in info.value.message
+    assert info.value.setting == "AGENT_LIGHTNING_STORE_URL"
+
+
+def test_a_config_error_is_an_ordinary_exception_naming_its_variable(
+    clean_env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AGENT_LIGHTNING_STORE_URL", STORE["AGENT_LIGHTNING_STORE_URL"])
+    monkeypatch.setenv("MAX_STEPS", "0")
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    assert isinstance(info.value, BridgeError) and not isinstance(info.value, (SystemExit, MissingSetting))
+    assert info.value.setting == "MAX_STEPS" and str(info.value) == info.value.message
+
+
+def test_keyword_overrides_take_the_field_or_the_variable_name(
+    clean_env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = STORE["AGENT_LIGHTNING_STORE_URL"]
+    monkeypatch.setenv("BRIDGE_MAX_QUEUE_WAIT_S", "100")
+    assert load_settings(store_url=url).max_queue_wait_s == 100
+    assert load_settings(store_url=url, max_queue_wait_s=200).max_queue_wait_s == 200
+    assert load_settings(AGENT_LIGHTNING_STORE_URL=url, BRIDGE_MAX_QUEUE_WAIT_S=250).max_queue_wait_s == 250
+    assert env_name("max_queue_wait_s") == "BRIDGE_MAX_QUEUE_WAIT_S"
+
+
+def test_the_cli_turns_a_config_error_into_exit_code_2(clean_env: None, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["run"]) == 2
+    assert (
+        capsys.readouterr().err == "error: invalid configuration: AGENT_LIGHTNING_STORE_URL: is required but not set\n"
+    )
 
 
 def test_invalid_values_name_their_variables(clean_env: None, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,8 +12,9 @@ import pytest
 from celery import Celery
 
 from bridge.core.coordination import coordination_redis
+from bridge.core.errors import ConfigError
 from bridge.core.message import base_app
-from bridge.core.settings import ConfigError, Settings, load_settings
+from bridge.core.settings import Settings, load_settings
 
 STORE = "http://127.0.0.1:4747"
 AMQP = "amqp://agl:s3cret-amqp@rabbit.example:5672/agl"

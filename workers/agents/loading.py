@@ -18,8 +18,9 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from bridge.core.errors import ConfigError
 from bridge.core.message import DEFAULT_AGENT, agent_identity
-from bridge.core.settings import ConfigError, Settings
+from bridge.core.settings import Settings
 
 log = logging.getLogger("workers.agents")
 

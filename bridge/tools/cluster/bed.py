@@ -21,8 +21,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import AliasChoices
-
 from bridge.core.settings import Settings
 from bridge.core.store import StoreClient
 from bridge.tools.chaos.audit import conclude
@@ -75,8 +73,7 @@ class BedConfig:
         if name in self.env:
             return float(self.env[name])
         for info in Settings.model_fields.values():
-            alias = info.validation_alias
-            if isinstance(alias, AliasChoices) and alias.choices and alias.choices[0] == name:
+            if info.validation_alias == name:
                 return float(info.default)
         raise KeyError(f"no setting is read from {name}")
 
