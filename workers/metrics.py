@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from bridge.core.models import AttemptStatus
+from workers.failures import FailureClass
 
 log = logging.getLogger("workers.metrics")
 
@@ -132,7 +133,7 @@ def observe_outcome(outcome: Any) -> None:
         status = str(outcome.get("status") or "unknown")
         failure = str(outcome.get("failure_class") or "none")
     else:
-        status, failure = "error", "infra"
+        status, failure = "error", str(FailureClass.INFRA)
     ROLLOUTS.labels(status, failure).inc()
 
 
