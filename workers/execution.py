@@ -14,6 +14,9 @@ Store reads at all: its requests are the bridge's share of a dequeue, one span b
 The Store is read anyway on a takeover (another executor started the attempt), when the view is older,
 and whenever the Store's watchdog could have acted on the attempt since (the only thing besides people
 that changes an attempt behind its executor's back, and deterministic: ``watchdog_may_act``).
+
+The parts: ``workers.attempt`` describes the attempt (built once, immutable), ``workers.fencing`` decides
+whether a write may go out, ``workers.reporting`` decides and delivers the report; this module runs it.
 """
 
 from __future__ import annotations

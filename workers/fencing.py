@@ -59,6 +59,7 @@ class WriteGuard:
         return not watchdog_may_act(rollout.config, self.attempt.dequeued_at, alive_at, now)
 
     def must_read_before_write(self) -> bool:
+        """Whether no view or sign of life is fresh enough: the rollout must be read before the next write."""
         viewed, alive = self._viewed_at, self.attempt.dequeued_at
         if self._watch is not None:
             viewed, alive = max(viewed, self._watch.viewed_at), max(alive, self._watch.alive_at)

@@ -102,6 +102,7 @@ class AttemptReporter:
     # --- the report --------------------------------------------------------------------------
 
     def success(self, result: RunResult, telemetry: AttemptTelemetry) -> Outcome:
+        """Report the finished run ``succeeded`` (``failed`` when its result is not JSON, blamed on its source)."""
         metadata = {**self._base_metadata(telemetry), **result.metadata()}
         bad = not_json(metadata)
         if bad is not None:  # checked before the report is kept: the Store could never take it
@@ -112,6 +113,7 @@ class AttemptReporter:
         return outcome
 
     def failure(self, failure: FailureClass, error: str, telemetry: AttemptTelemetry | None = None) -> Outcome:
+        """Report the attempt ``failed`` with its class and error (``input`` first ends the rollout's retries)."""
         metadata = {**self._base_metadata(telemetry), "error": error[:2000], "failure_class": str(failure)}
         self.log.warning("failed (%s): %s", failure, error)
         outcome = self._report(AttemptStatus.FAILED, metadata)
