@@ -14,6 +14,9 @@ Store reads at all: its requests are the bridge's share of a dequeue, one span b
 The Store is read anyway on a takeover (another executor started the attempt), when the view is older,
 and whenever the Store's watchdog could have acted on the attempt since (the only thing besides people
 that changes an attempt behind its executor's back, and deterministic: ``watchdog_may_act``).
+
+The parts: ``workers.attempt`` describes the attempt (built once, immutable), ``workers.fencing`` decides
+whether a write may go out, ``workers.reporting`` decides and delivers the report; this module runs it.
 """
 
 from __future__ import annotations
@@ -25,9 +28,7 @@ from functools import partial
 from typing import Any
 
 import redis
-from pydantic import ValidationError
 
-from bridge.core.backoff import retry_until
 from bridge.core.errors import (
     ConfigError,
     DuplicateDelivery,
@@ -39,61 +40,103 @@ from bridge.core.errors import (
     TelemetryError,
     UnknownIdError,
 )
-from bridge.core.logs import RolloutLogger
 from bridge.core.message import DEFAULT_AGENT
 from bridge.core.models import AttemptedRollout, AttemptStatus
 from bridge.core.redact import redact_text
-from workers import clock, stuck
 from workers import llm as llm_mod
+from workers import stuck
 from workers.agent import Episode
 from workers.agents import loading as agent_loading
 from workers.agents.loading import ConfiguredAgent
+from workers.attempt import Attempt, Rejected, read_payload
 from workers.failures import FailureClass, classify
 from workers.fence_board import fence
+from workers.fencing import WriteGuard
 from workers.heartbeat import AttemptWatch, span_flush_interval
 from workers.inputs import parse_task_input
 from workers.lease import Lease
+from workers.outcome import Outcome, OutcomeStatus, skipped
 from workers.ratelimit import LLMRateLimiter, RateLimit
-from workers.reporting import AttemptReporter, Outcome, RunResult
+from workers.reporting import AttemptReporter, RunResult
+from workers.resources import WorkerResources
 from workers.telemetry import AttemptTelemetry
 
 log = logging.getLogger("workers.execution")
 
 
-class AttemptRun(AttemptReporter):
-    """Executes one delivery of ``workers.run_rollout``: claim, fence, run; the report is inherited."""
+class Delivery:
+    """One delivery of ``workers.run_rollout``: its payload read once, then run (or reported, if rejected).
 
-    expected_agent: str | None = None  # the message's ``agent`` (None: sent before messages named one)
+    ``lease_token`` is the token of this delivery's lease (None when the payload was rejected): the task
+    frees the attempt's slot with it. A token that never won a claim matches no lease in Redis, so it frees
+    the slot exactly when no token would.
+    """
+
+    def __init__(self, payload: Any, *, celery_task_id: str, expected_agent: str | None, res: WorkerResources) -> None:
+        read = read_payload(payload, celery_task_id=celery_task_id, expected_agent=expected_agent)
+        self._work: AttemptRun | Rejected = AttemptRun(read, res) if isinstance(read, Attempt) else read
+        self._res = res
+
+    @property
+    def lease_token(self) -> str | None:
+        return self._work.lease.token if isinstance(self._work, AttemptRun) else None
+
+    def execute(self) -> Outcome:
+        if isinstance(self._work, Rejected):
+            return report_rejected(self._work, self._res)
+        return self._work.execute()
+
+
+def report_rejected(rejected: Rejected, res: WorkerResources) -> Outcome:
+    """A payload without usable ids cannot be reported; one with ids is failed as bad input (never leased)."""
+    attempt = rejected.attempt
+    if attempt is None:
+        log.error("dropping task %s: %s", rejected.celery_task_id, rejected.message)
+        return Outcome(OutcomeStatus.SKIPPED, rejected.message, FailureClass.INPUT)
+    reporter = AttemptReporter(attempt, res, WriteGuard(attempt, None, res.settings))
+    try:
+        return reporter.failure(FailureClass.INPUT, rejected.message)
+    except StoreError:
+        return Outcome(OutcomeStatus.FAILED, rejected.message, FailureClass.INPUT)
+
+
+class AttemptRun:
+    """Executes one attempt under its lease: claim, fence, run the agent; the report is the reporter's.
+
+    Built once per delivery with its collaborators: the ``Lease`` on the attempt, the ``WriteGuard`` that
+    proves it before any write, and the ``AttemptReporter`` that ends the attempt.
+    """
+
+    def __init__(self, attempt: Attempt, res: WorkerResources) -> None:
+        if attempt.rollout is None:
+            raise ValueError("an attempt without a valid rollout is reported (report_rejected), never run")
+        self.attempt = attempt
+        self.rollout: AttemptedRollout = attempt.rollout
+        self.res = res
+        self.settings = res.settings
+        self.log = attempt.log
+        self.lease = Lease(res.redis, attempt.attempt_id, self.settings.lease_ttl_s)
+        self.guard = WriteGuard(attempt, self.lease, self.settings)
+        self.reporter = AttemptReporter(attempt, res, self.guard)
 
     # --- entry point -------------------------------------------------------------------------
 
     def execute(self) -> Outcome:
-        try:
-            rollout = AttemptedRollout.model_validate(self.payload)
-        except ValidationError as exc:
-            return self._unparsable(exc)
-        self.rollout = rollout
-        self.rid, self.aid = rollout.rollout_id, rollout.attempt.attempt_id
-        self.log = RolloutLogger(log, {"rollout_id": self.rid, "attempt_id": self.aid, "task_id": self.celery_task_id})
-        # The Store's clock stamped the dequeue: on ours, the attempt's budget and the watchdog are judged right.
-        start = rollout.attempt.start_time
-        self.dequeued_at = clock.to_local(start) if start else self.started
-        lease = Lease(self.res.redis, self.aid, self.settings.lease_ttl_s)
+        lease = self.lease
         # The started marker must outlive any redelivery of this message.
         claim = lease.claim(started_ttl_s=2 * self.settings.visibility_timeout_s)
         if claim.done_status is not None:
-            return self._skip(f"attempt already finished here ({claim.done_status}); duplicate delivery ignored")
+            return skipped(self.log, f"attempt already finished here ({claim.done_status}); duplicate delivery ignored")
         if not claim.acquired:
             # Not dropped: if the holder died, its lease lapses and the re-check takes the attempt over.
             raise DuplicateDelivery(
                 f"another executor holds the lease ({lease.holder()})", retry_in_s=lease.remaining_s()
             )
-        self.lease = lease
         try:
-            kept = None if claim.first_start else self._pending_report()
+            kept = None if claim.first_start else self.reporter.pending()
             if kept is not None:  # the episode ran in an earlier delivery: deliver its report, nothing else
-                return self._deliver_kept(kept)
-            return self._run_leased(lease, first_start=claim.first_start)
+                return self.reporter.deliver_kept(kept)
+            return self._run_leased(first_start=claim.first_start)
         except Exception as exc:
             if is_retryable_before_progress(exc) or isinstance(
                 exc, (StoreError, DuplicateDelivery, Superseded, LeaseUnproven)
@@ -103,8 +146,8 @@ class AttemptRun(AttemptReporter):
             # policy bounds it, instead of reconcile finding the attempt stranded and re-publishing it forever.
             self.log.exception("unexpected error in the worker; failing the attempt")
             error = f"unexpected worker error: {type(exc).__name__}: {redact_text(str(exc))}"
-            self._discard_kept()  # if delivering it raised, the failure must not re-deliver it
-            return self._report_failure(classify(exc), error)
+            self.reporter.discard_kept()  # if delivering it raised, the failure must not re-deliver it
+            return self.reporter.failure(classify(exc), error)
         finally:
             try:
                 lease.release()
@@ -113,49 +156,54 @@ class AttemptRun(AttemptReporter):
 
     # --- phases ------------------------------------------------------------------------------
 
-    def _run_leased(self, lease: Lease, *, first_start: bool) -> Outcome:
-        if first_start and self._view_is_fresh(self.dequeued_at, alive_at=self.dequeued_at):
-            self.viewed_at = self.dequeued_at  # the dequeue answer the bridge published moments ago
+    def _run_leased(self, *, first_start: bool) -> Outcome:
+        dequeued_at = self.attempt.dequeued_at
+        if first_start and self.guard.view_is_fresh(dequeued_at, alive_at=dequeued_at):
+            self.guard.viewed(dequeued_at)  # the dequeue answer the bridge published moments ago
         else:
             sent_at = time.time()
             try:
-                current = self.res.store.get_rollout(self.rid)
+                current = self.res.store.get_rollout(self.attempt.rollout_id)
             except UnknownIdError:
-                return self._skip("the Store does not know this rollout (it restarted?); dropping the task")
-            reason = fence(current, self.aid)
+                return skipped(self.log, "the Store does not know this rollout (it restarted?); dropping the task")
+            reason = fence(current, self.attempt.attempt_id)
             if reason is not None:
-                return self._skip(f"not running: {reason}")
+                return skipped(self.log, f"not running: {reason}")
             assert isinstance(current, AttemptedRollout)
             if current.attempt.status == AttemptStatus.RUNNING:
                 # A previous executor started this attempt and died (we now hold its expired lease). Its spans
                 # are already in the attempt: running again would mix two executions into one trace. (One
                 # that died before shipping a span left nothing behind, and its attempt is run here cleanly.)
-                return self._report_failure(
+                return self.reporter.failure(
                     FailureClass.INFRA, "the worker executing this attempt was lost mid-episode; not re-run in place"
                 )
-            self.viewed_at = sent_at
+            self.guard.viewed(sent_at)
         configured = self._configured_agent()
         if isinstance(configured, str):
-            return self._report_failure(FailureClass.AGENT, configured)
+            return self.reporter.failure(FailureClass.AGENT, configured)
         if configured is not None:
-            return self._run_litagent(lease, configured)
+            return self._run_litagent(configured)
         try:
-            task = parse_task_input(self.attempted.input, max_chars=self.settings.max_instruction_chars)
+            task = parse_task_input(self.rollout.input, max_chars=self.settings.max_instruction_chars)
         except InvalidInputError as exc:
-            return self._report_failure(FailureClass.INPUT, str(exc))
+            return self.reporter.failure(FailureClass.INPUT, str(exc))
         try:
-            resources = self.res.store.get_resources(self.attempted.resources_id)
-            target = llm_mod.resolve_target(resources, self.attempted, self.settings)
+            resources = self.res.store.get_resources(self.rollout.resources_id)
+            target = llm_mod.resolve_target(resources, self.rollout, self.settings)
         except llm_mod.LLMError as exc:
-            return self._report_failure(FailureClass.LLM, str(exc))
+            return self.reporter.failure(FailureClass.LLM, str(exc))
         # No explicit `running` mark: the first stored span sets it (6.1). The bridge's reconcile tells a
         # started attempt from a stranded one by its lease in Redis, not by the Store status.
         self.log.info(
-            "started on %s (llm=%s via %s, trace=%s)", self.executor, target.model, target.source, self.trace_id
+            "started on %s (llm=%s via %s, trace=%s)",
+            self.attempt.executor,
+            target.model,
+            target.source,
+            self.attempt.trace_id,
         )
-        return self._run_episode(lease, task, target)
+        return self._run_episode(task, target)
 
-    def _run_episode(self, lease: Lease, task: Any, target: llm_mod.LLMTarget) -> Outcome:
+    def _run_episode(self, task: Any, target: llm_mod.LLMTarget) -> Outcome:
         """The built-in WebShop agent."""
 
         def body(telemetry: AttemptTelemetry, watch: AttemptWatch) -> RunResult:
@@ -172,30 +220,32 @@ class AttemptRun(AttemptReporter):
                 before_llm_call=partial(limiter.acquire, watch.check) if limiter else None,
                 after_llm_call=limiter.charge_tokens if limiter else None,
             )
-            with telemetry.span("webshop.episode", self._root_attributes({"webshop.task_id": task.task_id})) as root:
+            with telemetry.span(
+                "webshop.episode", self.attempt.span_attributes({"webshop.task_id": task.task_id})
+            ) as root:
                 result = episode.run()
                 root.set_attribute("episode.reward", result.reward)
                 root.set_attribute("episode.steps", result.steps)
             return result
 
-        return self._run_attempt(lease, body)
+        return self._run_attempt(body)
 
-    def _run_attempt(self, lease: Lease, body: Callable[[AttemptTelemetry, AttemptWatch], RunResult]) -> Outcome:
+    def _run_attempt(self, body: Callable[[AttemptTelemetry, AttemptWatch], RunResult]) -> Outcome:
         """Telemetry, heartbeat and report around one agent run (``body``): the same for every agent."""
         telemetry = AttemptTelemetry(
             self.res.store,
-            rollout_id=self.rid,
-            attempt_id=self.aid,
+            rollout_id=self.attempt.rollout_id,
+            attempt_id=self.attempt.attempt_id,
             service_name=self.settings.service_name,
             traces_url=self.settings.traces_endpoint,
             courier=self.res.courier,
         )
         try:
-            watch = self._watch(lease, telemetry)
+            watch = self._watch(telemetry)
         except BaseException:
             telemetry.close()  # it counts among the process's running attempts (trace_courier) until closed
             raise
-        self.watch, self.telemetry = watch, telemetry
+        self.guard.follow(watch, telemetry)
         try:
             if stuck.pool.threads:  # nothing else could stop an agent that blocks outside the LLM calls
                 result = stuck.run_abandonable(partial(body, telemetry, watch), watch)
@@ -203,13 +253,13 @@ class AttemptRun(AttemptReporter):
                 result = body(telemetry, watch)
             # Within the episode's budget: retrying past Celery's soft limit would turn a telemetry failure
             # into a "timeout"; at least one try is always made.
-            self._flush_while_ours(telemetry, until=min(self._report_deadline(), self._episode_deadline() - 1.0))
+            self.guard.flush_while_ours(telemetry, until=min(self.reporter.deadline(), self._episode_deadline() - 1.0))
         except Superseded as exc:
             self.log.warning("stopped without reporting: %s", exc.reason)
-            return Outcome("skipped", exc.reason, FailureClass.CANCELLED)
+            return Outcome(OutcomeStatus.SKIPPED, exc.reason, FailureClass.CANCELLED)
         except LeaseUnproven as exc:  # a later delivery, or the bridge's reconcile, takes the attempt over
             self.log.warning("stopped without reporting: %s", exc)
-            return Outcome("skipped", str(exc), FailureClass.INFRA)
+            return Outcome(OutcomeStatus.SKIPPED, str(exc), FailureClass.INFRA)
         except Exception as exc:
             failure = classify(exc)
             if not isinstance(exc, TelemetryError):  # the spans just failed their retries: report at once
@@ -217,50 +267,52 @@ class AttemptRun(AttemptReporter):
             if failure is FailureClass.INFRA and not isinstance(exc, StoreError):
                 self.log.exception("unexpected error in the episode")
             watch.reporting = True
-            return self._report_failure(failure, redact_text(str(exc)) or type(exc).__name__, telemetry)
+            return self.reporter.failure(failure, redact_text(str(exc)) or type(exc).__name__, telemetry)
         else:
             watch.reporting = True
-            return self._report_success(result, telemetry)
+            return self.reporter.success(result, telemetry)
         finally:
             self.res.monitor.unwatch(watch)
             telemetry.close()
 
-    def _watch(self, lease: Lease, telemetry: AttemptTelemetry) -> AttemptWatch:
+    def _watch(self, telemetry: AttemptTelemetry) -> AttemptWatch:
         """The attempt's heartbeat, lease and fence watch, registered with the process's monitor."""
         interval = self._heartbeat_interval()
         watch = AttemptWatch(
-            self.rid,
-            self.aid,
-            lease,
+            self.attempt.rollout_id,
+            self.attempt.attempt_id,
+            self.lease,
             telemetry,
             interval_s=interval,
             flush_interval_s=span_flush_interval(
-                self.settings.span_flush_interval_s, self.attempted.config.unresponsive_seconds, interval
+                self.settings.span_flush_interval_s, self.rollout.config.unresponsive_seconds, interval
             ),
             flush_max_pending=self.settings.span_buffer_max_spans,
             deadline=self._episode_deadline(),
-            executor=self.executor,
-            unresponsive_s=self.attempted.config.unresponsive_seconds,
-            first_beat_in_s=interval - (time.time() - self.dequeued_at),  # the clock started at the dequeue
-            viewed_at=self.viewed_at,
-            alive_at=self.dequeued_at,
+            executor=self.attempt.executor,
+            unresponsive_s=self.rollout.config.unresponsive_seconds,
+            first_beat_in_s=interval - (time.time() - self.attempt.dequeued_at),  # the clock started at the dequeue
+            viewed_at=self.guard.viewed_at,
+            alive_at=self.attempt.dequeued_at,
         )
         self.res.monitor.watch(watch)
         return watch
 
-    def _run_litagent(self, lease: Lease, configured: ConfiguredAgent) -> Outcome:
+    def _run_litagent(self, configured: ConfiguredAgent) -> Outcome:
         """A configured LitAgent in place of the WebShop episode (``workers.agents.litagent``)."""
         from workers.agents import capture, litagent  # agentlightning: only on workers configured for it
 
-        resources = self.res.store.get_resources(self.attempted.resources_id)
+        resources = self.res.store.get_resources(self.rollout.resources_id)
         try:
-            target: llm_mod.LLMTarget | None = llm_mod.resolve_target(resources, self.attempted, self.settings)
+            target: llm_mod.LLMTarget | None = llm_mod.resolve_target(resources, self.rollout, self.settings)
         except llm_mod.LLMError as exc:
             if resources is None:  # nothing at all to give the agent (Agent Lightning's runner fails these too)
-                return self._report_failure(FailureClass.LLM, str(exc))
+                return self.reporter.failure(FailureClass.LLM, str(exc))
             target = None  # resources without an LLM: the agent may not need one
-        named = litagent.named_resources(resources, target, self.rid, self.aid)
-        self.log.info("started on %s (agent=%s, trace=%s)", self.executor, configured.path, self.trace_id)
+        named = litagent.named_resources(resources, target, self.attempt.rollout_id, self.attempt.attempt_id)
+        self.log.info(
+            "started on %s (agent=%s, trace=%s)", self.attempt.executor, configured.path, self.attempt.trace_id
+        )
 
         def body(telemetry: AttemptTelemetry, watch: AttemptWatch) -> RunResult:
             attempt = capture.AttemptCapture(
@@ -271,21 +323,21 @@ class AttemptRun(AttemptReporter):
                 self._rate_limiter,
                 record_spans=self.settings.agent_tracer != "agentops",
             )
-            with telemetry.span("agent.rollout", self._root_attributes({"agent": configured.path})) as root:
-                result = litagent.run_agent(configured, self.payload, named, attempt, self.executor)
+            with telemetry.span("agent.rollout", self.attempt.span_attributes({"agent": configured.path})) as root:
+                result = litagent.run_agent(configured, self.attempt.payload, named, attempt, self.attempt.executor)
                 root.set_attribute("agent.result_kind", result.result_kind)
                 if result.reward is not None:
                     root.set_attribute("agent.reward", result.reward)
             return result
 
-        return self._run_attempt(lease, body)
+        return self._run_attempt(body)
 
     def _configured_agent(self) -> ConfiguredAgent | str | None:
         """This worker's LitAgent (None: the WebShop agent), or why this message must not run here.
 
         The message's ``agent`` is only compared with the worker's own configuration, never imported.
         """
-        expected = self.expected_agent or DEFAULT_AGENT
+        expected = self.attempt.expected_agent or DEFAULT_AGENT
         try:
             configured = agent_loading.configured_agent(self.settings)
         except ConfigError as exc:  # checked at start; only a factory failing in a new process gets here
@@ -303,54 +355,11 @@ class AttemptRun(AttemptReporter):
             "not run (workers only run the agent their AGENT setting names)"
         )
 
-    def _root_attributes(self, extra: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "agentlightning.rollout_id": self.rid,
-            "agentlightning.attempt_id": self.aid,
-            "celery.task_id": self.celery_task_id,
-            "worker.id": self.executor,
-            **extra,
-        }
-
-    # --- fencing -----------------------------------------------------------------------------
-
-    def _flush_while_ours(self, telemetry: AttemptTelemetry, until: float) -> None:
-        """Deliver the attempt's spans in rounds that each prove the lease first and end before it could lapse.
-
-        A stalled executor whose attempt was taken over writes nothing into it, and a batch held up by a
-        partition is never delivered after another host could have taken the attempt over. A failed round
-        is retried (a Store outage) until ``until``; the last error is raised.
-        """
-
-        def one_round() -> None:
-            self._prove_lease(until)
-            bound = self._write_bound()
-            telemetry.flush(deadline=min(until, time.time() + bound), timeout=bound, together=True)
-
-        # Without a lease nothing can lapse: one round, whose own deadline covers the retries.
-        retry_until(one_round, TelemetryError, until if self.lease is not None else 0.0)
-
     # --- helpers -----------------------------------------------------------------------------
-
-    def _unparsable(self, exc: ValidationError) -> Outcome:
-        """A payload without usable ids cannot be reported; one with ids is failed as bad input."""
-        rid = self.payload.get("rollout_id") if isinstance(self.payload, dict) else None
-        attempt = self.payload.get("attempt") if isinstance(self.payload, dict) else None
-        aid = attempt.get("attempt_id") if isinstance(attempt, dict) else None
-        message = f"task payload is not an AttemptedRollout: {exc.errors()[0].get('msg') if exc.errors() else exc}"
-        if not (isinstance(rid, str) and isinstance(aid, str)):
-            log.error("dropping task %s: %s", self.celery_task_id, message)
-            return Outcome("skipped", message, str(FailureClass.INPUT))
-        self.rid, self.aid = rid, aid
-        self.log = RolloutLogger(log, {"rollout_id": rid, "attempt_id": aid, "task_id": self.celery_task_id})
-        try:
-            return self._report_failure(FailureClass.INPUT, message)
-        except StoreError:
-            return Outcome("failed", message, str(FailureClass.INPUT))
 
     def _flush_quietly(self, telemetry: AttemptTelemetry) -> None:
         try:
-            self._flush_while_ours(telemetry, until=time.time() + 10)
+            self.guard.flush_while_ours(telemetry, until=time.time() + 10)
         except (TelemetryError, Superseded, LeaseUnproven) as exc:
             self.log.warning("spans of the failed attempt were not delivered: %s", exc)
 
@@ -361,14 +370,14 @@ class AttemptRun(AttemptReporter):
         return LLMRateLimiter(self.res.redis, model, limit) if limit.active else None
 
     def _heartbeat_interval(self) -> float:
-        unresponsive = self.attempted.config.unresponsive_seconds
+        unresponsive = self.rollout.config.unresponsive_seconds
         interval = self.settings.heartbeat_interval_s
         return min(interval, unresponsive / 3) if unresponsive else interval
 
     def _episode_deadline(self) -> float:
         # covered_timeout: a takeover re-read the Store's unclamped timeout_seconds (see the bridge's publisher).
-        timeout = self.settings.covered_timeout(self.attempted.config.timeout_seconds)
-        return self.dequeued_at + self.settings.soft_time_limit(timeout)
+        timeout = self.settings.covered_timeout(self.rollout.config.timeout_seconds)
+        return self.attempt.dequeued_at + self.settings.soft_time_limit(timeout)
 
 
 def is_retryable_before_progress(exc: BaseException) -> bool:

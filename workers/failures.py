@@ -39,6 +39,7 @@ class FailureClass(StrEnum):
 
 
 def classify(error: BaseException) -> FailureClass:
+    """The failure class of ``error``, by its type alone (never its message); anything else is ``infra``."""
     if isinstance(error, AgentError):
         return FailureClass.AGENT
     if isinstance(error, InvalidInputError):

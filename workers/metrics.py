@@ -18,6 +18,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server, values
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from bridge.core.models import AttemptStatus
+from workers.failures import FailureClass
+
 log = logging.getLogger("workers.metrics")
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -130,11 +133,11 @@ def observe_outcome(outcome: Any) -> None:
         status = str(outcome.get("status") or "unknown")
         failure = str(outcome.get("failure_class") or "none")
     else:
-        status, failure = "error", "infra"
+        status, failure = "error", str(FailureClass.INFRA)
     ROLLOUTS.labels(status, failure).inc()
 
 
-def observe_report(status: str, metadata: dict[str, Any], mode: str | None) -> None:
+def observe_report(status: AttemptStatus, metadata: dict[str, Any], mode: str | None) -> None:
     """Histograms of one attempt whose final status reached the Store."""
     label_mode = mode or "none"
     duration = metadata.get("duration_s")
@@ -144,7 +147,7 @@ def observe_report(status: str, metadata: dict[str, Any], mode: str | None) -> N
     if isinstance(steps, int):
         EPISODE_STEPS.labels(label_mode).observe(steps)
     reward = metadata.get("reward")
-    if status == "succeeded" and isinstance(reward, (int, float)):
+    if status is AttemptStatus.SUCCEEDED and isinstance(reward, (int, float)):
         REWARD.labels(label_mode).observe(float(reward))
 
 

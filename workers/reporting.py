@@ -1,8 +1,7 @@
-"""The end of one attempt: the state a delivery carries, the fence re-check and the final report.
+"""The end of one attempt: the final report, decided once, kept, fenced and delivered.
 
-``workers.execution.AttemptRun`` builds on this with the run itself. Kept apart because this is the
-path the trainer's guarantees rest on (docs/store-protocol.md 6.2, 10): spans are flushed before the
-final status, the fence is re-checked right before reporting (the Store never refuses a stale report),
+This is the path the trainer's guarantees rest on (docs/store-protocol.md 6.2, 10): spans are flushed before
+the final status, the fence is re-checked right before reporting (the Store never refuses a stale report),
 a report that lost its fence is withheld, and a delivered report is marked done in Redis so that a
 redelivery of the message never runs the attempt again. The report itself is decided once and kept in
 Redis until the Store took it: a Celery retry or a redelivery delivers that report, it never judges an
@@ -21,32 +20,20 @@ import redis
 from celery.exceptions import SoftTimeLimitExceeded
 
 from bridge.core import keys
-from bridge.core.backoff import backoff_delay, retry_until
-from bridge.core.errors import LeaseUnproven, StoreError, StoreUnavailable, Superseded, UnknownIdError
-from bridge.core.logs import RolloutLogger
+from bridge.core.backoff import backoff_delay
+from bridge.core.errors import LeaseUnproven, StoreError, StoreUnavailable, UnknownIdError
 from bridge.core.models import AttemptedRollout, AttemptStatus
 from workers import metrics as worker_metrics
+from workers.attempt import Attempt
 from workers.failures import FailureClass
 from workers.fence_board import fence
-from workers.heartbeat import AttemptWatch, watchdog_may_act
-from workers.lease import Lease, executor_id, mark_done
+from workers.fencing import WriteGuard
+from workers.lease import mark_done
+from workers.outcome import Outcome, OutcomeStatus, skipped
 from workers.resources import WorkerResources
-from workers.telemetry import AttemptTelemetry, current_trace_id
+from workers.telemetry import AttemptTelemetry
 
 REPORT_GRACE_S = 300.0
-
-
-@dataclass
-class Outcome:
-    """What happened to one delivery of a task (returned by the Celery task, shown in Flower)."""
-
-    status: str  # succeeded | failed | skipped
-    reason: str = ""
-    failure_class: str | None = None
-    reward: float | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if v not in (None, "")}
 
 
 class RunResult(Protocol):
@@ -75,6 +62,11 @@ class PendingReport:
     metadata: dict[str, Any]
     deadline: float  # epoch s: delivery is retried until then (the attempt's own deadline)
 
+    @property
+    def failure_class(self) -> FailureClass | None:
+        raw = self.metadata.get("failure_class")
+        return None if raw is None else FailureClass(raw)
+
     def to_json(self) -> str:
         data = {"status": str(self.status), "metadata": self.metadata, "deadline": self.deadline}
         return json.dumps(data, allow_nan=False)
@@ -93,57 +85,76 @@ class PendingReport:
     def outcome(self) -> Outcome:
         """What the task returns once this report was delivered."""
         if self.status == AttemptStatus.SUCCEEDED:
-            return Outcome("succeeded", reward=self.metadata.get("reward"))
-        return Outcome("failed", str(self.metadata.get("error", "")), self.metadata.get("failure_class"))
+            return Outcome(OutcomeStatus.SUCCEEDED, reward=self.metadata.get("reward"))
+        return Outcome(OutcomeStatus.FAILED, str(self.metadata.get("error", "")), self.failure_class)
 
 
 class AttemptReporter:
-    """One delivery's state and the report that ends it; ``AttemptRun`` subclasses it with the run."""
+    """Decides, keeps and delivers one attempt's final report; never writes without its ``WriteGuard``."""
 
-    rid: str  # set once the payload named its ids
-    aid: str
-    log: RolloutLogger
-
-    def __init__(self, payload: Any, *, celery_task_id: str, res: WorkerResources) -> None:
-        self.payload = payload
-        self.celery_task_id = celery_task_id
+    def __init__(self, attempt: Attempt, res: WorkerResources, guard: WriteGuard) -> None:
+        self.attempt = attempt
         self.res = res
         self.settings = res.settings
-        self.executor = executor_id()
-        self.started = time.time()
-        self.trace_id = current_trace_id()
-        self.rollout: AttemptedRollout | None = None
-        self.lease: Lease | None = None
-        self.watch: AttemptWatch | None = None
-        self.telemetry: AttemptTelemetry | None = None
-        self.dequeued_at = self.started  # the attempt's start_time once the payload is parsed
-        self.viewed_at = 0.0  # epoch s of the freshest view of the rollout that passed the fence
+        self.guard = guard
+        self.log = attempt.log
 
-    @property
-    def attempted(self) -> AttemptedRollout:
-        """The validated payload; only used after ``execute`` validated it."""
-        assert self.rollout is not None
-        return self.rollout
+    # --- the report --------------------------------------------------------------------------
 
-    # --- reporting ---------------------------------------------------------------------------
-
-    def _report_success(self, result: RunResult, telemetry: AttemptTelemetry) -> Outcome:
+    def success(self, result: RunResult, telemetry: AttemptTelemetry) -> Outcome:
+        """Report the finished run ``succeeded`` (``failed`` when its result is not JSON, blamed on its source)."""
         metadata = {**self._base_metadata(telemetry), **result.metadata()}
         bad = not_json(metadata)
         if bad is not None:  # checked before the report is kept: the Store could never take it
-            return self._report_failure(result.blame, f"the result cannot be reported: {bad}", telemetry)
+            return self.failure(result.blame, f"the result cannot be reported: {bad}", telemetry)
         outcome = self._report(AttemptStatus.SUCCEEDED, metadata)
         if outcome is None:
-            return Outcome("succeeded", reward=result.reward)
+            return Outcome(OutcomeStatus.SUCCEEDED, reward=result.reward)
         return outcome
 
-    def _report_failure(self, failure: FailureClass, error: str, telemetry: AttemptTelemetry | None = None) -> Outcome:
+    def failure(self, failure: FailureClass, error: str, telemetry: AttemptTelemetry | None = None) -> Outcome:
+        """Report the attempt ``failed`` with its class and error (``input`` first ends the rollout's retries)."""
         metadata = {**self._base_metadata(telemetry), "error": error[:2000], "failure_class": str(failure)}
         self.log.warning("failed (%s): %s", failure, error)
         outcome = self._report(AttemptStatus.FAILED, metadata)
         if outcome is not None:
             return outcome
-        return Outcome("failed", error, str(failure))
+        return Outcome(OutcomeStatus.FAILED, error, failure)
+
+    def deadline(self) -> float:
+        """Epoch s until which the report is retried: the attempt's own deadline, or a grace period."""
+        rollout = self.attempt.rollout
+        if rollout is None:  # an unparsable payload: report it within the grace period
+            return time.time() + REPORT_GRACE_S
+        timeout = rollout.config.timeout_seconds
+        if timeout:
+            return max(self.attempt.dequeued_at + timeout, time.time() + 5)
+        return time.time() + REPORT_GRACE_S
+
+    # --- the report kept in Redis ------------------------------------------------------------
+
+    def pending(self) -> PendingReport | None:
+        """The report an earlier delivery decided and could not deliver, if any."""
+        try:
+            return PendingReport.from_json(self.res.redis.get(keys.pending_report(self.attempt.attempt_id)))
+        except redis.RedisError as exc:
+            self.log.warning("could not look for a kept report (%r)", exc)
+            return None
+
+    def deliver_kept(self, report: PendingReport) -> Outcome:
+        """A retry or redelivery after the episode ran: deliver the kept report, never judge the attempt again.
+
+        Called before this delivery viewed the rollout, so the fence is read from the Store before reporting.
+        """
+        self.log.warning("delivering the %s report kept by an earlier delivery of this attempt", report.status)
+        return self._deliver(report) or report.outcome()
+
+    def discard_kept(self) -> None:
+        """Drop the kept report (one whose delivery raised an unexpected error), so a failure replaces it."""
+        try:
+            self.res.redis.delete(keys.pending_report(self.attempt.attempt_id))
+        except redis.RedisError as exc:
+            self.log.warning("could not drop the kept report (%r)", exc)
 
     def _disable_retries(self) -> None:
         """Bad input fails the same way every time: make this attempt the rollout's last before reporting it.
@@ -152,12 +163,13 @@ class AttemptReporter:
         report instead of requeuing (docs/store-protocol.md 6.2). Done before the report, so no retry attempt can
         be dequeued in between, and the latest attempt keeps the error in its metadata.
         """
-        if self.rollout is None:
+        rollout = self.attempt.rollout
+        if rollout is None:
             return
-        config = self.rollout.config.model_dump(mode="json")
-        config["max_attempts"] = max(1, self.rollout.attempt.sequence_id)
+        config = rollout.config.model_dump(mode="json")
+        config["max_attempts"] = max(1, rollout.attempt.sequence_id)
         try:
-            self.res.store.update_rollout(self.rid, config=config)
+            self.res.store.update_rollout(self.attempt.rollout_id, config=config)
         except StoreError as exc:
             self.log.warning("could not stop retries after an input error (the Store may retry it): %s", exc)
 
@@ -170,22 +182,16 @@ class AttemptReporter:
         spans and reward are already stored. A report kept by an earlier delivery wins over ours, so one
         attempt never gets two different outcomes.
         """
-        report = PendingReport(status, metadata, self._report_deadline())
+        report = PendingReport(status, metadata, self.deadline())
         kept = self._keep(report)
         outcome = self._deliver(kept)
         if kept is report or outcome is not None:
             return outcome
         return kept.outcome()
 
-    def _deliver_kept(self, report: PendingReport) -> Outcome:
-        """A retry or redelivery after the episode ran: deliver the kept report, never judge the attempt again."""
-        self.log.warning("delivering the %s report kept by an earlier delivery of this attempt", report.status)
-        self.viewed_at = 0.0  # no view of our own: the fence is read from the Store before reporting
-        return self._deliver(report) or report.outcome()
-
     def _keep(self, report: PendingReport) -> PendingReport:
         """Store ``report`` unless one is pending already, and return the one to deliver."""
-        key = keys.pending_report(self.aid)
+        key = keys.pending_report(self.attempt.attempt_id)
         ttl = int(max(60.0, report.deadline - time.time() + REPORT_GRACE_S))
         try:
             if self.res.redis.set(key, report.to_json(), nx=True, ex=ttl):
@@ -200,20 +206,7 @@ class AttemptReporter:
             self.log.warning("a %s report was already decided for this attempt; delivering it", kept.status)
         return kept
 
-    def _discard_kept(self) -> None:
-        """Drop the kept report (one whose delivery raised an unexpected error), so a failure replaces it."""
-        try:
-            self.res.redis.delete(keys.pending_report(self.aid))
-        except redis.RedisError as exc:
-            self.log.warning("could not drop the kept report (%r)", exc)
-
-    def _pending_report(self) -> PendingReport | None:
-        """The report an earlier delivery decided and could not deliver, if any."""
-        try:
-            return PendingReport.from_json(self.res.redis.get(keys.pending_report(self.aid)))
-        except redis.RedisError as exc:
-            self.log.warning("could not look for a kept report (%r)", exc)
-            return None
+    # --- delivery ----------------------------------------------------------------------------
 
     def _deliver(self, report: PendingReport) -> Outcome | None:
         """Fence re-check and report, retried while the Store is unavailable, until the report's deadline.
@@ -222,19 +215,19 @@ class AttemptReporter:
         outlasts a long outage keeps its lease. Past the deadline (or at Celery's soft time limit) it raises
         ``ReportPending``, a StoreUnavailable: the task's retry then delivers the kept report.
         """
-        attempt = 0
+        tries = 0
         while True:
             try:  # around the wait too: Celery's soft limit may strike there
                 try:
                     return self._deliver_once(report)
                 except UnknownIdError:
-                    return self._skip("the Store no longer knows this rollout (it restarted?); report dropped")
+                    return skipped(self.log, "the Store no longer knows this rollout (it restarted?); report dropped")
                 except (StoreUnavailable, LeaseUnproven) as exc:
                     error: StoreError | LeaseUnproven = exc
                 except StoreError as exc:
                     self.log.error("the Store refused the %s report: %s", report.status, exc)
                     raise
-                delay = backoff_delay(attempt, base_s=1.0, cap_s=10.0)
+                delay = backoff_delay(tries, base_s=1.0, cap_s=10.0)
                 if time.time() + delay > report.deadline:
                     self.log.error(
                         "could not deliver the %s report before the attempt's deadline: %s", report.status, error
@@ -244,40 +237,41 @@ class AttemptReporter:
                     "the Store did not take the %s report (%s); retry in %.1fs", report.status, error, delay
                 )
                 time.sleep(delay)
-                attempt += 1
+                tries += 1
             except SoftTimeLimitExceeded as exc:
                 raise ReportPending(f"time limit reached while delivering the {report.status} report") from exc
 
     def _deliver_once(self, report: PendingReport) -> Outcome | None:
         status, metadata = report.status, report.metadata
-        bound = self._write_bound()
+        bound = self.guard.write_bound()
         try:
-            reason = self._lease_lost()
+            reason = self.guard.lease_lost()
         except redis.RedisError as exc:  # _deliver retries until the report's deadline
             raise LeaseUnproven(f"could not confirm the lease before reporting: {exc!r}") from exc
-        if reason is None and self._must_read_before_report():
-            current = self.res.store.get_rollout(self.rid, retries=0, timeout=bound)
+        if reason is None and self.guard.must_read_before_write():
+            current = self.res.store.get_rollout(self.attempt.rollout_id, retries=0, timeout=bound)
             if self._reported_already(current, status):  # an earlier delivery of this very report landed
                 self._finished(status)
                 return None
-            reason = fence(current, self.aid)
-            self.viewed_at = time.time()
+            reason = fence(current, self.attempt.attempt_id)
+            self.guard.viewed(time.time())
         if reason is not None:
             # The kept report stays (it expires): a later delivery withholds it just the same.
             self.log.warning("withholding the %s report: %s", status, reason)
-            return Outcome("skipped", f"report withheld: {reason}", FailureClass.CANCELLED)
-        if status == AttemptStatus.FAILED and metadata.get("failure_class") == FailureClass.INPUT:
+            return Outcome(OutcomeStatus.SKIPPED, f"report withheld: {reason}", FailureClass.CANCELLED)
+        if status == AttemptStatus.FAILED and report.failure_class is FailureClass.INPUT:
             self._disable_retries()
         self.res.store.update_attempt(
-            self.rid,
-            self.aid,
+            self.attempt.rollout_id,
+            self.attempt.attempt_id,
             status=status,
-            worker_id=self.executor,
+            worker_id=self.attempt.executor,
             metadata=metadata,
             deadline=min(report.deadline, time.time() + bound),
             timeout=bound,
         )
-        worker_metrics.observe_report(status, metadata, self.rollout.mode if self.rollout else None)
+        rollout = self.attempt.rollout
+        worker_metrics.observe_report(status, metadata, rollout.mode if rollout else None)
         self._finished(status)
         self.log.info("reported %s reward=%s steps=%s", status, metadata.get("reward"), metadata.get("steps"))
         return None
@@ -285,98 +279,32 @@ class AttemptReporter:
     def _reported_already(self, current: object, status: AttemptStatus) -> bool:
         return (
             isinstance(current, AttemptedRollout)
-            and current.attempt.attempt_id == self.aid
+            and current.attempt.attempt_id == self.attempt.attempt_id
             and current.attempt.status == status
         )
 
-    def _finished(self, status: str) -> None:
+    def _finished(self, status: AttemptStatus) -> None:
         """Mark the attempt done (a redelivery skips it) and drop its kept report."""
         try:
-            mark_done(self.res.redis, self.aid, str(status), self.settings.done_marker_ttl_s)
-            self.res.redis.delete(keys.pending_report(self.aid))
+            mark_done(self.res.redis, self.attempt.attempt_id, str(status), self.settings.done_marker_ttl_s)
+            self.res.redis.delete(keys.pending_report(self.attempt.attempt_id))
         except redis.RedisError as exc:
             self.log.warning("could not record the finished marker: %r", exc)
 
     def _base_metadata(self, telemetry: AttemptTelemetry | None) -> dict[str, Any]:
+        attempt = self.attempt
         data: dict[str, Any] = {
-            "worker_id": self.executor,
-            "celery_task_id": self.celery_task_id,
-            "trace_id": self.trace_id,
-            "duration_s": round(time.time() - self.started, 3),
-            "started_at": round(self.started, 3),  # task start, epoch s: `bridge bench` splits dispatch with it
+            "worker_id": attempt.executor,
+            "celery_task_id": attempt.celery_task_id,
+            "trace_id": attempt.trace_id,
+            "duration_s": round(time.time() - attempt.started, 3),
+            "started_at": round(attempt.started, 3),  # task start, epoch s: `bridge bench` splits dispatch with it
         }
         if telemetry is not None:
             data["spans_exported"] = telemetry.spans_exported
             data["span_bytes_exported"] = telemetry.bytes_exported
             data["span_export_ms"] = round(telemetry.export_seconds * 1000, 2)
         return {k: v for k, v in data.items() if v is not None}
-
-    # --- fencing -----------------------------------------------------------------------------
-
-    def _view_is_fresh(self, viewed_at: float, *, alive_at: float) -> bool:
-        """A view of the rollout taken at ``viewed_at`` still holds: recent enough, and no watchdog since."""
-        if self.rollout is None:
-            return False
-        now = time.time()
-        if now - viewed_at > self.settings.fence_max_age_s:
-            return False
-        return not watchdog_may_act(self.rollout.config, self.dequeued_at, alive_at, now)
-
-    def _must_read_before_report(self) -> bool:
-        viewed, alive = self.viewed_at, self.dequeued_at
-        if self.watch is not None:
-            viewed, alive = max(viewed, self.watch.viewed_at), max(alive, self.watch.alive_at)
-        if self.telemetry is not None:
-            alive = max(alive, self.telemetry.delivered_at)
-        return not self._view_is_fresh(viewed, alive_at=alive)
-
-    def _write_bound(self) -> float:
-        """Seconds one write into the attempt may take after a renewal: it must land while the lease is ours."""
-        bound = self.settings.store_timeout_s
-        return bound if self.lease is None else min(bound, max(1.0, self.settings.lease_ttl_s / 2))
-
-    def _prove_lease(self, until: float) -> None:
-        """Return once Redis confirms the attempt is still ours (renewing the lease); retry until ``until``.
-
-        Raises ``Superseded`` when another executor took it over, ``LeaseUnproven`` when Redis could not tell
-        in time. Nothing is written into an attempt on the strength of an unknown lease: a host cut off by a
-        partition would otherwise deliver spans or a report into an attempt another host runs, once its link
-        is back (docs/cluster.md).
-        """
-
-        def first_warning(tries: int, exc: BaseException) -> None:
-            if tries == 0:
-                self.log.warning("could not confirm the lease (%r); writing nothing until Redis answers", exc)
-
-        try:
-            reason = retry_until(self._lease_lost, redis.RedisError, until, on_retry=first_warning)
-        except redis.RedisError as exc:
-            raise LeaseUnproven(f"could not confirm the lease: {exc!r}") from exc
-        if reason is not None:
-            raise Superseded(reason)
-
-    def _lease_lost(self) -> str | None:
-        """Why we no longer execute this attempt (another executor took it over), or None.
-
-        Raises RedisError when Redis cannot tell; the caller then reads the Store instead.
-        """
-        if self.lease is None or self.lease.renew():
-            return None
-        return "another executor took this attempt over (the lease is not ours)"
-
-    # --- helpers -----------------------------------------------------------------------------
-
-    def _skip(self, reason: str) -> Outcome:
-        self.log.warning("%s", reason)
-        return Outcome("skipped", reason)
-
-    def _report_deadline(self) -> float:
-        if self.rollout is None:  # an unparsable payload: report it within the grace period
-            return time.time() + REPORT_GRACE_S
-        timeout = self.rollout.config.timeout_seconds
-        if timeout:
-            return max(self.dequeued_at + timeout, time.time() + 5)
-        return time.time() + REPORT_GRACE_S
 
 
 def not_json(value: Any, path: str = "metadata") -> str | None:

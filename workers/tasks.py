@@ -14,9 +14,9 @@ from bridge.core.coordination import deployment_scope
 from bridge.core.errors import DuplicateDelivery
 from bridge.core.message import TASK_NAME
 from workers.app import app
-from workers.execution import AttemptRun, is_retryable_before_progress
+from workers.execution import Delivery, is_retryable_before_progress
 from workers.lease import free_slot
-from workers.reporting import Outcome
+from workers.outcome import Outcome, OutcomeStatus
 from workers.resources import get_resources
 
 log = logging.getLogger("workers.tasks")
@@ -36,17 +36,16 @@ def run_rollout(
     res = get_resources()
     task_id = str(self.request.id)
     final = True
-    run = AttemptRun(rollout, celery_task_id=task_id, res=res)
-    run.expected_agent = agent
+    delivery = Delivery(rollout, celery_task_id=task_id, expected_agent=agent, res=res)
     try:
-        return run.execute().as_dict()
+        return delivery.execute().as_dict()
     except DuplicateDelivery as exc:
         final = False  # the slot belongs to the executor holding the lease
         if self.request.retries < MAX_INFRA_RETRIES:
             log.warning("task %s: %s; re-checking in %.0fs", task_id, exc, exc.retry_in_s + 1.0)
             raise self.retry(exc=exc, countdown=exc.retry_in_s + 1.0) from exc
         log.warning("task %s: %s; duplicate delivery dropped", task_id, exc)
-        return Outcome("skipped", f"duplicate delivery: {exc}").as_dict()
+        return Outcome(OutcomeStatus.SKIPPED, f"duplicate delivery: {exc}").as_dict()
     except Exception as exc:
         # Broker/Store outages before the episode made progress: a Celery retry with backoff, same task id.
         if is_retryable_before_progress(exc) and self.request.retries < MAX_INFRA_RETRIES:
@@ -57,9 +56,8 @@ def run_rollout(
         raise
     finally:
         if final:
-            token = run.lease.token if run.lease else None
             scope = deployment_scope(res.settings)
-            _release_slot(res.redis, scope, queue or res.settings.default_queue, task_id, token)
+            _release_slot(res.redis, scope, queue or res.settings.default_queue, task_id, delivery.lease_token)
 
 
 def _release_slot(client: redis.Redis, scope: str, queue: str, task_id: str, token: str | None) -> None:

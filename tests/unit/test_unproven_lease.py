@@ -10,7 +10,6 @@ every request it gets.
 
 from __future__ import annotations
 
-import logging
 import socket
 import time
 from collections.abc import Iterator
@@ -19,14 +18,13 @@ import pytest
 import redis
 
 from bridge.core.errors import LeaseUnproven
-from bridge.core.logs import RolloutLogger
-from bridge.core.models import AttemptedRollout, AttemptStatus
+from bridge.core.models import AttemptStatus
 from bridge.core.settings import load_settings
 from bridge.core.store import StoreClient
 from tests.loopback import RecordingStore
+from workers.attempt import Attempt, read_payload
 from workers.execution import AttemptRun
 from workers.heartbeat import HeartbeatMonitor
-from workers.lease import Lease
 from workers.reporting import PendingReport, ReportPending
 from workers.resources import WorkerResources
 from workers.telemetry import AttemptTelemetry
@@ -47,19 +45,17 @@ def cut_off() -> Iterator[tuple[AttemptRun, RecordingStore]]:
     store = StoreClient(recorder.url, retries=0, timeout_s=2)
     monitor = HeartbeatMonitor(store, client)
     res = WorkerResources(settings, store, client, None, monitor, TraceCourier(store), 0)  # type: ignore[arg-type]
-    run = AttemptRun({}, celery_task_id="at-cut", res=res)
-    run.rid, run.aid = "ro-cut", "at-cut"
-    run.log = RolloutLogger(logging.getLogger("test"), {"rollout_id": run.rid, "attempt_id": run.aid})
-    run.rollout = AttemptedRollout.model_validate(
-        {
-            "rollout_id": "ro-cut",
-            "input": {"instruction": "buy a lamp"},
-            "start_time": time.time(),
-            "status": "preparing",
-            "attempt": {"rollout_id": "ro-cut", "attempt_id": "at-cut", "sequence_id": 1, "start_time": time.time()},
-        }
-    )
-    run.lease = Lease(client, "at-cut", 4.0)
+    now = time.time()
+    payload = {
+        "rollout_id": "ro-cut",
+        "input": {"instruction": "buy a lamp"},
+        "start_time": now,
+        "status": "preparing",
+        "attempt": {"rollout_id": "ro-cut", "attempt_id": "at-cut", "sequence_id": 1, "start_time": now},
+    }
+    attempt = read_payload(payload, celery_task_id="at-cut", expected_agent=None)
+    assert isinstance(attempt, Attempt)
+    run = AttemptRun(attempt, res)
     run.lease.valid_until = time.monotonic() + 3.0  # renewed a second ago, before the link went down
     try:
         yield run, recorder
@@ -73,12 +69,14 @@ def test_the_final_spans_wait_for_a_proven_lease_and_are_never_sent_on_trust(
     cut_off: tuple[AttemptRun, RecordingStore],
 ) -> None:
     run, recorder = cut_off
-    telemetry = AttemptTelemetry(run.res.store, rollout_id=run.rid, attempt_id=run.aid, service_name="cut")
+    telemetry = AttemptTelemetry(
+        run.res.store, rollout_id=run.attempt.rollout_id, attempt_id=run.attempt.attempt_id, service_name="cut"
+    )
     with telemetry.span("webshop.episode"):
         pass
     started = time.monotonic()
     with pytest.raises(LeaseUnproven):
-        run._flush_while_ours(telemetry, until=time.time() + 2.0)
+        run.guard.flush_while_ours(telemetry, until=time.time() + 2.0)
     assert time.monotonic() - started >= 0.5  # it retried Redis within the time it was given
     assert telemetry.pending == 1 and recorder.paths == []
 
@@ -87,5 +85,5 @@ def test_the_report_is_kept_back_not_sent_after_a_store_read(cut_off: tuple[Atte
     run, recorder = cut_off
     report = PendingReport(AttemptStatus.SUCCEEDED, {"reward": 1.0}, deadline=time.time() + 2.0)
     with pytest.raises(ReportPending):
-        run._deliver(report)
+        run.reporter._deliver(report)
     assert recorder.paths == []  # not even the fence read: what it says cannot prove the lease

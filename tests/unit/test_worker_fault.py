@@ -2,7 +2,7 @@
 
 Before, it escaped the task: the slot was freed, the bridge's reconcile found the attempt stranded and
 re-published it, the same fault struck again, and so on until the rollout was handed back as too old, with
-nothing in the Store saying why. Real ``AttemptRun`` and ``Lease`` on the Redis at ``TEST_REDIS_URL``; the
+nothing in the Store saying why. Real ``Delivery``, ``AttemptRun`` and ``Lease`` on the Redis at ``TEST_REDIS_URL``; the
 Store is a loopback server that answers 503, so the failure report is kept in Redis for a Celery retry,
 which is where this test reads it.
 """
@@ -25,8 +25,9 @@ from bridge.core.settings import load_settings
 from bridge.core.store import StoreClient
 from tests.loopback import LoopbackServer, RecordingStore
 from workers import heartbeat
-from workers.execution import AttemptRun
+from workers.execution import AttemptRun, Delivery
 from workers.heartbeat import HeartbeatMonitor
+from workers.outcome import OutcomeStatus
 from workers.reporting import ReportPending
 from workers.resources import WorkerResources
 from workers.trace_courier import TraceCourier
@@ -74,7 +75,7 @@ def test_an_unexpected_error_is_reported_as_a_failed_attempt_not_left_to_reconci
     monkeypatch.setattr(AttemptRun, "_run_leased", broken)
     try:
         with caplog.at_level(logging.ERROR), pytest.raises(ReportPending):
-            AttemptRun(payload, celery_task_id=aid, res=res).execute()
+            Delivery(payload, celery_task_id=aid, expected_agent=None, res=res).execute()
         kept = json.loads(redis_client.get(keys.pending_report(aid)) or "{}")
         assert kept["status"] == "failed"
         assert kept["metadata"]["failure_class"] == "infra"
@@ -100,14 +101,14 @@ def test_an_attempt_whose_watch_cannot_start_leaves_nothing_counted_or_watched(
         def start(self) -> None:
             raise RuntimeError("can't start new thread")
 
-    def run_leased(run: AttemptRun, lease: object, *, first_start: bool) -> object:
-        return run._run_attempt(run.lease, lambda telemetry, watch: pytest.fail("the episode must not run"))  # type: ignore[arg-type]
+    def run_leased(run: AttemptRun, *, first_start: bool) -> object:
+        return run._run_attempt(lambda telemetry, watch: pytest.fail("the episode must not run"))
 
     monkeypatch.setattr(AttemptRun, "_run_leased", run_leased)
     monkeypatch.setattr(heartbeat, "threading", SimpleNamespace(Thread=Unstartable))  # the monitor's threads only
     try:
         with pytest.raises(ReportPending):
-            AttemptRun(payload, celery_task_id=aid, res=res).execute()
+            Delivery(payload, celery_task_id=aid, expected_agent=None, res=res).execute()
         assert res.courier.running == 0
         assert res.monitor._snapshot() == []
         kept = json.loads(redis_client.get(keys.pending_report(aid)) or "{}")
@@ -139,8 +140,8 @@ def test_a_duplicate_that_comes_after_the_attempts_markers_expired_stops_at_the_
     res = _resources(server.url, redis_client)
     try:
         assert redis_client.exists(keys.done(aid), keys.started(aid), keys.owner(aid)) == 0  # all expired
-        outcome = AttemptRun(payload, celery_task_id=aid, res=res).execute()
-        assert outcome.status == "skipped" and outcome.reason == "not running: rollout is succeeded"
+        outcome = Delivery(payload, celery_task_id=aid, expected_agent=None, res=res).execute()
+        assert outcome.status is OutcomeStatus.SKIPPED and outcome.reason == "not running: rollout is succeeded"
         assert seen == [("GET", f"/v1/agl/rollouts/{rid}")]  # no spans, no report
     finally:
         redis_client.delete(*(k for k in redis_client.scan_iter(f"*{aid}*")))
