@@ -24,9 +24,7 @@ class Retries:
     ``cap_s``. Each call site keeps its own judgement of which errors are worth a retry.
     """
 
-    def __init__(
-        self, *, limit: int | None, base_s: float, cap_s: float, deadline: float | None = None
-    ) -> None:
+    def __init__(self, *, limit: int | None, base_s: float, cap_s: float, deadline: float | None = None) -> None:
         self.limit, self.base_s, self.cap_s, self.deadline = limit, base_s, cap_s, deadline
         self.done = 0  # retries scheduled so far
 

@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 import pytest
+import redis
 
 from bridge.core.capacity import Execution
 from bridge.core.errors import StoreError
@@ -319,7 +320,8 @@ class _UnreachableStore:
 
 def _dispatcher(store: object) -> Dispatcher:
     settings = load_settings(store_url="http://127.0.0.1:9", broker_url="redis://127.0.0.1:9/0")
-    return Dispatcher(settings, store, None, None)  # type: ignore[arg-type]
+    unreachable = redis.Redis(port=9, socket_connect_timeout=0.2)  # never connected to by these tests
+    return Dispatcher(settings, store, unreachable, None)  # type: ignore[arg-type]
 
 
 def test_reconcile_requests_keep_the_earliest() -> None:
