@@ -55,6 +55,29 @@ def _run(args: argparse.Namespace) -> int:
     return run_bridge(load_settings(), metrics_port=args.metrics_port)
 
 
+def _run_v1(args: argparse.Namespace) -> int:
+    import threading
+
+    from bridge.dispatch.service import install_signal_handlers
+    from bridge.dispatch.v1 import run_v1
+
+    overrides = {k: v for k, v in (("agl_v1_url", args.server), ("agl_v1_key", args.key)) if v is not None}
+    stop = threading.Event()
+    install_signal_handlers(stop)
+    return run_v1(load_settings(**overrides), stop)
+
+
+V1_DESCRIPTION = """\
+Run Agent Lightning 1.0 rollouts on this Celery cluster: a runner type beside 1.0's `local` and `k8s`.
+
+Reads the rollouts queuing on the 1.0 gateway (AGL_V1_SERVER_URL), publishes each as the task
+`workers.run_v1_rollout`, only as many as the workers have free slots, and reconciles until each ends: a
+worker lost mid-run means the rollout runs again once under a new attempt id (AGL_V1_MAX_RERUNS). The same
+`celery -A workers worker` processes serve it beside 0.3's bridge; give it their settings (broker, Redis,
+AGENT_LIGHTNING_STORE_URL or REDIS_KEY_SCOPE). See docs/agl-v1.md.
+"""
+
+
 def _interrupt_on_sigterm() -> None:
     """A tool stopped with SIGTERM unwinds as on Ctrl-C, so the processes it started are stopped too (Python's
     default for SIGTERM ends the process at once, leaving a bench's Store, stand-ins and workers running)."""
@@ -96,6 +119,15 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         help="serve Prometheus metrics on METRICS_HOST:PORT (default: BRIDGE_METRICS_PORT, off)",
     )
     run.set_defaults(func=_run)
+    v1 = sub.add_parser(
+        "v1",
+        help="dispatch Agent Lightning 1.0 rollouts from its gateway",
+        description=V1_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    v1.add_argument("--server", default=None, help="the 1.0 gateway's URL (default: AGL_V1_SERVER_URL)")
+    v1.add_argument("--key", default=None, help="the gateway's key (default: AGL_V1_KEY)")
+    v1.set_defaults(func=_run_v1)
     for name, (_module, summary) in TOOLS.items():
         tool_parser = sub.add_parser(name, help=summary, formatter_class=argparse.RawDescriptionHelpFormatter)
         if name == command:

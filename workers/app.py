@@ -24,7 +24,7 @@ __all__ = ["app", "create_app"]
 
 
 def create_app(settings: Settings) -> Celery:
-    app = base_app(settings, "workers", include=("workers.tasks", "workers.signals"))
+    app = base_app(settings, "workers", include=("workers.tasks", "workers.v1_task", "workers.signals"))
     app.conf.update(
         task_acks_late=True,
         task_reject_on_worker_lost=True,

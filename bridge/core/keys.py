@@ -120,6 +120,12 @@ def worker_stuck(scope: str, worker: str) -> str:
     return f"{PREFIX}:stuck:{scope}:{worker}"
 
 
+def v1_result(attempt_key: str) -> str:
+    """An Agent Lightning 1.0 attempt's outcome, kept by its worker until the gateway has it; the 1.0 dispatcher
+    applies what a worker could not send (``bridge.dispatch.v1``)."""
+    return f"{PREFIX}:v1:result:{attempt_key}"
+
+
 def fence_listing(scope: str) -> str:
     """Sorted set of the attempts running on any worker of one Store (``rollout_id attempt_id``; score: lapse time).
 

@@ -48,6 +48,21 @@ class Settings(BaseSettings):
     store_retries: int = Field(default=5, ge=0, le=50, validation_alias="STORE_RETRIES")
     """Retries of a Store request's transient failures (connection errors, 5xx), with backoff."""
 
+    agl_v1_url: str = Field(
+        default="",
+        validation_alias="AGL_V1_SERVER_URL",
+        examples=["http://127.0.0.1:8080"],
+        json_schema_extra={SECTION: "Agent Lightning 1.0 (docs/agl-v1.md)"},
+    )
+    """Agent Lightning 1.0's gateway (`agl-server`) as this process reaches it: `python -m bridge v1` reads its
+    rollouts, the workers report to it and give its proxy and events URLs to the agent programs."""
+    agl_v1_key: str | None = Field(default=None, validation_alias="AGL_V1_KEY")
+    """The gateway's key (its `key`, AGL_KEY to agents): sent as a bearer token, and given to each agent program."""
+    agl_v1_agent_python: str | None = Field(default=None, validation_alias="AGL_V1_AGENT_PYTHON")
+    """The interpreter that runs 1.0 agent programs on the workers. Default: the worker's own."""
+    agl_v1_max_reruns: int = Field(default=1, ge=0, le=10, validation_alias="AGL_V1_MAX_RERUNS")
+    """Times a 1.0 rollout whose worker was lost mid-run runs again, under the next attempt id; then it fails."""
+
     otlp_endpoint: HttpUrl | None = Field(
         default=None, validation_alias="AGENT_LIGHTNING_OTLP_ENDPOINT", json_schema_extra={SECTION: "Tracing"}
     )
@@ -421,7 +436,7 @@ class Settings(BaseSettings):
         """The settings as they may be logged: secrets removed, URLs stripped of passwords."""
         shown: dict[str, Any] = {}
         for name, value in self.model_dump().items():
-            if name in {"openai_api_key", "store_token", "webshop_token"}:
+            if name in {"openai_api_key", "store_token", "webshop_token", "agl_v1_key"}:
                 shown[name] = "***" if value else None
             elif isinstance(value, str) or name.endswith(("_url", "_base", "endpoint")):
                 shown[name] = redact_url(str(value)) if value is not None else None

@@ -28,7 +28,7 @@ def run_bridge(settings: Settings, *, metrics_port: int | None = None) -> int:
     configure_logging(settings.log_level, settings.log_json)
     setup_process_tracing(settings.service_name + "-bridge")
     stop = threading.Event()
-    _install_signal_handlers(stop)
+    install_signal_handlers(stop)
     port = metrics_port if metrics_port is not None else settings.metrics_port
     if port is not None:
         from prometheus_client import start_http_server
@@ -83,7 +83,7 @@ def _warn_about_other_agents(client: redis.Redis, settings: Settings) -> None:
         )
 
 
-def _install_signal_handlers(stop: threading.Event) -> None:
+def install_signal_handlers(stop: threading.Event) -> None:
     def handle(signum: int, _frame: FrameType | None) -> None:
         log.info("received %s: finishing the publish in hand and stopping", signal.Signals(signum).name)
         stop.set()

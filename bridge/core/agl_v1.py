@@ -1,0 +1,195 @@
+"""Agent Lightning 1.0's API gateway as the bridge and the workers use it: the rollout's shape, the calls, and
+the names of a 1.0 attempt's task and Redis keys (docs/agl-v1.md).
+
+Plain HTTP with models of our own, never an ``agentlightning`` import: one install serves 0.3 and 1.0 users.
+A 1.0 rollout has one attempt id at a time (``last_attempt_id``); the gateway serves the trainer the events
+of that attempt only, so a re-run under a new id leaves the lost attempt's events out of training.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from enum import StrEnum
+from typing import Any
+
+import httpx
+from pydantic import BaseModel, Field
+
+from bridge.core.backoff import Retries
+from bridge.core.errors import BridgeError
+from bridge.core.http import service_client
+from bridge.core.redact import redact_url
+
+V1_TASK_NAME = "workers.run_v1_rollout"
+"""The task that runs one 1.0 attempt; its id is ``attempt_key(rollout_id, attempt_id)``."""
+
+FIRST_ATTEMPT = "0"  # 1.0's own runners only ever use this one
+ERROR_MESSAGE_CHARS = 2000  # of a failed attempt's error, the tail sent as ``error_message``
+
+
+class V1State(StrEnum):
+    QUEUING = "queuing"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+class V1LocalConfig(BaseModel):
+    agent_class: str | None = None
+    env_map: dict[str, str] = Field(default_factory=dict)
+
+
+class V1Config(BaseModel):
+    timeout_seconds: int = 3600
+    local: V1LocalConfig | None = None
+
+
+class V1Status(BaseModel):
+    state: V1State = V1State.QUEUING
+    last_attempt_id: str | None = None
+    error_message: str | None = None
+    updated_at: float | None = None
+
+
+class V1Rollout(BaseModel):
+    """The fields of a 1.0 rollout this project reads; the rest of the gateway's answer is ignored."""
+
+    rollout_id: str
+    input: Any = None
+    is_train: bool = True
+    config: V1Config = Field(default_factory=V1Config)
+    status: V1Status = Field(default_factory=V1Status)
+
+    @property
+    def mode(self) -> str:
+        """The proxy's path segment: ``train`` or ``val``."""
+        return "train" if self.is_train else "val"
+
+
+def attempt_key(rollout_id: str, attempt_id: str) -> str:
+    """One 1.0 attempt's name in Celery and Redis: its task id, in-flight entry, lease, started and done keys.
+
+    Deterministic, so a dispatcher restarted between publish and patch publishes the same task again and the
+    worker's lease and done marker drop the second delivery."""
+    return f"v1-{rollout_id}-{attempt_id}"
+
+
+def next_attempt(attempt_id: str | None) -> str:
+    """The id of the attempt that re-runs ``attempt_id``'s rollout."""
+    return str(int(attempt_id or FIRST_ATTEMPT) + 1)
+
+
+class GatewayError(BridgeError):
+    """The gateway could not be reached or answered an error other than the ones named below."""
+
+
+class GatewayConflict(GatewayError):
+    """The gateway refused a state change (409): the rollout moved on, e.g. the trainer failed or deleted it."""
+
+
+def agent_environment(rollout: V1Rollout, attempt_id: str, *, agent_url: str, key: str | None) -> dict[str, str]:
+    """The variables 1.0's ``local`` runner gives an agent program, for this attempt: the proxy's OpenAI base
+    URL, the events URL, the key, and each ``config.local.env_map`` entry resolved from the input (a string
+    as is, anything else as JSON). ValueError names an ``env_map`` path the input lacks."""
+    root = agent_url.rstrip("/")
+    rid = rollout.rollout_id
+    env = {
+        "AGL_KEY": key or "",
+        "AGL_OPENAI_BASE_URL": f"{root}/proxy/rollout/{rid}/attempt/{attempt_id}/mode/{rollout.mode}/openai/v1",
+        "AGL_EVENT_URL": f"{root}/api/rollouts/{rid}/attempt/{attempt_id}/events",
+    }
+    local = rollout.config.local or V1LocalConfig()
+    for name, path in local.env_map.items():
+        value = _input_at(rollout.input, path)
+        env[name] = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    return env
+
+
+def _input_at(task_input: Any, path: str) -> Any:
+    """``input`` is the whole input, ``input.a.0.b`` a path into it; any other string is a literal."""
+    if path == "input":
+        return task_input
+    if not path.startswith("input."):
+        return path
+    value = task_input
+    for part in path.split(".")[1:]:
+        if isinstance(value, dict) and part in value:
+            value = value[part]
+        elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
+            value = value[int(part)]
+        else:
+            raise ValueError(f"config.local.env_map path {path!r} is not in the rollout's input")
+    return value
+
+
+class GatewayClient:
+    """The calls a dispatcher and a worker make to the gateway, with the project's retry schedule for
+    transport errors and 5xx answers (every call here is idempotent)."""
+
+    def __init__(self, base_url: str, *, key: str | None, timeout_s: float = 10.0, retries: int = 3) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.retries = retries
+        self._client = service_client(self.base_url, token=key, timeout_s=timeout_s, max_connections=8)
+
+    def close(self) -> None:
+        self._client.close()
+
+    def list_rollouts(self, *states: V1State, limit: int = 500) -> list[V1Rollout]:
+        params: list[tuple[str, str | int]] = [("state_in", s.value) for s in states] + [("limit", limit)]
+        response = self._send("GET", "/api/rollouts", params=params)
+        return [V1Rollout.model_validate(item) for item in response.json()]
+
+    def get_rollout(self, rollout_id: str) -> V1Rollout | None:
+        """The rollout, or None when the gateway no longer has it (the trainer deletes finished ones)."""
+        response = self._send("GET", f"/api/rollouts/{rollout_id}", allow=(404,))
+        if response.status_code == 404:
+            return None
+        return V1Rollout.model_validate(response.json()["rollout"])
+
+    def patch_status(self, rollout_id: str, **status: Any) -> V1Rollout | None:
+        """PATCH the rollout's status fields; None when it is gone, GatewayConflict when the gateway refuses
+        the state change."""
+        body = {"status": {k: (v.value if isinstance(v, V1State) else v) for k, v in status.items()}}
+        response = self._send("PATCH", f"/api/rollouts/{rollout_id}", json=body, allow=(404, 409))
+        if response.status_code == 404:
+            return None
+        if response.status_code == 409:
+            raise GatewayConflict(f"gateway refused {body} for rollout {rollout_id}: {response.text[:200]}")
+        return V1Rollout.model_validate(response.json())
+
+    def finish(self, rollout_id: str, attempt_id: str, state: V1State, detail: str) -> bool:
+        """Set the final state of ``attempt_id`` if it is still the rollout's current attempt and the rollout
+        is not finished; True when set. The gateway has no conditional update: one read, then the writes
+        (docs/agl-v1.md, "Guarantees")."""
+        current = self.get_rollout(rollout_id)
+        if current is None or current.status.state in (V1State.SUCCEEDED, V1State.FAILED):
+            return False
+        if current.status.last_attempt_id not in (None, attempt_id):
+            return False
+        try:
+            if current.status.state == V1State.QUEUING:
+                self.patch_status(rollout_id, state=V1State.RUNNING, last_attempt_id=attempt_id)
+            fields: dict[str, Any] = {"state": state, "last_attempt_id": attempt_id}
+            if state == V1State.FAILED:
+                fields["error_message"] = detail[-ERROR_MESSAGE_CHARS:]
+            return self.patch_status(rollout_id, **fields) is not None
+        except GatewayConflict:
+            return False
+
+    def _send(self, method: str, path: str, *, allow: tuple[int, ...] = (), **kwargs: Any) -> httpx.Response:
+        schedule = Retries(limit=self.retries, base_s=0.5, cap_s=5.0)
+        while True:
+            try:
+                response = self._client.request(method, path, **kwargs)
+                if response.status_code < 400 or response.status_code in allow:
+                    return response
+                problem = f"{response.status_code} {response.text[:200]}"
+                if response.status_code < 500:
+                    raise GatewayError(f"gateway {method} {path} answered {problem}")
+            except httpx.TransportError as exc:
+                problem = repr(exc)
+            delay = schedule.next_delay()
+            if delay is None:
+                raise GatewayError(f"gateway at {redact_url(self.base_url)}: {method} {path} failed: {problem}")
+            time.sleep(delay)

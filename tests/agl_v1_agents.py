@@ -1,0 +1,56 @@
+"""Agent Lightning 1.0 agent programs for the tests: classes with ``run()``, started by the workers exactly as
+1.0's ``local`` runner starts them (the task's fields arrive through ``config.local.env_map``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import httpx
+from openai import OpenAI
+
+
+def _post_reward(value: float) -> None:
+    response = httpx.post(
+        os.environ["AGL_EVENT_URL"],
+        json={"event_type": "reward", "data": {"value": value}},
+        headers={"Authorization": f"Bearer {os.environ['AGL_KEY']}"},
+        timeout=10,
+    )
+    response.raise_for_status()
+
+
+class AskAndReward:
+    """Asks the LLM the task's question through the gateway's proxy, then posts the task's reward."""
+
+    def run(self) -> None:
+        client = OpenAI(base_url=os.environ["AGL_OPENAI_BASE_URL"], api_key=os.environ["AGL_KEY"] or "none")
+        client.chat.completions.create(model="any", messages=[{"role": "user", "content": os.environ["TASK_QUESTION"]}])
+        _post_reward(float(json.loads(os.environ["TASK_REWARD"])))
+
+
+class Crashing:
+    def run(self) -> None:
+        print("about to fail", flush=True)
+        raise RuntimeError("the agent broke on purpose")
+
+
+class Sleeping:
+    """Starts a child of its own (to show the whole group is killed), writes both pids, then sleeps."""
+
+    def run(self) -> None:
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        with open(os.environ["PID_FILE"], "w") as out:
+            out.write(f"{os.getpid()} {child.pid}\n")
+        time.sleep(600)
+
+
+class SlowReward:
+    """Sleeps ``TASK_SLEEP`` seconds, then posts the task's reward: long enough to lose its worker meanwhile."""
+
+    def run(self) -> None:
+        time.sleep(float(os.environ["TASK_SLEEP"]))
+        _post_reward(float(json.loads(os.environ["TASK_REWARD"])))
