@@ -45,3 +45,20 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     redis_for_tests.stop()
+
+
+@pytest.fixture
+def fork_like_a_trainer() -> None:
+    """Fork as a trainer's process does: without the broker connection pools other tests left in this one.
+
+    kombu registers each pool for closing in a forked child; a pool whose connection another test left with a
+    BRPOP in flight makes that child block on a socket its parent still reads, before any of the test's code
+    runs. A trainer forks its runners before it opens a broker connection, so those cleanups are dropped here.
+    """
+    import multiprocessing.util
+
+    from kombu.resource import _after_fork_cleanup_resource
+
+    registry = multiprocessing.util._afterfork_registry  # type: ignore[attr-defined]
+    for key in [key for key in list(registry.keys()) if key[2] is _after_fork_cleanup_resource]:
+        registry.pop(key, None)

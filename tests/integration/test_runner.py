@@ -82,6 +82,7 @@ class EnqueueAndRead(agl.Algorithm):
 
 
 @pytest.mark.parametrize("n_runners", [1, 2])
+@pytest.mark.usefixtures("fork_like_a_trainer")
 def test_a_trainer_gets_every_rollout_back_succeeded_with_the_reward_the_agent_returned(
     cluster: LocalStack, n_runners: int
 ) -> None:

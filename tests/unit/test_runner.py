@@ -161,6 +161,7 @@ def _child(runner: CeleryRunner, out: Any) -> None:
     out.put(runner._settings.store_base)
 
 
+@pytest.mark.usefixtures("fork_like_a_trainer")
 def test_the_runner_survives_the_trainers_fork() -> None:
     """Forked as the Trainer forks its runner processes (spawn pickles it: tested above, without the
     ten-second re-import of Agent Lightning a spawned child costs)."""
