@@ -21,7 +21,7 @@ from bridge.core.settings import Settings
 from workers import llm as llm_mod
 from workers.failures import FailureClass
 from workers.inputs import TaskInput
-from workers.prompts import Conversation, parse_action, step_prompt
+from workers.prompts import Conversation, choose_action, step_prompt
 from workers.telemetry import LLM_SPAN, AttemptTelemetry
 from workers.webshop import Observation, WebShopClient
 
@@ -90,12 +90,7 @@ class Episode:
         return result
 
     def _step(self, step: int, obs: Observation, conversation: Conversation, result: EpisodeResult) -> Observation:
-        clickables = (
-            obs.info.get("available_actions", {}).get("clickables")
-            if isinstance(obs.info.get("available_actions"), dict)
-            else None
-        )
-        conversation.observe(step_prompt(step, self.settings.max_steps, obs.observation, clickables))
+        conversation.observe(step_prompt(step, self.settings.max_steps, obs.observation, obs.clickables))
         with self.telemetry.span(
             "webshop.step", {"step.index": step, "observation.chars": len(obs.observation)}
         ) as span:
@@ -117,15 +112,8 @@ class Episode:
 
     def _choose_action(self, conversation: Conversation, result: EpisodeResult) -> str | None:
         """Ask the LLM; re-prompt with feedback on a placeholder or unparsable answer, a bounded number of times."""
-        for _ in range(self.settings.max_reprompts + 1):
-            self.check_stop()
-            reply = self._call_llm(conversation, result)
-            conversation.answer(reply)
-            parsed = parse_action(reply)
-            if parsed.action is not None:
-                return parsed.action
-            conversation.feedback(parsed.problem or "invalid action")
-        return None
+        ask = lambda: self._call_llm(conversation, result)  # noqa: E731
+        return choose_action(conversation, ask, self.settings.max_reprompts, before_each=self.check_stop)
 
     def _call_llm(self, conversation: Conversation, result: EpisodeResult) -> str:
         attributes: dict[str, object] = {

@@ -9,6 +9,7 @@ model's previous answers as assistant messages. Only the latest observations are
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 SYSTEM_PROMPT = """You are a careful online shopper operating the WebShop website through text.
@@ -102,3 +103,20 @@ class Conversation:
         for message in users[: max(0, len(users) - _KEEP_FULL_OBSERVATIONS + 1)]:
             if len(message["content"]) > _OLD_OBSERVATION_CHARS:
                 message["content"] = message["content"][:_OLD_OBSERVATION_CHARS] + " ..."
+
+
+def choose_action(
+    conversation: Conversation, ask: Callable[[], str], reprompts: int, before_each: Callable[[], object] | None = None
+) -> str | None:
+    """Ask (``ask`` sends ``conversation`` to the LLM) until an answer parses as an action, re-prompting with
+    feedback at most ``reprompts`` times; None when none did. ``before_each`` runs before every ask."""
+    for _ in range(reprompts + 1):
+        if before_each is not None:
+            before_each()
+        reply = ask()
+        conversation.answer(reply)
+        parsed = parse_action(reply)
+        if parsed.action is not None:
+            return parsed.action
+        conversation.feedback(parsed.problem or "invalid action")
+    return None

@@ -40,6 +40,12 @@ class Observation:
     def valid(self) -> bool:
         return bool(self.info.get("valid", True))
 
+    @property
+    def clickables(self) -> list[str] | None:
+        """The buttons and links the page offers, when the server lists them."""
+        available = self.info.get("available_actions")
+        return available.get("clickables") if isinstance(available, dict) else None
+
 
 class WebShopClient:
     """One per process; thread-safe because httpx.Client is."""

@@ -17,13 +17,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from bridge.tools.agl_v1_env import start_gateway, start_v1_dispatcher, v1_virtualenv
 from bridge.tools.procs import ManagedProcess, StackError, free_port
 from bridge.tools.stack import LocalStack
-from tests.helpers import stack_for, wait_for
+from tests.helpers import split_tasks, stack_for, wait_for
 from tests.prerequisites import missing
+from workers.agents import webshop_program
 
 pytestmark = [pytest.mark.integration, pytest.mark.cost(90)]
 
@@ -47,7 +49,7 @@ class V1Stack:
             "gateway": self.gateway,
             "key": KEY,
             "model_endpoint": self.stack.llm_base_url,
-            "agent_class": f"tests.agl_v1_agents:{agent}",
+            "agent_class": agent if ":" in agent else f"tests.agl_v1_agents:{agent}",
             "env_map": env_map,
             "timeout_s": timeout_s,
             "tasks": tasks,
@@ -116,6 +118,19 @@ def test_every_rollout_succeeds_with_the_agents_reward_and_token_triplets(v1: V1
         assert rollout["prompt_tokens"] and all(n > 0 for n in rollout["prompt_tokens"])
         assert rollout["attempts"] == ["0"] and rollout["reward_events"] == 1
         assert v1.started_lines(rollout["rollout_id"]) == 1
+
+
+def test_the_webshop_agent_runs_as_a_1_0_program_and_the_trainer_gets_the_rewards_the_server_computed(
+    v1: V1Stack,
+) -> None:
+    ledger = f"{v1.stack.webshop_url}/purchases"
+    before = len(httpx.get(ledger, timeout=30).json()["items"])
+    done = v1.train(webshop_program.AGENT_CLASS, split_tasks(6), webshop_program.ENV_MAP)
+    assert {rollout["state"] for rollout in done} == {"succeeded"}, done
+    assert all(len(rollout["triplets"]) >= 2 for rollout in done)  # one proxied LLM call per step, token ids kept
+    computed = [item["reward"] for item in httpx.get(ledger, timeout=30).json()["items"][before:]]
+    earned = sorted(r["reward"] for r in done if r["reward"])
+    assert earned == sorted(r for r in computed if r), (earned, computed)  # exactly the server's rewards
 
 
 def test_a_crashing_agent_fails_with_its_error(v1: V1Stack) -> None:
