@@ -106,7 +106,7 @@ class V1Dispatcher:
         """Publish a queuing rollout's first attempt and mark it running."""
         local = rollout.config.local
         if local is None or not local.agent_class:
-            self._fail(rollout.rollout_id, "invalid rollout config: missing config.local.agent_class")
+            self._fail(rollout.rollout_id, FIRST_ATTEMPT, "invalid rollout config: missing config.local.agent_class")
             return
         if not self._publish(rollout, FIRST_ATTEMPT):
             return
@@ -140,14 +140,11 @@ class V1Dispatcher:
         log.info("[v1 rollout=%s attempt=%s] published to %s", rollout.rollout_id, attempt_id, self.queue)
         return True
 
-    def _fail(self, rollout_id: str, why: str) -> None:
-        log.warning("[v1 rollout=%s] failed: %s", rollout_id, why)
-        try:
-            if (current := self.gateway.get_rollout(rollout_id)) and current.status.state == V1State.QUEUING:
-                self.gateway.patch_status(rollout_id, state=V1State.RUNNING)
-            self.gateway.patch_status(rollout_id, state=V1State.FAILED, error_message=why)
-        except GatewayConflict as exc:
-            log.info("[v1 rollout=%s] not failed: %s", rollout_id, exc)
+    def _fail(self, rollout_id: str, attempt_id: str, why: str) -> None:
+        if self.gateway.finish(rollout_id, attempt_id, V1State.FAILED, why):
+            log.warning("[v1 rollout=%s attempt=%s] failed: %s", rollout_id, attempt_id, why)
+        else:
+            log.info("[v1 rollout=%s attempt=%s] not failed (moved on): %s", rollout_id, attempt_id, why)
 
     # --- repairs -------------------------------------------------------------------------------
 
@@ -155,29 +152,38 @@ class V1Dispatcher:
         """Repair what a lost message, a lost worker or a dispatcher killed mid-step left (module docstring)."""
         now = time.time()
         inflight = capacity.inflight_entries(self.redis, self.scope, self.queue)
-        live: set[str] = set()
-        for rollout in self.gateway.list_rollouts(V1State.RUNNING, limit=100_000):
-            attempt_id = rollout.status.last_attempt_id or FIRST_ATTEMPT
-            key = attempt_key(rollout.rollout_id, attempt_id)
-            live.add(key)
-            self._repair(rollout, attempt_id, key, inflight.get(key), now)
-        for key, recorded in inflight.items():  # slots held by v1 attempts no running rollout waits for
-            stale = key.startswith("v1-") and key not in live and now - recorded > self.settings.max_queue_wait_s
-            if stale and not self.redis.exists(keys.lease(key)):
+        running = {
+            attempt_key(r.rollout_id, r.status.last_attempt_id or FIRST_ATTEMPT): r
+            for r in self.gateway.list_rollouts(V1State.RUNNING, limit=100_000)
+        }
+        ours = set(running) | {key for key in inflight if key.startswith("v1-")}
+        facts = capacity.executions(self.redis, ours)  # leases, started and done markers: one round trip
+        kept = dict(zip(running, self.redis.mget([keys.v1_result(k) for k in running]), strict=True)) if running else {}
+        for key, rollout in running.items():
+            self._repair(rollout, key, facts[key], kept[key], inflight.get(key), now)
+        for key in ours - set(running):  # slots held by v1 attempts no running rollout waits for
+            if now - inflight[key] > self.settings.max_queue_wait_s and not facts[key].leased:
                 capacity.clear_inflight(self.redis, self.scope, self.queue, key)
                 capacity.notify_freed(self.redis, self.scope, self.queue)
-        self._suspects = {k: v for k, v in self._suspects.items() if k in live}
+        self._suspects = {k: v for k, v in self._suspects.items() if k in running}
 
-    def _repair(self, rollout: V1Rollout, attempt_id: str, key: str, published: float | None, now: float) -> None:
-        rid = rollout.rollout_id
-        kept = self.redis.get(keys.v1_result(key))
+    def _repair(
+        self,
+        rollout: V1Rollout,
+        key: str,
+        fact: capacity.Execution,
+        kept: bytes | str | None,
+        published: float | None,
+        now: float,
+    ) -> None:
+        rid, attempt_id = rollout.rollout_id, rollout.status.last_attempt_id or FIRST_ATTEMPT
         if kept is not None:
             self._apply(rollout, attempt_id, key, kept)
             return
-        if self.redis.exists(keys.lease(key)) or self.redis.exists(keys.done(key)):
+        if fact.leased or fact.done:
             self._suspects.pop(key, None)
             return
-        if not self.redis.exists(keys.started(key)):
+        if not fact.started:
             if published is not None and now - published < self.settings.max_queue_wait_s + self.confirm_s:
                 return  # waiting in the broker for a worker
             log.warning("[v1 rollout=%s attempt=%s] its message never started: publishing it again", rid, attempt_id)
@@ -202,6 +208,7 @@ class V1Dispatcher:
             return
         self._fail(
             rid,
+            attempt_id,
             f"the worker running attempt {attempt_id} was lost "
             f"(AGL_V1_MAX_RERUNS={self.settings.agl_v1_max_reruns} re-runs used)",
         )

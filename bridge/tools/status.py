@@ -136,8 +136,10 @@ def _broker_part(settings: Settings, client: redis.Redis) -> tuple[dict[str, Any
             entry = workers.setdefault(worker, {"name": worker, "queues": [], "slots": 0, "active": []})
             entry["queues"].append(queue)
             entry["slots"] += int(slots or 0)
-        for worker, entry in workers.items():
-            entry["stuck_threads"] = int(client.get(keys.worker_stuck(scope, worker)) or 0)
+        names = list(workers)
+        stuck = client.mget([keys.worker_stuck(scope, name) for name in names]) if names else []
+        for name, count in zip(names, stuck, strict=True):
+            workers[name]["stuck_threads"] = int(count or 0)
         held, unserved = capacity.read_held(client, scope)
         part["unserved"] = unserved
         queues = set(settings.all_queues()) | {q for w in workers.values() for q in w["queues"]} | set(held)

@@ -23,7 +23,7 @@ import pytest
 from bridge.tools.agl_v1_env import start_gateway, start_v1_dispatcher, v1_virtualenv
 from bridge.tools.procs import ManagedProcess, StackError, free_port
 from bridge.tools.stack import LocalStack
-from tests.helpers import split_tasks, stack_for, wait_for
+from tests.helpers import process_alive, split_tasks, stack_for, wait_for
 from tests.prerequisites import missing
 from workers.agents import webshop_program
 
@@ -148,7 +148,7 @@ def test_a_sleeping_agent_fails_at_its_timeout_with_its_processes_gone(v1: V1Sta
     assert time.monotonic() - started < 40
     pids = [int(p) for p in pid_file.read_text().split()]
     assert len(pids) == 2  # the program and a child of its own: the whole group goes
-    wait_for(lambda: not any(_alive(pid) for pid in pids), 10, "the agent's processes gone")
+    wait_for(lambda: not any(process_alive(pid) for pid in pids), 10, "the agent's processes gone")
 
 
 def test_a_dispatcher_killed_and_restarted_mid_run_loses_nothing_and_runs_nothing_twice(v1: V1Stack) -> None:
@@ -194,14 +194,3 @@ def _kill(process: ManagedProcess) -> None:
     os.killpg(process.pid or 0, signal.SIGKILL)
     assert process.proc is not None
     process.proc.wait(10)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is gone for our purpose
-        return "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]
-    except OSError:
-        return False

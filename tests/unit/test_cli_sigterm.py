@@ -3,13 +3,14 @@ Ctrl-C: the bench, chaos and cluster tools start a Store, stand-ins and workers 
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
 import textwrap
 import time
 from pathlib import Path
+
+from tests.helpers import process_alive
 
 TOOL = '''
 """A tool that starts one child the way every tool does, then waits to be stopped."""
@@ -38,14 +39,6 @@ def main(args):
 '''
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def test_sigterm_stops_a_tool_and_the_processes_it_started(tmp_path: Path) -> None:
     (tmp_path / "sleeper_tool.py").write_text(TOOL)
     marker = tmp_path / "child.pid"
@@ -65,13 +58,13 @@ def test_sigterm_stops_a_tool_and_the_processes_it_started(tmp_path: Path) -> No
             assert time.monotonic() < deadline and tool.poll() is None, "the tool did not start its child"
             time.sleep(0.05)
         child = int(marker.read_text())
-        assert _alive(child)
+        assert process_alive(child)
         tool.send_signal(signal.SIGTERM)
         assert tool.wait(timeout=30) == 130  # unwound as on Ctrl-C
         deadline = time.monotonic() + 10
-        while _alive(child) and time.monotonic() < deadline:
+        while process_alive(child) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not _alive(child)
+        assert not process_alive(child)
     finally:
         if tool.poll() is None:
             tool.kill()
