@@ -143,9 +143,9 @@ def test_a_crashing_agent_fails_with_its_error(v1: V1Stack) -> None:
 def test_a_sleeping_agent_fails_at_its_timeout_with_its_processes_gone(v1: V1Stack, tmp_path: Path) -> None:
     pid_file = tmp_path / "pids"
     started = time.monotonic()
-    [rollout] = v1.train("Sleeping", [{"pid_file": str(pid_file)}], {"PID_FILE": "input.pid_file"}, timeout_s=3)
-    assert rollout["state"] == "failed" and "timed out after 3s" in rollout["error"], rollout
-    assert time.monotonic() - started < 40
+    [rollout] = v1.train("Sleeping", [{"pid_file": str(pid_file)}], {"PID_FILE": "input.pid_file"}, timeout_s=10)
+    assert rollout["state"] == "failed" and "timed out after 10s" in rollout["error"], rollout
+    assert time.monotonic() - started < 60
     pids = [int(p) for p in pid_file.read_text().split()]
     assert len(pids) == 2  # the program and a child of its own: the whole group goes
     wait_for(lambda: not any(process_alive(pid) for pid in pids), 10, "the agent's processes gone")
