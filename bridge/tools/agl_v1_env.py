@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 import redis
@@ -20,6 +22,8 @@ from bridge.tools.procs import ManagedProcess, StackError, free_port, http_ok
 from bridge.tools.stack import LocalStack
 
 AGL_V1_REQUIREMENT = "agentlightning==1.0.0"
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+TRAINER = Path(__file__).with_name("agl_v1_trainer.py")
 GATEWAY_MODEL = "stand-in"  # the model name the gateway forces on every proxied request
 
 
@@ -43,19 +47,30 @@ def v1_virtualenv(cache: Path | None = None) -> Path:
     """The virtualenv with Agent Lightning 1.0 (``$AGL_V1_WHEEL`` if set, else ``AGL_V1_REQUIREMENT`` from the
     package index) and numpy, built once under ``cache`` and reused; concurrent callers wait for one build.
     StackError says why it cannot be built."""
+    return _virtualenv("agl-v1-venv", [], cache)
+
+
+def v1_project_virtualenv(cache: Path | None = None) -> Path:
+    """``v1_virtualenv`` plus this project (editable): where 1.0's own ``agl-controller`` can start this project's
+    agent programs (its ``local`` runner starts them with its own interpreter). Built once, like it."""
+    return _virtualenv("agl-v1-project-venv", ["-e", str(PROJECT_ROOT)], cache)
+
+
+def _virtualenv(name: str, extra: list[str], cache: Path | None) -> Path:
     python = find_python312()
     if python is None:
         raise StackError("no Python >= 3.12 found (set PYTHON312): Agent Lightning 1.0 needs it")
     root = cache or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "agl-celery-bridge"
     root.mkdir(parents=True, exist_ok=True)
-    venv = root / "agl-v1-venv"
-    with (root / "agl-v1-venv.lock").open("w") as lock:
+    venv = root / name
+    with (root / f"{name}.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (venv / "ready").exists():
             return venv
         shutil.rmtree(venv, ignore_errors=True)
         package = os.environ.get("AGL_V1_WHEEL") or AGL_V1_REQUIREMENT
-        for argv in ([python, "-m", "venv", str(venv)], [str(venv / "bin/pip"), "install", "-q", package, "numpy"]):
+        pip = [str(venv / "bin/pip"), "install", "-q", package, "numpy", *extra]
+        for argv in ([python, "-m", "venv", str(venv)], pip):
             done = subprocess.run(argv, capture_output=True, text=True, timeout=900)
             if done.returncode != 0:
                 raise StackError(
@@ -95,3 +110,37 @@ def start_v1_dispatcher(
 
     argv = [sys.executable, "-m", "bridge", "v1", "--server", gateway_url, "--key", key]
     return stack.spawn(name, argv, leading, timeout=60, waiting_for="the 1.0 dispatch lock")
+
+
+def train(venv: Path, spec: dict[str, Any], timeout_s: float = 240.0) -> list[dict[str, Any]]:
+    """Run 1.0's trainer client (``bridge.tools.agl_v1_trainer``) on ``spec``: one dict per finished rollout.
+    StackError with its stderr if it fails."""
+    done = subprocess.run(
+        [str(venv / "bin/python"), str(TRAINER), json.dumps(spec)], capture_output=True, text=True, timeout=timeout_s
+    )
+    if done.returncode != 0:
+        raise StackError(f"1.0's trainer client failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+def start_local_controller(
+    stack: LocalStack,
+    venv: Path,
+    gateway_url: str,
+    *,
+    key: str,
+    slots: int,
+    poll_s: float,
+    name: str = "agl-controller",
+) -> ManagedProcess:
+    """1.0's own ``agl-controller runner_type=local`` (``slots`` subprocesses, polling every ``poll_s``) with the
+    stack's environment, so its agent programs reach the same WebShop server; up once its reconciler runs."""
+    log_path = stack.log_dir / f"{name}.log"
+    argv = [str(venv / "bin/agl-controller"), "runner_type=local", f"agl_server.url={gateway_url}"]
+    argv += [f"agl_server.key={key}", f"local_runner.maximum_size={slots}", f"local_runner.poll_interval={poll_s}"]
+    argv += [f"hydra.run.dir={stack.log_dir / f'{name}-hydra'}"]
+
+    def running() -> bool:
+        return log_path.exists() and "LocalReconciler starting" in log_path.read_text(errors="replace")
+
+    return stack.spawn(name, argv, running, timeout=60, waiting_for="its reconciler")

@@ -7,7 +7,7 @@ terminal carries no colour codes and no line wrapping: a captured table stays on
 from __future__ import annotations
 
 import io
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TextIO
 
 from rich.console import Console, RenderableType
@@ -51,4 +51,14 @@ def key_value_table(rows: Iterable[tuple[str, object]], title: str | None = None
     table.add_column("value", overflow="fold")
     for label, value in rows:
         table.add_row(cell(label), cell(value))
+    return table
+
+
+def rows_table(rows: Iterable[Mapping[str, object]], columns: Mapping[str, str]) -> Table:
+    """One row per mapping, one column per ``columns`` key (its value is the header)."""
+    table = Table(box=None, pad_edge=False)
+    for header in columns.values():
+        table.add_column(header, overflow="fold")
+    for row in rows:
+        table.add_row(*(cell(row.get(key)) for key in columns))
     return table

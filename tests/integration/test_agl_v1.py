@@ -6,10 +6,8 @@ ids). The agent programs are ``tests/agl_v1_agents.py``.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from bridge.tools.agl_v1_env import start_gateway, start_v1_dispatcher, v1_virtualenv
+from bridge.tools.agl_v1_env import start_gateway, start_v1_dispatcher, train, v1_virtualenv
 from bridge.tools.procs import ManagedProcess, StackError, free_port
 from bridge.tools.stack import LocalStack
 from tests.helpers import process_alive, split_tasks, stack_for, wait_for
@@ -54,14 +52,7 @@ class V1Stack:
             "timeout_s": timeout_s,
             "tasks": tasks,
         }
-        done = subprocess.run(
-            [str(self.venv / "bin/python"), str(ROOT / "tests/agl_v1_trainer.py"), json.dumps(spec)],
-            capture_output=True,
-            text=True,
-            timeout=240,
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
-        return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+        return train(self.venv, spec)
 
     def train_during(self, fault: Callable[[], None], agent: str, tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """``train`` SlowReward-style tasks while ``fault`` runs beside it."""

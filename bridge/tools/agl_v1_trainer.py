@@ -1,9 +1,10 @@
-"""Agent Lightning 1.0's own trainer client, run under the 1.0 virtualenv (``bridge.tools.agl_v1_env``): registers
-the gateway's model, enqueues one rollout per task and waits for all of them, as verl's trainer does, then prints
-one JSON line per completed rollout.
+"""Agent Lightning 1.0's own trainer client, run under the 1.0 virtualenv (``bridge.tools.agl_v1_env.train``):
+registers the gateway's model, enqueues one rollout per task and waits for all of them, as verl's trainer does,
+then prints one JSON line per completed rollout (with the gateway's enqueue, running and finished times).
 
-Usage: ``python tests/agl_v1_trainer.py '<json>'`` with ``gateway``, ``key``, ``model_endpoint``,
-``agent_class``, ``env_map``, ``timeout_s`` and ``tasks`` (a list of dicts, the rollouts' inputs).
+Usage: ``python -m bridge.tools.agl_v1_trainer '<json>'`` with ``gateway``, ``key``, ``model_endpoint``,
+``agent_class``, ``env_map``, ``timeout_s`` and ``tasks`` (a list of dicts, the rollouts' inputs). Never
+imported by this project's runtime: it needs agentlightning 1.0.
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ def main() -> None:
                     "prompt_tokens": [len(t.prompt["token_ids"]) for t in done.triplets],
                     "reward_events": sum(e["event_type"] == "reward" for e in done.events),
                     "attempts": sorted({e["attempt_id"] for e in done.events}),
+                    "enqueued_at": done.enqueue_time,
+                    "running_at": done.running_at,
+                    "finished_at": done.finished_at,
                 }
             ),
             flush=True,
