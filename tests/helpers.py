@@ -42,7 +42,7 @@ TEST_REDIS_URL = redis_for_tests.url()  # this process's own database or server 
 def drop_adverts(client: redis.Redis, scope: str, queue: str) -> list[str]:
     """Remove every slot advert on ``queue`` of deployment ``scope`` and its node listing (a test's own queue);
     the nodes it had."""
-    nodes = [node.decode() for node in client.zrange(keys.capacity_nodes(scope, queue), 0, -1)]
+    nodes: list[str] = client.zrange(keys.capacity_nodes(scope, queue), 0, -1)
     client.delete(keys.capacity_nodes(scope, queue), *[keys.capacity(scope, queue, node) for node in nodes])
     return nodes
 

@@ -173,17 +173,15 @@ def _member(attempt: Attempt) -> str:
     return f"{attempt[0]} {attempt[1]}"
 
 
-def _attempt(raw: bytes | str) -> Attempt | None:
-    text = raw.decode() if isinstance(raw, bytes) else raw
-    rollout_id, _, attempt_id = text.partition(" ")
+def _attempt(raw: str) -> Attempt | None:
+    rollout_id, _, attempt_id = raw.partition(" ")
     return (rollout_id, attempt_id) if rollout_id and attempt_id else None
 
 
-def _parse(raw: bytes | str | None) -> Verdict | None:
+def _parse(raw: str | None) -> Verdict | None:
     if raw is None:
         return None
-    text = raw.decode() if isinstance(raw, bytes) else raw
-    stamp, _, reason = text.partition(" ")
+    stamp, _, reason = raw.partition(" ")
     try:
         store_time = float(stamp)
     except ValueError:

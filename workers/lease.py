@@ -11,7 +11,8 @@ Public API, small because ``workers.execution``, ``workers.fencing``, ``workers.
 share it:
 ``Lease.claim``, ``Lease.renew`` (bool), ``Lease.release``, ``Lease.remaining_s``, ``Lease.holder``,
 ``Lease.valid_until`` (monotonic time up to which our lease is known to be live), ``renew_all`` (every
-lease of a process in one round trip), ``mark_done`` and ``free_slot``.
+lease of a process in one round trip), ``mark_done`` and ``free_slot``. Each takes a coordination client
+(``bridge.core.coordination``), whose answers are ``str``.
 """
 
 from __future__ import annotations
@@ -151,13 +152,12 @@ class Lease:
             self.ttl_ms,
             max(1, int(self.started_ttl_s)),
         )
-        text = _text(value) or ""
         if int(code) == 0:
-            return Claim(False, done_status=text)
+            return Claim(False, done_status=value)
         if int(code) == 2:
-            self.token = _text(token) or self.token
+            self.token = token or self.token
             self.valid_until = sent + self.ttl_s
-        return Claim(int(code) == 2, first_start=text == "1")
+        return Claim(int(code) == 2, first_start=value == "1")
 
     def renew(self) -> bool:
         """Extend the lease if the attempt is still ours and unreported; False means stop without writing.
@@ -186,7 +186,7 @@ class Lease:
         return max(0.0, ttl_ms / 1000.0)
 
     def holder(self) -> str | None:
-        return _text(self._client.get(self.key))
+        return self._client.get(self.key)
 
 
 def renew_all(client: redis.Redis, leases: Sequence[Lease]) -> list[Renewal]:
@@ -220,9 +220,3 @@ def free_slot(client: redis.Redis, scope: str, queue: str, attempt_id: str, toke
     """
     inflight = keys.inflight(scope, queue)
     return bool(client.eval(_FREE_SLOT, 2, inflight, keys.lease(attempt_id), attempt_id, token or ""))
-
-
-def _text(value: object) -> str | None:
-    if value is None:
-        return None
-    return value.decode() if isinstance(value, bytes) else str(value)

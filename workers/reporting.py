@@ -74,7 +74,7 @@ class PendingReport:
     @classmethod
     def from_json(cls, raw: object) -> PendingReport | None:
         """The kept report, or None when there is none (or it is unreadable: then the attempt is judged anew)."""
-        if not isinstance(raw, (bytes, str)):
+        if not isinstance(raw, str):
             return None
         try:
             data = json.loads(raw)

@@ -7,7 +7,8 @@ scanning the keyspace; the bridge records every attempt it publishes in a per-qu
 worker clears when the task ends. ``SlotView.rooms`` places the in-flight attempts on the nodes as a maximum
 flow would, so a node's slots count once however many queues it consumes and an over-full queue's room is
 negative, never a floored 0. Every function takes the deployment's ``scope`` (a digest of the Store's URL),
-so deployments sharing a Redis never count each other's slots. Why: docs/architecture.md, "One rollout, hop
+so deployments sharing a Redis never count each other's slots; every ``client`` is a coordination client
+(``bridge.core.coordination``), whose answers are ``str``. Why: docs/architecture.md, "One rollout, hop
 by hop" (1) and "Design choices"; figures: docs/performance.md, "The bridge read the workers' slots by
 walking Redis's whole keyspace".
 """
@@ -68,7 +69,7 @@ def _advertised(client: redis.Redis, scope: str, queues: list[str]) -> tuple[lis
         pipe.zcard(keys.inflight(scope, queue))
     answers = pipe.execute()
     inflight = [int(answers[2 * i + 1]) for i in range(len(queues))]
-    listed = [(queue, _text(node) or "") for i, queue in enumerate(queues) for node in answers[2 * i]]
+    listed = [(queue, node) for i, queue in enumerate(queues) for node in answers[2 * i]]
     if not listed:
         return [], inflight
     values = client.mget([keys.capacity(scope, queue, node) for queue, node in listed])
@@ -93,7 +94,7 @@ def inflight_count(client: redis.Redis, scope: str, queue: str) -> int:
 
 
 def inflight_ids(client: redis.Redis, scope: str, queue: str) -> set[str]:
-    return {_text(m) or "" for m in client.zrange(keys.inflight(scope, queue), 0, -1)}
+    return set(client.zrange(keys.inflight(scope, queue), 0, -1))
 
 
 @dataclass(frozen=True)
@@ -120,19 +121,14 @@ def executions(client: redis.Redis, attempt_ids: Iterable[str]) -> dict[str, Exe
         pipe.get(keys.done(aid))
     answers = pipe.execute()
     return {
-        aid: Execution(bool(answers[3 * i]), bool(answers[3 * i + 1]), _text(answers[3 * i + 2]))
-        for i, aid in enumerate(ids)
+        aid: Execution(bool(answers[3 * i]), bool(answers[3 * i + 1]), answers[3 * i + 2]) for i, aid in enumerate(ids)
     }
-
-
-def _text(value: bytes | str | None) -> str | None:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def inflight_entries(client: redis.Redis, scope: str, queue: str) -> dict[str, float]:
     """Attempt id -> when it was recorded in flight (epoch seconds)."""
     entries = client.zrange(keys.inflight(scope, queue), 0, -1, withscores=True)
-    return {_text(m) or "": float(score) for m, score in entries}
+    return {m: float(score) for m, score in entries}
 
 
 def oldest_inflight_age(client: redis.Redis, scope: str, queue: str) -> float | None:
@@ -147,7 +143,7 @@ def prune_stale(client: redis.Redis, scope: str, queue: str, max_age_s: float) -
     if stale:
         client.zremrangebyscore(keys.inflight(scope, queue), "-inf", cutoff)
         log.warning("dropped %d stale in-flight entries on queue %s", len(stale), queue)
-    return [m.decode() if isinstance(m, bytes) else str(m) for m in stale]
+    return list(stale)
 
 
 @dataclass(frozen=True)
@@ -197,7 +193,7 @@ def record_held(client: redis.Redis, scope: str, held: dict[str, int], served: s
 
 def read_held(client: redis.Redis, scope: str) -> tuple[dict[str, int], list[str]]:
     """What ``record_held`` wrote: held rollouts per queue, and the held queues nobody consumes."""
-    raw = {_text(k) or "": _text(v) or "" for k, v in client.hgetall(keys.bridge_held(scope)).items()}
+    raw: dict[str, str] = client.hgetall(keys.bridge_held(scope))
     held = {k.removeprefix("queue:"): int(v) for k, v in raw.items() if k.startswith("queue:")}
     return held, [q for q in raw.get("unserved", "").split(",") if q]
 
@@ -250,8 +246,7 @@ def listed_scopes(client: redis.Redis, queues: Iterable[str]) -> set[str]:
     for queue in queues:
         head, tail = keys.capacity_nodes("\n", queue).split("\n")
         for name in client.scan_iter(match=f"{head}*{tail}", count=1000):
-            text = _text(name) or ""
-            scope = text[len(head) : len(text) - len(tail)]
+            scope = name[len(head) : len(name) - len(tail)]
             if scope and ":" not in scope:
                 found.add(scope)
     return found
@@ -263,6 +258,4 @@ def advertised_agents(client: redis.Redis, scope: str, queues: list[str]) -> dic
     if not nodes:
         return {}
     values = client.mget([keys.worker_agent(scope, node) for node in nodes])
-    return {
-        node: (value.decode() if isinstance(value, bytes) else value) for node, value in zip(nodes, values, strict=True)
-    }
+    return dict(zip(nodes, values, strict=True))

@@ -6,9 +6,15 @@ that moves coordination off the broker changes one setting, not every caller.
 
 Deployments may share that Redis: the keys that hold one deployment's state carry its scope
 (``deployment_scope``, a digest of its Store's URL; ``bridge.core.keys``), derived here and nowhere else.
+
+Its answers are ``str``, never ``bytes`` (``decode_responses``): every coordination key holds text (attempt ids,
+node names, tokens, numbers, JSON), nothing binary. ``coordination_client`` is the one constructor, for the
+processes here and for the tools and tests that read the same keys.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import redis
 
@@ -23,12 +29,19 @@ def coordination_redis(settings: Settings, *, timeout_s: float = 5.0, connect_ti
     """
     url = settings.coordination_url
     tls.warn_if_insecure(settings)
-    return redis.Redis.from_url(
+    return coordination_client(
         url,
         socket_timeout=timeout_s,
         socket_connect_timeout=connect_timeout_s,
         **tls.redis_client_options(url, settings),
     )
+
+
+def coordination_client(url: str, **options: Any) -> redis.Redis:
+    """A client of the coordination Redis at ``url`` whose answers are ``str`` (``decode_responses``); ``options``
+    go to ``redis.Redis.from_url``. Every function that reads coordination keys (``bridge.core.capacity``,
+    ``workers.lease``, ...) expects such a client; Celery's broker and result-backend clients are not this."""
+    return redis.Redis.from_url(url, decode_responses=True, **options)
 
 
 def deployment_scope(settings: Settings) -> str:

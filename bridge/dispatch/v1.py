@@ -172,7 +172,7 @@ class V1Dispatcher:
         rollout: V1Rollout,
         key: str,
         fact: capacity.Execution,
-        kept: bytes | str | None,
+        kept: str | None,
         published: float | None,
         now: float,
     ) -> None:
@@ -213,7 +213,7 @@ class V1Dispatcher:
             f"(AGL_V1_MAX_RERUNS={self.settings.agl_v1_max_reruns} re-runs used)",
         )
 
-    def _apply(self, rollout: V1Rollout, attempt_id: str, key: str, kept: bytes | str) -> None:
+    def _apply(self, rollout: V1Rollout, attempt_id: str, key: str, kept: str) -> None:
         """An outcome the worker could not send: set it now (current attempt only), then drop it."""
         data: dict[str, Any] = json.loads(kept)
         state, detail = V1State(data["state"]), str(data.get("detail", ""))

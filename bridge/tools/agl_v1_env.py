@@ -18,6 +18,7 @@ import httpx
 import redis
 
 from bridge.core import keys
+from bridge.core.coordination import coordination_client
 from bridge.tools.procs import ManagedProcess, StackError, free_port, http_ok
 from bridge.tools.stack import LocalStack
 
@@ -101,7 +102,7 @@ def start_v1_dispatcher(
 ) -> ManagedProcess:
     """``python -m bridge v1`` with the stack's environment; up once it holds its leader lock."""
     lock_key = keys.bridge_leader(f"{stack.scope}:v1")
-    client = redis.Redis.from_url(stack.redis_url or stack.broker_url, socket_timeout=2)
+    client = coordination_client(stack.redis_url or stack.broker_url, socket_timeout=2)
 
     def leading() -> bool:
         with contextlib.suppress(redis.RedisError):

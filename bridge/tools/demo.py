@@ -27,6 +27,7 @@ from rich.progress import Progress as RichProgress
 from rich.table import Table
 
 from bridge.core import capacity
+from bridge.core.coordination import coordination_client
 from bridge.core.errors import MissingSetting
 from bridge.core.models import FINISHED_ROLLOUT, AttemptedRollout, Rollout, RolloutStatus
 from bridge.core.redact import redact_url
@@ -74,11 +75,11 @@ def main(args: argparse.Namespace) -> int:
             say(f"error: the stack did not start: {exc}")
             return 1
         store = StoreClient(stack.store_url, timeout_s=30.0, retries=3)
-        broker = redis.Redis.from_url(stack.redis_url or stack.broker_url, socket_timeout=5)  # coordination
+        coordination = coordination_client(stack.redis_url or stack.broker_url, socket_timeout=5)
         rollout_ids = _enqueue(store, args.rollouts, args.split)
         say(f"enqueued {len(rollout_ids)} rollouts from the WebShop {args.split} split")
         started = time.time()
-        finished = _follow(store, broker, stack.scope, settings.all_queues(), rollout_ids, started, args.timeout)
+        finished = _follow(store, coordination, stack.scope, settings.all_queues(), rollout_ids, started, args.timeout)
         summary = _summary(store, rollout_ids, finished, time.time() - started, stack)
         show(render(summary), sys.stdout)
         if args.json:
@@ -164,7 +165,7 @@ def _enqueue(store: StoreClient, count: int, split: str) -> list[str]:
 
 def _follow(
     store: StoreClient,
-    broker: redis.Redis,
+    coordination: redis.Redis,
     scope: str,
     queues: list[str],
     ids: list[str],
@@ -178,7 +179,7 @@ def _follow(
 
     def show(finished: Mapping[str, str]) -> None:
         try:
-            in_flight = sum(capacity.inflight_count(broker, scope, q) for q in queues)
+            in_flight = sum(capacity.inflight_count(coordination, scope, q) for q in queues)
         except redis.RedisError:
             in_flight = -1
         progress.update(finished, in_flight)

@@ -19,6 +19,7 @@ from pathlib import Path
 import redis
 
 from bridge.core import keys
+from bridge.core.coordination import coordination_client
 from bridge.core.redact import redact_url
 from bridge.core.store import API
 from bridge.tools.procs import (
@@ -278,7 +279,7 @@ class LocalStack:
     def _worker_advertised(self, hostname: str) -> bool:
         """The worker's slot key exists: it is consuming, and the bridge counts its slots (``bridge.core.capacity``)."""
         try:
-            client = redis.Redis.from_url(self.redis_url or self.broker_url, socket_timeout=1)
+            client = coordination_client(self.redis_url or self.broker_url, socket_timeout=1)
             return any(True for _ in client.scan_iter(match=keys.worker_capacity_pattern(self.scope, hostname)))
         except redis.RedisError:
             return False
@@ -323,7 +324,7 @@ class LocalStack:
         restarted bridge passes once it took over. The lock is this stack's Store's: a bridge of another
         Store on the same Redis leads its own.
         """
-        client = redis.Redis.from_url(self.redis_url or self.broker_url, socket_timeout=1)
+        client = coordination_client(self.redis_url or self.broker_url, socket_timeout=1)
         key = keys.bridge_leader(self.scope)
         try:
             before = client.get(key)

@@ -129,8 +129,7 @@ def _broker_part(settings: Settings, client: redis.Redis) -> tuple[dict[str, Any
     part["scope"] = scope
     try:
         prefix = keys.capacity(scope, "", "").rstrip(":")
-        for key in client.scan_iter(match=f"{prefix}*", count=500):
-            name = key.decode() if isinstance(key, bytes) else str(key)
+        for name in client.scan_iter(match=f"{prefix}*", count=500):
             queue, _, worker = name[len(prefix) :].strip(":").rpartition(":")
             slots = client.get(name)
             entry = workers.setdefault(worker, {"name": worker, "queues": [], "slots": 0, "active": []})

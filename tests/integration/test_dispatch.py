@@ -16,6 +16,7 @@ import pytest
 import redis
 
 from bridge.core import capacity, keys
+from bridge.core.coordination import coordination_client
 from bridge.core.models import AttemptedRollout
 from bridge.core.settings import load_settings
 from bridge.core.store import API, StoreClient
@@ -93,7 +94,7 @@ class _RecordingPublisher:
 def test_reconcile_spares_leased_attempts_and_repairs_the_rest_only_when_confirmed(clean_store: LocalStack) -> None:
     """No `running` mark is sent by workers: a `preparing` attempt an executor holds the lease of is running."""
     settings = load_settings(store_url=clean_store.store_url, broker_url=clean_store.broker_url)
-    client = redis.Redis.from_url(clean_store.broker_url)
+    client = coordination_client(clean_store.broker_url)
     store = StoreClient(clean_store.store_url)
     enqueue(clean_store.store_url, split_tasks(2))
     claimed = store.dequeue(2, settings.dispatcher_id)
@@ -121,7 +122,7 @@ def test_reconcile_frees_in_flight_entries_no_message_carries_and_hands_their_at
     """A bridge killed between recording the slot and the broker taking the message (or a failed publish
     whose clean-up failed too) leaves an in-flight entry with no message, no started marker, no lease."""
     settings = load_settings(store_url=clean_store.store_url, broker_url=clean_store.broker_url)
-    client = redis.Redis.from_url(clean_store.broker_url)
+    client = coordination_client(clean_store.broker_url)
     store = StoreClient(clean_store.store_url)
     queue, old = settings.default_queue, time.time() - settings.max_queue_wait_s - 5
     enqueue(clean_store.store_url, split_tasks(4))
@@ -193,7 +194,7 @@ def test_the_bridge_warns_at_start_when_online_workers_run_another_agent(
     """A bridge left at the built-in agent beside LitAgent workers (or the reverse) says so when it starts."""
     from bridge.dispatch.service import _warn_about_other_agents
 
-    client = redis.Redis.from_url(clean_store.broker_url)
+    client = coordination_client(clean_store.broker_url)
     nodes = {f"celery@test-{uuid.uuid4().hex[:6]}": agent for agent in ("pkg.agents:CalcAgent", "webshop")}
     try:
         for node, agent in nodes.items():

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-import redis
 
 from bridge.core import handback
+from bridge.core.coordination import coordination_client
 from bridge.core.settings import load_settings
 from bridge.core.store import API, StoreClient
 from bridge.tools import status
@@ -75,7 +75,7 @@ def test_an_unserved_queue_never_stalls_the_others_and_a_held_rollout_cancelled_
             store_url=stack.store_url, broker_url=stack.broker_url, queue_by_mode=QUEUE_ENV["QUEUE_BY_MODE"]
         )
         with StoreClient.from_settings(settings) as store:
-            report = status.collect(settings, store, redis.Redis.from_url(stack.broker_url), inspect=False)
+            report = status.collect(settings, store, coordination_client(stack.broker_url), inspect=False)
         assert report["broker"]["unserved"] == ["rollouts-val"]
         assert report["broker"]["queues"]["rollouts-val"]["held"] == 2
         assert "no worker consumes queue rollouts-val: the bridge holds 2 rollouts" in status.render(report)

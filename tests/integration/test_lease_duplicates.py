@@ -20,6 +20,7 @@ import redis
 from celery import Celery
 
 from bridge.core import capacity, keys
+from bridge.core.coordination import coordination_client
 from bridge.core.message import TASK_NAME
 from bridge.tools.stack import LocalStack
 from tests.helpers import attempts, enqueue, rollout, slow_episode_stack, split_tasks, wait_finished
@@ -47,14 +48,14 @@ def _wait(predicate: object, timeout_s: float, what: str) -> None:
 
 def _queue_of(client: redis.Redis, scope: str, attempt_id: str) -> str | None:
     for name in client.scan_iter(match=keys.inflight(scope, "*")):
-        queue = (name.decode() if isinstance(name, bytes) else str(name)).removeprefix(keys.inflight(scope, ""))
+        queue = name.removeprefix(keys.inflight(scope, ""))
         if attempt_id in capacity.inflight_ids(client, scope, queue):
             return queue
     return None
 
 
 def test_an_expired_duplicate_of_a_running_attempt_keeps_its_slot(slow_stack: LocalStack) -> None:
-    store, client = slow_stack.store_url, redis.Redis.from_url(slow_stack.broker_url)
+    store, client = slow_stack.store_url, coordination_client(slow_stack.broker_url)
     [rid] = enqueue(store, split_tasks(1))
     _wait(lambda: attempts(store, rid) and attempts(store, rid)[-1]["status"] == "running", 60, "a running attempt")
     view = rollout(store, rid)

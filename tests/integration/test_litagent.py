@@ -20,6 +20,7 @@ import redis
 from celery import Celery
 
 from bridge.core import keys
+from bridge.core.coordination import coordination_client
 from bridge.core.message import TASK_NAME, task_kwargs
 from bridge.core.settings import load_settings
 from bridge.core.store import StoreClient
@@ -235,9 +236,9 @@ def test_a_message_for_another_agent_fails_with_class_agent_naming_both(services
     """The worker compares the message's agent with its own (configured path or class path), imports nothing."""
     stack = _stack(services, tmp_path, f"{AGENTS}:make_float_agent", bridge=False)
     try:
-        client = redis.Redis.from_url(stack.broker_url)
-        [node] = [k.decode() for k in client.scan_iter(match=keys.worker_agent(stack.scope, "*"))]
-        assert client.get(node) == f"{AGENTS}:FloatAgent".encode()
+        client = coordination_client(stack.broker_url)
+        [node] = client.scan_iter(match=keys.worker_agent(stack.scope, "*"))
+        assert client.get(node) == f"{AGENTS}:FloatAgent"
         expected = ["webshop", f"{AGENTS}:AsyncAgent", f"{AGENTS}:FloatAgent", f"{AGENTS}:make_float_agent"]
         enqueue(stack.store_url, [{"question": "q", "reward": 0.5}] * len(expected))
         with StoreClient(stack.store_url) as store:

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 
 from bridge.core import capacity
+from bridge.core.coordination import coordination_client
 from bridge.core.message import TASK_NAME, base_app, task_kwargs
 from bridge.core.settings import load_settings
 from bridge.core.store import StoreClient
@@ -64,7 +64,7 @@ class Sampler:
     """Every 50 ms: in-flight attempts and advertised slots (coordination Redis), ready messages (RabbitMQ)."""
 
     def __init__(self, stack: LocalStack) -> None:
-        self.redis = redis.Redis.from_url(stack.redis_url)
+        self.redis = coordination_client(stack.redis_url)
         self.scope = stack.scope
         self.probe = AmqpQueues(stack.broker_url)
         self.samples: list[tuple[int, int, int]] = []

@@ -30,10 +30,10 @@ from typing import Any
 
 import httpx
 import pytest
-import redis
 from celery import Celery
 
 from bridge.core import keys
+from bridge.core.coordination import coordination_client
 from bridge.core.message import TASK_NAME, task_kwargs
 from bridge.core.store import StoreClient
 from bridge.tools.procs import ManagedProcess
@@ -235,7 +235,7 @@ def test_a_redelivery_after_the_worker_died_delivers_the_kept_report(
         time.sleep(0.05)
     assert faults.paused_at is not None, "the reward span never reached the Store"
     time.sleep(2.0)  # the worker is now retrying its report
-    client = redis.Redis.from_url(stack.broker_url)
+    client = coordination_client(stack.broker_url)
     kept = [key for key in client.scan_iter(match=keys.pending_report("*"))]
     assert len(kept) == 1, "the report was not kept while the Store was away"
     [worker] = stack.workers

@@ -19,6 +19,7 @@ import redis
 from agentlightning.execution.events import ThreadingEvent
 
 from bridge.core import keys
+from bridge.core.coordination import coordination_client
 from bridge.runner import AgentMismatchError, CeleryRunner, RolloutFailedError
 from bridge.tools.stack import LocalStack
 from tests.helpers import attempts, cancel_unfinished, stack_for
@@ -150,7 +151,7 @@ def test_a_failing_step_raises_with_the_workers_error_and_failure_class(cluster:
 def test_a_step_the_store_retries_raises_at_once_when_no_dispatch_loop_runs(cluster: LocalStack) -> None:
     """The Store requeues the failed first attempt; with no loop to dequeue it, step says so instead of
     waiting out the rollout's budget (minutes) for a retry nobody will start."""
-    redis.Redis.from_url(cluster.broker_url).delete(keys.bridge_leader(cluster.scope))
+    coordination_client(cluster.broker_url).delete(keys.bridge_leader(cluster.scope))
     runner = CeleryRunner(broker_url=cluster.broker_url)
     started = time.monotonic()
     with (

@@ -21,6 +21,7 @@ import pytest
 import redis
 
 from bridge.core import capacity, keys
+from bridge.core.coordination import coordination_client
 from bridge.tools.stack import LocalStack, StackConfig
 from tests.helpers import attempts, enqueue, split_tasks, wait_finished, wait_for
 
@@ -111,7 +112,7 @@ def test_two_deployments_on_one_redis_both_lead_and_each_runs_only_its_own_rollo
 ) -> None:
     one = deployment(clean_store, tmp_path, "one", clean_store.store_url)
     two = deployment(clean_store, tmp_path, "two", None)
-    client = redis.Redis.from_url(clean_store.broker_url)
+    client = coordination_client(clean_store.broker_url)
     tasks = split_tasks(ROLLOUTS)
     # Starting the second bridge waits until it holds its own leader lock: with one lock for all it never would.
     with one, two:

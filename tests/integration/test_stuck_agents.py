@@ -17,6 +17,7 @@ import pytest
 import redis
 
 from bridge.core import capacity, keys
+from bridge.core.coordination import coordination_client
 from bridge.core.settings import load_settings
 from bridge.core.store import StoreClient
 from bridge.tools import status
@@ -41,7 +42,7 @@ def test_a_blocking_agent_is_abandoned_counted_and_the_worker_restarts_itself(
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
     }
     stack = stack_for(clean_store, tmp_path, workers=1, concurrency=SLOTS, pool="threads", extra_env=env)
-    client = redis.Redis.from_url(clean_store.broker_url)
+    client = coordination_client(clean_store.broker_url)
     with stack:
         url = stack.store_url
         # 1. At the deadline: failed (timeout) at once, one slot fewer advertised.

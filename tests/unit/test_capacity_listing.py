@@ -64,7 +64,7 @@ def test_a_node_whose_slot_key_expired_is_not_counted_and_a_withdrawn_one_is_unl
     redis_client.delete(keys.capacity(SCOPE, queue, "a@host"))  # as when a dead node's key expires
     assert capacity.read_slots(redis_client, SCOPE, [queue]).nodes == {"b@host": (4, frozenset({queue}))}
     capacity.withdraw(redis_client, SCOPE, "b@host", [queue])
-    assert [n.decode() for n in redis_client.zrange(keys.capacity_nodes(SCOPE, queue), 0, -1)] == ["a@host"]
+    assert redis_client.zrange(keys.capacity_nodes(SCOPE, queue), 0, -1) == ["a@host"]
     assert capacity.read_slots(redis_client, SCOPE, [queue]).nodes == {}
     capacity.advertise(redis_client, SCOPE, "a@host", [queue], 8)  # back: its next advertisement counts again
     assert capacity.total_slots(redis_client, SCOPE, queue) == 8
@@ -76,6 +76,6 @@ def test_nodes_silent_for_the_listing_period_are_dropped_at_the_next_advertiseme
     long_gone = time.time() - capacity.NODE_LISTING_S - 1
     redis_client.zadd(keys.capacity_nodes(SCOPE, queue), {"gone@host": long_gone, "recent@host": time.time() - 60})
     capacity.advertise(redis_client, SCOPE, "a@host", [queue], 2)
-    listed = {n.decode() for n in redis_client.zrange(keys.capacity_nodes(SCOPE, queue), 0, -1)}
+    listed = set(redis_client.zrange(keys.capacity_nodes(SCOPE, queue), 0, -1))
     assert listed == {"recent@host", "a@host"}  # skewed clocks or a pause below the period keep a node listed
     assert 0 < redis_client.ttl(keys.capacity_nodes(SCOPE, queue)) <= capacity.NODE_LISTING_S

@@ -4,8 +4,8 @@ episode time, capped, never without data."""
 from __future__ import annotations
 
 import pytest
-import redis
 
+from bridge.core.coordination import coordination_redis
 from bridge.core.settings import load_settings
 from bridge.dispatch.coalesce import MIN_SAMPLES, SHARE, Coalescer
 from bridge.dispatch.dispatcher import Dispatcher
@@ -91,7 +91,7 @@ def test_the_bridge_backs_off_empty_polls_to_the_longer_of_poll_max_and_the_epis
     every_s: float, longest: float
 ) -> None:
     settings = load_settings(store_url="http://127.0.0.1:1", broker_url="redis://127.0.0.1:1/0")
-    dispatcher = Dispatcher(settings, None, redis.Redis.from_url(settings.broker_url), None)  # type: ignore[arg-type]
+    dispatcher = Dispatcher(settings, None, coordination_redis(settings), None)  # type: ignore[arg-type]
     assert max(_polls(dispatcher, 20)) <= settings.poll_max_s  # no estimate yet
     clock = Clock()
     dispatcher._coalescer = coalescer = Coalescer(settings.coalesce_max_s, clock=clock)

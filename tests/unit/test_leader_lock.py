@@ -17,7 +17,7 @@ def test_a_lapsed_leader_is_replaced_and_never_touches_the_new_leaders_lock(redi
     old, new = LeaderLock(redis_client, "bridge-old", scope=scope), LeaderLock(redis_client, "bridge-new", scope=scope)
     try:
         assert old.ensure() == (True, True)
-        assert redis_client.get(key) == old.token.encode()  # the token names the bridge, for standbys' logs
+        assert redis_client.get(key) == old.token  # the token names the bridge, for standbys' logs
         redis_client.pexpire(key, 50)
         assert old.ensure() == (True, False)  # renewed on its next tick
         assert redis_client.pttl(key) > (LEADER_TTL_S - 1) * 1000
@@ -27,7 +27,7 @@ def test_a_lapsed_leader_is_replaced_and_never_touches_the_new_leaders_lock(redi
         assert new.ensure() == (True, True)
         assert old.ensure() == (False, False) and not old.held  # it notices, and stands by
         old.release()  # a no-op: not ours any more
-        assert redis_client.get(key) == new.token.encode() and dispatching(redis_client, scope)
+        assert redis_client.get(key) == new.token and dispatching(redis_client, scope)
     finally:
         new.release()
         old.release()

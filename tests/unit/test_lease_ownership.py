@@ -78,7 +78,7 @@ def test_a_renewal_after_redis_data_loss_restores_lease_owner_and_started_marker
     # in-flight entry too would look like one the bridge never published.
     assert capacity.executions(redis_client, [attempt])[attempt] == capacity.Execution(True, True, None)
     assert 50 < int(redis_client.ttl(keys.started(attempt))) <= 60
-    assert redis_client.get(keys.owner(attempt)) == lease.token.encode()
+    assert redis_client.get(keys.owner(attempt)) == lease.token
 
 
 def test_after_data_loss_the_later_claim_wins_whoever_renews_first(redis_client: redis.Redis, attempt: str) -> None:

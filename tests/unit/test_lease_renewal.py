@@ -57,7 +57,7 @@ def test_many_leases_stay_alive_while_the_store_is_slow(redis_client: redis.Redi
             for lease in leases:
                 pipe.get(lease.key)
             for lease, holder in zip(leases, pipe.execute(), strict=True):
-                if holder != lease.token.encode():
+                if holder != lease.token:
                     lapses.add(lease.attempt_id)
             time.sleep(0.1)
         assert len(slow_store.paths) >= 2  # the Store was really called, slowly
@@ -115,7 +115,7 @@ def test_the_lease_thread_repairs_redis_data_loss_within_one_interval(
         redis_client.delete(keys.lease(aid), keys.owner(aid), keys.started(aid))  # FLUSHDB, for this attempt
         time.sleep(INTERVAL_S + 0.3)
         # The bridge's reconcile looks at both: a started attempt without a lease is an orphan, a leased one is live.
-        assert redis_client.get(keys.lease(aid)) == lease.token.encode()
+        assert redis_client.get(keys.lease(aid)) == lease.token
         assert redis_client.exists(keys.started(aid), keys.owner(aid)) == 2
         assert watch.stop_reason is None
     finally:

@@ -14,6 +14,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from bridge.core import keys
+from bridge.core.coordination import coordination_client
 from bridge.core.errors import ConfigError, Superseded
 from bridge.core.settings import load_settings
 from tests.helpers import TEST_REDIS_URL
@@ -28,7 +29,7 @@ def test_two_workers_share_one_request_budget(redis_client: redis.Redis) -> None
     """Two limiters (two workers, two connections) on one model draw from the same bucket."""
     model = _model()
     limit = RateLimit(rpm=60, burst_s=2)  # 1 request/s, bucket of 2
-    other = redis.Redis.from_url(TEST_REDIS_URL)
+    other = coordination_client(TEST_REDIS_URL)
     first, second = LLMRateLimiter(redis_client, model, limit), LLMRateLimiter(other, model, limit)
     assert first.acquire() < 0.2
     assert second.acquire() < 0.2

@@ -29,6 +29,7 @@ import agentlightning as agl
 import redis
 
 from bridge.core import capacity, keys
+from bridge.core.coordination import coordination_redis
 from bridge.core.errors import ConfigError
 from bridge.core.settings import load_settings
 from bridge.core.store import StoreClient
@@ -284,7 +285,7 @@ def _direct_dispatcher(queue: str, **overrides: Any) -> Dispatcher:
     settings = load_settings(
         broker_url=TEST_REDIS_URL, default_queue=queue, store_url="http://127.0.0.1:9", **overrides
     )
-    client = redis.Redis.from_url(TEST_REDIS_URL)
+    client = coordination_redis(settings)
     return Dispatcher(settings, StoreClient.from_settings(settings), client, publisher=None)  # type: ignore[arg-type]
 
 

@@ -69,6 +69,7 @@ def test_coordination_is_redis_url_else_a_redis_broker() -> None:
     client = coordination_redis(amqp, timeout_s=2)  # opens no connection until used
     assert client.connection_pool.connection_kwargs["host"] == "redis.example"
     assert client.connection_pool.connection_kwargs["db"] == 3
+    assert client.connection_pool.connection_kwargs["decode_responses"]  # answers are str (bridge.core.coordination)
 
 
 def test_the_consumer_timeout_must_cover_the_hard_limit_and_queue_wait(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -19,6 +19,7 @@ import redis
 from celery import Celery
 
 from bridge.core import capacity
+from bridge.core.coordination import coordination_client
 from bridge.core.message import base_app
 from bridge.core.models import ACTIVE_ROLLOUT, FINISHED_ROLLOUT, Attempt, AttemptedRollout, AttemptStatus
 from bridge.core.settings import load_settings
@@ -87,7 +88,7 @@ class ChaosRun:
         self.stack = stack
         self.rollout_ids = rollout_ids
         self.store = StoreClient(stack.store_url, retries=3, timeout_s=20)
-        self.redis = redis.Redis.from_url(stack.redis_url or stack.broker_url, socket_timeout=2)  # coordination
+        self.redis = coordination_client(stack.redis_url or stack.broker_url, socket_timeout=2)
         self.first_final: dict[str, str] = {}  # rollout id -> the first finished status seen
         self.flipped: set[str] = set()
         self.latest: dict[str, AttemptedRollout] = {}
