@@ -27,10 +27,9 @@ from rich.progress import Progress as RichProgress
 from rich.table import Table
 
 from bridge.core import capacity
-from bridge.core.errors import MissingSetting
 from bridge.core.models import FINISHED_ROLLOUT, AttemptedRollout, Rollout, RolloutStatus
 from bridge.core.redact import redact_url
-from bridge.core.settings import Settings, env_name, load_settings
+from bridge.core.settings import Settings, load_settings
 from bridge.core.store import API, StoreClient
 from bridge.tools.procs import StackError, http_ok, redis_answers
 from bridge.tools.rabbitmq import amqp_answers, is_amqp_url
@@ -39,7 +38,6 @@ from bridge.tools.rollouts import store_poll, wait_for_rollouts
 from bridge.tools.stack import LocalStack, StackConfig
 from bridge.tools.stats import percentile, rounded
 
-_PLACEHOLDER_STORE = "http://127.0.0.1:9"
 _CHUNK = 200
 _PLAIN_EVERY_S = 5.0
 
@@ -62,8 +60,8 @@ def main(args: argparse.Namespace) -> int:
     if args.rollouts < 1 or args.workers < 1 or args.concurrency < 1:
         print("error: --rollouts, --workers and --concurrency must be at least 1", file=sys.stderr)
         return 2
-    settings, store_configured = _settings()
-    stack = LocalStack(_stack_config(settings, store_configured, args))
+    settings = load_settings()
+    stack = LocalStack(_stack_config(settings, args))
     say(f"logs of every process: {stack.log_dir}")
     rollout_ids: list[str] = []
     store: StoreClient | None = None
@@ -102,24 +100,14 @@ def main(args: argparse.Namespace) -> int:
 # --- configuration --------------------------------------------------------------------------------
 
 
-def _settings() -> tuple[Settings, bool]:
-    """The settings, tolerating a missing Store URL (the demo starts a Store then); a bad value still stops us."""
-    try:
-        return load_settings(), True
-    except MissingSetting as exc:
-        if exc.setting != env_name("store_url"):
-            raise
-    return load_settings(store_url=_PLACEHOLDER_STORE), False
-
-
-def _stack_config(settings: Settings, store_configured: bool, args: argparse.Namespace) -> StackConfig:
+def _stack_config(settings: Settings, args: argparse.Namespace) -> StackConfig:
     """Configured URLs that answer are used; configured ones that do not are reported, then replaced."""
     chosen = settings.model_fields_set
     broker = settings.broker_url if "broker_url" in chosen else None
     if broker and not (amqp_answers(broker) if is_amqp_url(broker) else redis_answers(broker)):
         say(f"CELERY_BROKER_URL={redact_url(broker)} does not answer; starting a local Redis instead")
         broker = None
-    store = settings.store_base if store_configured else None
+    store = settings.store_base if settings.store_url is not None else None
     if store and not http_ok(f"{store}{API}/health", {"status": "ok"}):
         say(f"AGENT_LIGHTNING_STORE_URL={redact_url(store)} does not answer; starting `agl store` instead")
         store = None
