@@ -78,7 +78,9 @@ Reads the rollouts queuing on the 1.0 gateway (AGL_V1_SERVER_URL), publishes eac
 `workers.run_v1_rollout`, only as many as the workers have free slots, and reconciles until each ends: a
 worker lost mid-run means the rollout runs again once under a new attempt id (AGL_V1_MAX_RERUNS). The same
 `celery -A workers worker` processes serve it beside 0.3's bridge; give it their settings (broker, Redis,
-AGENT_LIGHTNING_STORE_URL or REDIS_KEY_SCOPE). See docs/agl-v1.md.
+and AGENT_LIGHTNING_STORE_URL or REDIS_KEY_SCOPE, which name their Redis keys). Without a Store (1.0 only)
+neither is needed: the dispatcher and the workers then scope their keys by AGL_V1_SERVER_URL, which they
+must spell alike. See docs/agl-v1.md.
 """
 
 

@@ -43,9 +43,8 @@ from agentlightning.types import Hook, NamedResources, Rollout, RolloutMode
 from pydantic import TypeAdapter
 
 from bridge.core.coordination import coordination_redis, deployment_scope
-from bridge.core.errors import MissingSetting
 from bridge.core.models import RolloutStatus
-from bridge.core.settings import Settings, env_name, load_settings
+from bridge.core.settings import Settings, load_settings
 from bridge.core.store import API, StoreClient
 from bridge.dispatch.dispatcher import Dispatcher
 from bridge.dispatch.leader import dispatching
@@ -230,12 +229,10 @@ class CeleryRunner(Runner[Any]):
         overrides = dict(self._overrides)
         if store_url is not None:
             overrides["store_url"] = store_url
-        try:
-            return load_settings(**overrides)
-        except MissingSetting as exc:
-            if exc.setting != env_name("store_url") or "store_url" in overrides:
-                raise
-            return load_settings(**overrides, store_url=DEFAULT_STORE_URL) if fallback else None
+        settings = load_settings(**overrides)
+        if settings.store_url is not None:
+            return settings
+        return load_settings(**overrides, store_url=DEFAULT_STORE_URL) if fallback else None
 
 
 def _loop_alive(coordination: redis.Redis, scope: str) -> bool:

@@ -1,7 +1,9 @@
 """Per-process clients (Store, Redis, WebShop, lease and heartbeat threads), created lazily after fork.
 
 Under prefork, sockets and threads made in the parent must not be used by the children, so the
-clients are built on first use in each process and rebuilt if the process id changes.
+clients are built on first use in each process and rebuilt if the process id changes. A 1.0 attempt needs
+only the settings and the coordination Redis (``get_coordination``), so a 1.0-only worker never builds the
+Store's clients; ``get_resources`` (the 0.3 task's) raises MissingSetting without AGENT_LIGHTNING_STORE_URL.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ class WorkerResources:
 
 _lock = threading.Lock()
 _resources: WorkerResources | None = None
+_coordination_lock = threading.Lock()
+_coordination: tuple[int, redis.Redis] | None = None
 
 
 def get_resources() -> WorkerResources:
@@ -45,9 +49,18 @@ def get_resources() -> WorkerResources:
         return _resources
 
 
+def get_coordination() -> tuple[Settings, redis.Redis]:
+    """This process's settings and coordination Redis client (the one ``get_resources`` holds too)."""
+    global _coordination
+    with _coordination_lock:
+        if _coordination is None or _coordination[0] != os.getpid():
+            _coordination = (os.getpid(), coordination_redis(get_settings(), timeout_s=10))
+        return get_settings(), _coordination[1]
+
+
 def _build(settings: Settings) -> WorkerResources:
     store = StoreClient.from_settings(settings)
-    client = coordination_redis(settings, timeout_s=10)
+    _, client = get_coordination()
     store.shared_resources = RedisResources(client, deployment_scope(settings))
     webshop = WebShopClient(
         str(settings.webshop_url),

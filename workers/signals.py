@@ -1,7 +1,8 @@
 """Per-process set-up of a worker, hooked on Celery's own signals.
 
-* ``worker_init`` (before the pool forks): logging and tracing, the configured LitAgent (``AGENT``; exit code 2
-  when it cannot be built), the Store clock offset (``workers.clock``) and the Prometheus exporter;
+* ``worker_init`` (before the pool forks): logging and tracing, the deployment's key scope and the configured
+  LitAgent (``AGENT``; exit code 2 when either is not), the Store clock offset (``workers.clock``; none without
+  AGENT_LIGHTNING_STORE_URL: 1.0 rollouts only) and the Prometheus exporter;
   ``worker_process_init`` does the per-process part in each prefork child;
 * ``worker_ready``/``worker_shutting_down``: advertise and withdraw this node's slots and agent under its
   Store's key scope (``bridge.core.capacity``);
@@ -146,6 +147,7 @@ def _pool_name(worker: Any) -> str:
 def _on_worker_init(sender: Any = None, **_: Any) -> None:
     settings = _set_up_logging_and_tracing()
     try:
+        scope = deployment_scope(settings)  # nothing names this deployment's keys: exit 2 (docs/agl-v1.md)
         agent_loading.check_tracer_pool(settings, _pool_name(sender), int(getattr(sender, "concurrency", 1) or 1))
         _load_agent(settings)
     except ConfigError as error:  # Celery logs and ignores an Exception from a signal handler: exit here
@@ -155,8 +157,13 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
     stuck.pool.threads = _pool_name(sender) == "threads"
     stuck.pool.max_stuck = settings.max_stuck_agent_threads
     stuck.stuck_threads.on_change.append(_on_stuck_change)
-    # Before the pool forks, so every pool process inherits the offset; exits beyond CLOCK_SKEW_TOLERANCE_S.
-    clock.check_store_clock(settings)
+    if settings.store_url is None:
+        log.info(
+            "no AGENT_LIGHTNING_STORE_URL: this worker runs Agent Lightning 1.0 rollouts only (Redis key scope %s)",
+            scope,
+        )
+    else:  # before the pool forks, so every pool process inherits the offset; exits beyond CLOCK_SKEW_TOLERANCE_S
+        clock.check_store_clock(settings)
     if settings.worker_metrics_port is not None:
         worker_metrics.serve(settings.worker_metrics_port, settings.metrics_host)
 
@@ -196,7 +203,8 @@ def _on_process_init(**_: Any) -> None:
         from workers.llm import shared_http
         from workers.resources import get_resources
 
-        get_resources()
+        if settings.store_url is not None:  # a 1.0-only worker has no Store clients to build
+            get_resources()
         shared_http(settings.llm_timeout_s)
         agent_loading.configured_agent(settings)  # this child's own instance of the agent
     except Exception as exc:  # the first task builds them instead
@@ -217,7 +225,8 @@ def _on_revoked(sender: Any = None, request: Any = None, expired: bool = False, 
             free_slot(_node["client"], _node["scope"], queue, task_id)
         except redis.RedisError:
             pass
-    if expired and isinstance(rollout, dict) and not _started_elsewhere(task_id):
+    has_store = get_settings().store_url is not None  # else the rollout was never this worker's to run
+    if expired and isinstance(rollout, dict) and has_store and not _started_elsewhere(task_id):
         _hand_back.submit(rollout)  # the Store calls run on a thread of their own, off the consumer loop
 
 

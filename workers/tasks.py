@@ -13,11 +13,12 @@ from bridge.core.backoff import backoff_delay
 from bridge.core.coordination import deployment_scope
 from bridge.core.errors import DuplicateDelivery
 from bridge.core.message import TASK_NAME
+from bridge.core.settings import Settings, get_settings
 from workers.app import app
 from workers.execution import Delivery, is_retryable_before_progress
 from workers.lease import free_slot
 from workers.outcome import Outcome, OutcomeStatus
-from workers.resources import get_resources
+from workers.resources import get_coordination, get_resources
 
 log = logging.getLogger("workers.tasks")
 
@@ -33,8 +34,11 @@ def run_rollout(
     ``agent`` names the agent the sender expects (absent in older messages: ``webshop``); it is only
     compared with this worker's configuration, never imported.
     """
-    res = get_resources()
     task_id = str(self.request.id)
+    settings = get_settings()
+    if settings.store_url is None:
+        return _refuse_without_store(settings, task_id, rollout, queue)
+    res = get_resources()
     final = True
     delivery = Delivery(rollout, celery_task_id=task_id, expected_agent=agent, res=res)
     try:
@@ -58,6 +62,24 @@ def run_rollout(
         if final:
             scope = deployment_scope(res.settings)
             _release_slot(res.redis, scope, queue or res.settings.default_queue, task_id, delivery.lease_token)
+
+
+def _refuse_without_store(
+    settings: Settings, task_id: str, rollout: dict[str, Any], queue: str | None
+) -> dict[str, Any]:
+    """A 0.3 rollout reached a worker without AGENT_LIGHTNING_STORE_URL (Agent Lightning 1.0 only): it can
+    neither run nor report it, so it logs why as an error, frees the slot and returns ``skipped`` with the
+    reason; the bridge's reconcile finds the attempt never started and dispatches it again (docs/agl-v1.md,
+    "Without a Store")."""
+    reason = (
+        f"this worker has no AGENT_LIGHTNING_STORE_URL and runs Agent Lightning 1.0 rollouts only: "
+        f"0.3 rollout {rollout.get('rollout_id')} (attempt {task_id}) not run; set AGENT_LIGHTNING_STORE_URL on "
+        "every worker of the queues the 0.3 bridge dispatches to"
+    )
+    log.error("%s", reason)
+    _, client = get_coordination()
+    _release_slot(client, deployment_scope(settings), queue or settings.default_queue, task_id, None)
+    return Outcome(OutcomeStatus.SKIPPED, reason).as_dict()
 
 
 def _release_slot(client: redis.Redis, scope: str, queue: str, task_id: str, token: str | None) -> None:

@@ -10,20 +10,20 @@ from celery import Task
 from bridge.core.agl_v1 import V1_TASK_NAME, V1Rollout
 from bridge.core.coordination import deployment_scope
 from workers.app import app
-from workers.resources import get_resources
+from workers.resources import get_coordination
 from workers.v1_attempt import V1Attempt
 
 
 @app.task(name=V1_TASK_NAME, bind=True)
 def run_v1_rollout(self: Task, rollout: dict[str, Any], attempt_id: str, queue: str) -> dict[str, Any]:
     """Run the rollout's agent program for ``attempt_id`` and report the outcome to the 1.0 gateway."""
-    res = get_resources()
+    settings, client = get_coordination()  # no Store: a 1.0-only worker has none (docs/agl-v1.md)
     attempt = V1Attempt(
         V1Rollout.model_validate(rollout),
         attempt_id,
-        settings=res.settings,
-        client=res.redis,
-        scope=deployment_scope(res.settings),
+        settings=settings,
+        client=client,
+        scope=deployment_scope(settings),
         queue=queue,
     )
     return attempt.run().as_dict()

@@ -49,6 +49,7 @@ class V1Status(BaseModel):
     state: V1State = V1State.QUEUING
     last_attempt_id: str | None = None
     error_message: str | None = None
+    created_at: float | None = None
     updated_at: float | None = None
 
 
@@ -139,6 +140,18 @@ class GatewayClient:
         params: list[tuple[str, str | int]] = [("state_in", s.value) for s in states] + [("limit", limit)]
         response = self._send("GET", "/api/rollouts", params=params)
         return [V1Rollout.model_validate(item) for item in response.json()]
+
+    def create_rollouts(self, rollouts: list[dict[str, Any]]) -> list[V1Rollout]:
+        """Enqueue rollouts as 1.0's trainer does (``POST /api/rollouts``): each item is ``input``, ``is_train``,
+        ``config`` and, for a retry-safe call, a ``rollout_id`` of the caller's (an existing id is not created
+        twice)."""
+        response = self._send("POST", "/api/rollouts", json=rollouts)
+        return [V1Rollout.model_validate(item) for item in response.json()]
+
+    def events(self, rollout_id: str, *, event_type: str | None = None) -> list[dict[str, Any]]:
+        """The events of the rollout's current attempt, oldest first (``event_type``: only those)."""
+        params = {"event_type": event_type} if event_type else None
+        return list(self._send("GET", f"/api/rollouts/{rollout_id}/events", params=params).json())
 
     def get_rollout(self, rollout_id: str) -> V1Rollout | None:
         """The rollout, or None when the gateway no longer has it (the trainer deletes finished ones)."""

@@ -5,7 +5,8 @@ With a Redis broker it is the broker's own Redis unless ``REDIS_URL`` names anot
 that moves coordination off the broker changes one setting, not every caller.
 
 Deployments may share that Redis: the keys that hold one deployment's state carry its scope
-(``deployment_scope``, a digest of its Store's URL; ``bridge.core.keys``), derived here and nowhere else.
+(``deployment_scope``, a digest of its Store's URL, or of its gateway's without a Store; ``bridge.core.keys``),
+derived here and nowhere else.
 
 Its answers are ``str``, never ``bytes`` (``decode_responses``): every coordination key holds text (attempt ids,
 node names, tokens, numbers, JSON), nothing binary. ``coordination_client`` is the one constructor, for the
@@ -19,6 +20,7 @@ from typing import Any
 import redis
 
 from bridge.core import keys, tls
+from bridge.core.errors import MissingSetting
 from bridge.core.settings import Settings
 
 
@@ -46,10 +48,21 @@ def coordination_client(url: str, **options: Any) -> redis.Redis:
 
 def deployment_scope(settings: Settings) -> str:
     """The scope of this deployment's Redis keys: ``REDIS_KEY_SCOPE``, else a digest of its Store's URL
-    (``keys.store_scope``).
+    (``keys.store_scope``), else, in a 1.0-only deployment (no Store), of its gateway's URL
+    (``keys.gateway_scope``); MissingSetting when none of the three is set.
 
-    Every process of one deployment (workers, bridge, trainer, tools) must agree on it. With the digest they
-    must name the Store by the same URL: another spelling of it (``localhost`` on the trainer's host, ``store``
-    inside compose) is another scope, whose bridge sees none of these workers' slots. ``REDIS_KEY_SCOPE`` set
-    alike everywhere removes that trap."""
-    return settings.redis_key_scope or keys.store_scope(settings.store_base)
+    Every process of one deployment (workers, bridge, trainer, tools) must agree on it. With a digest they
+    must name the Store (the gateway) by the same URL: another spelling of it (``localhost`` on the trainer's
+    host, ``store`` inside compose) is another scope, whose bridge sees none of these workers' slots.
+    ``REDIS_KEY_SCOPE`` set alike everywhere removes that trap (docs/agl-v1.md, "Without a Store")."""
+    if settings.redis_key_scope:
+        return settings.redis_key_scope
+    if settings.store_url is not None:
+        return keys.store_scope(settings.store_base)
+    if settings.agl_v1_url:
+        return keys.gateway_scope(settings.agl_v1_url)
+    raise MissingSetting(
+        "invalid configuration: AGENT_LIGHTNING_STORE_URL: is required but not set (it names this deployment's "
+        "Redis keys; a 1.0-only deployment sets AGL_V1_SERVER_URL or REDIS_KEY_SCOPE instead)",
+        setting="AGENT_LIGHTNING_STORE_URL",
+    )

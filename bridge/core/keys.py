@@ -1,11 +1,12 @@
 """Every Redis key this project uses, built from one prefix, so nothing collides with Celery's own keys.
 
 Several deployments (each its own Store, bridge and workers) may share one Redis. Every key that holds one
-deployment's state carries its *scope*, a digest of its Store's URL (``store_scope``; derived from settings in
-one place, ``bridge.core.coordination.deployment_scope``): slot adverts and node listings, in-flight sets,
-slot-freed wake-ups, the leader lock, the held-rollouts record, worker agent adverts, the fence board and
-shared resources. So each bridge leads its own deployment and counts only its own workers' slots. Keys named
-by an attempt id (lease, owner, started, done, pending report) need no scope: attempt ids are unique across
+deployment's state carries its *scope*, a digest of its Store's URL (``store_scope``; a 1.0-only deployment's:
+of its gateway's, ``gateway_scope``; derived from settings in one place,
+``bridge.core.coordination.deployment_scope``): slot adverts and node listings, in-flight sets, slot-freed
+wake-ups, the leader lock, the held-rollouts record, worker agent adverts, the fence board and shared
+resources. So each bridge leads its own deployment and counts only its own workers' slots. Keys named by an
+attempt id (lease, owner, started, done, pending report) need no scope: attempt ids are unique across
 Stores. The LLM rate limit (``ratelimit``) is shared on purpose: it budgets one model's provider quota.
 """
 
@@ -20,6 +21,11 @@ def store_scope(store_url: str) -> str:
     """A short digest of a Store's URL: keys that hold one Store's data carry it, so clusters sharing a Redis
     never read each other's."""
     return hashlib.sha256(store_url.rstrip("/").encode()).hexdigest()[:12]
+
+
+def gateway_scope(gateway_url: str) -> str:
+    """The scope of a 1.0-only deployment (no Store): ``v1-`` and a short digest of its gateway's URL."""
+    return "v1-" + store_scope(gateway_url)
 
 
 def capacity(scope: str, queue: str, worker: str) -> str:

@@ -35,12 +35,15 @@ class Settings(BaseSettings):
         env_file=".env", env_file_encoding="utf-8", extra="ignore", populate_by_name=True, use_attribute_docstrings=True
     )
 
-    store_url: HttpUrl = Field(
+    store_url: HttpUrl | None = Field(
+        default=None,
         validation_alias="AGENT_LIGHTNING_STORE_URL",
         examples=["http://127.0.0.1:4747"],
         json_schema_extra={SECTION: "Agent Lightning Store", SET_IN_EXAMPLE: True},
     )
-    """Base URL of the Store (`agl store`). Required, except for `python -m bridge demo`, which starts one."""
+    """Base URL of the Store (`agl store`). Required by what serves Agent Lightning 0.3 (`python -m bridge`,
+    CeleryRunner, the workers' 0.3 rollouts); a 1.0-only deployment leaves it unset (docs/agl-v1.md, "Without
+    a Store"). `python -m bridge demo` starts a Store when it is unset."""
     store_token: str | None = Field(default=None, validation_alias="AGENT_LIGHTNING_STORE_TOKEN")
     """Bearer token sent to the Store, if a proxy in front of it asks for one (the Store itself has no auth)."""
     store_timeout_s: float = Field(default=30.0, gt=0, validation_alias="STORE_TIMEOUT_S")
@@ -184,8 +187,9 @@ class Settings(BaseSettings):
         default=None, pattern=r"^[A-Za-z0-9_.-]{1,64}$", validation_alias="REDIS_KEY_SCOPE"
     )
     """The scope of this deployment's keys in Redis (slots, leases, the leader lock). By default a digest of
-    AGENT_LIGHTNING_STORE_URL, so every process must spell that URL alike; a name set alike on every process
-    (letters, digits, . _ -) lets them reach the Store by different names (localhost here, store in compose)."""
+    AGENT_LIGHTNING_STORE_URL (without one: of AGL_V1_SERVER_URL), so every process must spell that URL alike; a
+    name set alike on every process (letters, digits, . _ -) lets them reach the Store or the gateway by
+    different names (localhost here, store in compose)."""
     broker_tls_insecure: bool = Field(default=False, validation_alias="BROKER_TLS_INSECURE")
     """rediss:// and amqps:// URLs (CELERY_BROKER_URL, REDIS_URL) check the server's certificate and host name
     against the system's CAs (a private CA: SSL_CERT_FILE=/path/ca.pem). true turns both checks off, with a
@@ -392,6 +396,18 @@ class Settings(BaseSettings):
 
     @property
     def store_base(self) -> str:
+        """The Store's URL without a trailing slash; MissingSetting when AGENT_LIGHTNING_STORE_URL is unset."""
+        return self.require_store("this command")
+
+    def require_store(self, needed_by: str) -> str:
+        """``store_base``, or MissingSetting naming AGENT_LIGHTNING_STORE_URL and ``needed_by`` (the part that
+        serves Agent Lightning 0.3) when it is unset: entry points call this at start-up."""
+        if self.store_url is None:
+            raise MissingSetting(
+                f"invalid configuration: AGENT_LIGHTNING_STORE_URL: is required but not set ({needed_by} works "
+                "with Agent Lightning 0.3's Store; a 1.0-only deployment runs `python -m bridge v1`, docs/agl-v1.md)",
+                setting="AGENT_LIGHTNING_STORE_URL",
+            )
         return str(self.store_url).rstrip("/")
 
     @property

@@ -25,6 +25,8 @@ log = logging.getLogger("bridge")
 
 
 def run_bridge(settings: Settings, *, metrics_port: int | None = None) -> int:
+    """The 0.3 bridge until SIGINT/SIGTERM; MissingSetting at once without AGENT_LIGHTNING_STORE_URL."""
+    settings.require_store("the bridge (`python -m bridge run`)")
     configure_logging(settings.log_level, settings.log_json)
     setup_process_tracing(settings.service_name + "-bridge")
     stop = threading.Event()

@@ -44,6 +44,7 @@ class StackConfig:
     """What to run. URLs left as None are started locally; set ones are used as they are."""
 
     store_url: str | None = None
+    store: bool = True  # False: an Agent Lightning 1.0-only stack, no Store started or named (docs/agl-v1.md)
     broker_url: str | None = None  # Redis, or RabbitMQ (amqp://; used, never started: bridge.tools.rabbitmq)
     redis_url: str | None = None  # coordination Redis beside a RabbitMQ broker (started when none answers)
     webshop_url: str | None = None
@@ -81,7 +82,7 @@ class LocalStack:
         self.processes: dict[str, ManagedProcess] = {}
         self.workers: list[ManagedProcess] = []
         self.started: list[str] = []
-        self.store_url = config.store_url or ""
+        self.store_url = (config.store_url or "") if config.store else ""
         self.broker_url = config.broker_url or ""
         self.redis_url = config.redis_url or ""
         self.webshop_url = config.webshop_url or ""
@@ -121,7 +122,8 @@ class LocalStack:
     def start_services(self, say: Callable[[str], None]) -> None:
         """Broker, Store, WebShop and LLM stand-in: the parts that outlive worker restarts."""
         self._ensure_broker(say)
-        self._ensure_store(say)
+        if self.config.store:
+            self._ensure_store(say)
         self._ensure_webshop(say)
         self._ensure_llm(say)
 
@@ -216,10 +218,14 @@ class LocalStack:
         say(f"llm: started the heuristic LLM stand-in at {url}/v1 (not a model)")
 
     def component_env(self) -> dict[str, str]:
-        """Environment for workers and the bridge: the stack's URLs over the caller's settings."""
+        """Environment for workers and the bridge: the stack's URLs over the caller's settings (a Store-less
+        stack's name no Store, whatever the caller's environment says)."""
         env = {**os.environ, **self.config.extra_env}
+        if self.store_url:
+            env["AGENT_LIGHTNING_STORE_URL"] = self.store_url
+        else:
+            env.pop("AGENT_LIGHTNING_STORE_URL", None)
         env.update(
-            AGENT_LIGHTNING_STORE_URL=self.store_url,
             CELERY_BROKER_URL=self.broker_url,
             REDIS_URL=self.redis_url or self.broker_url,
             WEBSHOP_URL=self.webshop_url,
@@ -392,15 +398,21 @@ class LocalStack:
 
     @property
     def scope(self) -> str:
-        """The scope of this stack's Redis keys (its Store's: ``bridge.core.keys.store_scope``), as its workers
-        and bridge compute it from ``AGENT_LIGHTNING_STORE_URL``; set once the Store is known."""
-        return keys.store_scope(self.store_url)
+        """The scope of this stack's Redis keys as its workers and bridge derive it
+        (``bridge.core.coordination.deployment_scope``): REDIS_KEY_SCOPE, else its Store's URL (set once the Store
+        is known), else (no Store) the 1.0 gateway's AGL_V1_SERVER_URL of ``extra_env``."""
+        env = {**os.environ, **self.config.extra_env}
+        if env.get("REDIS_KEY_SCOPE"):
+            return env["REDIS_KEY_SCOPE"]
+        if self.store_url or self.config.store:
+            return keys.store_scope(self.store_url)
+        return keys.gateway_scope(env.get("AGL_V1_SERVER_URL", ""))
 
     def urls(self) -> dict[str, str | None]:
         """Where each part of the stack listens (None: not started), for the demo's summary."""
         return {
-            "store": self.store_url,
-            "store_dashboard": self.store_url,
+            "store": self.store_url or None,
+            "store_dashboard": self.store_url or None,
             "broker": redact_url(self.broker_url),
             "coordination": redact_url(self.redis_url) if self.redis_url else None,
             "webshop": self.webshop_url,

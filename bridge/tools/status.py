@@ -43,7 +43,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     settings = load_settings()
-    store = StoreClient(settings.store_base, token=settings.store_token, timeout_s=5.0, retries=0)
+    deployment_scope(settings)  # which workers are this deployment's: exit 2 at once when nothing names it
+    store = None
+    if settings.store_url is not None:  # a 1.0-only deployment has none; the rest is shown all the same
+        store = StoreClient(settings.store_base, token=settings.store_token, timeout_s=5.0, retries=0)
     client = coordination_redis(settings, timeout_s=3, connect_timeout_s=3)
     try:
         while True:
@@ -55,19 +58,23 @@ def main(args: argparse.Namespace) -> int:
                     sys.stdout.write("\x1b[H\x1b[2J")
                 print(render(report), flush=True)
             if not args.watch:
-                return 0 if report["store"]["ok"] and report["broker"]["ok"] else 1
+                store_ok = report["store"]["ok"] or store is None
+                return 0 if store_ok and report["broker"]["ok"] else 1
             time.sleep(max(0.2, args.interval))
     except KeyboardInterrupt:
         return 0
     finally:
-        store.close()
+        if store is not None:
+            store.close()
 
 
 # --- collecting ---------------------------------------------------------------------------------
 
 
-def collect(settings: Settings, store: StoreClient, client: redis.Redis, *, inspect: bool = True) -> dict[str, Any]:
-    """Everything ``status`` shows, as plain JSON-able data."""
+def collect(
+    settings: Settings, store: StoreClient | None, client: redis.Redis, *, inspect: bool = True
+) -> dict[str, Any]:
+    """Everything ``status`` shows, as plain JSON-able data; ``store`` None: no Store configured (1.0 only)."""
     report: dict[str, Any] = {"time": round(time.time(), 3)}
     report["store"] = _store_part(settings, store)
     report["broker"], workers = _broker_part(settings, client)
@@ -82,7 +89,10 @@ def collect(settings: Settings, store: StoreClient, client: redis.Redis, *, insp
     return report
 
 
-def _store_part(settings: Settings, store: StoreClient) -> dict[str, Any]:
+def _store_part(settings: Settings, store: StoreClient | None) -> dict[str, Any]:
+    if store is None:
+        why = "AGENT_LIGHTNING_STORE_URL is not set (Agent Lightning 1.0 only: no Store)"
+        return {"url": None, "ok": False, "counts": {}, "error": why}
     part: dict[str, Any] = {"url": redact_url(settings.store_base), "ok": False, "counts": {}, "error": None}
     try:
         part["counts"] = {str(s): store.count_rollouts(s) for s in RolloutStatus}
@@ -197,7 +207,10 @@ def render(report: dict[str, Any]) -> str:
     """A terminal view of ``collect``'s report."""
     lines: list[str] = []
     store = report["store"]
-    lines.append(f"Store   {store['url']}  {'ok' if store['ok'] else 'DOWN: ' + str(store['error'])}")
+    if store["url"] is None:
+        lines.append(f"Store   {store['error']}")
+    else:
+        lines.append(f"Store   {store['url']}  {'ok' if store['ok'] else 'DOWN: ' + str(store['error'])}")
     if store["ok"]:
         counts = store["counts"]
         lines.append("  " + "  ".join(f"{name} {counts.get(name, 0)}" for name in counts))

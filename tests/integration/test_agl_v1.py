@@ -1,7 +1,9 @@
 """Agent Lightning 1.0 on the Celery cluster (``python -m bridge v1``, ``workers.v1_attempt``), with real parts: 1.0's
 own gateway (``agl-server``) and trainer client (``AglRolloutManager``) in a Python 3.12 virtualenv built by
 ``bridge.tools.agl_v1_env``, our dispatcher, real ``celery`` workers and the LLM stand-in (which returns token
-ids). The agent programs are ``tests/agl_v1_agents.py``.
+ids). The agent programs are ``tests/agl_v1_agents.py``. The dispatcher and the workers run as a 1.0-only
+deployment: no AGENT_LIGHTNING_STORE_URL, their Redis keys scoped by the gateway's URL (docs/agl-v1.md, "Without a
+Store").
 """
 
 from __future__ import annotations
@@ -90,7 +92,9 @@ def v1(services: LocalStack, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
     }
     log_dir = tmp_path_factory.mktemp("agl-v1")
-    stack = stack_for(services, log_dir, workers=0, concurrency=4, pool="threads", bridge=False, extra_env=env)
+    stack = stack_for(
+        services, log_dir, workers=0, concurrency=4, pool="threads", bridge=False, store=False, extra_env=env
+    )
     with stack:
         gateway = start_gateway(stack, venv, key=KEY, port=port)
         stack.add_worker()
@@ -98,7 +102,10 @@ def v1(services: LocalStack, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         yield V1Stack(stack, venv, gateway)
 
 
-def test_every_rollout_succeeds_with_the_agents_reward_and_token_triplets(v1: V1Stack) -> None:
+def test_every_rollout_succeeds_with_the_agents_reward_and_token_triplets_and_no_store(v1: V1Stack) -> None:
+    dispatcher, [worker] = v1.stack.process("v1-dispatcher"), v1.stack.workers
+    assert not any("AGENT_LIGHTNING_STORE_URL" in (p.env or {}) for p in (dispatcher, worker))
+    assert "runs Agent Lightning 1.0 rollouts only" in worker.log_path.read_text(errors="replace")
     tasks = [{"question": f"What is {i} + {i}?", "reward": i / 8} for i in range(8)]
     done = v1.train("AskAndReward", tasks, ASK)
     assert len(done) == 8

@@ -2,7 +2,8 @@
 
 The demo is pointed at the session's broker, Store, WebShop server and LLM stand-in (it uses configured
 services that answer), so it starts only its own workers and bridge here; the fresh-machine path that
-starts everything is what the README's first command exercises.
+starts everything is what the README's first command exercises. ``--agl v1`` runs the WebShop agent as an
+Agent Lightning 1.0 program through 1.0's own gateway (its virtualenv built by ``bridge.tools.agl_v1_env``).
 """
 
 from __future__ import annotations
@@ -20,11 +21,13 @@ import httpx
 import pytest
 
 from bridge.core.store import API
-from bridge.tools.procs import http_ok
+from bridge.tools.agl_v1_env import v1_virtualenv
+from bridge.tools.procs import StackError, http_ok
 from bridge.tools.stack import LocalStack
 from tests.helpers import cancel_unfinished
+from tests.prerequisites import missing
 
-pytestmark = [pytest.mark.integration, pytest.mark.cost(10)]
+pytestmark = [pytest.mark.integration, pytest.mark.cost(40)]
 
 ROLLOUTS = 5
 SUMMARY_KEYS = {
@@ -108,3 +111,28 @@ def test_demo_runs_rollouts_prints_a_summary_and_ctrl_c_stops_only_its_processes
     # ... and the configured services it merely used still answer.
     assert http_ok(f"{services.store_url}{API}/health", {"status": "ok"})
     assert http_ok(f"{services.webshop_url}/health", {"status": "ok"})
+
+
+def test_demo_agl_v1_runs_the_webshop_program_through_the_1_0_gateway_with_the_servers_rewards(
+    services: LocalStack, tmp_path: Path
+) -> None:
+    try:
+        v1_virtualenv()  # built once and cached; the demo finds it ready
+    except StackError as exc:
+        missing(str(exc))
+    env = {k: v for k, v in os.environ.items() if k != "AGENT_LIGHTNING_STORE_URL"}  # 1.0 needs no Store
+    env.update(CELERY_BROKER_URL=services.broker_url, WEBSHOP_URL=services.webshop_url)
+    env["OPENAI_API_BASE"] = services.llm_base_url
+    ledger = f"{services.webshop_url}/purchases"
+    before = len(httpx.get(ledger, timeout=30).json()["items"])
+    argv = [sys.executable, "-m", "bridge", "demo", "--agl", "v1", "--rollouts", "6", "--workers", "1"]
+    argv += ["--concurrency", "3", "--pool", "threads", "--no-flower", "--json", "--log-dir", str(tmp_path)]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout.splitlines()[-1])
+    assert summary["rollouts"] == 6 and summary["succeeded"] == 6 and summary["failures_by_class"] == {}, summary
+    assert summary["p95_rollout_s"] > 0 and summary["rollouts_per_s"] > 0
+    assert "store" not in summary["urls"] and summary["urls"]["agl_v1_gateway"].startswith("http://127.0.0.1:")
+    computed = [item["reward"] for item in httpx.get(ledger, timeout=30).json()["items"][before:]]
+    assert summary["mean_reward"] * 6 == pytest.approx(sum(computed), abs=1e-3)  # the rewards the server computed
+    assert "stopped: worker1, agl-v1-gateway, v1-dispatcher" in done.stderr, done.stderr[-2000:]

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import collections
 import io
 from typing import Any
+
+import pytest
 
 from bridge.core.models import Attempt
 from bridge.tools import demo
@@ -45,6 +48,30 @@ def test_demo_summary_table_has_every_label() -> None:
     assert "p50 1.25s  p95 -" in text and "9 (90.0%)" in text and "env 1" in text
     assert "worker metrics http://127.0.0.1:9101/metrics" in [" ".join(line.split()) for line in text.splitlines()]
     assert not any(line.startswith("{") for line in text.splitlines())
+
+
+def test_demo_agl_v1_without_python_3_12_exits_2_saying_so(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(demo, "find_python312", lambda: None)
+    parser = argparse.ArgumentParser()
+    demo.add_arguments(parser)
+    assert demo.main(parser.parse_args(["--agl", "v1", "--rollouts", "1"])) == 2
+    assert "--agl v1 needs Python >= 3.12" in capsys.readouterr().err
+
+
+def test_demo_summarises_1_0_rollouts_like_0_3_ones() -> None:
+    ended = [
+        demo.Ended("succeeded", 2.0, 1.0),
+        demo.Ended("succeeded", 4.0, 0.5),
+        demo.Ended("failed", 1.0, failure_class=demo._v1_failure_class("timed out after 10s; the agent's processes")),
+        demo.Ended("failed", None, failure_class=demo._v1_failure_class("the agent exited with code 1:\nTraceback")),
+    ]
+    finished = {str(i): e.status for i, e in enumerate(ended)}
+    summary = demo._summary(ended, 5, finished, 2.0)
+    assert summary["succeeded"] == 2 and summary["failed"] == 2 and summary["unfinished"] == 1
+    assert summary["mean_reward"] == 0.75 and summary["p50_rollout_s"] == 2.0 and summary["rollouts_per_s"] == 2.0
+    assert summary["failures_by_class"] == {"timed out after 10s": 1, "the agent exited with code 1": 1}
 
 
 def test_chaos_table_lists_counts_and_notes() -> None:
