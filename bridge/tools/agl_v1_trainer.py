@@ -2,9 +2,9 @@
 registers the gateway's model, enqueues one rollout per task and waits for all of them, as verl's trainer does,
 then prints one JSON line per completed rollout (with the gateway's enqueue, running and finished times).
 
-Usage: ``python -m bridge.tools.agl_v1_trainer '<json>'`` with ``gateway``, ``key``, ``model_endpoint``,
-``agent_class``, ``env_map``, ``timeout_s`` and ``tasks`` (a list of dicts, the rollouts' inputs). Never
-imported by this project's runtime: it needs agentlightning 1.0.
+Usage: ``<1.0 virtualenv>/bin/python bridge/tools/agl_v1_trainer.py '<json>'`` with ``gateway``, ``key``,
+``model_endpoint``, ``agent_class``, ``env_map``, ``timeout_s`` and ``tasks`` (a list of dicts, the rollouts'
+inputs). Never imported by this project's runtime: it needs agentlightning 1.0.
 """
 
 from __future__ import annotations

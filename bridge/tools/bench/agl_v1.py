@@ -74,6 +74,7 @@ def main(args: argparse.Namespace) -> int:
     port = free_port()
     env = {"AGL_V1_SERVER_URL": f"http://127.0.0.1:{port}", "AGL_V1_KEY": KEY, "LOG_LEVEL": "INFO"}
     config = StackConfig(
+        store=False,
         workers=0,
         concurrency=args.slots,
         pool="threads",
