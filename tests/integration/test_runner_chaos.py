@@ -49,7 +49,7 @@ def run_with_agent(name: str, services: LocalStack, tmp: Path, monkeypatch: pyte
     return result
 
 
-@pytest.mark.cost(205)
+@pytest.mark.cost(100)
 def test_killed_workers_lose_nothing_with_a_generic_agent(
     services: LocalStack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

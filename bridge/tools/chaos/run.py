@@ -122,7 +122,7 @@ def run_scenario(
         observer.start()
         fault = threading.Thread(target=_guarded, args=(scenario.fault, run), name="chaos-fault", daemon=True)
         fault.start()
-        run.wait_for(lambda: run.finished >= len(run.rollout_ids) and not fault.is_alive(), deadline_s)
+        run.wait_for(lambda: run.complete and not fault.is_alive(), deadline_s)
         result = conclude(run, fault, observer)
         run.close()
     finally:

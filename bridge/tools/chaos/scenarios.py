@@ -132,22 +132,35 @@ def _kill_an_executor(run: ChaosRun, killed: set[int], timeout_s: float = 30.0) 
 
 
 def kill_workers(run: ChaosRun) -> None:
-    """SIGKILL a pool process mid-episode 3 times, then a worker's main process 3 times (replaced each time)."""
+    """SIGKILL a pool process mid-episode 3 times, then a serving worker's main process 3 times, each replaced by
+    a new node that starts while the run goes on (awaiting it would let a short run end before the last rounds).
+    A round the run outlives is skipped, with a note."""
     killed: set[int] = set()
     for round_ in range(3):
-        run.wait_progress(run.share(0.1 * (round_ + 1)), 90)
+        if not _progress(run, run.share(0.1 * (round_ + 1)), f"pool kill {round_ + 1}"):
+            continue
         pid = _kill_an_executor(run, killed)
         if pid is not None:
             run.note(f"killed pool process {pid}")
     for round_ in range(3):
-        run.wait_progress(run.share(0.4 + 0.15 * round_), 90)
-        victim = next((w for w in run.stack.workers if w.alive()), None)
+        if not _progress(run, run.share(0.4 + 0.15 * round_), f"main kill {round_ + 1}"):
+            continue
+        victim = next((w for w in run.stack.workers if w.alive() and w.healthy()), None)
         if victim is None or victim.pid is None:
-            break
+            run.note(f"main kill {round_ + 1} skipped: no worker was serving")
+            continue
         os.kill(victim.pid, signal.SIGKILL)
         run.stack.workers.remove(victim)
         run.note(f"killed worker main process {victim.pid} ({victim.name})")
-        run.stack.add_worker()
+        run.stack.add_worker(wait=False)
+
+
+def _progress(run: ChaosRun, finished: int, fault: str) -> bool:
+    """``run.wait_progress``, noting why the fault is skipped when it returns False."""
+    if run.wait_progress(finished, 90):
+        return True
+    run.note(f"{fault} skipped: {'the run had finished' if run.complete else 'no progress within 90 s'}")
+    return False
 
 
 def restart_redis(run: ChaosRun) -> None:
@@ -255,7 +268,7 @@ def cancel_while_held(run: ChaosRun) -> None:
     time.sleep(3.0)  # a reconcile scan (BRIDGE_RECONCILE_INTERVAL_S below) drops them from the hold
     run.stack.config.queues = HELD_QUEUE
     run.stack.add_worker()
-    run.wait_for(lambda: run.finished >= len(run.rollout_ids), 120)
+    run.wait_for(lambda: run.complete, 120)
     ran = [rid for rid in cancelled if (view := run.latest.get(rid)) is not None and view.status != "cancelled"]
     if ran:
         run.note(f"error: {len(ran)} cancelled rollouts did not stay cancelled")

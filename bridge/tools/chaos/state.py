@@ -136,9 +136,17 @@ class ChaosRun:
             time.sleep(0.3)
         return False
 
+    @property
+    def complete(self) -> bool:
+        return self.finished >= len(self.rollout_ids)
+
     def wait_progress(self, finished: int, timeout_s: float, *, running: bool = True) -> bool:
-        """Until ``finished`` rollouts are done (and, if asked, some attempt is running): a fault hits mid-run."""
-        return self.wait_for(lambda: self.finished >= finished and (not running or bool(self.running())), timeout_s)
+        """Until ``finished`` rollouts are done (and, if asked, some attempt is running): a fault hits mid-run.
+        False on timeout, and at once when every rollout has finished: nothing is left for a fault to hit."""
+        reached = self.wait_for(
+            lambda: self.complete or (self.finished >= finished and (not running or bool(self.running()))), timeout_s
+        )
+        return reached and not self.complete
 
     def share(self, fraction: float) -> int:
         """How many finished rollouts make ``fraction`` of this run: faults are placed by progress, not time."""

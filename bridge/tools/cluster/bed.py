@@ -241,7 +241,7 @@ class TestBed:
             finished_at: list[float] = []
 
             def done() -> bool:
-                if run.finished < len(run.rollout_ids):  # a scenario may enqueue more while it runs
+                if not run.complete:  # a scenario may enqueue more while it runs
                     finished_at.clear()
                     return False
                 finished_at[:] = finished_at or [time.monotonic()]

@@ -166,7 +166,7 @@ def partition(run: ChaosRun, bed: TestBed, stack: LocalStack, figures: dict[str,
     if not held or recovered is None:
         figures["errors"].append(f"held {len(held)} attempts; taken over elsewhere: {recovered is not None}")
     healed = time.monotonic()
-    run.wait_for(lambda: run.finished >= len(run.rollout_ids), 180)
+    run.wait_for(lambda: run.complete, 180)
     _new_work_on(run, victim, figures, healed, len(stack.workers) * bed.config.concurrency)
 
 
