@@ -27,7 +27,7 @@ from bridge.tools.procs import free_port
 from bridge.tools.stack import LocalStack
 from tests.helpers import cancel_unfinished, enqueue, split_tasks, stack_for, wait_finished
 
-pytestmark = [pytest.mark.integration, pytest.mark.cost(14)]
+pytestmark = [pytest.mark.integration, pytest.mark.cost(20)]
 
 GOOD = 6
 FLOWER_AUTH = ("ops", "s3cret-for-tests")
@@ -114,6 +114,7 @@ def test_status_json_reports_store_broker_workers_and_last_errors(ops: dict[str,
     queue = report["broker"]["queues"]["rollouts"]
     assert queue["depth"] == 0 and queue["in_flight"] == 0 and queue["oldest_queued_s"] is None
     assert queue["slots"] == 4 and queue["free_slots"] == 4
+    assert queue["waiting"] == 0 and queue["oldest_waiting_s"] is None and report["waiting_exact"]
     assert report["in_flight"] == 0
     [worker] = [w for w in report["workers"] if w["name"] == f"worker1@{socket.gethostname()}"]
     assert worker["slots"] == 4 and worker["queues"] == ["rollouts"] and worker["active"] == []
