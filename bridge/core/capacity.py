@@ -78,7 +78,7 @@ def _advertised(client: redis.Redis, scope: str, queues: list[str]) -> tuple[lis
 
 
 def total_slots(client: redis.Redis, scope: str, queue: str) -> int:
-    return sum(slots for _, _, slots in _advertised(client, scope, [queue])[0])
+    return read_slots(client, scope, [queue]).totals().get(queue, 0)
 
 
 def mark_inflight(client: redis.Redis, scope: str, queue: str, attempt_id: str) -> None:
@@ -156,6 +156,14 @@ class SlotView:
     def slots(self) -> int:
         """Every live node's slots on our queues."""
         return sum(slots for slots, queues in self.nodes.values() if queues)
+
+    def totals(self) -> dict[str, int]:
+        """Each queue's slots: those of every live node consuming it (a node on two queues counts on both)."""
+        totals = dict.fromkeys(self.inflight, 0)
+        for slots, queues in self.nodes.values():
+            for queue in queues:
+                totals[queue] = totals.get(queue, 0) + slots
+        return totals
 
     def served(self) -> set[str]:
         """The queues at least one live node consumes."""

@@ -262,6 +262,14 @@ class Settings(BaseSettings):
     (docs/cluster.md)."""
     publish_retries: int = Field(default=5, ge=0, le=50, validation_alias="BRIDGE_PUBLISH_RETRIES")
     """Broker publish retries before a rollout is handed back."""
+    backlog_interval_s: float = Field(default=5.0, gt=0, validation_alias="BRIDGE_BACKLOG_INTERVAL_S")
+    """Seconds between the leading bridge's reads of the Store's waiting rollouts (one request each, on a thread
+    of its own), which feed agl_bridge_store_waiting_rollouts and agl_bridge_desired_slots
+    (docs/operations.md, "Autoscaling signal")."""
+    backlog_list_limit: int = Field(default=1000, ge=1, le=100000, validation_alias="BRIDGE_BACKLOG_LIST_LIMIT")
+    """With several queues (QUEUE_BY_MODE) the Store cannot count by mode, so the backlog read lists this many of
+    the oldest waiting rollouts and splits the rest in their proportions; the total stays exact. With one queue the
+    read lists one rollout whatever this says (docs/operations.md, "Autoscaling signal")."""
 
     metrics_port: int | None = Field(
         default=None,

@@ -194,11 +194,16 @@ class StoreClient:
         status_in: Iterable[str] = (),
         rollout_ids: Iterable[str] = (),
         limit: int = -1,
+        sort_by: str | None = None,
         retries: int | None = None,
         timeout: float | None = None,
     ) -> tuple[list[Rollout | AttemptedRollout], int]:
+        """One page of rollouts (``limit`` -1: all) and ``total``, the count of every match; ``sort_by`` a
+        Rollout field, ascending (docs/store-protocol.md 3)."""
         params: list[tuple[str, str | int]] = [("status_in", s) for s in status_in]
         params += [("rollout_id_in", r) for r in rollout_ids]
+        if sort_by is not None:
+            params += [("sort_by", sort_by), ("sort_order", "asc")]
         params.append(("limit", limit))
         data = self._json("GET", "/rollouts", params=params, retries=retries, timeout=timeout)
         return [_rollout(item) for item in data["items"]], int(data["total"])

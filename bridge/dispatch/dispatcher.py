@@ -45,6 +45,7 @@ from bridge.core.redact import redact_url
 from bridge.core.settings import Settings
 from bridge.core.store import StoreClient
 from bridge.dispatch import broker, metrics, placement
+from bridge.dispatch.backlog import BacklogReader
 from bridge.dispatch.coalesce import Coalescer
 from bridge.dispatch.hold import Hold
 from bridge.dispatch.leader import LeaderLock
@@ -106,6 +107,8 @@ class Dispatcher:
         # Longer than it takes every live executor to renew its lease (one heartbeat) after Redis lost them.
         self.confirm_s = 2 * settings.heartbeat_interval_s + 5.0
         self._next_scope_check = 0.0  # monotonic: when to look again for workers of another Store URL
+        self._backlog = BacklogReader(store, settings, leading=lambda: self._lock.held)  # the Store's waiting rollouts
+        self._exporting = False  # the leader's per-queue gauges are set (metrics.LEADER_GAUGES)
 
     # --- the loop ------------------------------------------------------------------------------
 
@@ -117,13 +120,16 @@ class Dispatcher:
             redact_url(self.settings.store_base),
             self.scope,
         )
+        self._backlog.start()
         try:
             while not self.stop.is_set():
                 self.stop.wait(self._tick_surviving())
         finally:
+            self._backlog.close()
             for held in self._hold.take_all():  # claimed, never published: give them back rather than strand them
                 self.hand_back(held.rollout, "shutdown")
             self._lock.release()
+            self._stop_exporting()
             if self._probe is not None:
                 self._probe.close()
             self.publisher.close()
@@ -162,7 +168,7 @@ class Dispatcher:
         rooms, served = view.rooms(), view.served()
         if time.monotonic() >= self._next_gauges:  # observability only: once a second, not every tick
             self._next_gauges = time.monotonic() + GAUGES_EVERY_S
-            self._update_gauges(rooms, served)
+            self._update_gauges(view, rooms, served)
         self._place_held(rooms, served)
         if self._hold.waits_on(served):  # a consumed queue is full and its rollout waits: claim nothing more
             return self._wait_for_slot()
@@ -400,7 +406,17 @@ class Dispatcher:
         leading, newly = self._lock.ensure()
         if newly:
             self._reconcile_by(0.0)  # a new leader repairs what the last one left at once
+            self._backlog.wake()
+        if not leading:
+            self._stop_exporting()
         return leading
+
+    def _stop_exporting(self) -> None:
+        """No longer the leader: export none of the leader's per-queue gauges, as a standby never has."""
+        if self._exporting:
+            metrics.clear_leader_gauges()
+            self._backlog.forget()
+            self._exporting = False
 
     # --- helpers ---------------------------------------------------------------------------------
 
@@ -446,10 +462,12 @@ class Dispatcher:
                 ", ".join(sorted(others)),
             )
 
-    def _update_gauges(self, free: dict[str, int], served: set[str]) -> None:
+    def _update_gauges(self, view: capacity.SlotView, free: dict[str, int], served: set[str]) -> None:
         if not served:
             self._warn_about_other_scopes()
+        self._exporting = True
         held = self._hold.by_queue()
+        self._update_autoscaling_gauges(view, free, held)
         for queue in self.queues:
             metrics.HELD.labels(queue).set(held.get(queue, 0))
             metrics.UNSERVED.labels(queue).set(0 if queue in served else 1)
@@ -461,14 +479,30 @@ class Dispatcher:
             self._probe = broker.queues_for(self.settings, self.redis)
         try:
             for queue in self.queues:
-                metrics.FREE_SLOTS.labels(queue).set(free.get(queue, 0))
-                metrics.IN_FLIGHT.labels(queue).set(capacity.inflight_count(self.redis, self.scope, queue))
                 metrics.QUEUE_DEPTH.labels(queue).set(self._probe.depth(queue))
                 metrics.OLDEST_QUEUED_AGE.labels(queue).set(self._probe.oldest_age(queue) or 0.0)
                 oldest = capacity.oldest_inflight_age(self.redis, self.scope, queue)
                 metrics.OLDEST_IN_FLIGHT_AGE.labels(queue).set(oldest or 0.0)
         except (redis.RedisError, broker.BrokerReadError):
             pass
+
+    def _update_autoscaling_gauges(self, view: capacity.SlotView, free: dict[str, int], held: dict[str, int]) -> None:
+        """Slots, free slots, in flight, and from the last backlog reading the Store's waiting rollouts and the
+        desired slots (waiting + held + in flight), per queue (docs/operations.md, "Autoscaling signal")."""
+        totals = view.totals()
+        backlog = self._backlog.latest
+        now = time.time()
+        for queue in self.queues:
+            inflight = view.inflight.get(queue, 0)
+            metrics.SLOTS.labels(queue).set(totals.get(queue, 0))
+            metrics.FREE_SLOTS.labels(queue).set(free.get(queue, 0))
+            metrics.IN_FLIGHT.labels(queue).set(inflight)
+            if backlog is None:  # none read yet in this leader term: export nothing rather than a false 0
+                continue
+            waiting = backlog.waiting.get(queue, 0)
+            metrics.STORE_WAITING.labels(queue).set(waiting)
+            metrics.STORE_OLDEST_WAITING.labels(queue).set(backlog.oldest_age(queue, now))
+            metrics.DESIRED_SLOTS.labels(queue).set(waiting + held.get(queue, 0) + inflight)
 
 
 def _ids(rollout: AttemptedRollout) -> tuple[str, str]:

@@ -62,6 +62,7 @@ class LeaderLock:
             except (LockError, redis.RedisError):  # no longer ours, or Redis is away: it expires on its own
                 pass
             self.held = False
+            metrics.IS_LEADER.set(0)
 
 
 def dispatching(client: redis.Redis, scope: str) -> bool:

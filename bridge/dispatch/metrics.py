@@ -50,6 +50,26 @@ OLDEST_QUEUED_AGE = Gauge(
 OLDEST_IN_FLIGHT_AGE = Gauge(
     "agl_bridge_oldest_in_flight_age_seconds", "Age of the oldest published, unfinished attempt", ["queue"]
 )
+SLOTS = Gauge(
+    "agl_bridge_total_slots",
+    "Slots of the live worker nodes consuming the queue (a node on two queues counts on both)",
+    ["queue"],
+)
+STORE_WAITING = Gauge(
+    "agl_bridge_store_waiting_rollouts",
+    "Rollouts queuing or requeuing in the Store whose mode routes to the queue (read every BRIDGE_BACKLOG_INTERVAL_S)",
+    ["queue"],
+)
+STORE_OLDEST_WAITING = Gauge(
+    "agl_bridge_store_oldest_waiting_seconds",
+    "How long the oldest rollout waiting in the Store for the queue has waited since its enqueue",
+    ["queue"],
+)
+DESIRED_SLOTS = Gauge(
+    "agl_bridge_desired_slots",
+    "Slots the queue needs now: rollouts waiting in the Store + held by the bridge + in flight (scale on this)",
+    ["queue"],
+)
 IS_LEADER = Gauge("agl_bridge_is_leader", "1 when this bridge holds the dispatch lock")
 DISPATCH_LATENCY = Histogram(
     "agl_bridge_dequeue_to_publish_seconds",
@@ -57,8 +77,30 @@ DISPATCH_LATENCY = Histogram(
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
 
+# The per-queue gauges only the leader knows: a standby exports none of them, and a bridge that loses the lock
+# clears them (``clear_leader_gauges``), so a scrape never mixes a standby's stale view with the leader's.
+LEADER_GAUGES = (
+    HELD,
+    UNSERVED,
+    IN_FLIGHT,
+    FREE_SLOTS,
+    SLOTS,
+    QUEUE_DEPTH,
+    OLDEST_QUEUED_AGE,
+    OLDEST_IN_FLIGHT_AGE,
+    STORE_WAITING,
+    STORE_OLDEST_WAITING,
+    DESIRED_SLOTS,
+)
+
+
+def clear_leader_gauges() -> None:
+    for gauge in LEADER_GAUGES:
+        gauge.clear()
+
+
 # Series a dashboard alerts on are exported at zero from the start, not only after the first error.
-for _kind in ("dequeue", "hand_back"):
+for _kind in ("dequeue", "hand_back", "backlog"):
     STORE_ERRORS.labels(_kind)
 for _reason in ("publish_failed", "stranded", "no_room", "shutdown", "error"):
     HANDED_BACK.labels(_reason)

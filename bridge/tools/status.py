@@ -26,6 +26,7 @@ from bridge.core.redact import redact_text, redact_url
 from bridge.core.settings import Settings, load_settings
 from bridge.core.store import API, StoreClient
 from bridge.dispatch import broker
+from bridge.dispatch.backlog import read_backlog
 
 LAST_ERRORS = 5
 INSPECT_TIMEOUT_S = 1.0
@@ -78,6 +79,7 @@ def collect(
     report: dict[str, Any] = {"time": round(time.time(), 3)}
     report["store"] = _store_part(settings, store)
     report["broker"], workers = _broker_part(settings, client)
+    _add_backlog(report, settings, store)
     if inspect and report["broker"]["ok"]:
         _add_active(workers, settings)
     report["workers"] = sorted(workers.values(), key=lambda w: w["name"])
@@ -101,6 +103,19 @@ def _store_part(settings: Settings, store: StoreClient | None) -> dict[str, Any]
     except StoreError as exc:
         part["error"] = str(exc)
     return part
+
+
+def _add_backlog(report: dict[str, Any], settings: Settings, store: StoreClient) -> None:
+    """Each queue's rollouts waiting in the Store, as the leading bridge exports them (bridge.dispatch.backlog)."""
+    try:
+        backlog = read_backlog(store, settings)
+    except StoreError:
+        return  # the Store part says why
+    report["waiting_exact"] = backlog.exact
+    now = time.time()
+    for queue, entry in report["broker"]["queues"].items():
+        entry["waiting"] = backlog.waiting.get(queue, 0)
+        entry["oldest_waiting_s"] = _round(backlog.oldest_age(queue, now) if queue in backlog.oldest else None)
 
 
 def _last_errors(store: StoreClient) -> list[dict[str, Any]]:
@@ -151,10 +166,11 @@ def _broker_part(settings: Settings, client: redis.Redis) -> tuple[dict[str, Any
             workers[name]["stuck_threads"] = int(count or 0)
         held, unserved = capacity.read_held(client, scope)
         part["unserved"] = unserved
-        queues = set(settings.all_queues()) | {q for w in workers.values() for q in w["queues"]} | set(held)
-        for queue in sorted(queues):
-            slots = capacity.total_slots(client, scope, queue)
-            inflight = capacity.inflight_count(client, scope, queue)
+        queues = sorted(set(settings.all_queues()) | {q for w in workers.values() for q in w["queues"]} | set(held))
+        view = capacity.read_slots(client, scope, queues)  # the dispatcher's accounting: a shared node once
+        totals, rooms = view.totals(), view.rooms()
+        for queue in queues:
+            inflight = view.inflight[queue]
             oldest_queued = probe.oldest_age(queue)
             oldest_inflight = capacity.oldest_inflight_age(client, scope, queue)
             part["queues"][queue] = {
@@ -162,8 +178,8 @@ def _broker_part(settings: Settings, client: redis.Redis) -> tuple[dict[str, Any
                 "oldest_queued_s": _round(oldest_queued),
                 "in_flight": inflight,
                 "oldest_in_flight_s": _round(oldest_inflight),
-                "slots": slots,
-                "free_slots": max(0, slots - inflight),
+                "slots": totals[queue],
+                "free_slots": rooms[queue],
                 "held": held.get(queue, 0),
             }
         part["ok"] = True
@@ -200,6 +216,10 @@ def _round(value: float | None) -> float | None:
     return round(value, 1) if value is not None else None
 
 
+def _seconds(value: float | None) -> str:
+    return f"{value:.1f}s" if value is not None else "-"
+
+
 # --- rendering ----------------------------------------------------------------------------------
 
 
@@ -221,13 +241,17 @@ def render(report: dict[str, Any]) -> str:
     if brk.get("scope"):
         lines.append(f"  Redis key scope {brk['scope']} (this Store's workers, slots and leader lock)")
     if brk["queues"]:
-        header = f"  {'queue':<20} {'depth':>6} {'oldest':>8} {'in flight':>9} {'slots':>6} {'free':>5} {'held':>5}"
+        header = (
+            f"  {'queue':<20} {'depth':>6} {'oldest':>8} {'in flight':>9} {'slots':>6} {'free':>5} {'held':>5}"
+            f" {'waiting in Store':>16} {'oldest':>8}"
+        )
         lines.append(header)
+        estimated = "~" if report.get("waiting_exact") is False else ""
         for name, q in brk["queues"].items():
-            oldest = f"{q['oldest_queued_s']:.1f}s" if q["oldest_queued_s"] is not None else "-"
+            waiting = f"{estimated}{q['waiting']}" if q.get("waiting") is not None else "?"
             lines.append(
-                f"  {name:<20} {q['depth']:>6} {oldest:>8} {q['in_flight']:>9} {q['slots']:>6} {q['free_slots']:>5}"
-                f" {q.get('held', 0):>5}"
+                f"  {name:<20} {q['depth']:>6} {_seconds(q['oldest_queued_s']):>8} {q['in_flight']:>9} {q['slots']:>6}"
+                f" {q['free_slots']:>5} {q.get('held', 0):>5} {waiting:>16} {_seconds(q.get('oldest_waiting_s')):>8}"
             )
         for name in brk.get("unserved", []):
             held = brk["queues"].get(name, {}).get("held", 0)

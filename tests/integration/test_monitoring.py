@@ -1,7 +1,9 @@
 """Operability against real processes: `bridge status --json`, Prometheus series of bridge and workers, Flower.
 
 One module stack (one prefork worker node with metrics on, Flower with basic auth, a bridge with metrics)
-runs a few real rollouts plus one bad input; the tests then read what an operator would read.
+runs a few real rollouts plus one bad input; the tests then read what an operator would read. The last test
+stops the worker and reads the autoscaling signal (docs/operations.md, "Autoscaling signal") from the leader
+and from a standby bridge.
 """
 
 from __future__ import annotations
@@ -13,17 +15,19 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
 from bridge.core.message import TASK_NAME
+from bridge.dispatch import metrics
+from bridge.tools.procs import free_port
 from bridge.tools.stack import LocalStack
 from tests.helpers import cancel_unfinished, enqueue, split_tasks, stack_for, wait_finished
 
-pytestmark = [pytest.mark.integration, pytest.mark.cost(14)]
+pytestmark = [pytest.mark.integration, pytest.mark.cost(20)]
 
 GOOD = 6
 FLOWER_AUTH = ("ops", "s3cret-for-tests")
@@ -42,7 +46,7 @@ def ops(services: LocalStack, tmp_path_factory: pytest.TempPathFactory) -> Itera
         flower=True,
         bridge_metrics_port=0,
         worker_metrics=True,
-        extra_env={"FLOWER_BASIC_AUTH": ":".join(FLOWER_AUTH)},
+        extra_env={"FLOWER_BASIC_AUTH": ":".join(FLOWER_AUTH), "BRIDGE_BACKLOG_INTERVAL_S": "1"},
     )
     stack.start()
     try:
@@ -110,6 +114,7 @@ def test_status_json_reports_store_broker_workers_and_last_errors(ops: dict[str,
     queue = report["broker"]["queues"]["rollouts"]
     assert queue["depth"] == 0 and queue["in_flight"] == 0 and queue["oldest_queued_s"] is None
     assert queue["slots"] == 4 and queue["free_slots"] == 4
+    assert queue["waiting"] == 0 and queue["oldest_waiting_s"] is None and report["waiting_exact"]
     assert report["in_flight"] == 0
     [worker] = [w for w in report["workers"] if w["name"] == f"worker1@{socket.gethostname()}"]
     assert worker["slots"] == 4 and worker["queues"] == ["rollouts"] and worker["active"] == []
@@ -207,3 +212,54 @@ def test_worker_log_lines_carry_rollout_attempt_and_task_ids(ops: dict[str, obje
     for rid in ops["good"]:  # type: ignore[attr-defined]
         aid = final[rid]["attempt"]["attempt_id"]
         assert f"[rollout={rid} attempt={aid} task={aid}] reported succeeded" in log
+
+
+WAITING = 5
+
+
+def test_the_leader_exports_the_stores_backlog_as_desired_slots_and_a_standby_exports_none(
+    ops: dict[str, object],
+) -> None:
+    """Last in the module: it stops the worker, so what is enqueued waits in the Store."""
+    stack = ops["stack"]
+    assert isinstance(stack, LocalStack) and stack.bridge_metrics_url
+    port = free_port()
+    standby = subprocess.Popen(
+        [sys.executable, "-m", "bridge", "run", "--metrics-port", str(port)],
+        env=stack.component_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        stack.process("worker1").stop()  # a warm shutdown withdraws its slots: the bridge claims nothing
+        enqueue(stack.store_url, split_tasks(WAITING))
+        leader = _settled(
+            stack.bridge_metrics_url, lambda s: s.get('agl_bridge_store_waiting_rollouts{queue="rollouts"}'), WAITING
+        )
+        assert leader['agl_bridge_desired_slots{queue="rollouts"}'] == WAITING
+        assert leader['agl_bridge_total_slots{queue="rollouts"}'] == 0
+        assert leader['agl_bridge_free_slots{queue="rollouts"}'] == 0
+        assert leader['agl_bridge_store_oldest_waiting_seconds{queue="rollouts"}'] >= 0
+        assert leader["agl_bridge_is_leader"] == 1
+        others = _settled(f"http://127.0.0.1:{port}/metrics", lambda s: s.get("agl_bridge_is_leader"), 0)
+        exported = {key.partition("{")[0] for key in others}
+        leader_only = {gauge._name for gauge in metrics.LEADER_GAUGES}
+        assert not exported & leader_only, exported & leader_only
+    finally:
+        standby.terminate()
+        standby.wait(timeout=15)
+
+
+def _settled(url: str, read: Callable[[dict[str, float]], float | None], want: float) -> dict[str, float]:
+    """The samples at ``url`` once ``read`` gives ``want`` (an unanswered scrape reads as none), within 30 s."""
+    deadline = time.monotonic() + 30.0
+    while True:
+        try:
+            samples = _samples(url)
+        except httpx.HTTPError:
+            samples = {}
+        if read(samples) == want or time.monotonic() > deadline:
+            assert read(samples) == want, samples
+            return samples
+        time.sleep(0.5)
