@@ -58,6 +58,17 @@ def withdraw(client: redis.Redis, scope: str, worker: str, queues: Iterable[str]
     pipe.execute()
 
 
+def missing_adverts(client: redis.Redis, scope: str, worker: str, queues: Iterable[str]) -> list[str]:
+    """The queues among ``queues`` on which ``worker`` has no live slot key: empty while the node advertises on
+    all of them (from ``worker_ready`` until its warm shutdown withdraws them or ``CAPACITY_TTL_S`` passes
+    without a refresh). A key holding 0 (every slot stuck) still counts as advertised."""
+    wanted = list(queues)
+    pipe = client.pipeline(transaction=False)
+    for queue in wanted:
+        pipe.exists(keys.capacity(scope, queue, worker))
+    return [queue for queue, present in zip(wanted, pipe.execute(), strict=True) if not present]
+
+
 def _advertised(client: redis.Redis, scope: str, queues: list[str]) -> tuple[list[tuple[str, str, int]], list[int]]:
     """(queue, node, slots) of every live advertisement on ``queues``, and each queue's in-flight count.
 

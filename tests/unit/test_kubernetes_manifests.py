@@ -1,0 +1,262 @@
+"""deploy/kubernetes renders and is valid, offline: every overlay is built with the kustomize subset of
+``tests/kustomize.py``, each manifest validated against the Kubernetes schemas bundled by ``kubernetes-validate``
+(strict: unknown fields fail) and the ScaledObject against KEDA's vendored CRD schema, made strict the same way.
+The manifests are also checked against the project: commands and settings that exist, the autoscalers' target
+equal to a worker pod's slots, a grace period above the rollout budget, secrets never in the ConfigMap. A
+deliberately broken copy of each kind of manifest is rejected, so the validation is shown to bite.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import math
+import shlex
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from bridge.core.settings import Settings, env_name, load_settings
+from tests.kustomize import Manifest, Unsupported, load_documents, merge, render
+
+ROOT = Path(__file__).resolve().parents[2]
+K8S = ROOT / "deploy/kubernetes"
+OVERLAYS = sorted(path.parent for path in (K8S / "overlays").glob("*/kustomization.yaml"))
+KUBERNETES_VERSION = "1.32"  # validated against this release's API schemas
+SETTINGS = {env_name(name) for name in Settings.model_fields}
+NON_SETTINGS = {"FLOWER_BASIC_AUTH", "LITELLM_LOCAL_MODEL_COST_MAP", "PROMETHEUS_MULTIPROC_DIR"}
+SECRET_NAMES = {
+    "CELERY_BROKER_URL",  # URLs may carry passwords
+    "REDIS_URL",
+    "OPENAI_API_KEY",
+    "AGENT_LIGHTNING_STORE_TOKEN",
+    "WEBSHOP_TOKEN",
+    "AGL_V1_KEY",
+    "FLOWER_BASIC_AUTH",
+}
+DESIRED = "agl_bridge_desired_slots"
+
+
+def strict(schema: Any) -> Any:
+    """An OpenAPI v3 CRD schema with every object that lists its properties closed to others (the API server's
+    strict field validation), unless it preserves unknown fields."""
+    if isinstance(schema, dict):
+        closed = {key: strict(value) for key, value in schema.items()}
+        open_ = "additionalProperties" in schema or schema.get("x-kubernetes-preserve-unknown-fields")
+        if "properties" in schema and not open_:
+            closed["additionalProperties"] = False
+        return closed
+    if isinstance(schema, list):
+        return [strict(item) for item in schema]
+    return schema
+
+
+KEDA_SCHEMA = strict(json.loads((K8S / "schemas/keda.sh_scaledobject_v1alpha1.json").read_text()))
+
+
+def validate(manifest: Manifest) -> None:
+    """Raise a jsonschema ValidationError (or a schema lookup error) unless ``manifest`` is valid."""
+    if manifest["apiVersion"] == "keda.sh/v1alpha1" and manifest["kind"] == "ScaledObject":
+        jsonschema.Draft7Validator(KEDA_SCHEMA).validate(manifest)
+        spec = manifest["spec"]  # the CRD's one CEL rule, which jsonschema cannot evaluate
+        assert spec.get("minReplicaCount", 0) <= spec.get("maxReplicaCount", 100), "minReplicaCount > maxReplicaCount"
+        return
+    kubernetes_validate.validate(manifest, KUBERNETES_VERSION, strict=True)
+
+
+@pytest.fixture(scope="module")
+def rendered() -> dict[str, list[Manifest]]:
+    return {path.name: render(path) for path in OVERLAYS}
+
+
+def find(manifests: list[Manifest], kind: str, name: str) -> Manifest:
+    (found,) = [m for m in manifests if m["kind"] == kind and m["metadata"]["name"] == name]
+    return found
+
+
+def container(manifests: list[Manifest], name: str) -> Manifest:
+    return dict(find(manifests, "Deployment", name)["spec"]["template"]["spec"]["containers"][0])
+
+
+def test_every_overlay_renders_to_valid_manifests(rendered: dict[str, list[Manifest]]) -> None:
+    assert {"example", "external-broker"} <= set(rendered)
+    for overlay, manifests in rendered.items():
+        assert manifests, overlay
+        for manifest in manifests:
+            validate(manifest)
+            assert manifest["metadata"]["namespace"] == "agl", (overlay, manifest["metadata"])
+
+
+def test_a_misspelled_field_is_rejected(rendered: dict[str, list[Manifest]]) -> None:
+    manifests = rendered["example"]
+    worker = copy.deepcopy(find(manifests, "Deployment", "agl-worker"))
+    pod = worker["spec"]["template"]["spec"]
+    pod["terminationGracePeriodSecond"] = pod.pop("terminationGracePeriodSeconds")
+    with pytest.raises(jsonschema.ValidationError, match="terminationGracePeriodSecond"):
+        validate(worker)
+    wrong_type = copy.deepcopy(find(manifests, "Deployment", "agl-bridge"))
+    wrong_type["spec"]["replicas"] = "two"
+    with pytest.raises(jsonschema.ValidationError):
+        validate(wrong_type)
+    scaled = copy.deepcopy(find(manifests, "ScaledObject", "agl-worker"))
+    scaled["spec"]["maxReplicaCounts"] = scaled["spec"].pop("maxReplicaCount")
+    with pytest.raises(jsonschema.ValidationError, match="maxReplicaCounts"):
+        validate(scaled)
+    scaled = copy.deepcopy(find(manifests, "ScaledObject", "agl-worker"))
+    scaled["spec"]["triggers"][0]["metadata"]["threshold"] = 128  # trigger metadata values are strings
+    with pytest.raises(jsonschema.ValidationError):
+        validate(scaled)
+    hpa = copy.deepcopy(find(rendered["external-broker"], "HorizontalPodAutoscaler", "agl-worker"))
+    hpa["spec"]["metrics"][0]["external"]["target"]["averageValu"] = "128"
+    with pytest.raises(jsonschema.ValidationError, match="averageValu"):
+        validate(hpa)
+
+
+def test_the_renderer_merges_like_kustomize_and_refuses_what_it_does_not_know(tmp_path: Path) -> None:
+    target = {"spec": {"containers": [{"name": "a", "image": "x", "args": ["1"]}, {"name": "b"}], "drop": 1}}
+    patch = {"spec": {"containers": [{"name": "a", "args": ["2"]}, {"name": "c"}], "drop": None}}
+    assert merge(target, patch) == {
+        "spec": {"containers": [{"name": "a", "image": "x", "args": ["2"]}, {"name": "b"}, {"name": "c"}]}
+    }
+    (tmp_path / "kustomization.yaml").write_text("kind: Kustomization\nresources: []\nconfigMapGenerator: []\n")
+    with pytest.raises(Unsupported, match="configMapGenerator"):
+        render(tmp_path)
+
+
+def test_keda_and_hpa_are_never_both_active(rendered: dict[str, list[Manifest]]) -> None:
+    kinds = {overlay: {m["kind"] for m in manifests} for overlay, manifests in rendered.items()}
+    for overlay, present in kinds.items():
+        assert len({"ScaledObject", "HorizontalPodAutoscaler"} & present) == 1, (overlay, present)
+    assert "ScaledObject" in kinds["example"] and "HorizontalPodAutoscaler" in kinds["external-broker"]
+
+
+def test_autoscalers_target_one_worker_pods_slots_on_the_desired_slots_series(
+    rendered: dict[str, list[Manifest]],
+) -> None:
+    worker = container(rendered["example"], "agl-worker")
+    argv = worker["command"] + worker["args"]
+    slots = int(argv[argv.index("-c") + 1])
+    assert argv[argv.index("-P") + 1] == "threads" and argv[argv.index("-Q") + 1] == "rollouts"
+    scaled = find(rendered["example"], "ScaledObject", "agl-worker")
+    assert scaled["spec"]["scaleTargetRef"]["name"] == "agl-worker"
+    (trigger,) = scaled["spec"]["triggers"]
+    assert trigger["type"] == "prometheus" and trigger["metricType"] == "AverageValue"
+    assert int(trigger["metadata"]["threshold"]) == slots
+    assert f'{DESIRED}{{queue="rollouts"}}' in trigger["metadata"]["query"]
+    hpa = find(rendered["external-broker"], "HorizontalPodAutoscaler", "agl-worker")
+    (metric,) = hpa["spec"]["metrics"]
+    assert metric["external"]["metric"] == {"name": DESIRED, "selector": {"matchLabels": {"queue": "rollouts"}}}
+    assert metric["external"]["target"] == {"type": "AverageValue", "averageValue": str(slots)}
+    (rule,) = yaml.safe_load((K8S / "components/hpa/prometheus-adapter-rules.yaml").read_text())["externalRules"]
+    assert rule["name"]["as"] == DESIRED and rule["seriesQuery"].startswith(DESIRED + "{")
+    # replicas = ceil(desired / slots per pod): 129 desired slots need 2 pods of 128
+    assert math.ceil((slots + 1) / slots) == 2
+
+
+def test_worker_grace_period_outlasts_the_rollout_budget_and_probes_read_its_advert(
+    rendered: dict[str, list[Manifest]],
+) -> None:
+    manifests = rendered["example"]
+    config = find(manifests, "ConfigMap", "agl-config")["data"]
+    budget = float(config.get("ROLLOUT_DEFAULT_TIMEOUT_S", Settings.model_fields["default_timeout_s"].default))
+    settings = Settings.model_construct(default_timeout_s=budget)
+    pod = find(manifests, "Deployment", "agl-worker")["spec"]["template"]["spec"]
+    grace = pod["terminationGracePeriodSeconds"]
+    assert grace >= budget + 60 > settings.hard_time_limit(None) > settings.soft_time_limit(None)
+    worker = container(manifests, "agl-worker")
+    argv = worker["command"] + worker["args"]
+    assert argv[:4] == ["celery", "-A", "workers", "worker"] and argv[argv.index("-n") + 1] == "worker@%h"
+    probe = worker["readinessProbe"]["exec"]["command"]
+    assert probe[:3] == ["python", "-m", "workers.health"] and importlib.util.find_spec(probe[2])
+    assert probe[probe.index("-Q") + 1] == argv[argv.index("-Q") + 1]
+    assert worker["livenessProbe"]["httpGet"]["port"] == "metrics"
+    assert worker["ports"] == [{"name": "metrics", "containerPort": int(config["WORKER_METRICS_PORT"])}]
+
+
+def test_bridge_runs_leader_and_standby_and_is_scraped(rendered: dict[str, list[Manifest]]) -> None:
+    for manifests in rendered.values():
+        bridge = find(manifests, "Deployment", "agl-bridge")
+        assert bridge["spec"]["replicas"] == 2
+        template = bridge["spec"]["template"]
+        argv = template["spec"]["containers"][0]["command"]
+        assert argv[:4] == ["python", "-m", "bridge", "run"]
+        port = argv[argv.index("--metrics-port") + 1]
+        annotations = template["metadata"]["annotations"]
+        assert annotations["prometheus.io/scrape"] == "true" and annotations["prometheus.io/port"] == port
+        assert template["spec"]["containers"][0]["ports"][0]["containerPort"] == int(port)
+
+
+def _env_names(manifests: list[Manifest]) -> set[str]:
+    names: set[str] = set()
+    for manifest in manifests:
+        kind = manifest["kind"]
+        if kind in {"ConfigMap", "Secret"}:
+            names |= set(manifest.get("data") or {}) | set(manifest.get("stringData") or {})
+        elif kind in {"Deployment", "StatefulSet"}:
+            for item in manifest["spec"]["template"]["spec"]["containers"]:
+                names |= {env["name"] for env in item.get("env", [])}
+    return names
+
+
+def test_configuration_uses_settings_and_keeps_secrets_out_of_config_maps(
+    rendered: dict[str, list[Manifest]],
+) -> None:
+    for overlay, manifests in rendered.items():
+        unknown = _env_names(manifests) - SETTINGS - NON_SETTINGS
+        assert not unknown, (overlay, unknown)
+        for config in (m for m in manifests if m["kind"] == "ConfigMap"):
+            assert not set(config["data"]) & SECRET_NAMES, (overlay, config["metadata"]["name"])
+        flower = container(manifests, "agl-flower")
+        (auth,) = [env for env in flower["env"] if env["name"] == "FLOWER_BASIC_AUTH"]
+        secret = find(manifests, "Secret", auth["valueFrom"]["secretKeyRef"]["name"])
+        assert ":" in secret["stringData"]["FLOWER_BASIC_AUTH"]
+        assert "FLOWER_BASIC_AUTH" not in find(manifests, "Secret", "agl-secrets")["stringData"]
+
+
+def test_commands_exist_in_the_project(rendered: dict[str, list[Manifest]]) -> None:
+    for manifests in rendered.values():
+        for manifest in manifests:
+            if manifest["kind"] not in {"Deployment", "StatefulSet"}:
+                continue
+            for item in manifest["spec"]["template"]["spec"]["containers"]:
+                argv = item.get("command") or item.get("args")
+                if item["image"].startswith("redis:"):
+                    continue
+                assert argv[0] in {"python", "celery"}, argv
+                if argv[0] == "python":
+                    assert argv[1] == "-m" and importlib.util.find_spec(argv[2]), argv
+                else:
+                    assert argv[1:3] == ["-A", "workers"] and argv[3] in {"worker", "flower"}, shlex.join(argv)
+
+
+def test_every_yaml_file_is_rendered_or_documented() -> None:
+    """Each manifest file belongs to a kustomization (the adapter rules are a config file, said so)."""
+    listed: set[Path] = set()
+    for kustomization in K8S.rglob("kustomization.yaml"):
+        spec = load_documents(kustomization)[0]
+        listed |= {(kustomization.parent / e).resolve() for e in spec.get("resources", [])}
+        listed |= {(kustomization.parent / e["path"]).resolve() for e in spec.get("patches", [])}
+    files = {path.resolve() for path in K8S.rglob("*.yaml") if path.name != "kustomization.yaml"}
+    assert files - listed == {(K8S / "components/hpa/prometheus-adapter-rules.yaml").resolve()}
+
+
+@pytest.mark.parametrize("overlay", [path.name for path in OVERLAYS])
+def test_the_pods_settings_load(
+    overlay: str, rendered: dict[str, list[Manifest]], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """What the ConfigMap and agl-secrets give the bridge and the workers passes the settings' own checks."""
+    monkeypatch.chdir(tmp_path)  # no .env
+    for name in SETTINGS | NON_SETTINGS:
+        monkeypatch.delenv(name, raising=False)
+    manifests = rendered[overlay]
+    env = {**find(manifests, "ConfigMap", "agl-config")["data"]}
+    env.update(find(manifests, "Secret", "agl-secrets")["stringData"])
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    settings = load_settings()
+    assert settings.default_queue == "rollouts" and settings.worker_metrics_port == 9101
