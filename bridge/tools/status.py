@@ -105,8 +105,11 @@ def _store_part(settings: Settings, store: StoreClient | None) -> dict[str, Any]
     return part
 
 
-def _add_backlog(report: dict[str, Any], settings: Settings, store: StoreClient) -> None:
-    """Each queue's rollouts waiting in the Store, as the leading bridge exports them (bridge.dispatch.backlog)."""
+def _add_backlog(report: dict[str, Any], settings: Settings, store: StoreClient | None) -> None:
+    """Each queue's rollouts waiting in the Store, as the leading bridge exports them (bridge.dispatch.backlog);
+    nothing without a Store."""
+    if store is None:
+        return
     try:
         backlog = read_backlog(store, settings)
     except StoreError:
