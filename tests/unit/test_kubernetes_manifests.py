@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from bridge.core.settings import Settings, env_name, load_settings
+from bridge.dispatch import metrics
 from tests.kustomize import Manifest, Unsupported, load_documents, merge, render
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,7 +40,7 @@ SECRET_NAMES = {
     "AGL_V1_KEY",
     "FLOWER_BASIC_AUTH",
 }
-DESIRED = "agl_bridge_desired_slots"
+DESIRED = metrics.DESIRED_SLOTS.describe()[0].name  # the series the bridge exports, not a copy of its name
 
 
 def strict(schema: Any) -> Any:
