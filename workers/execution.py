@@ -266,10 +266,10 @@ class AttemptRun:
                 self._flush_quietly(telemetry)
             if failure is FailureClass.INFRA and not isinstance(exc, StoreError):
                 self.log.exception("unexpected error in the episode")
-            watch.reporting = True
+            watch.begin_reporting()
             return self.reporter.failure(failure, redact_text(str(exc)) or type(exc).__name__, telemetry)
         else:
-            watch.reporting = True
+            watch.begin_reporting()
             return self.reporter.success(result, telemetry)
         finally:
             self.res.monitor.unwatch(watch)

@@ -60,10 +60,21 @@ class AttemptWatch:
     spans_at_last_beat: int = 0  # spans exported when the previous beat ran
     reporting: bool = False  # the final report is under way: keep the lease, stop fencing (it is our own report)
     lease_unknown: bool = False  # the latest renewal could not reach Redis: nobody can claim through it either
+    sending: threading.Lock = field(default_factory=threading.Lock)  # held by a heartbeat while it is in flight
 
     def __post_init__(self) -> None:
         first = self.interval_s if self.first_beat_in_s is None else self.first_beat_in_s
         self.next_beat = time.monotonic() + max(0.0, first)
+
+    def begin_reporting(self) -> None:
+        """The final report goes next: no heartbeat from now on, and none still in flight when this returns.
+
+        The Store updates an attempt by reading it whole and writing it back, unlocked: a heartbeat read before
+        the report landed and written after it would put the attempt, and the rollout with it, back to
+        ``running`` (observed once in a multi-host run; docs/architecture.md, "Heartbeats and the report")."""
+        self.reporting = True
+        with self.sending:
+            pass
 
     def stop(self, reason: str) -> None:
         if self.stop_reason is None:
@@ -361,15 +372,18 @@ class HeartbeatMonitor:
         left = self.store_budget(watch)
         if left is None:
             return  # the read used up what the latest renewal guarantees: the next beat sends it
-        sent_at = time.time()
-        attempt = self._store.update_attempt(
-            watch.rollout_id,
-            watch.attempt_id,
-            last_heartbeat_time=sent_at,
-            worker_id=watch.executor,  # the Store learns who runs it, at no extra cost
-            retries=0,
-            timeout=min(timeout, left),
-        )
+        with watch.sending:
+            if watch.reporting:
+                return  # the report won the race: it waits for no heartbeat but this one
+            sent_at = time.time()
+            attempt = self._store.update_attempt(
+                watch.rollout_id,
+                watch.attempt_id,
+                last_heartbeat_time=sent_at,
+                worker_id=watch.executor,  # the Store learns who runs it, at no extra cost
+                retries=0,
+                timeout=min(timeout, left),
+            )
         if attempt.status not in ACTIVE_ATTEMPT and not watch.reporting:
             watch.stop(f"the Store marked the attempt {attempt.status}")
             return
