@@ -44,10 +44,12 @@ def test_help_exits_zero(argv: list[str]) -> None:
 
 
 def test_missing_store_url_exits_2_with_one_readable_line(tmp_path: Path) -> None:
+    """The bridge, and a worker with nothing naming its deployment (no Store, no 1.0 gateway, no REDIS_KEY_SCOPE),
+    refuse to start; ``worker --help`` needs no configuration (``test_help_exits_zero``)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(SETTING_PREFIXES)}
     for argv in (
         [sys.executable, "-m", "bridge"],
-        [sys.executable, "-m", "celery", "-A", "workers", "worker", "--help"],
+        [sys.executable, "-m", "celery", "-A", "workers", "worker", "-l", "INFO"],
     ):
         # cwd: a folder without a stray .env
         done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60, cwd=tmp_path, check=False)
