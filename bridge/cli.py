@@ -33,10 +33,12 @@ TOOLS: dict[str, tuple[str, str]] = {
     "demo": ("bridge.tools.demo", "bring up a whole local stack, run rollouts through it, tear it down"),
     "status": ("bridge.tools.status", "Store counts, broker queues, workers and in-flight rollouts"),
     "bench": ("bridge.tools.bench.run", "measure throughput and overheads on a local stack"),
+    "bench-scale": ("bridge.tools.bench.scale_up", "a burst on a stack with no worker: how fast autoscale adds slots"),
     "bench-v1": (
         "bridge.tools.bench.agl_v1",
         "Agent Lightning 1.0 rollouts on our workers beside 1.0's own local runner",
     ),
+    "autoscale": ("bridge.tools.autoscale", "follow agl_bridge_desired_slots: start and stop local worker processes"),
     "chaos": (
         "bridge.tools.chaos.run",
         "inject faults into a local stack; audit that no rollout was lost or run twice",

@@ -40,7 +40,7 @@ SECRET_NAMES = {
     "AGL_V1_KEY",
     "FLOWER_BASIC_AUTH",
 }
-DESIRED = metrics.DESIRED_SLOTS.describe()[0].name  # the series the bridge exports, not a copy of its name
+[DESIRED] = [m.name for m in metrics.DESIRED_SLOTS.describe()]  # the series the bridge exports, not a copy
 
 
 def strict(schema: Any) -> Any:
