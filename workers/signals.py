@@ -116,7 +116,7 @@ def _on_shutting_down(**_: Any) -> None:
             pass
     if grace is not None and not drain.clock.draining:
         stop_at = drain.clock.begin(_node["client"], _node["scope"], _node["hostname"], grace)
-        drain.exit_by(time.time() + grace)
+        drain.exit_by(time.time() + grace - drain.EXIT_EARLY_S)
         log.warning(
             "draining: episodes still running in %.1f s are stopped and handed over; exiting within %g s",
             stop_at - time.time(),

@@ -165,10 +165,10 @@ class Settings(BaseSettings):
     stuck threads the worker drains (warm shutdown) and re-executes itself. Prefork needs none of it: Celery's
     hard time limit kills the child process."""
     worker_shutdown_grace_s: float | None = Field(
-        default=None, ge=2, le=86400, validation_alias="WORKER_SHUTDOWN_GRACE_S"
+        default=None, ge=8, le=86400, validation_alias="WORKER_SHUTDOWN_GRACE_S"
     )
     """Bound a worker's warm shutdown (SIGTERM) to this many seconds: episodes still running this long less a
-    reporting margin (5 s, at most half of it) after the signal are stopped and reported failed (class shutdown),
+    6 s margin after the signal are stopped and reported failed (class shutdown),
     or handed back to the Store queue when the rollout has no retry left, so they run again on another worker;
     the process exits within it. Unset: the warm shutdown waits for every running episode. Set it below the pod's
     terminationGracePeriodSeconds less 5 s (docs/operations.md, "Graceful shutdown")."""
