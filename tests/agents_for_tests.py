@@ -151,6 +151,17 @@ class BlockingAgent(agl.LitAgent[dict[str, Any]]):
         return _reward(task)
 
 
+class SlowFirstAgent(agl.LitAgent[dict[str, Any]]):
+    """Sleeps ``sleep`` seconds on a rollout's first attempt only, then answers like ``FloatAgent``: a drained
+    worker's episode outlasts its grace, and the attempt that runs it again is quick."""
+
+    def rollout(self, task: dict[str, Any], resources: agl.NamedResources, rollout: agl.Rollout) -> float:
+        if isinstance(rollout, agl.AttemptedRollout) and rollout.attempt.sequence_id == 1:
+            time.sleep(float(task.get("sleep", 0)))
+        _ask(resources, task)
+        return _reward(task)
+
+
 class RaisingHook(agl.Hook):
     """Every hook method raises: the rollout must succeed anyway."""
 

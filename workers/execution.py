@@ -41,10 +41,10 @@ from bridge.core.errors import (
     UnknownIdError,
 )
 from bridge.core.message import DEFAULT_AGENT
-from bridge.core.models import AttemptedRollout, AttemptStatus
+from bridge.core.models import AttemptedRollout, AttemptStatus, RolloutStatus
 from bridge.core.redact import redact_text
+from workers import drain, stuck
 from workers import llm as llm_mod
-from workers import stuck
 from workers.agent import Episode
 from workers.agents import loading as agent_loading
 from workers.agents.loading import ConfiguredAgent
@@ -54,7 +54,7 @@ from workers.fence_board import fence
 from workers.fencing import WriteGuard
 from workers.heartbeat import AttemptWatch, span_flush_interval
 from workers.inputs import parse_task_input
-from workers.lease import Lease
+from workers.lease import Lease, mark_done
 from workers.outcome import Outcome, OutcomeStatus, skipped
 from workers.ratelimit import LLMRateLimiter, RateLimit
 from workers.reporting import AttemptReporter, RunResult
@@ -255,12 +255,16 @@ class AttemptRun:
             # into a "timeout"; at least one try is always made.
             self.guard.flush_while_ours(telemetry, until=min(self.reporter.deadline(), self._episode_deadline() - 1.0))
         except Superseded as exc:
+            if watch.shutdown:
+                return self._hand_over(watch)
             self.log.warning("stopped without reporting: %s", exc.reason)
             return Outcome(OutcomeStatus.SKIPPED, exc.reason, FailureClass.CANCELLED)
         except LeaseUnproven as exc:  # a later delivery, or the bridge's reconcile, takes the attempt over
             self.log.warning("stopped without reporting: %s", exc)
             return Outcome(OutcomeStatus.SKIPPED, str(exc), FailureClass.INFRA)
         except Exception as exc:
+            if watch.shutdown:  # whatever the stopped agent raised (prefork: SoftTimeLimitExceeded from its interrupt)
+                return self._hand_over(watch)
             failure = classify(exc)
             if not isinstance(exc, TelemetryError):  # the spans just failed their retries: report at once
                 self._flush_quietly(telemetry)
@@ -274,6 +278,42 @@ class AttemptRun:
         finally:
             self.res.monitor.unwatch(watch)
             telemetry.close()
+
+    def _hand_over(self, watch: AttemptWatch) -> Outcome:
+        """The worker drained before the episode finished: give the rollout back so it runs again elsewhere.
+
+        Read the rollout, then report the attempt ``failed`` (``shutdown``) when the Store retries that, else hand the
+        rollout back (``requeuing``) and mark the attempt done (``workers.drain.handover``). The partial episode's
+        spans are dropped: the trainer reads the next attempt's.
+        """
+        reason = watch.stop_reason or drain.shutdown_reason(None)
+        watch.begin_reporting()  # the heartbeat leaves it alone from now on
+        bound = self.guard.write_bound()
+        try:
+            self.guard.prove_lease(time.time() + bound)
+            sent_at = time.time()
+            current = self.res.store.get_rollout(self.attempt.rollout_id, retries=1, timeout=bound)
+        except UnknownIdError:
+            return skipped(self.log, "the Store does not know this rollout (it restarted?); dropping the task")
+        except (Superseded, LeaseUnproven) as exc:
+            return skipped(self.log, f"stopped by the drain, not handed over: {exc}")
+        except StoreError as exc:  # undecided: the failure report retries, and the retry policy decides
+            self.log.warning("could not read the rollout to hand it over (%s); reporting it failed", exc)
+            return self.reporter.failure(FailureClass.SHUTDOWN, reason)
+        why_not = fence(current, self.attempt.attempt_id)
+        if why_not is not None:
+            return skipped(self.log, f"stopped by the drain, not handed over: {why_not}")
+        assert isinstance(current, AttemptedRollout)
+        self.guard.viewed(sent_at)
+        if drain.handover(current.config, current.attempt.sequence_id) is drain.Handover.FAIL:
+            return self.reporter.failure(FailureClass.SHUTDOWN, reason)
+        self.res.store.update_rollout(self.attempt.rollout_id, status=RolloutStatus.REQUEUING)
+        try:
+            mark_done(self.res.redis, self.attempt.attempt_id, "requeued", self.settings.done_marker_ttl_s)
+        except redis.RedisError as exc:  # a redelivery finds the rollout requeuing: the fence stops it
+            self.log.warning("could not record the done marker: %r", exc)
+        self.log.warning("%s; no retry left for a failed attempt: handed the rollout back to the Store queue", reason)
+        return Outcome(OutcomeStatus.SKIPPED, f"{reason}; handed back", FailureClass.SHUTDOWN)
 
     def _watch(self, telemetry: AttemptTelemetry) -> AttemptWatch:
         """The attempt's heartbeat, lease and fence watch, registered with the process's monitor."""
@@ -294,6 +334,7 @@ class AttemptRun:
             first_beat_in_s=interval - (time.time() - self.attempt.dequeued_at),  # the clock started at the dequeue
             viewed_at=self.guard.viewed_at,
             alive_at=self.attempt.dequeued_at,
+            interruptible=stuck.pool.prefork,
         )
         self.res.monitor.watch(watch)
         return watch

@@ -36,6 +36,7 @@ class FailureClass(StrEnum):
     TIMEOUT = "timeout"  # the episode ran out of its time budget
     CANCELLED = "cancelled"  # the rollout was cancelled or superseded while running
     AGENT = "agent"  # a configured LitAgent raised, returned an unsupported value, or is not the one expected
+    SHUTDOWN = "shutdown"  # the worker drained (WORKER_SHUTDOWN_GRACE_S) before the episode finished
 
 
 def classify(error: BaseException) -> FailureClass:

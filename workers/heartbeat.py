@@ -26,6 +26,7 @@ import redis
 from bridge.core.errors import StoreError, Superseded, TelemetryError, UnknownIdError
 from bridge.core.models import ACTIVE_ATTEMPT, RolloutConfig
 from bridge.core.store import ROLLOUTS_PER_READ, StoreClient
+from workers import drain
 from workers.fence_board import GRACE_S, LISTING_LAPSES_INTERVALS, FenceBoard, fence
 from workers.lease import Lease, Renewal, renew_all
 from workers.telemetry import AttemptTelemetry
@@ -61,6 +62,9 @@ class AttemptWatch:
     reporting: bool = False  # the final report is under way: keep the lease, stop fencing (it is our own report)
     lease_unknown: bool = False  # the latest renewal could not reach Redis: nobody can claim through it either
     sending: threading.Lock = field(default_factory=threading.Lock)  # held by a heartbeat while it is in flight
+    shutdown: bool = False  # stopped because the worker drains (workers.drain): handed over, not left unreported
+    interruptible: bool = False  # prefork: the agent runs on the process's main thread, SIGUSR1 interrupts it
+    interrupt_at: float | None = None  # monotonic s at which a drain-stopped agent that did not return is interrupted
 
     def __post_init__(self) -> None:
         first = self.interval_s if self.first_beat_in_s is None else self.first_beat_in_s
@@ -80,6 +84,13 @@ class AttemptWatch:
         if self.stop_reason is None:
             self.stop_reason = reason
             log.warning("stopping rollout=%s attempt=%s: %s", self.rollout_id, self.attempt_id, reason)
+
+    def shut_down(self, reason: str) -> None:
+        """Stop the attempt because the worker drains, unless it was stopped for a reason of its own already."""
+        if self.stop_reason is None and not self.reporting:
+            self.shutdown = True
+            self.interrupt_at = time.monotonic() + drain.INTERRUPT_AFTER_S
+            self.stop(reason)
 
     def check(self) -> None:
         """Called by the agent loop between steps: raise if the attempt must not go on."""
@@ -117,10 +128,18 @@ def span_flush_interval(streaming_s: float | None, unresponsive_s: float | None,
 
 
 class HeartbeatMonitor:
-    def __init__(self, store: StoreClient, redis_client: redis.Redis, board: FenceBoard | None = None) -> None:
+    def __init__(
+        self,
+        store: StoreClient,
+        redis_client: redis.Redis,
+        board: FenceBoard | None = None,
+        drain_scope: str | None = None,
+    ) -> None:
+        """``drain_scope``: the deployment's key scope when ``WORKER_SHUTDOWN_GRACE_S`` bounds a drain (else None)."""
         self._store = store
         self._redis = redis_client
         self._board = board
+        self._drain_scope = drain_scope
         self._watches: set[AttemptWatch] = set()
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
@@ -199,6 +218,10 @@ class HeartbeatMonitor:
     def _store_loop(self) -> None:
         while not self._closed.wait(TICK_S):
             watches = self._snapshot()
+            try:
+                self.stop_for_drain(watches)
+            except Exception:
+                log.exception("drain check failed")
             for watch in watches:
                 try:
                     self._flush_if_due(watch)
@@ -208,6 +231,22 @@ class HeartbeatMonitor:
                 self.beat_due(watches)
             except Exception:
                 log.exception("heartbeat round over %d attempts failed", len(watches))
+
+    def stop_for_drain(self, watches: Sequence[AttemptWatch]) -> None:
+        """Once the node's drain reaches its stop time (``workers.drain``), stop every running attempt; under prefork,
+        interrupt an agent that has not returned ``drain.INTERRUPT_AFTER_S`` later."""
+        if self._drain_scope is None or not watches or not drain.clock.due(self._redis, self._drain_scope, time.time()):
+            return
+        reason = drain.shutdown_reason(drain.clock.grace_s)
+        for watch in watches:
+            watch.shut_down(reason)
+            due = watch.interrupt_at is not None and time.monotonic() >= watch.interrupt_at
+            if watch.shutdown and watch.interruptible and not watch.reporting and due:
+                watch.interrupt_at = None  # once
+                log.warning(
+                    "attempt %s: the agent did not return after the drain stopped it; interrupting it", watch.attempt_id
+                )
+                drain.interrupt_main_thread()
 
     def store_budget(self, watch: AttemptWatch) -> float | None:
         """Seconds one Store call for ``watch`` may take, or None when it must not be made now.

@@ -69,6 +69,7 @@ def _build(settings: Settings) -> WorkerResources:
         retries=settings.webshop_retries,
     )
     board = FenceBoard(client, deployment_scope(settings)) if settings.fence_board else None
-    monitor = HeartbeatMonitor(store, client, board)
+    drain_scope = deployment_scope(settings) if settings.worker_shutdown_grace_s is not None else None
+    monitor = HeartbeatMonitor(store, client, board, drain_scope)
     courier = TraceCourier(store, settings.traces_endpoint, gather_max_s=settings.span_gather_max_s)
     return WorkerResources(settings, store, client, webshop, monitor, courier, os.getpid())

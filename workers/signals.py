@@ -31,7 +31,7 @@ from bridge.core.message import DEFAULT_AGENT, TASK_NAME
 from bridge.core.settings import Settings, get_settings
 from bridge.core.store import StoreClient
 from bridge.core.tracing import setup_process_tracing
-from workers import clock, stuck
+from workers import clock, drain, stuck
 from workers import metrics as worker_metrics
 from workers.agents import loading as agent_loading
 from workers.lease import free_slot
@@ -41,6 +41,7 @@ log = logging.getLogger("workers.signals")
 _ADVERTISE_EVERY_S = 10.0
 _advertiser_stop = threading.Event()
 _advertise_now = threading.Event()  # set to advertise at once: on shutdown, or when a thread got stuck
+_advert_lock = threading.Lock()
 _node: dict[str, Any] = {}
 
 
@@ -67,19 +68,10 @@ def _on_worker_ready(sender: Any = None, **_: Any) -> None:
     def advertise_forever() -> None:
         while True:
             _advertise_now.clear()
-            try:
-                # One slot fewer per abandoned agent thread (workers.stuck): it still holds what it blocks on.
-                stuck_now = stuck.stuck_threads.count()
-                capacity.advertise(client, scope, hostname, queues, max(0, slots - stuck_now))
-                # Same lifetime as the slots: CeleryRunner.init reads which online workers run which agent,
-                # and status how many threads each holds stuck.
-                client.set(keys.worker_agent(scope, hostname), agent, ex=capacity.CAPACITY_TTL_S)
-                if stuck_now:
-                    client.set(keys.worker_stuck(scope, hostname), stuck_now, ex=capacity.CAPACITY_TTL_S)
-                else:
-                    client.delete(keys.worker_stuck(scope, hostname))
-            except redis.RedisError as exc:
-                log.warning("could not advertise slots (broker down?): %r", exc)
+            with _advert_lock:  # never re-advertise after the shutdown withdrew the slots
+                if _advertiser_stop.is_set():
+                    return
+                _advertise(client, scope, hostname, queues, slots, agent)
             _advertise_now.wait(_ADVERTISE_EVERY_S)
             if _advertiser_stop.is_set():
                 return
@@ -87,11 +79,33 @@ def _on_worker_ready(sender: Any = None, **_: Any) -> None:
     threading.Thread(target=advertise_forever, name="slot-advertiser", daemon=True).start()
 
 
+def _advertise(client: redis.Redis, scope: str, hostname: str, queues: list[str], slots: int, agent: str) -> None:
+    """One advert of the node's slots (less its stuck agent threads) and its agent, both expiring."""
+    try:
+        # One slot fewer per abandoned agent thread (workers.stuck): it still holds what it blocks on.
+        stuck_now = stuck.stuck_threads.count()
+        capacity.advertise(client, scope, hostname, queues, max(0, slots - stuck_now))
+        # Same lifetime as the slots: CeleryRunner.init reads which online workers run which agent,
+        # and status how many threads each holds stuck.
+        client.set(keys.worker_agent(scope, hostname), agent, ex=capacity.CAPACITY_TTL_S)
+        if stuck_now:
+            client.set(keys.worker_stuck(scope, hostname), stuck_now, ex=capacity.CAPACITY_TTL_S)
+        else:
+            client.delete(keys.worker_stuck(scope, hostname))
+    except redis.RedisError as exc:
+        log.warning("could not advertise slots (broker down?): %r", exc)
+
+
 @signals.worker_shutting_down.connect
 def _on_shutting_down(**_: Any) -> None:
+    """Withdraw the node's adverts at once and, with WORKER_SHUTDOWN_GRACE_S, start the bounded drain
+    (``workers.drain``): its stop time for every process of the node, and the exit deadline of this one."""
     _advertiser_stop.set()
     _advertise_now.set()
-    if _node:
+    if not _node:
+        return
+    grace = get_settings().worker_shutdown_grace_s
+    with _advert_lock:
         try:
             capacity.withdraw(_node["client"], _node["scope"], _node["hostname"], _node["queues"])
             _node["client"].delete(
@@ -100,6 +114,14 @@ def _on_shutting_down(**_: Any) -> None:
             )
         except redis.RedisError:
             pass
+    if grace is not None and not drain.clock.draining:
+        stop_at = drain.clock.begin(_node["client"], _node["scope"], _node["hostname"], grace)
+        drain.exit_by(time.time() + grace - drain.EXIT_EARLY_S)
+        log.warning(
+            "draining: episodes still running in %.1f s are stopped and handed over; exiting within %g s",
+            stop_at - time.time(),
+            grace,
+        )
 
 
 def _set_up_logging_and_tracing() -> Settings:
@@ -155,6 +177,7 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
         log.critical("%s", error.message)
         raise SystemExit(EXIT_CONFIG_ERROR) from None
     stuck.pool.threads = _pool_name(sender) == "threads"
+    stuck.pool.prefork = _pool_name(sender) == "prefork"
     stuck.pool.max_stuck = settings.max_stuck_agent_threads
     stuck.stuck_threads.on_change.append(_on_stuck_change)
     if settings.store_url is None:

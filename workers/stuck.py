@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import NoReturn, TypeVar
 
 from bridge.core.errors import Superseded
+from workers import drain
 from workers.heartbeat import AttemptWatch
 
 log = logging.getLogger("workers.stuck")
@@ -92,6 +93,7 @@ class Pool:
     """How this process runs tasks, recorded at ``worker_init``; threads is the only abandonable pool."""
 
     threads: bool = False
+    prefork: bool = False  # the agent runs on a pool child's main thread (SIGUSR1 reaches it)
     max_stuck: int = 4
 
 
@@ -146,7 +148,7 @@ def _abandon(thread: threading.Thread, watch: AttemptWatch) -> NoReturn:
         "the attempt's deadline" if reason is None else f"the stop verdict ({reason})",
         count,
     )
-    if count >= pool.max_stuck:
+    if count >= pool.max_stuck and not drain.clock.draining:  # a draining worker exits, it must not re-execute
         restart_worker(f"{count} agent threads stuck (MAX_STUCK_AGENT_THREADS={pool.max_stuck})")
     if reason is not None:
         raise Superseded(reason)

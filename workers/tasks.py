@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import redis
 from celery import Task
+from celery.exceptions import Reject
 
 from bridge.core import capacity
 from bridge.core.backoff import backoff_delay
@@ -14,6 +16,7 @@ from bridge.core.coordination import deployment_scope
 from bridge.core.errors import DuplicateDelivery
 from bridge.core.message import TASK_NAME
 from bridge.core.settings import Settings, get_settings
+from workers import drain
 from workers.app import app
 from workers.execution import Delivery, is_retryable_before_progress
 from workers.lease import free_slot
@@ -39,6 +42,11 @@ def run_rollout(
     if settings.store_url is None:
         return _refuse_without_store(settings, task_id, rollout, queue)
     res = get_resources()
+    if _draining(res.redis, deployment_scope(res.settings), self.request.hostname):
+        # Reserved, never started: back to the broker for another node (its in-flight entry stays, as it is
+        # still the bridge's published attempt), instead of starting an episode the drain would stop.
+        log.warning("task %s: this worker drains; the message goes back to the broker", task_id)
+        raise Reject("the worker drains (WORKER_SHUTDOWN_GRACE_S)", requeue=True)
     final = True
     delivery = Delivery(rollout, celery_task_id=task_id, expected_agent=agent, res=res)
     try:
@@ -62,6 +70,16 @@ def run_rollout(
         if final:
             scope = deployment_scope(res.settings)
             _release_slot(res.redis, scope, queue or res.settings.default_queue, task_id, delivery.lease_token)
+
+
+def _draining(client: redis.Redis, scope: str, node: str | None) -> bool:
+    """Whether this node is draining under ``WORKER_SHUTDOWN_GRACE_S`` (``workers.drain``); records the node's name
+    for this process's heartbeat, which reads the node's stop time by it."""
+    if get_settings().worker_shutdown_grace_s is None:
+        return False
+    if drain.clock.node is None and node:
+        drain.clock.node = node
+    return drain.clock.refresh(client, scope, time.time())
 
 
 def _refuse_without_store(

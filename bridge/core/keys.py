@@ -47,6 +47,12 @@ def worker_capacity_pattern(scope: str, worker: str) -> str:
     return f"{PREFIX}:capacity:{scope}:*:{worker}"
 
 
+def worker_drain(scope: str, worker: str) -> str:
+    """When a shutting-down worker node's running episodes must stop (epoch s; ``workers.drain``): its pool
+    children, which never see the main process's signal, read it."""
+    return f"{PREFIX}:drain:{scope}:{worker}"
+
+
 def inflight(scope: str, queue: str) -> str:
     """Sorted set of attempt ids published to ``queue`` and not yet finished (score: publish time)."""
     return f"{PREFIX}:inflight:{scope}:{queue}"

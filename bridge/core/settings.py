@@ -164,6 +164,14 @@ class Settings(BaseSettings):
     verdict (its thread keeps running, counted as stuck, one slot fewer advertised per stuck thread); at this many
     stuck threads the worker drains (warm shutdown) and re-executes itself. Prefork needs none of it: Celery's
     hard time limit kills the child process."""
+    worker_shutdown_grace_s: float | None = Field(
+        default=None, ge=8, le=86400, validation_alias="WORKER_SHUTDOWN_GRACE_S"
+    )
+    """Bound a worker's warm shutdown (SIGTERM) to this many seconds: episodes still running this long less a
+    6 s margin after the signal are stopped and reported failed (class shutdown),
+    or handed back to the Store queue when the rollout has no retry left, so they run again on another worker;
+    the process exits within it. Unset: the warm shutdown waits for every running episode. Set it below the pod's
+    terminationGracePeriodSeconds less 5 s (docs/operations.md, "Graceful shutdown")."""
 
     broker_url: str = Field(
         default="redis://localhost:6379/0",
