@@ -4,8 +4,9 @@ A local stack (Store, Redis, WebShop server, LLM stand-in with --llm-latency-ms,
 starts with no worker at all. --rollouts rollouts are enqueued at once and `python -m bridge autoscale`
 follows agl_bridge_desired_slots from the bridge's /metrics, starting up to --max-workers `-P threads`
 workers of --slots-per-worker slots. Sampled every 0.5 s from Redis (slot adverts, in-flight entries) and the
-Store: seconds from the enqueue until the first slot is advertised, until the first and then every target
-slot is busy, until every rollout finished, and until the last worker left after the backlog drained (it
+Store: seconds from the enqueue until the bridge's desired slots show the burst, the autoscaler starts its first
+worker, the first slot is advertised, the first and then every target slot is taken (a rollout published to
+it), every rollout finished, and until the last worker left after the backlog drained (it
 scales down one worker per --scale-down-after). The audit: every rollout succeeded once (none lost or run
 twice). Figures and recipes: docs/operations.md, "Autoscaling".
 """
@@ -19,10 +20,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from bridge.core import capacity
 from bridge.core.coordination import coordination_client
 from bridge.core.models import FINISHED_ROLLOUT, RolloutStatus
 from bridge.core.store import StoreClient
+from bridge.tools.autoscale import desired_slots
 from bridge.tools.bench.run import load_inputs
 from bridge.tools.procs import PYTHON
 from bridge.tools.render import key_value_table, show
@@ -82,15 +86,18 @@ def measure(stack: LocalStack, args: argparse.Namespace) -> dict[str, Any]:
         deadline = started + args.timeout_s
         finished = 0
         while time.monotonic() < deadline:
+            desired = _desired(stack.bridge_metrics_url)
             slots = capacity.total_slots(redis, stack.scope, QUEUE)
             busy = capacity.inflight_count(redis, stack.scope, QUEUE)
             if finished < len(ids):
                 finished = store.list_rollouts(status_in=sorted(FINISHED_ROLLOUT), limit=1)[1]
             elapsed = round(time.monotonic() - started, 1)
             for name, reached in (
+                (f"the bridge's desired slots at {target}+", desired is not None and desired >= target),
+                ("the autoscaler's first worker", "started worker" in _log(stack)),
                 ("first slot advertised", slots > 0),
-                ("first slot busy", busy > 0),
-                (f"{target} slots busy", busy >= target),
+                ("first slot taken", busy > 0),
+                (f"{target} slots taken", busy >= target),
                 ("every rollout finished", finished >= len(ids)),
                 ("every worker gone", finished >= len(ids) and slots == 0),
             ):
@@ -106,7 +113,18 @@ def measure(stack: LocalStack, args: argparse.Namespace) -> dict[str, Any]:
         rollouts=len(ids),
         succeeded=sum(r.status == RolloutStatus.SUCCEEDED for r in rollouts),
         attempts=attempts,
-        workers_started=stack.process("autoscale").log_path.read_text(errors="replace").count("started worker"),
+        workers_started=_log(stack).count("started worker"),
         target_slots=target,
     )
     return figures
+
+
+def _desired(metrics_url: str) -> float | None:
+    try:
+        return desired_slots(httpx.get(metrics_url, timeout=2.0).text, QUEUE)
+    except httpx.HTTPError:
+        return None
+
+
+def _log(stack: LocalStack) -> str:
+    return stack.process("autoscale").log_path.read_text(errors="replace")
