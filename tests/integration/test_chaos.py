@@ -96,7 +96,7 @@ def test_killed_pool_and_main_processes_lose_nothing(
     assert sum("killed worker main process" in n for n in result.notes) == 3, result.notes
 
 
-@pytest.mark.cost(160)
+@pytest.mark.cost(100)
 @pytest.mark.slow
 def test_bridge_killed_after_a_dequeue_strands_nothing(
     services: LocalStack, chaos_services: LocalStack, tasks: list[dict[str, object]], tmp_path: Path

@@ -159,16 +159,19 @@ def test_autoscalers_target_one_worker_pods_slots_on_the_desired_slots_series(
     assert math.ceil((slots + 1) / slots) == 2
 
 
-def test_worker_grace_period_outlasts_the_rollout_budget_and_probes_read_its_advert(
+def test_worker_grace_period_outlasts_the_drain_and_probes_read_its_advert(
     rendered: dict[str, list[Manifest]],
 ) -> None:
     manifests = rendered["example"]
     config = find(manifests, "ConfigMap", "agl-config")["data"]
-    budget = float(config.get("ROLLOUT_DEFAULT_TIMEOUT_S", Settings.model_fields["default_timeout_s"].default))
-    settings = Settings.model_construct(default_timeout_s=budget)
     pod = find(manifests, "Deployment", "agl-worker")["spec"]["template"]["spec"]
     grace = pod["terminationGracePeriodSeconds"]
-    assert grace >= budget + 60 > settings.hard_time_limit(None) > settings.soft_time_limit(None)
+    if "WORKER_SHUTDOWN_GRACE_S" in config:  # a bounded drain: the worker is gone within it
+        assert grace >= float(config["WORKER_SHUTDOWN_GRACE_S"]) + 5
+    else:  # the drain waits for every episode: the rollout budget bounds it
+        budget = float(config.get("ROLLOUT_DEFAULT_TIMEOUT_S", Settings.model_fields["default_timeout_s"].default))
+        settings = Settings.model_construct(default_timeout_s=budget)
+        assert grace >= budget + 60 > settings.hard_time_limit(None) > settings.soft_time_limit(None)
     worker = container(manifests, "agl-worker")
     argv = worker["command"] + worker["args"]
     assert argv[:4] == ["celery", "-A", "workers", "worker"] and argv[argv.index("-n") + 1] == "worker@%h"

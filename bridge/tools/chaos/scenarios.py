@@ -300,7 +300,10 @@ SCENARIOS: dict[str, Scenario] = {
             "policy_error_rate": 0.4,
         },
     ),
-    "kill-bridge": Scenario("kill-bridge", kill_bridge, stack_overrides=MID_EPISODE),
+    # A queue wait of 25 s instead of 60: the stranded entries it frees are what the scenario waits for.
+    "kill-bridge": Scenario(
+        "kill-bridge", kill_bridge, stack_overrides=MID_EPISODE, env={"BRIDGE_MAX_QUEUE_WAIT_S": "25"}
+    ),
     "redeliver": Scenario("redeliver", redeliver_running, stack_overrides=MID_EPISODE),
     "malformed": Scenario("malformed", no_fault, inputs=with_malformed),
     # The WebShop server answers a NaN reward for a fifth of the purchases: those attempts fail (env) and retry.
