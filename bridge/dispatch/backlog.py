@@ -102,8 +102,11 @@ class BacklogReader:
         self.latest = None
 
     def close(self) -> None:
+        """Stop the thread and wait for it (at most one read's timeout): a dispatch loop that ends leaves none."""
         self._closed.set()
         self._wake.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=max(5.0, self.settings.backlog_interval_s) + 1.0)
 
     def read_once(self) -> None:
         """Read the backlog into ``latest`` if this bridge leads; a standby sends the Store nothing."""
