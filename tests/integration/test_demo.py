@@ -125,8 +125,9 @@ def test_demo_agl_v1_runs_the_webshop_program_through_the_1_0_gateway_with_the_s
     env["OPENAI_API_BASE"] = services.llm_base_url
     ledger = f"{services.webshop_url}/purchases"
     before = len(httpx.get(ledger, timeout=30).json()["items"])
+    # prefork here; tests/integration/test_agl_v1.py runs 1.0 programs under -P threads
     argv = [sys.executable, "-m", "bridge", "demo", "--agl", "v1", "--rollouts", "6", "--workers", "1"]
-    argv += ["--concurrency", "3", "--pool", "threads", "--no-flower", "--json", "--log-dir", str(tmp_path)]
+    argv += ["--concurrency", "3", "--pool", "prefork", "--no-flower", "--json", "--log-dir", str(tmp_path)]
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout.splitlines()[-1])
