@@ -45,6 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         settings = load_settings()
+        scope = deployment_scope(settings)  # nothing naming the deployment is a configuration error too
     except ConfigError as error:
         print(f"error: {error.message}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
@@ -52,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     queues = [q.strip() for q in (args.queues or settings.default_queue).split(",") if q.strip()]
     client = coordination_redis(settings, timeout_s=args.timeout, connect_timeout_s=args.timeout)
     try:
-        missing = capacity.missing_adverts(client, deployment_scope(settings), node, queues)
+        missing = capacity.missing_adverts(client, scope, node, queues)
     except Exception as exc:  # any Redis or network failure: not ready, never a traceback in the probe's output
         print(f"not ready: Redis did not answer: {redact_text(repr(exc))}", file=sys.stderr)
         return 1

@@ -77,3 +77,12 @@ def test_redis_down_is_not_ready_and_bad_settings_exit_2(
     assert "Redis did not answer" in err and "hunter2" not in err
     monkeypatch.setenv("STORE_TIMEOUT_S", "-1")
     assert health.main([]) == 2
+
+
+def test_nothing_naming_the_deployment_is_a_configuration_error_not_a_redis_one(
+    env: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("AGENT_LIGHTNING_STORE_URL")  # no Store, no 1.0 gateway, no REDIS_KEY_SCOPE: no key scope
+    assert health.main([]) == 2
+    err = capsys.readouterr().err
+    assert "AGENT_LIGHTNING_STORE_URL" in err and "Redis did not answer" not in err
