@@ -92,6 +92,17 @@ def desired_slots(text: str, queue: str) -> float | None:
     return max(values) if values else None
 
 
+def scrape_desired(http: httpx.Client, url: str, queue: str) -> float | None:
+    """``desired_slots`` from one bridge's /metrics; None (logged) when it does not answer."""
+    try:
+        response = http.get(url)
+        response.raise_for_status()
+    except httpx.HTTPError as exc:
+        log.warning("could not read %s: %r", url, exc)
+        return None
+    return desired_slots(response.text, queue)
+
+
 class Autoscaler:
     def __init__(self, args: argparse.Namespace, stop: threading.Event) -> None:
         self.args, self.stop = args, stop
@@ -103,18 +114,8 @@ class Autoscaler:
         self.http = httpx.Client(timeout=5.0)
 
     def reading(self) -> float | None:
-        values = []
-        for url in self.args.metrics_url:
-            try:
-                response = self.http.get(url)
-                response.raise_for_status()
-            except httpx.HTTPError as exc:
-                log.warning("could not read %s: %r", url, exc)
-                continue
-            value = desired_slots(response.text, self.args.queue)
-            if value is not None:
-                values.append(value)
-        return max(values) if values else None
+        values = [scrape_desired(self.http, url, self.args.queue) for url in self.args.metrics_url]
+        return max((v for v in values if v is not None), default=None)
 
     def step(self, now: float) -> None:
         for gone in [w for w in self.workers if w.poll() is not None]:

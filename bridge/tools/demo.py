@@ -228,11 +228,15 @@ class StoreRollouts:
     def poll(self) -> FinishedPoll:
         return store_poll(self.store)
 
-    def ended(self, ids: list[str]) -> list[Ended]:
+    def views(self, ids: list[str]) -> list[Rollout | AttemptedRollout]:
+        """The Store's view of ``ids``, ``_CHUNK`` per request."""
         views: list[Rollout | AttemptedRollout] = []
         for start in range(0, len(ids), _CHUNK):
             views += self.store.list_rollouts(rollout_ids=ids[start : start + _CHUNK])[0]
-        return [self._ended(view) for view in views if view.status in FINISHED_ROLLOUT]
+        return views
+
+    def ended(self, ids: list[str]) -> list[Ended]:
+        return [self._ended(view) for view in self.views(ids) if view.status in FINISHED_ROLLOUT]
 
     @staticmethod
     def _ended(view: Rollout | AttemptedRollout) -> Ended:
@@ -253,11 +257,9 @@ class StoreRollouts:
     def close(self, ids: list[str]) -> None:
         """Rollouts this demo enqueued must not outlive it in a Store that others use."""
         try:
-            for start in range(0, len(ids), _CHUNK):
-                items, _ = self.store.list_rollouts(rollout_ids=ids[start : start + _CHUNK])
-                for item in items:
-                    if item.status not in FINISHED_ROLLOUT:
-                        self.store.update_rollout(item.rollout_id, status=RolloutStatus.CANCELLED)
+            for item in self.views(ids):
+                if item.status not in FINISHED_ROLLOUT:
+                    self.store.update_rollout(item.rollout_id, status=RolloutStatus.CANCELLED)
         except Exception as exc:  # teardown must go on whatever the Store does
             say(f"could not cancel the demo's unfinished rollouts: {exc}")
         finally:

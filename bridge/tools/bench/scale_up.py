@@ -26,7 +26,7 @@ from bridge.core import capacity
 from bridge.core.coordination import coordination_client
 from bridge.core.models import FINISHED_ROLLOUT, RolloutStatus
 from bridge.core.store import StoreClient
-from bridge.tools.autoscale import desired_slots
+from bridge.tools.autoscale import scrape_desired
 from bridge.tools.bench.run import load_inputs
 from bridge.tools.procs import PYTHON
 from bridge.tools.render import key_value_table, show
@@ -78,7 +78,7 @@ def measure(stack: LocalStack, args: argparse.Namespace) -> dict[str, Any]:
     redis = coordination_client(stack.redis_url or stack.broker_url, socket_timeout=5)
     target = min(args.max_workers * args.slots_per_worker, args.rollouts)
     marks: dict[str, float] = {}
-    with StoreClient(stack.store_url, timeout_s=30.0, retries=3) as store:
+    with StoreClient(stack.store_url, timeout_s=30.0, retries=3) as store, httpx.Client(timeout=2.0) as http:
         burst = [{"input": task, "mode": "train"} for task in load_inputs("train", args.rollouts)]
         ids = [r.rollout_id for r in store.enqueue(burst)]
         started = time.monotonic()
@@ -86,7 +86,7 @@ def measure(stack: LocalStack, args: argparse.Namespace) -> dict[str, Any]:
         deadline = started + args.timeout_s
         finished = 0
         while time.monotonic() < deadline:
-            desired = _desired(stack.bridge_metrics_url)
+            desired = scrape_desired(http, stack.bridge_metrics_url, QUEUE)
             slots = capacity.total_slots(redis, stack.scope, QUEUE)
             busy = capacity.inflight_count(redis, stack.scope, QUEUE)
             if finished < len(ids):
@@ -117,13 +117,6 @@ def measure(stack: LocalStack, args: argparse.Namespace) -> dict[str, Any]:
         target_slots=target,
     )
     return figures
-
-
-def _desired(metrics_url: str) -> float | None:
-    try:
-        return desired_slots(httpx.get(metrics_url, timeout=2.0).text, QUEUE)
-    except httpx.HTTPError:
-        return None
 
 
 def _log(stack: LocalStack) -> str:
