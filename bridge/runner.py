@@ -161,7 +161,7 @@ class CeleryRunner(Runner[Any]):
         settings, agent = self._ready()
         stop = EitherEvent(event)
         try:
-            await asyncio.to_thread(dispatch_until, settings, stop, agent=agent)
+            await asyncio.to_thread(dispatch_until, settings, stop, agent=agent, strict_scope=True)
         finally:
             stop.set()  # a cancelled await leaves the thread running: this ends it
 
@@ -215,7 +215,7 @@ class CeleryRunner(Runner[Any]):
                 self._store = StoreClient.from_settings(settings)
                 self._redis = coordination_redis(settings)
                 publisher = Publisher(settings, agent=agent)
-                self._dispatcher = Dispatcher(settings, self._store, self._redis, publisher)
+                self._dispatcher = Dispatcher(settings, self._store, self._redis, publisher, strict_scope=True)
             return self._store, self._redis, self._dispatcher
 
     @overload

@@ -24,7 +24,7 @@ import redis
 from celery import signals
 
 from bridge.core import capacity, handback, keys
-from bridge.core.coordination import coordination_redis, deployment_scope
+from bridge.core.coordination import coordination_redis, deployment_endpoint, deployment_scope
 from bridge.core.errors import EXIT_CONFIG_ERROR, ConfigError, StoreError
 from bridge.core.logs import configure_logging
 from bridge.core.message import DEFAULT_AGENT, TASK_NAME
@@ -60,6 +60,7 @@ def _on_worker_ready(sender: Any = None, **_: Any) -> None:
     hostname, queues, slots = _node_slots(sender)
     client = coordination_redis(get_settings())
     scope = deployment_scope(get_settings())
+    endpoint = deployment_endpoint(get_settings())
     _node.update(hostname=hostname, queues=queues, slots=slots, client=client, scope=scope)
     log.info("worker %s offers %d slots on queues %s (Redis key scope %s)", hostname, slots, ", ".join(queues), scope)
 
@@ -71,7 +72,7 @@ def _on_worker_ready(sender: Any = None, **_: Any) -> None:
             with _advert_lock:  # never re-advertise after the shutdown withdrew the slots
                 if _advertiser_stop.is_set():
                     return
-                _advertise(client, scope, hostname, queues, slots, agent)
+                _advertise(client, scope, hostname, queues, slots, agent, endpoint=endpoint)
             _advertise_now.wait(_ADVERTISE_EVERY_S)
             if _advertiser_stop.is_set():
                 return
@@ -79,8 +80,18 @@ def _on_worker_ready(sender: Any = None, **_: Any) -> None:
     threading.Thread(target=advertise_forever, name="slot-advertiser", daemon=True).start()
 
 
-def _advertise(client: redis.Redis, scope: str, hostname: str, queues: list[str], slots: int, agent: str) -> None:
-    """One advert of the node's slots (less its stuck agent threads) and its agent, both expiring."""
+def _advertise(
+    client: redis.Redis,
+    scope: str,
+    hostname: str,
+    queues: list[str],
+    slots: int,
+    agent: str,
+    *,
+    endpoint: str | None = None,
+) -> None:
+    """One advert of the node's slots (less its stuck agent threads), its agent and the URL its scope is
+    derived from (``endpoint``, redacted), all expiring."""
     try:
         # One slot fewer per abandoned agent thread (workers.stuck): it still holds what it blocks on.
         stuck_now = stuck.stuck_threads.count()
@@ -88,6 +99,8 @@ def _advertise(client: redis.Redis, scope: str, hostname: str, queues: list[str]
         # Same lifetime as the slots: CeleryRunner.init reads which online workers run which agent,
         # and status how many threads each holds stuck.
         client.set(keys.worker_agent(scope, hostname), agent, ex=capacity.CAPACITY_TTL_S)
+        if endpoint is not None:  # bridge.core.scope_check names it to a process that spells the URL otherwise
+            client.set(keys.scope_endpoint(scope), endpoint, ex=capacity.CAPACITY_TTL_S)
         if stuck_now:
             client.set(keys.worker_stuck(scope, hostname), stuck_now, ex=capacity.CAPACITY_TTL_S)
         else:

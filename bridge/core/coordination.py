@@ -21,6 +21,7 @@ import redis
 
 from bridge.core import keys, tls
 from bridge.core.errors import MissingSetting
+from bridge.core.redact import redact_url
 from bridge.core.settings import Settings
 
 
@@ -66,3 +67,13 @@ def deployment_scope(settings: Settings) -> str:
         "Redis keys; a 1.0-only deployment sets AGL_V1_SERVER_URL or REDIS_KEY_SCOPE instead)",
         setting="AGENT_LIGHTNING_STORE_URL",
     )
+
+
+def deployment_endpoint(settings: Settings) -> str | None:
+    """The URL (redacted) that names this deployment: its Store's, else its gateway's; None when neither is set.
+
+    Workers advertise it beside their slots (``keys.scope_endpoint``), so a process that derives another scope
+    can say which spelling the workers use (``bridge.core.scope_check``)."""
+    if settings.store_url is not None:
+        return redact_url(settings.store_base)
+    return redact_url(settings.agl_v1_url) if settings.agl_v1_url else None

@@ -1,8 +1,9 @@
 """Every Redis key this project uses, built from one prefix, so nothing collides with Celery's own keys.
 
 Several deployments (each its own Store, bridge and workers) may share one Redis. Every key that holds one
-deployment's state carries its *scope*, a digest of its Store's URL (``store_scope``; a 1.0-only deployment's:
-of its gateway's, ``gateway_scope``; derived from settings in one place,
+deployment's state carries its *scope*, a digest of its Store's URL in canonical form (``store_scope``,
+``canonical_endpoint``: ``http://localhost:4747/`` and ``http://127.0.0.1:4747`` are one scope; a 1.0-only
+deployment's: of its gateway's, ``gateway_scope``; derived from settings in one place,
 ``bridge.core.coordination.deployment_scope``): slot adverts and node listings, in-flight sets, slot-freed
 wake-ups, the leader lock, the held-rollouts record, worker agent adverts, the fence board and shared
 resources. So each bridge leads its own deployment and counts only its own workers' slots. Keys named by an
@@ -13,14 +14,60 @@ Stores. The LLM rate limit (``ratelimit``) is shared on purpose: it budgets one 
 from __future__ import annotations
 
 import hashlib
+import ipaddress
+from urllib.parse import urlsplit
 
 PREFIX = "agl"
 
+LOOPBACK = "loopback"
+"""The host of every canonical endpoint on this machine's loopback (``localhost``, ``127.0.0.0/8``, ``::1``)."""
+_LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+_API_SUFFIXES = ("/v1/agl",)  # the 0.3 Store's REST prefix: a URL given with it names the same Store
+
+
+def canonical_endpoint(url: str) -> str:
+    """One spelling of a Store's (or gateway's) URL, for the scope digest: ``scheme://host:port/path``.
+
+    The scheme and host are lower-cased; every loopback alias (``localhost``, any ``127.x.y.z``, ``::1``,
+    ``0.0.0.0``) is ``loopback``; the scheme's default port is written out; credentials, query, fragment,
+    trailing slashes and the Store's ``/v1/agl`` suffix are dropped. Spellings it cannot prove equal
+    (``store`` inside compose, ``localhost`` on the host) stay apart: ``bridge.core.scope_check`` tells
+    the user about those at run time."""
+    text = url.strip()
+    parts = urlsplit(text if "://" in text else "http://" + text)
+    scheme = parts.scheme.lower() or "http"
+    host = (parts.hostname or "").lower().rstrip(".")
+    if _is_loopback(host):
+        host = LOOPBACK
+    elif ":" in host:
+        host = f"[{host}]"
+    try:
+        port = parts.port or _DEFAULT_PORTS.get(scheme)
+    except ValueError:  # not a number: keep the text, so the digest is still stable
+        port = None
+    path = parts.path.rstrip("/")
+    for suffix in _API_SUFFIXES:
+        if path.endswith(suffix):
+            path = path[: -len(suffix)].rstrip("/")
+    return f"{scheme}://{host}" + (f":{port}" if port else "") + path
+
+
+def _is_loopback(host: str) -> bool:
+    if host in _LOOPBACK_NAMES or host.endswith(".localhost"):
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return address.is_loopback or address.is_unspecified
+
 
 def store_scope(store_url: str) -> str:
-    """A short digest of a Store's URL: keys that hold one Store's data carry it, so clusters sharing a Redis
-    never read each other's."""
-    return hashlib.sha256(store_url.rstrip("/").encode()).hexdigest()[:12]
+    """A short digest of a Store's URL in canonical form (``canonical_endpoint``): keys that hold one Store's
+    data carry it, so clusters sharing a Redis never read each other's, and every spelling of one local
+    Store is one scope."""
+    return hashlib.sha256(canonical_endpoint(store_url).encode()).hexdigest()[:12]
 
 
 def gateway_scope(gateway_url: str) -> str:
@@ -124,6 +171,13 @@ def worker_agent(scope: str, worker: str) -> str:
     ``CeleryRunner.init`` reads it to tell which online workers run another agent than the trainer's.
     """
     return f"{PREFIX}:agent:{scope}:{worker}"
+
+
+def scope_endpoint(scope: str) -> str:
+    """The URL (redacted) whose digest a deployment's workers use as their scope, refreshed with their slot
+    adverts: a process of another scope reads it to name both URLs when it suspects one Store under two
+    spellings (``bridge.core.scope_check``)."""
+    return f"{PREFIX}:endpoint:{scope}"
 
 
 def worker_stuck(scope: str, worker: str) -> str:

@@ -195,9 +195,9 @@ class Settings(BaseSettings):
         default=None, pattern=r"^[A-Za-z0-9_.-]{1,64}$", validation_alias="REDIS_KEY_SCOPE"
     )
     """The scope of this deployment's keys in Redis (slots, leases, the leader lock). By default a digest of
-    AGENT_LIGHTNING_STORE_URL (without one: of AGL_V1_SERVER_URL), so every process must spell that URL alike; a
-    name set alike on every process (letters, digits, . _ -) lets them reach the Store or the gateway by
-    different names (localhost here, store in compose)."""
+    AGENT_LIGHTNING_STORE_URL in canonical form (without one: of AGL_V1_SERVER_URL; localhost and 127.0.0.1 are
+    one), so every process must name the same host; a name set alike on every process (letters, digits, . _ -)
+    lets them reach the Store or the gateway by different names (localhost here, store in compose)."""
     broker_tls_insecure: bool = Field(default=False, validation_alias="BROKER_TLS_INSECURE")
     """rediss:// and amqps:// URLs (CELERY_BROKER_URL, REDIS_URL) check the server's certificate and host name
     against the system's CAs (a private CA: SSL_CERT_FILE=/path/ca.pem). true turns both checks off, with a

@@ -38,10 +38,11 @@ import redis
 
 from bridge.core import capacity, handback
 from bridge.core.backoff import backoff_delay
-from bridge.core.coordination import deployment_scope
+from bridge.core.coordination import deployment_endpoint, deployment_scope
 from bridge.core.errors import PublishError, StoreError, UnknownIdError
 from bridge.core.models import AttemptedRollout, RolloutStatus
 from bridge.core.redact import redact_url
+from bridge.core.scope_check import ScopeMismatchError, ScopeWatch
 from bridge.core.settings import Settings
 from bridge.core.store import StoreClient
 from bridge.dispatch import broker, metrics, placement
@@ -66,7 +67,6 @@ log = logging.getLogger("bridge.dispatch.dispatcher")
 FULL_CAPACITY_WAIT_S = 0.2
 UNEXPECTED_ERROR_WAIT_S = 1.0
 GAUGES_EVERY_S = 1.0
-SCOPE_CHECK_EVERY_S = 60.0
 
 
 class StopSignal(Protocol):
@@ -85,7 +85,11 @@ class Dispatcher:
         redis_client: redis.Redis,
         publisher: Publisher,
         stop: StopSignal | None = None,
+        *,
+        strict_scope: bool = False,
     ) -> None:
+        """``strict_scope``: raise ScopeMismatchError from ``run`` when this Store's workers appear only under
+        another spelling of its URL (``bridge.core.scope_check``), instead of logging it (``CeleryRunner``)."""
         self.settings = settings
         self.store = store
         self.redis = redis_client
@@ -106,7 +110,15 @@ class Dispatcher:
         self._coalescer = Coalescer(settings.coalesce_max_s)
         # Longer than it takes every live executor to renew its lease (one heartbeat) after Redis lost them.
         self.confirm_s = 2 * settings.heartbeat_interval_s + 5.0
-        self._next_scope_check = 0.0  # monotonic: when to look again for workers of another Store URL
+        # Workers of this Store under another spelling of its URL: an error line (CeleryRunner: raised).
+        self.scope_watch = ScopeWatch(
+            redis_client,
+            self.scope,
+            deployment_endpoint(settings),
+            self.queues,
+            who="this bridge" if not strict_scope else "CeleryRunner",
+            strict=strict_scope,
+        )
         self._backlog = BacklogReader(store, settings, leading=lambda: self._lock.held)  # the Store's waiting rollouts
         self._exporting = False  # the leader's per-queue gauges are set (metrics.LEADER_GAUGES)
 
@@ -144,6 +156,8 @@ class Dispatcher:
         """
         try:
             return self.tick()
+        except ScopeMismatchError:
+            raise  # CeleryRunner's: the trainer must hear of it, not wait
         except Exception:
             metrics.LOOP_ERRORS.inc()
             log.exception("unexpected error in the dispatch loop; going on in %.0fs", UNEXPECTED_ERROR_WAIT_S)
@@ -438,33 +452,8 @@ class Dispatcher:
         except redis.RedisError:
             pass
 
-    def _warn_about_other_scopes(self) -> None:
-        """No worker serves any of our queues: once a minute, say so when workers list themselves on them under
-        another Store's scope, as when this bridge and its workers spell the Store's URL differently
-        (``bridge.core.coordination.deployment_scope``). One keyspace walk a minute, only while idle so."""
-        now = time.monotonic()
-        if now < self._next_scope_check:
-            return
-        self._next_scope_check = now + SCOPE_CHECK_EVERY_S
-        try:
-            others = capacity.listed_scopes(self.redis, self.queues) - {self.scope}
-        except redis.RedisError:
-            return
-        if others:
-            log.warning(
-                "no worker of this Store (%s, Redis key scope %s) consumes queues %s, but workers list themselves "
-                "on them under other scopes %s: if they are this deployment's, give them and this bridge the same "
-                "AGENT_LIGHTNING_STORE_URL, or the same REDIS_KEY_SCOPE (docs/operations.md, several deployments "
-                "on one Redis)",
-                redact_url(self.settings.store_base),
-                self.scope,
-                ", ".join(self.queues),
-                ", ".join(sorted(others)),
-            )
-
     def _update_gauges(self, view: capacity.SlotView, free: dict[str, int], served: set[str]) -> None:
-        if not served:
-            self._warn_about_other_scopes()
+        self.scope_watch.check(served)
         self._exporting = True
         held = self._hold.by_queue()
         self._update_autoscaling_gauges(view, free, held)

@@ -41,12 +41,15 @@ def run_bridge(settings: Settings, *, metrics_port: int | None = None) -> int:
     return 0
 
 
-def dispatch_until(settings: Settings, stop: StopSignal, *, agent: str | None = None) -> None:
+def dispatch_until(
+    settings: Settings, stop: StopSignal, *, agent: str | None = None, strict_scope: bool = False
+) -> None:
     """The dispatch loop until ``stop`` is set, finishing the publish in hand; then its clients are closed.
 
     ``python -m bridge`` and ``bridge.runner.CeleryRunner.iter`` both run exactly this. ``agent`` is the
     agent path the messages name (default ``AGENT``); the leader lock keeps one dispatcher active however
-    many run.
+    many run. ``strict_scope``: raise ScopeMismatchError when this Store's workers show up only under another
+    spelling of its URL (``bridge.core.scope_check``), as CeleryRunner wants, instead of logging it.
     """
     store = StoreClient.from_settings(settings)
     if not store.health():
@@ -55,7 +58,7 @@ def dispatch_until(settings: Settings, stop: StopSignal, *, agent: str | None = 
     if agent is None:
         _warn_about_other_agents(client, settings)
     try:
-        Dispatcher(settings, store, client, Publisher(settings, agent=agent), stop).run()
+        Dispatcher(settings, store, client, Publisher(settings, agent=agent), stop, strict_scope=strict_scope).run()
     finally:
         store.close()
         client.close()

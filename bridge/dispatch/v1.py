@@ -32,11 +32,12 @@ from bridge.core.agl_v1 import (
     attempt_key,
     next_attempt,
 )
-from bridge.core.coordination import coordination_redis, deployment_scope
+from bridge.core.coordination import coordination_redis, deployment_endpoint, deployment_scope
 from bridge.core.errors import MissingSetting
 from bridge.core.logs import configure_logging
 from bridge.core.message import base_app
 from bridge.core.redact import redact_url
+from bridge.core.scope_check import ScopeWatch
 from bridge.core.settings import Settings
 from bridge.dispatch.leader import LeaderLock
 from bridge.dispatch.placement import fits
@@ -58,6 +59,9 @@ class V1Dispatcher:
         self.confirm_s = 2 * settings.heartbeat_interval_s + 5.0  # as the 0.3 bridge's reconcile
         self._next_reconcile = 0.0
         self._suspects: dict[str, float] = {}  # attempt key -> when first seen started, unleased, unfinished
+        self.scope_watch = ScopeWatch(  # our workers under another spelling of the URL: an error line
+            client, self.scope, deployment_endpoint(settings), [self.queue], who="the 1.0 dispatcher"
+        )
 
     def run(self) -> None:
         log.info(
@@ -93,6 +97,7 @@ class V1Dispatcher:
             self._next_reconcile = time.monotonic() + self.settings.reconcile_interval_s
         view = capacity.read_slots(self.redis, self.scope, self.settings.all_queues())
         rooms = view.rooms()
+        self.scope_watch.check(view.served())
         if not fits(self.queue, rooms, view.served()):
             return IDLE_POLL_S
         queuing = self.gateway.list_rollouts(V1State.QUEUING, limit=rooms[self.queue])

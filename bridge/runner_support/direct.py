@@ -81,7 +81,9 @@ def start_rollout(
 def wait_for_room(dispatcher: Dispatcher, mode: str | None) -> None:
     """Block until a live worker has a free slot on the queue ``mode`` routes to.
 
-    TimeoutError when no worker consumes that queue for ``BRIDGE_MAX_QUEUE_WAIT_S``, or when it stays full
+    ScopeMismatchError within seconds when this Store's workers serve the queues only under another spelling
+    of its URL (``bridge.core.scope_check``). TimeoutError when no worker consumes that queue for
+    ``BRIDGE_MAX_QUEUE_WAIT_S``, or when it stays full
     for that plus one attempt's hard time limit (every busy slot should have freed by then). An unreachable
     Redis counts as no room: the wait goes on, within the same bound.
     """
@@ -97,6 +99,7 @@ def wait_for_room(dispatcher: Dispatcher, mode: str | None) -> None:
             served = view.served()
             if placement.fits(queue, view.rooms(), served):
                 return
+            dispatcher.scope_watch.check(served)  # ScopeMismatchError: our workers under another URL spelling
         except redis.RedisError as exc:
             log.warning("step: could not read the free slots (%r); waiting", exc)
         waited = time.monotonic() - started

@@ -18,8 +18,8 @@ from typing import Any
 
 import redis
 
-from bridge.core import capacity, keys
-from bridge.core.coordination import coordination_redis, deployment_scope
+from bridge.core import capacity, keys, scope_check
+from bridge.core.coordination import coordination_redis, deployment_endpoint, deployment_scope
 from bridge.core.errors import StoreError
 from bridge.core.models import RolloutStatus
 from bridge.core.redact import redact_text, redact_url
@@ -169,6 +169,16 @@ def _broker_part(settings: Settings, client: redis.Redis) -> tuple[dict[str, Any
             workers[name]["stuck_threads"] = int(count or 0)
         held, unserved = capacity.read_held(client, scope)
         part["unserved"] = unserved
+        if not workers:  # this deployment's workers under another spelling of its URL (bridge.core.scope_check)
+            suspects = [
+                other
+                for other in scope_check.other_scopes(client, scope, settings.all_queues())
+                if other.looks_like(deployment_endpoint(settings))
+            ]
+            if suspects:
+                part["scope_mismatch"] = scope_check.mismatch_message(
+                    "status", deployment_endpoint(settings), scope, suspects
+                )
         queues = sorted(set(settings.all_queues()) | {q for w in workers.values() for q in w["queues"]} | set(held))
         view = capacity.read_slots(client, scope, queues)  # the dispatcher's accounting: a shared node once
         totals, rooms = view.totals(), view.rooms()
@@ -243,6 +253,8 @@ def render(report: dict[str, Any]) -> str:
         lines.append(f"  coordination Redis {brk['coordination_url']}")
     if brk.get("scope"):
         lines.append(f"  Redis key scope {brk['scope']} (this Store's workers, slots and leader lock)")
+    if brk.get("scope_mismatch"):
+        lines.append(f"  ! {brk['scope_mismatch']}")
     if brk["queues"]:
         header = (
             f"  {'queue':<20} {'depth':>6} {'oldest':>8} {'in flight':>9} {'slots':>6} {'free':>5} {'held':>5}"

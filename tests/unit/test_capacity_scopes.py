@@ -143,16 +143,27 @@ def test_before_the_store_is_known_the_fleet_check_reads_every_deployment_on_the
         redis_client.delete(keys.worker_agent(two, "worker2@host"))
 
 
-def test_a_bridge_whose_queues_are_served_under_another_scope_says_so(
+def test_a_bridge_whose_queues_are_served_under_another_spelling_of_its_store_says_so(
     redis_client: redis.Redis, scopes: tuple[str, str, str], caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The same Store spelled differently by the bridge and its workers is two scopes: the idle bridge names it."""
-    _, two, queue = scopes
+    """The same Store spelled differently by the bridge and its workers (``localhost`` against ``store``, which
+    no canonical form can prove equal) is two scopes: the idle bridge logs an error naming both URLs."""
+    _, _, queue = scopes
+    theirs = "http://store-" + queue + ":4747"
+    two = keys.store_scope(theirs)
     settings = load_settings(store_url="http://localhost:4747", broker_url="redis://127.0.0.1:9/0", default_queue=queue)
     dispatcher = Dispatcher(settings, None, redis_client, None)  # type: ignore[arg-type]
-    capacity.advertise(redis_client, two, "worker1@host", [queue], 2)  # e.g. they name it http://store:4747
-    with caplog.at_level("WARNING", logger="bridge.dispatch.dispatcher"):
-        dispatcher._warn_about_other_scopes()
-        dispatcher._warn_about_other_scopes()  # once a minute at most
-    [warning] = [r.getMessage() for r in caplog.records if "under other scopes" in r.getMessage()]
-    assert two in warning and dispatcher.scope in warning and "AGENT_LIGHTNING_STORE_URL" in warning
+    capacity.advertise(redis_client, two, "worker1@host", [queue], 2)
+    redis_client.set(keys.scope_endpoint(two), theirs, ex=30)  # what such workers advertise beside their slots
+    try:
+        with caplog.at_level("WARNING", logger="bridge.scope"):
+            dispatcher.scope_watch.check(set())
+            dispatcher.scope_watch.check(set())  # once a minute at most
+    finally:
+        drop_adverts(redis_client, two, queue)
+        redis_client.delete(keys.scope_endpoint(two))
+    [error] = [r for r in caplog.records if "two spellings" in r.getMessage()]
+    assert error.levelname == "ERROR"
+    message = error.getMessage()
+    assert theirs in message and "http://localhost:4747" in message and dispatcher.scope in message
+    assert "REDIS_KEY_SCOPE" in message
