@@ -67,10 +67,29 @@ def _run_v1(args: argparse.Namespace) -> int:
     from bridge.dispatch.service import install_signal_handlers
     from bridge.dispatch.v1 import run_v1
 
-    overrides = {k: v for k, v in (("agl_v1_url", args.server), ("agl_v1_key", args.key)) if v is not None}
+    if args.key is not None:
+        raise ConfigError(
+            "--key would show the gateway's key to anyone who can list processes (ps): "
+            "set AGL_V1_KEY in the environment or give --key-file PATH instead"
+        )
+    overrides = {k: v for k, v in (("agl_v1_url", args.server), ("agl_v1_key", _read_key(args.key_file))) if v}
     stop = threading.Event()
     install_signal_handlers(stop)
     return run_v1(load_settings(**overrides), stop)
+
+
+def _read_key(path: str | None) -> str | None:
+    """The key in the file ``path`` (its first line, stripped); None without a path. ConfigError when unreadable."""
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as handle:
+            key = handle.readline().strip()
+    except OSError as exc:
+        raise ConfigError(f"--key-file {path}: {exc.strerror or exc}") from None
+    if not key:
+        raise ConfigError(f"--key-file {path} is empty")
+    return key
 
 
 V1_DESCRIPTION = """\
@@ -134,7 +153,13 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     v1.add_argument("--server", default=None, help="the 1.0 gateway's URL (default: AGL_V1_SERVER_URL)")
-    v1.add_argument("--key", default=None, help="the gateway's key (default: AGL_V1_KEY)")
+    v1.add_argument(
+        "--key-file",
+        default=None,
+        metavar="PATH",
+        help="a file whose first line is the gateway's key (default: AGL_V1_KEY)",
+    )
+    v1.add_argument("--key", default=None, help=argparse.SUPPRESS)  # refused: a key on the command line leaks
     v1.set_defaults(func=_run_v1)
     for name, (_module, summary) in TOOLS.items():
         tool_parser = sub.add_parser(name, help=summary, formatter_class=argparse.RawDescriptionHelpFormatter)

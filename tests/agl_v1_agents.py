@@ -54,3 +54,20 @@ class SlowReward:
     def run(self) -> None:
         time.sleep(float(os.environ["TASK_SLEEP"]))
         _post_reward(float(json.loads(os.environ["TASK_REWARD"])))
+
+
+class DumpEnv:
+    """Writes its whole environment as JSON to ``DUMP_FILE``, then posts the task's reward."""
+
+    def run(self) -> None:
+        with open(os.environ["DUMP_FILE"], "w") as out:
+            json.dump(dict(os.environ), out)
+        _post_reward(float(json.loads(os.environ["TASK_REWARD"])))
+
+
+class Tattletale:
+    """What a broker writer would run: leaves ``MARKER_FILE`` behind to show it ran."""
+
+    def run(self) -> None:
+        with open(os.environ["MARKER_FILE"], "w") as out:
+            out.write("ran\n")

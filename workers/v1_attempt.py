@@ -4,7 +4,8 @@
 Contract:
 * At most one executor per attempt: a done marker drops a delivery of a finished attempt, and the lease
   (``keys.lease(attempt_key)``) one that another executor holds.
-* The program runs in a session of its own with exactly the variables 1.0's ``local`` runner gives it; at the
+* The program runs in a session of its own with the environment ``workers.v1_environment`` builds (never the
+  worker's secrets) and the gateway's copy of the rollout's config, never the message's; at the
   rollout's ``timeout_seconds``, or when the gateway shows the rollout moved on (finished, deleted, another
   attempt), its whole process group is killed; the program also dies with the worker process (``PR_SET_PDEATHSIG``).
 * The outcome (exit code 0: succeeded; else failed with the last lines the program wrote) is kept in Redis
@@ -35,11 +36,11 @@ from bridge.core.agl_v1 import (
     GatewayError,
     V1Rollout,
     V1State,
-    agent_environment,
     attempt_key,
 )
 from bridge.core.settings import Settings
 from workers.lease import free_slot
+from workers.v1_environment import output_redactor, program_environment
 
 log = logging.getLogger("workers.v1")
 
@@ -113,6 +114,7 @@ class V1Attempt:
             if not self._ours(current):
                 return self._finish(V1Outcome(None, "the rollout moved on before it started"))
             assert current is not None
+            self.rollout = current  # the gateway's copy decides what runs, never the message's (docs/agl-v1.md)
             if current.status.state == V1State.QUEUING:  # the dispatcher's patch has not landed yet
                 self.gateway.patch_status(current.rollout_id, state=V1State.RUNNING, last_attempt_id=self.attempt_id)
             return self._finish(self._execute())
@@ -131,15 +133,13 @@ class V1Attempt:
         if local is None or not local.agent_class:
             return V1Outcome(V1State.FAILED, "invalid rollout config: missing config.local.agent_class")
         try:
-            env = agent_environment(
-                self.rollout, self.attempt_id, agent_url=self.settings.agl_v1_url, key=self.settings.agl_v1_key
-            )
+            env = program_environment(self.rollout, self.attempt_id, self.settings)
         except ValueError as exc:
             return V1Outcome(V1State.FAILED, str(exc))
         python = self.settings.agl_v1_agent_python or sys.executable
         process = subprocess.Popen(
             [python, "-c", RUNNER, local.agent_class, str(os.getpid())],
-            env={**os.environ, **env},
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -174,8 +174,9 @@ class V1Attempt:
 
     def _read_output(self, process: subprocess.Popen[bytes], tail: collections.deque[str]) -> None:
         assert process.stdout is not None
+        redact = output_redactor(self.settings)
         for raw in process.stdout:
-            line = raw.decode("utf-8", "replace").rstrip()
+            line = redact(raw.decode("utf-8", "replace").rstrip())
             tail.append(line)
             log.debug("%s %s", self.tag, line)
 

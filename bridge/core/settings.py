@@ -65,6 +65,17 @@ class Settings(BaseSettings):
     """The interpreter that runs 1.0 agent programs on the workers. Default: the worker's own."""
     agl_v1_max_reruns: int = Field(default=1, ge=0, le=10, validation_alias="AGL_V1_MAX_RERUNS")
     """Times a 1.0 rollout whose worker was lost mid-run runs again, under the next attempt id; then it fails."""
+    agl_v1_pass_env: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, validation_alias="AGL_V1_PASS_ENV", examples=["WEBSHOP_URL,MAX_STEPS,PYTHONPATH"]
+    )
+    """Variables of the worker's environment that 1.0 agent programs also get (comma-separated names; `AGL_*`
+    refused). Programs otherwise get only PATH, HOME, LANG, LC_*, TZ, TMPDIR, VIRTUAL_ENV, the AGL_* variables
+    of their attempt and their env_map (docs/agl-v1.md, "Trust model"): never the worker's keys or URLs."""
+    agl_v1_agent_modules: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, validation_alias="AGL_V1_AGENT_MODULES", examples=["myagents,workers.agents"]
+    )
+    """The modules 1.0 agent programs may be imported from (comma-separated module prefixes: `myagents` allows
+    `myagents:A` and `myagents.sub:B`). Empty (default): any; a rollout naming another fails without starting."""
 
     otlp_endpoint: HttpUrl | None = Field(
         default=None, validation_alias="AGENT_LIGHTNING_OTLP_ENDPOINT", json_schema_extra={SECTION: "Tracing"}
@@ -318,6 +329,16 @@ class Settings(BaseSettings):
     @classmethod
     def _parse_hooks(cls, value: Any) -> Any:
         return _hook_list(value)
+
+    @field_validator("agl_v1_pass_env", mode="before")
+    @classmethod
+    def _parse_pass_env(cls, value: Any) -> Any:
+        return _pass_env_list(value)
+
+    @field_validator("agl_v1_agent_modules", mode="before")
+    @classmethod
+    def _parse_agent_modules(cls, value: Any) -> Any:
+        return _module_prefix_list(value)
 
     @field_validator("llm_key_hosts", mode="before")
     @classmethod
@@ -624,6 +645,35 @@ def _hook_list(value: Any) -> Any:
         bad = [p for p in value if not isinstance(p, str) or not is_import_path(p)]
         if bad:
             raise ValueError(f"expected comma-separated 'module.path:attr' entries, got {bad!r}")
+    return value
+
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_MODULE_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+
+
+def _comma_list(value: Any) -> Any:
+    return [p.strip() for p in value.split(",") if p.strip()] if isinstance(value, str) else value
+
+
+def _pass_env_list(value: Any) -> Any:
+    """Comma-separated variable names; ``AGL_*`` are the worker's own (its key among them), never passed."""
+    value = _comma_list(value)
+    if isinstance(value, list):
+        bad = [p for p in value if not isinstance(p, str) or not _ENV_NAME.match(p) or p.upper().startswith("AGL_")]
+        if bad:
+            raise ValueError(f"expected comma-separated variable names, none starting with AGL_, got {bad!r}")
+    return value
+
+
+def _module_prefix_list(value: Any) -> Any:
+    """Comma-separated module paths (``pkg`` or ``pkg.sub``; a trailing dot is dropped)."""
+    value = _comma_list(value)
+    if isinstance(value, list):
+        value = [p.rstrip(".") if isinstance(p, str) else p for p in value]
+        bad = [p for p in value if not isinstance(p, str) or not _MODULE_PATH.match(p)]
+        if bad:
+            raise ValueError(f"expected comma-separated module paths (pkg or pkg.sub), got {bad!r}")
     return value
 
 

@@ -100,7 +100,8 @@ def start_gateway(stack: LocalStack, venv: Path, *, key: str, port: int | None =
 def start_v1_dispatcher(
     stack: LocalStack, gateway_url: str, *, key: str, name: str = "v1-dispatcher"
 ) -> ManagedProcess:
-    """``python -m bridge v1`` with the stack's environment; up once it holds its leader lock."""
+    """``python -m bridge v1`` with the stack's environment and ``key`` in a file of the stack's (``--key-file``);
+    up once it holds its leader lock."""
     lock_key = keys.bridge_leader(f"{stack.scope}:v1")
     client = coordination_client(stack.redis_url or stack.broker_url, socket_timeout=2)
 
@@ -109,7 +110,10 @@ def start_v1_dispatcher(
             return bool(client.exists(lock_key))
         return False
 
-    argv = [sys.executable, "-m", "bridge", "v1", "--server", gateway_url, "--key", key]
+    key_file = stack.log_dir / f"{name}.key"  # never on the command line: ps shows it
+    key_file.touch(mode=0o600)
+    key_file.write_text(key + "\n")
+    argv = [sys.executable, "-m", "bridge", "v1", "--server", gateway_url, "--key-file", str(key_file)]
     return stack.spawn(name, argv, leading, timeout=60, waiting_for="the 1.0 dispatch lock")
 
 

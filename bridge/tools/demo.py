@@ -151,7 +151,13 @@ def _stack_config(settings: Settings, args: argparse.Namespace) -> StackConfig:
         say(f"OPENAI_API_BASE is set: the agents talk to {redact_url(llm)} (model {settings.model})")
     extra_env = {}
     if v1:
-        extra_env = {"AGL_V1_SERVER_URL": f"http://127.0.0.1:{free_port()}", "AGL_V1_KEY": secrets.token_hex(16)}
+        from workers.agents import webshop_program
+
+        extra_env = {
+            "AGL_V1_SERVER_URL": f"http://127.0.0.1:{free_port()}",
+            "AGL_V1_KEY": secrets.token_hex(16),
+            "AGL_V1_PASS_ENV": webshop_program.PASS_ENV,  # what the WebShop program reads of the worker's settings
+        }
     return StackConfig(
         store_url=store,
         store=not v1,

@@ -8,24 +8,29 @@ Store").
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from celery import Celery
 
+from bridge.core.agl_v1 import V1_TASK_NAME, GatewayClient, V1State, attempt_key
 from bridge.tools.agl_v1_env import start_gateway, start_v1_dispatcher, train, v1_virtualenv
 from bridge.tools.procs import ManagedProcess, StackError, free_port
 from bridge.tools.stack import LocalStack
 from tests.helpers import process_alive, split_tasks, stack_for, wait_for
 from tests.prerequisites import missing
 from workers.agents import webshop_program
+from workers.v1_environment import AGL_NAMES, BASE_NAMES, BASE_PREFIXES
 
 pytestmark = [pytest.mark.integration, pytest.mark.cost(90)]
 
@@ -33,6 +38,8 @@ ROOT = Path(__file__).resolve().parents[2]
 KEY = "agl-v1-test-key"
 ASK = {"TASK_QUESTION": "input.question", "TASK_REWARD": "input.reward"}
 SLOW = {"TASK_SLEEP": "input.sleep", "TASK_REWARD": "input.reward"}
+WORKER_OPENAI_KEY = "sk-worker-only-openai-key"
+WORKER_STORE_TOKEN = "worker-only-store-token"
 
 
 @dataclass
@@ -90,6 +97,10 @@ def v1(services: LocalStack, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         "AGL_V1_SERVER_URL": f"http://127.0.0.1:{port}",
         "AGL_V1_KEY": KEY,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        "AGL_V1_PASS_ENV": f"PYTHONPATH,{webshop_program.PASS_ENV}",
+        # secrets the workers hold, which no agent program may see
+        "OPENAI_API_KEY": WORKER_OPENAI_KEY,
+        "AGENT_LIGHTNING_STORE_TOKEN": WORKER_STORE_TOKEN,
     }
     log_dir = tmp_path_factory.mktemp("agl-v1")
     stack = stack_for(
@@ -179,6 +190,93 @@ def test_a_worker_killed_mid_run_runs_its_rollouts_again_once_under_a_new_attemp
         assert rollout["state"] == "succeeded", rollout
         assert rollout["attempts"] == ["1"], rollout  # the trainer reads the re-run's events only
         assert rollout["reward"] == rollout["input"]["reward"] and rollout["reward_events"] == 1
+
+
+def test_a_program_sees_only_the_allowed_environment_and_none_of_the_workers_secrets(
+    v1: V1Stack, tmp_path: Path
+) -> None:
+    dump = tmp_path / "env.json"
+    [rollout] = v1.train(
+        "DumpEnv", [{"path": str(dump), "reward": 0.25}], {"DUMP_FILE": "input.path", "TASK_REWARD": "input.reward"}
+    )
+    assert rollout["state"] == "succeeded" and rollout["reward"] == 0.25, rollout
+    seen = json.loads(dump.read_text())
+    [worker] = v1.stack.workers
+    worker_env = worker.env or {}
+    passed = {"PYTHONPATH", *webshop_program.PASS_ENV.split(",")}
+    allowed = {n for n in worker_env if n in BASE_NAMES or n.startswith(BASE_PREFIXES) or n in passed}
+    # Python itself sets LC_CTYPE in a C locale (PEP 538): the only name the program may add
+    assert set(seen) - {"LC_CTYPE"} == (allowed | AGL_NAMES | {"DUMP_FILE", "TASK_REWARD"}) - {"LC_CTYPE"}
+    assert {n: seen[n] for n in allowed if n in seen} == {n: worker_env[n] for n in allowed if n in seen}
+    secrets = {worker_env[n] for n in ("CELERY_BROKER_URL", "REDIS_URL", "AGL_V1_KEY", "AGL_V1_SERVER_URL")}
+    secrets |= {WORKER_OPENAI_KEY, WORKER_STORE_TOKEN}
+    assert not secrets & set(seen.values()) - {seen["AGL_KEY"]}  # AGL_KEY is 1.0's own: the gateway key
+    for name in ("REDIS_URL", "CELERY_BROKER_URL", "OPENAI_API_KEY", "AGENT_LIGHTNING_STORE_TOKEN", "AGL_V1_KEY"):
+        assert name not in seen
+
+
+def test_an_env_map_that_redirects_agl_event_url_fails_as_input_and_the_trap_hears_nothing(v1: V1Stack) -> None:
+    heard: list[str] = []
+
+    class Trap(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            heard.append(f"{self.path} {self.headers.get('Authorization')}")
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    trap = ThreadingHTTPServer(("127.0.0.1", 0), Trap)
+    threading.Thread(target=trap.serve_forever, daemon=True).start()
+    try:
+        steal = f"http://127.0.0.1:{trap.server_address[1]}/steal"
+        [rollout] = v1.train("AskAndReward", [{"question": "q", "reward": 1.0}], {**ASK, "AGL_EVENT_URL": steal})
+    finally:
+        trap.shutdown()
+        trap.server_close()
+    assert rollout["state"] == "failed" and rollout["reward"] is None, rollout
+    assert "env_map may not set AGL_EVENT_URL" in rollout["error"] and "(input)" in rollout["error"]
+    assert heard == [] and v1.started_lines(rollout["rollout_id"]) == 0  # the program never started
+
+
+def test_a_forged_message_runs_the_gateways_agent_class_never_the_messages(v1: V1Stack, tmp_path: Path) -> None:
+    """A broker writer publishes a task for a real rollout naming another agent class: the worker runs what the
+    gateway holds. The dispatcher is stopped meanwhile, so the forged delivery is the one that runs."""
+    marker = tmp_path / "tattled"
+    task = {"sleep": 0.0, "reward": 0.75, "marker": str(marker)}
+    v1.stack.process("v1-dispatcher").stop()
+    gateway = GatewayClient(v1.gateway, key=KEY)
+    app = Celery(broker=v1.stack.broker_url)
+    try:
+        local = {"agent_class": "tests.agl_v1_agents:SlowReward", "env_map": SLOW}
+        [created] = gateway.create_rollouts([{"input": task, "config": {"timeout_seconds": 60, "local": local}}])
+        forged = created.model_dump(mode="json")
+        forged["config"]["local"] = {
+            "agent_class": "tests.agl_v1_agents:Tattletale",
+            "env_map": {"MARKER_FILE": "input.marker"},
+        }
+        key = attempt_key(created.rollout_id, "0")
+        app.send_task(
+            V1_TASK_NAME,
+            kwargs={"rollout": forged, "attempt_id": "0", "queue": "rollouts"},
+            task_id=key,
+            queue="rollouts",
+        )
+
+        def finished() -> bool:
+            current = gateway.get_rollout(created.rollout_id)
+            return current is not None and current.status.state in (V1State.SUCCEEDED, V1State.FAILED)
+
+        wait_for(finished, 60, "the forged delivery to finish")
+        current = gateway.get_rollout(created.rollout_id)
+        assert current is not None and current.status.state == V1State.SUCCEEDED, current
+        rewards = [e["data"]["value"] for e in gateway.events(created.rollout_id, event_type="reward")]
+        assert rewards == [0.75] and not marker.exists()  # the gateway's SlowReward ran, Tattletale never did
+    finally:
+        app.close()
+        gateway.close()
+        start_v1_dispatcher(v1.stack, v1.gateway, key=KEY)
 
 
 def _wait_for_more(log: Path, text: str, more: int, what: str) -> None:

@@ -51,7 +51,7 @@ def test_the_0_3_bridge_exits_2_naming_the_store_url(
 def test_the_1_0_dispatcher_needs_its_gateway_not_a_store(
     no_deployment_env: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert cli.main(["v1", "--key", "k"]) == 2
+    assert cli.main(["v1"]) == 2
     assert "AGL_V1_SERVER_URL (or --server) must name" in capsys.readouterr().err
 
 

@@ -4,7 +4,8 @@ A worker starts it like any 1.0 program: the task is the rollout's input, given 
 rollout's ``env_map`` (``WEBSHOP_TASK: input``); the LLM is the gateway's proxy (``AGL_OPENAI_BASE_URL``),
 which records every call's token ids; the reward the WebShop server computed is posted to ``AGL_EVENT_URL``.
 It plays with the 0.3 agent's prompts and action parsing (``workers.prompts``) and the worker's settings
-(``WEBSHOP_URL``, ``MAX_STEPS``, ``MAX_REPROMPTS``), which the program inherits from the worker's environment.
+(``WEBSHOP_URL``, ``MAX_STEPS``, ``MAX_REPROMPTS``, ...), which it gets from the worker's environment when the
+worker lists them in ``AGL_V1_PASS_ENV`` (``PASS_ENV``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from workers.webshop import WebShopClient
 
 AGENT_CLASS = "workers.agents.webshop_program:WebShopProgram"
 ENV_MAP = {"WEBSHOP_TASK": "input"}
+PASS_ENV = "WEBSHOP_URL,WEBSHOP_TOKEN,WEBSHOP_TIMEOUT_S,MAX_STEPS,MAX_REPROMPTS,MAX_INSTRUCTION_CHARS"
+"""The worker's settings this program reads: a worker running it lists them in AGL_V1_PASS_ENV."""
 
 
 class WebShopProgram:

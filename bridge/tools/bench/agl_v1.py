@@ -73,6 +73,7 @@ def main(args: argparse.Namespace) -> int:
         return 2
     port = free_port()
     env = {"AGL_V1_SERVER_URL": f"http://127.0.0.1:{port}", "AGL_V1_KEY": KEY, "LOG_LEVEL": "INFO"}
+    env["AGL_V1_PASS_ENV"] = webshop_program.PASS_ENV  # what the WebShop program reads of the worker's settings
     config = StackConfig(
         store=False,
         workers=0,
