@@ -97,8 +97,8 @@ class PublishRefusals:
     """Per rollout, since when the broker keeps refusing its publish and when to try again (backoff). Held in
     memory: a restarted dispatcher starts the clock again."""
 
-    def __init__(self, give_up_s: float) -> None:
-        self.give_up_s = give_up_s
+    def __init__(self, give_up_s: float, stale_after_s: float) -> None:
+        self.give_up_s, self.stale_after_s = give_up_s, stale_after_s
         self._refused: dict[str, _Refused] = {}
 
     def waiting(self, rollout_id: str, now: float) -> bool:
@@ -125,9 +125,10 @@ class PublishRefusals:
     def forget(self, rollout_id: str) -> None:
         self._refused.pop(rollout_id, None)
 
-    def keep_only(self, rollout_ids: set[str]) -> None:
-        """Forget the rollouts no longer waiting for a publish (``rollout_ids``: those that still may)."""
-        self._refused = {rid: r for rid, r in self._refused.items() if rid in rollout_ids}
+    def forget_stale(self, now: float) -> None:
+        """Forget the rollouts nobody tried to publish for ``stale_after_s`` after their try was due: they left
+        the gateway's queue (the trainer failed or deleted them) or another dispatcher published them."""
+        self._refused = {rid: r for rid, r in self._refused.items() if now - r.retry_at_s < self.stale_after_s}
 
     def __len__(self) -> int:
         return len(self._refused)
@@ -143,7 +144,9 @@ class V1Dispatcher:
         self.confirm_s = 2 * settings.heartbeat_interval_s + 5.0  # as the 0.3 bridge's reconcile
         self._next_reconcile = 0.0
         self._suspects: dict[str, float] = {}  # the last plan's suspects: attempt key -> when first seen (epoch)
-        self.refusals = PublishRefusals(settings.agl_v1_publish_give_up_s)
+        # A refused re-publish of a running rollout is tried again by a later reconcile (within two scans).
+        stale_after_s = settings.agl_v1_publish_give_up_s + 2 * (settings.reconcile_interval_s + self.confirm_s)
+        self.refusals = PublishRefusals(settings.agl_v1_publish_give_up_s, stale_after_s)
 
     def run(self) -> None:
         log.info(
@@ -186,7 +189,7 @@ class V1Dispatcher:
         for bad in malformed:
             self._fail_malformed(bad)
         now = time.time()
-        self.refusals.keep_only({r.rollout_id for r in queuing})
+        self.refusals.forget_stale(now)
         ready = [r for r in queuing if not self.refusals.waiting(r.rollout_id, now)][: rooms[self.queue]]
         for rollout in ready:
             self._start(rollout)

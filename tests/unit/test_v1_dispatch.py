@@ -256,6 +256,39 @@ def test_a_refused_publish_backs_off_without_blocking_the_rollouts_behind_it_the
     assert "broker did not take the rollout for 121s: connection refused" in status["error_message"]
 
 
+def test_a_refused_re_publish_of_a_running_rollout_is_bounded_too(
+    gateway: FakeGateway, redis_client: redis.Redis, rid: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reconcile's re-publish of a message that never started, refused on every scan: the ticks between
+    the scans keep its refusal clock, and it fails after the bound."""
+    clock = Clock(1_700_000_000.0)
+    monkeypatch.setattr(v1_module, "time", clock)
+    gateway.add(rid, state="running", attempt="0")
+    dispatcher, app = _dispatcher(gateway, redis_client, agl_v1_publish_give_up_s=120.0, publish_retries=0)
+    app.refuse[rid] = OperationalError("connection refused")
+    dispatcher.reconcile()
+    assert gateway.status(rid)["state"] == "running"
+    clock.now += 130
+    dispatcher.tick()
+    dispatcher.reconcile()
+    status = gateway.status(rid)
+    assert status["state"] == "failed" and "for 130s: connection refused" in status["error_message"]
+
+
+def test_refusals_back_off_give_up_and_are_forgotten_when_nobody_retries() -> None:
+    refusals = v1_module.PublishRefusals(give_up_s=100.0, stale_after_s=200.0)
+    first = refusals.refused("r", 0.0)
+    assert first is not None and 0.5 <= first <= 1.0 and refusals.waiting("r", first - 0.01)
+    second = refusals.refused("r", 50.0)
+    assert second is not None and 1.0 <= second <= 2.0 and not refusals.waiting("r", 50.0 + second)
+    assert refusals.refused("r", 100.0) is None and len(refusals) == 0  # gave up: forgotten
+    refusals.refused("s", 0.0)
+    refusals.forget_stale(150.0)
+    assert len(refusals) == 1
+    refusals.forget_stale(205.0)
+    assert len(refusals) == 0
+
+
 def test_a_publish_no_retry_can_cure_fails_the_rollout_at_once(
     gateway: FakeGateway, redis_client: redis.Redis, rid: str
 ) -> None:
