@@ -192,7 +192,10 @@ class V1Dispatcher:
         self.refusals.forget_stale(now)
         ready = [r for r in queuing if not self.refusals.waiting(r.rollout_id, now)][: rooms[self.queue]]
         for rollout in ready:
-            self._start(rollout)
+            try:
+                self._start(rollout)
+            except GatewayError as exc:  # this rollout's call failed: it is still queuing, the next tick lists it
+                log.warning("[v1 rollout=%s] not started: %s", rollout.rollout_id, exc)
         return BUSY_POLL_S if ready or malformed else IDLE_POLL_S
 
     # --- one rollout ---------------------------------------------------------------------------
