@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
 import httpx
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from bridge.core.backoff import Retries
 from bridge.core.errors import BridgeError
@@ -66,6 +67,73 @@ class V1Rollout(BaseModel):
     def mode(self) -> str:
         """The proxy's path segment: ``train`` or ``val``."""
         return "train" if self.is_train else "val"
+
+
+@dataclass(frozen=True)
+class Malformed:
+    """A rollout of the gateway's listing that ``V1Rollout`` rejects: ``reason`` names the fields at fault.
+    ``rollout_id`` is None when even that is unreadable (nothing can then be done with it on the gateway)."""
+
+    rollout_id: str | None
+    state: str | None
+    reason: str
+
+
+def parse_rollout(item: Any) -> V1Rollout | Malformed:
+    """One item of a listing: the rollout, or why it cannot be run (never raises)."""
+    try:
+        return V1Rollout.model_validate(item)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in error['loc']) or 'rollout'}: {error['msg']}" for error in exc.errors()
+        )
+        raw = item if isinstance(item, dict) else {}
+        rid = raw.get("rollout_id")
+        status = raw.get("status")
+        state = status.get("state") if isinstance(status, dict) else None
+        return Malformed(
+            rid if isinstance(rid, str) and rid else None,
+            state if isinstance(state, str) else None,
+            f"invalid rollout: {problems}",
+        )
+
+
+@dataclass(frozen=True)
+class KeptOutcome:
+    """A worker's record at ``keys.v1_result(attempt key)``: the outcome it could not send, or a hand-over.
+
+    ``state`` None with ``handover``: a draining worker stopped the attempt and asks for a re-run under the
+    next attempt id that counts against no re-run limit. Records written before ``failure_class`` and
+    ``handover`` existed carry only ``state`` and ``detail``."""
+
+    state: V1State | None
+    detail: str
+    failure_class: str | None = None
+    handover: bool = False
+
+    @classmethod
+    def parse(cls, raw: str | bytes) -> KeptOutcome:
+        """ValueError when ``raw`` is not such a record."""
+        data = json.loads(raw)
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
+        state, failure_class = data.get("state"), data.get("failure_class")
+        if failure_class is not None and not isinstance(failure_class, str):
+            raise ValueError(f"failure_class {failure_class!r} is not a string")
+        return cls(
+            V1State(state) if state is not None else None,
+            str(data.get("detail", "")),
+            failure_class,
+            data.get("handover") is True,
+        )
+
+    def gateway_detail(self) -> str:
+        """What the gateway is told: a failed outcome's failure class first, then as much of the detail as fits
+        (``finish`` keeps the last ``ERROR_MESSAGE_CHARS``)."""
+        if self.state != V1State.FAILED or not self.failure_class:
+            return self.detail
+        prefix = f"[{self.failure_class}] "
+        return prefix + self.detail[-(ERROR_MESSAGE_CHARS - len(prefix)) :]
 
 
 def attempt_key(rollout_id: str, attempt_id: str) -> str:
@@ -140,6 +208,29 @@ class GatewayClient:
         params: list[tuple[str, str | int]] = [("state_in", s.value) for s in states] + [("limit", limit)]
         response = self._send("GET", "/api/rollouts", params=params)
         return [V1Rollout.model_validate(item) for item in response.json()]
+
+    def list_checked(self, *states: V1State, limit: int = 500) -> tuple[list[V1Rollout], list[Malformed]]:
+        """``list_rollouts``, but each rollout is validated on its own: the valid ones, and those that are not."""
+        params: list[tuple[str, str | int]] = [("state_in", s.value) for s in states] + [("limit", limit)]
+        response = self._send("GET", "/api/rollouts", params=params)
+        valid: list[V1Rollout] = []
+        malformed: list[Malformed] = []
+        for item in response.json():
+            parsed = parse_rollout(item)
+            if isinstance(parsed, V1Rollout):
+                valid.append(parsed)
+            else:
+                malformed.append(parsed)
+        return valid, malformed
+
+    def fail_malformed(self, rollout: Malformed) -> bool:
+        """Fail a rollout this project cannot read (``queuing`` or ``running`` -> ``failed``) with its reason;
+        True when set. Its answer is not parsed, for the same reason."""
+        if rollout.rollout_id is None:
+            return False
+        body = {"status": {"state": V1State.FAILED.value, "error_message": rollout.reason[-ERROR_MESSAGE_CHARS:]}}
+        response = self._send("PATCH", f"/api/rollouts/{rollout.rollout_id}", json=body, allow=(404, 409))
+        return response.status_code < 400
 
     def create_rollouts(self, rollouts: list[dict[str, Any]]) -> list[V1Rollout]:
         """Enqueue rollouts as 1.0's trainer does (``POST /api/rollouts``): each item is ``input``, ``is_train``,

@@ -192,6 +192,12 @@ def v1_result(attempt_key: str) -> str:
     return f"{PREFIX}:v1:result:{attempt_key}"
 
 
+def v1_handovers(scope: str, rollout_id: str) -> str:
+    """Set: the attempt ids of a 1.0 rollout that draining workers handed over, which count against no re-run
+    limit (``bridge.dispatch.v1``); it expires with the done markers."""
+    return f"{PREFIX}:v1:handovers:{scope}:{rollout_id}"
+
+
 def fence_listing(scope: str) -> str:
     """Sorted set of the attempts running on any worker of one Store (``rollout_id attempt_id``; score: lapse time).
 

@@ -76,6 +76,10 @@ class Settings(BaseSettings):
     )
     """The modules 1.0 agent programs may be imported from (comma-separated module prefixes: `myagents` allows
     `myagents:A` and `myagents.sub:B`). Empty (default): any; a rollout naming another fails without starting."""
+    agl_v1_publish_give_up_s: float = Field(default=600.0, gt=0, validation_alias="AGL_V1_PUBLISH_GIVE_UP_S")
+    """How long `python -m bridge v1` keeps retrying (with backoff) a 1.0 rollout the broker will not take before it
+    fails the rollout with the broker's error; meanwhile the rollouts behind it go on. An error that no retry can
+    cure (the message cannot be encoded) fails it at once."""
 
     otlp_endpoint: HttpUrl | None = Field(
         default=None, validation_alias="AGENT_LIGHTNING_OTLP_ENDPOINT", json_schema_extra={SECTION: "Tracing"}
@@ -468,12 +472,28 @@ class Settings(BaseSettings):
         budget = timeout_s if timeout_s and timeout_s > 0 else self.default_timeout_s
         return max(2.0, budget * 0.95)
 
+    def longest_hard_limit_s(self) -> float:
+        """The longest hard time limit the broker covers: with the longest queue wait it stays under the
+        broker's visibility (Redis) or consumer (RabbitMQ) timeout, with 1 s to spare. A task that may run
+        longer is redelivered while it runs, so every publisher clamps its time budget to fit (the rule of
+        ``longest_timeout_s`` and ``v1_longest_timeout_s``)."""
+        return self.redelivery_timeout_s - self.max_queue_wait_s - 1.0
+
     def longest_timeout_s(self) -> float:
-        """The largest ``timeout_seconds`` whose hard limit plus the longest queue wait stays under the
-        broker's visibility (Redis) or consumer (RabbitMQ) timeout, with 1 s to spare: a longer one would be
-        redelivered while it runs, so the bridge publishes it clamped to this and a takeover clamps it too."""
+        """The largest ``timeout_seconds`` whose hard limit the broker covers (``longest_hard_limit_s``): a
+        longer one would be redelivered while it runs, so the bridge publishes it clamped to this and a
+        takeover clamps it too."""
         share = self.hard_time_limit(1e6) / 1e6
-        return (self.redelivery_timeout_s - self.max_queue_wait_s - 1.0) / share
+        return self.longest_hard_limit_s() / share
+
+    def v1_time_limits(self, timeout_s: float) -> tuple[float, float]:
+        """(soft, hard) Celery limits of a 1.0 attempt: above the worker's own deadline, since the worker kills
+        the agent program at ``timeout_s`` and then reports."""
+        return timeout_s + self.lease_ttl_s + 30.0, timeout_s + self.lease_ttl_s + 60.0
+
+    def v1_longest_timeout_s(self) -> float:
+        """The largest 1.0 ``timeout_seconds`` whose hard limit (``v1_time_limits``) the broker covers."""
+        return max(1.0, self.longest_hard_limit_s() - self.v1_time_limits(0.0)[1])
 
     def covered_timeout(self, timeout_s: float | None) -> float | None:
         """``timeout_s`` lowered to ``longest_timeout_s``; None or <= 0 (the default applies) unchanged."""

@@ -27,6 +27,23 @@ log = logging.getLogger("bridge.publisher")
 
 _INSTRUCTION_PREVIEW = 60
 
+BROKER_REFUSALS: tuple[type[BaseException], ...] = (OperationalError, OSError, ConnectionError)
+"""What a publish raises when the broker did not take the message (after the client's own retries): transient,
+the same message may go later. Anything else (the message cannot be encoded, a bug) is permanent."""
+
+
+def retry_policy(settings: Settings) -> dict[str, Any]:
+    """The broker client's bounded retries of a publish's connection errors (``BRIDGE_PUBLISH_RETRIES``)."""
+    return {
+        "retry": True,
+        "retry_policy": {
+            "max_retries": settings.publish_retries,
+            "interval_start": 0.5,
+            "interval_step": 1.0,
+            "interval_max": 5.0,
+        },
+    }
+
 
 def describe(rollout: AttemptedRollout) -> str:
     """What monitoring shows for a task: ids and the start of the instruction, never secrets."""
@@ -58,18 +75,12 @@ class Publisher:
             "time_limit": settings.hard_time_limit(timeout),
             "argsrepr": "()",
             "kwargsrepr": describe(rollout),
-            "retry": True,
-            "retry_policy": {
-                "max_retries": settings.publish_retries,
-                "interval_start": 0.5,
-                "interval_step": 1.0,
-                "interval_max": 5.0,
-            },
+            **retry_policy(settings),
         }
         started = time.perf_counter()
         try:
             self._task.apply_async(kwargs=task_kwargs(rollout, queue, self.agent), **options)
-        except (OperationalError, OSError, ConnectionError) as exc:
+        except BROKER_REFUSALS as exc:
             raise PublishError(f"broker did not take rollout {rollout.rollout_id}: {exc!r}") from exc
         log.debug("published %s to %s in %.1f ms", describe(rollout), queue, (time.perf_counter() - started) * 1e3)
 
@@ -84,17 +95,32 @@ class Publisher:
 def clamp_timeout(rollout: AttemptedRollout, settings: Settings) -> AttemptedRollout:
     """The rollout as it is published: unchanged, or with ``timeout_seconds`` lowered to what the broker covers."""
     asked = rollout.config.timeout_seconds
-    bound = settings.longest_timeout_s()
-    if not asked or asked <= 0 or asked <= bound:
+    if not asked or asked <= 0:
         return rollout
+    bound = covered_timeout(
+        asked,
+        settings.longest_timeout_s(),
+        settings,
+        f"rollout={rollout.rollout_id} attempt={rollout.attempt.attempt_id}",
+    )
+    if bound == asked:
+        return rollout
+    config = rollout.config.model_copy(update={"timeout_seconds": bound})
+    return rollout.model_copy(update={"config": config})
+
+
+def covered_timeout(asked: float, bound: float, settings: Settings, ids: str) -> float:
+    """``asked``, or ``bound`` (the longest time budget the broker covers) with a warning naming ``ids`` and
+    ``agl_bridge_timeouts_clamped_total`` counted when ``asked`` is longer."""
+    if asked <= bound:
+        return asked
     metrics.TIMEOUTS_CLAMPED.inc()
     name = "BROKER_CONSUMER_TIMEOUT_S" if settings.broker_is_amqp else "BROKER_VISIBILITY_TIMEOUT_S"
     log.warning(
-        "[rollout=%s attempt=%s] timeout_seconds %gs is longer than the broker covers: the message would be "
+        "[%s] timeout_seconds %gs is longer than the broker covers: the message would be "
         "redelivered while it runs (%s %gs - BRIDGE_MAX_QUEUE_WAIT_S %gs); "
         "running it with %gs instead. Raise %s to allow longer rollouts",
-        rollout.rollout_id,
-        rollout.attempt.attempt_id,
+        ids,
         asked,
         name,
         settings.redelivery_timeout_s,
@@ -102,5 +128,4 @@ def clamp_timeout(rollout: AttemptedRollout, settings: Settings) -> AttemptedRol
         bound,
         name,
     )
-    config = rollout.config.model_copy(update={"timeout_seconds": bound})
-    return rollout.model_copy(update={"config": config})
+    return bound

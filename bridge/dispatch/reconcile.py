@@ -141,9 +141,7 @@ def plan_repairs(facts: Facts) -> Plan:
     unstarted = {aid for aid in queue_of if not (marks(aid).leased or marks(aid).started or marks(aid).done)}
     lost = {aid for aid in unstarted if facts.now - recorded[aid] > facts.max_queue_wait_s}
 
-    first_seen = {aid: facts.suspects.get(aid, facts.monotonic) for aid in orphans | stranded | lost}
-    confirmed = {aid for aid, first in first_seen.items() if facts.monotonic - first >= facts.confirm_s}
-    suspects = {aid: first for aid, first in first_seen.items() if aid not in confirmed}
+    confirmed, suspects = confirm_suspects(orphans | stranded | lost, facts.suspects, facts.monotonic, facts.confirm_s)
 
     frees: list[FreeLost | FreeOrphan] = []
     for aid in sorted(confirmed & lost):
@@ -161,6 +159,17 @@ def plan_repairs(facts: Facts) -> Plan:
     if waits:
         due.append(facts.monotonic + max(RESCAN_FLOOR_S, min(waits)))
     return Plan(tuple(drops), tuple(frees), restarts, suspects, min(due, default=None))
+
+
+def confirm_suspects(
+    seen: set[str], suspects: Mapping[str, float], now: float, confirm_s: float
+) -> tuple[set[str], dict[str, float]]:
+    """The two-scan rule: of the ids ``seen`` in need of repair now, those first seen (``suspects``, else now) at
+    least ``confirm_s`` ago are confirmed; the others are the next scan's suspects, with when they were first
+    seen. An id no longer seen is forgotten."""
+    first_seen = {key: suspects.get(key, now) for key in seen}
+    confirmed = {key for key, first in first_seen.items() if now - first >= confirm_s}
+    return confirmed, {key: first for key, first in first_seen.items() if key not in confirmed}
 
 
 def _abandoned(rollout: AttemptedRollout, marks: Execution, dispatcher_id: str) -> bool:

@@ -3,20 +3,25 @@
 
 Each tick, as leader: as many ``queuing`` rollouts as the workers have free slots are published as
 ``workers.run_v1_rollout`` (task id ``attempt_key``), recorded in flight in the same accounting the 0.3 bridge
-uses, and marked ``running``. Each reconcile, for every ``running`` rollout's current attempt: an outcome kept in
-Redis is applied; a live lease is left alone; a message that never started within the queue wait is published
-again under the same id; an attempt that started and lost its executor is run again under the next attempt id
-(``AGL_V1_MAX_RERUNS`` times), else failed. Every step is safe to repeat, so a dispatcher killed anywhere is
-restarted (or replaced by a standby) without running a rollout twice.
+uses, and marked ``running``. Each rollout of a listing is validated on its own: one this project cannot read is
+failed on the gateway with the fields at fault, and the others go on. A publish the broker refuses is retried
+on later ticks with backoff, the rollouts behind it going on meanwhile, and fails the rollout with the broker's
+error after ``AGL_V1_PUBLISH_GIVE_UP_S``; an error no retry can cure fails it at once. Time budgets are clamped
+to what the broker covers, by the 0.3 publisher's rule (``Settings.longest_hard_limit_s``).
+
+Each reconcile reads the facts, plans the repairs (``bridge.dispatch.v1_repairs``, which says what each hazard
+gets) and carries them out one by one, so one failing repair stops no other. Every step is safe to repeat, so
+a dispatcher killed anywhere is restarted (or replaced by a standby) without running a rollout twice.
+Hand-overs are counted per rollout in Redis (``keys.v1_handovers``, a set of attempt ids, so counting one twice
+is impossible), which a re-run's limit subtracts from the attempts numbered so far.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
-from typing import Any
+from dataclasses import dataclass
 
 import redis
 
@@ -27,11 +32,13 @@ from bridge.core.agl_v1 import (
     GatewayClient,
     GatewayConflict,
     GatewayError,
+    KeptOutcome,
+    Malformed,
     V1Rollout,
     V1State,
     attempt_key,
-    next_attempt,
 )
+from bridge.core.backoff import backoff_delay
 from bridge.core.coordination import coordination_redis, deployment_endpoint, deployment_scope
 from bridge.core.errors import MissingSetting
 from bridge.core.logs import configure_logging
@@ -41,12 +48,91 @@ from bridge.core.scope_check import ScopeWatch
 from bridge.core.settings import Settings
 from bridge.dispatch.leader import LeaderLock
 from bridge.dispatch.placement import fits
+from bridge.dispatch.publisher import BROKER_REFUSALS, covered_timeout, retry_policy
+from bridge.dispatch.v1_repairs import (
+    ApplyKept,
+    Fail,
+    FreeSlot,
+    Repair,
+    Republish,
+    Rerun,
+    Unreadable,
+    V1Facts,
+    current_key,
+    plan_v1_repairs,
+)
 
 log = logging.getLogger("bridge.v1")
 
 IDLE_POLL_S = 1.0  # between gateway reads while nothing is queuing or no slot is free
 BUSY_POLL_S = 0.2  # after a tick that published
 ERROR_WAIT_S = 5.0
+REFUSAL_BACKOFF_BASE_S = 1.0  # a refused publish is tried again after this, doubling up to the cap
+REFUSAL_BACKOFF_CAP_S = 30.0
+
+
+@dataclass(frozen=True)
+class AttemptKeys:
+    """The Redis keys of one 1.0 attempt that the reconcile reads and drops."""
+
+    lease: str
+    started: str
+    done: str
+    result: str
+
+
+def _keys_of(key: str) -> AttemptKeys:
+    """Where the markers and the kept record of the attempt named ``key`` live (``workers.v1_attempt`` writes
+    them); the one place the dispatcher builds them."""
+    return AttemptKeys(keys.lease(key), keys.started(key), keys.done(key), keys.v1_result(key))
+
+
+@dataclass
+class _Refused:
+    first_s: float
+    tries: int
+    retry_at_s: float
+
+
+class PublishRefusals:
+    """Per rollout, since when the broker keeps refusing its publish and when to try again (backoff). Held in
+    memory: a restarted dispatcher starts the clock again."""
+
+    def __init__(self, give_up_s: float, stale_after_s: float) -> None:
+        self.give_up_s, self.stale_after_s = give_up_s, stale_after_s
+        self._refused: dict[str, _Refused] = {}
+
+    def waiting(self, rollout_id: str, now: float) -> bool:
+        """Its last publish was refused and its next try is not due yet."""
+        refused = self._refused.get(rollout_id)
+        return refused is not None and now < refused.retry_at_s
+
+    def refused(self, rollout_id: str, now: float) -> float | None:
+        """Count one refusal: the seconds until the next try, or None when it has been refused for
+        ``give_up_s`` and must fail (it is forgotten then)."""
+        refused = self._refused.setdefault(rollout_id, _Refused(now, 0, now))
+        if now - refused.first_s >= self.give_up_s:
+            del self._refused[rollout_id]
+            return None
+        delay = backoff_delay(refused.tries, base_s=REFUSAL_BACKOFF_BASE_S, cap_s=REFUSAL_BACKOFF_CAP_S)
+        refused.tries += 1
+        refused.retry_at_s = now + delay
+        return delay
+
+    def since(self, rollout_id: str, now: float) -> float:
+        refused = self._refused.get(rollout_id)
+        return now - refused.first_s if refused is not None else 0.0
+
+    def forget(self, rollout_id: str) -> None:
+        self._refused.pop(rollout_id, None)
+
+    def forget_stale(self, now: float) -> None:
+        """Forget the rollouts nobody tried to publish for ``stale_after_s`` after their try was due: they left
+        the gateway's queue (the trainer failed or deleted them) or another dispatcher published them."""
+        self._refused = {rid: r for rid, r in self._refused.items() if now - r.retry_at_s < self.stale_after_s}
+
+    def __len__(self) -> int:
+        return len(self._refused)
 
 
 class V1Dispatcher:
@@ -58,10 +144,13 @@ class V1Dispatcher:
         self._lock = LeaderLock(client, f"{settings.dispatcher_id}-v1", scope=f"{self.scope}:v1")
         self.confirm_s = 2 * settings.heartbeat_interval_s + 5.0  # as the 0.3 bridge's reconcile
         self._next_reconcile = 0.0
-        self._suspects: dict[str, float] = {}  # attempt key -> when first seen started, unleased, unfinished
         self.scope_watch = ScopeWatch(  # our workers under another spelling of the URL: an error line
             client, self.scope, deployment_endpoint(settings), [self.queue], who="the 1.0 dispatcher"
         )
+        self._suspects: dict[str, float] = {}  # the last plan's suspects: attempt key -> when first seen (epoch)
+        # A refused re-publish of a running rollout is tried again by a later reconcile (within two scans).
+        stale_after_s = settings.agl_v1_publish_give_up_s + 2 * (settings.reconcile_interval_s + self.confirm_s)
+        self.refusals = PublishRefusals(settings.agl_v1_publish_give_up_s, stale_after_s)
 
     def run(self) -> None:
         log.info(
@@ -100,10 +189,19 @@ class V1Dispatcher:
         self.scope_watch.check(view.served())
         if not fits(self.queue, rooms, view.served()):
             return IDLE_POLL_S
-        queuing = self.gateway.list_rollouts(V1State.QUEUING, limit=rooms[self.queue])
-        for rollout in queuing:
-            self._start(rollout)
-        return BUSY_POLL_S if queuing else IDLE_POLL_S
+        # Rollouts whose refused publish waits for its next try come first in the listing: list past them.
+        queuing, malformed = self.gateway.list_checked(V1State.QUEUING, limit=rooms[self.queue] + len(self.refusals))
+        for bad in malformed:
+            self._fail_malformed(bad)
+        now = time.time()
+        self.refusals.forget_stale(now)
+        ready = [r for r in queuing if not self.refusals.waiting(r.rollout_id, now)][: rooms[self.queue]]
+        for rollout in ready:
+            try:
+                self._start(rollout)
+            except GatewayError as exc:  # this rollout's call failed: it is still queuing, the next tick lists it
+                log.warning("[v1 rollout=%s] not started: %s", rollout.rollout_id, exc)
+        return BUSY_POLL_S if ready or malformed else IDLE_POLL_S
 
     # --- one rollout ---------------------------------------------------------------------------
 
@@ -123,8 +221,13 @@ class V1Dispatcher:
             log.warning("[v1 rollout=%s] published; marking it running failed: %s", rollout.rollout_id, exc)
 
     def _publish(self, rollout: V1Rollout, attempt_id: str) -> bool:
-        key = attempt_key(rollout.rollout_id, attempt_id)
-        timeout = rollout.config.timeout_seconds
+        """Send the attempt's task; True when the broker took it. A refusal (``BROKER_REFUSALS``, after the
+        client's own retries) leaves the rollout as it is, to be tried again after a backoff, and fails it once
+        refused for ``AGL_V1_PUBLISH_GIVE_UP_S``; any other error fails it at once, since no retry cures it."""
+        rid = rollout.rollout_id
+        key = attempt_key(rid, attempt_id)
+        rollout = self._covered(rollout, attempt_id)
+        soft, hard = self.settings.v1_time_limits(rollout.config.timeout_seconds)
         capacity.mark_inflight(self.redis, self.scope, self.queue, key)
         try:
             self.app.send_task(
@@ -132,18 +235,41 @@ class V1Dispatcher:
                 kwargs={"rollout": rollout.model_dump(mode="json"), "attempt_id": attempt_id, "queue": self.queue},
                 task_id=key,
                 queue=self.queue,
-                # Above the worker's own deadline: it kills the program at timeout_seconds and then reports.
-                soft_time_limit=timeout + self.settings.lease_ttl_s + 30,
-                time_limit=timeout + self.settings.lease_ttl_s + 60,
+                soft_time_limit=soft,
+                time_limit=hard,
                 argsrepr="()",
-                kwargsrepr=f"v1 rollout={rollout.rollout_id} attempt={attempt_id}",
+                kwargsrepr=f"v1 rollout={rid} attempt={attempt_id}",
+                **retry_policy(self.settings),
             )
-        except Exception as exc:  # the broker refused it: the rollout stays as it is and is tried again
+        except BROKER_REFUSALS as exc:
             capacity.clear_inflight(self.redis, self.scope, self.queue, key)
-            log.warning("[v1 rollout=%s] the broker did not take it (%r); retried later", rollout.rollout_id, exc)
+            now = time.time()
+            refused_for = self.refusals.since(rid, now)
+            delay = self.refusals.refused(rid, now)
+            if delay is not None:
+                log.warning("[v1 rollout=%s] the broker did not take it (%s); trying again in %.0fs", rid, exc, delay)
+                return False
+            self._fail(rid, attempt_id, f"the broker did not take the rollout for {refused_for:.0f}s: {exc}")
             return False
-        log.info("[v1 rollout=%s attempt=%s] published to %s", rollout.rollout_id, attempt_id, self.queue)
+        except Exception as exc:
+            capacity.clear_inflight(self.redis, self.scope, self.queue, key)
+            self.refusals.forget(rid)
+            log.exception("[v1 rollout=%s attempt=%s] could not be published", rid, attempt_id)
+            self._fail(rid, attempt_id, f"the rollout could not be published: {type(exc).__name__}: {exc}")
+            return False
+        self.refusals.forget(rid)
+        log.info("[v1 rollout=%s attempt=%s] published to %s", rid, attempt_id, self.queue)
         return True
+
+    def _covered(self, rollout: V1Rollout, attempt_id: str) -> V1Rollout:
+        """The rollout as published: its ``timeout_seconds`` lowered to what the broker covers, if longer."""
+        asked = rollout.config.timeout_seconds
+        ids = f"v1 rollout={rollout.rollout_id} attempt={attempt_id}"
+        bound = covered_timeout(asked, float(int(self.settings.v1_longest_timeout_s())), self.settings, ids)
+        if bound == asked:
+            return rollout
+        config = rollout.config.model_copy(update={"timeout_seconds": int(bound)})
+        return rollout.model_copy(update={"config": config})
 
     def _fail(self, rollout_id: str, attempt_id: str, why: str) -> None:
         if self.gateway.finish(rollout_id, attempt_id, V1State.FAILED, why):
@@ -151,80 +277,142 @@ class V1Dispatcher:
         else:
             log.info("[v1 rollout=%s attempt=%s] not failed (moved on): %s", rollout_id, attempt_id, why)
 
+    def _fail_malformed(self, rollout: Malformed) -> None:
+        """Fail a rollout of a listing that this project cannot read, with the fields at fault."""
+        try:
+            failed = self.gateway.fail_malformed(rollout)
+        except GatewayError as exc:
+            log.warning(
+                "[v1 rollout=%s] %s; failing it on the gateway failed: %s", rollout.rollout_id, rollout.reason, exc
+            )
+            return
+        if failed:
+            log.warning("[v1 rollout=%s] failed: %s", rollout.rollout_id, rollout.reason)
+        else:
+            log.warning("[v1 rollout=%s] skipped, not failed (gone or unnamed): %s", rollout.rollout_id, rollout.reason)
+
     # --- repairs -------------------------------------------------------------------------------
 
     def reconcile(self) -> None:
-        """Repair what a lost message, a lost worker or a dispatcher killed mid-step left (module docstring)."""
-        now = time.time()
-        inflight = capacity.inflight_entries(self.redis, self.scope, self.queue)
-        running = {
-            attempt_key(r.rollout_id, r.status.last_attempt_id or FIRST_ATTEMPT): r
-            for r in self.gateway.list_rollouts(V1State.RUNNING, limit=100_000)
-        }
-        ours = set(running) | {key for key in inflight if key.startswith("v1-")}
-        facts = capacity.executions(self.redis, ours)  # leases, started and done markers: one round trip
-        kept = dict(zip(running, self.redis.mget([keys.v1_result(k) for k in running]), strict=True)) if running else {}
-        for key, rollout in running.items():
-            self._repair(rollout, key, facts[key], kept[key], inflight.get(key), now)
-        for key in ours - set(running):  # slots held by v1 attempts no running rollout waits for
-            if now - inflight[key] > self.settings.max_queue_wait_s and not facts[key].leased:
-                capacity.clear_inflight(self.redis, self.scope, self.queue, key)
-                capacity.notify_freed(self.redis, self.scope, self.queue)
-        self._suspects = {k: v for k, v in self._suspects.items() if k in running}
-
-    def _repair(
-        self,
-        rollout: V1Rollout,
-        key: str,
-        fact: capacity.Execution,
-        kept: str | None,
-        published: float | None,
-        now: float,
-    ) -> None:
-        rid, attempt_id = rollout.rollout_id, rollout.status.last_attempt_id or FIRST_ATTEMPT
-        if kept is not None:
-            self._apply(rollout, attempt_id, key, kept)
-            return
-        if fact.leased or fact.done:
-            self._suspects.pop(key, None)
-            return
-        if not fact.started:
-            if published is not None and now - published < self.settings.max_queue_wait_s + self.confirm_s:
-                return  # waiting in the broker for a worker
-            log.warning("[v1 rollout=%s attempt=%s] its message never started: publishing it again", rid, attempt_id)
-            self._publish(rollout, attempt_id)
-            return
-        first = self._suspects.setdefault(key, now)
-        if now - first < self.confirm_s:
-            return
-        self._suspects.pop(key, None)
-        capacity.clear_inflight(self.redis, self.scope, self.queue, key)
-        if int(attempt_id) < self.settings.agl_v1_max_reruns:
-            retry = next_attempt(attempt_id)
-            log.warning(
-                "[v1 rollout=%s] the worker running attempt %s was lost: running it again as %s", rid, attempt_id, retry
-            )
+        """Read the facts, plan (``bridge.dispatch.v1_repairs``), carry out each repair on its own."""
+        running, malformed = self.gateway.list_checked(V1State.RUNNING, limit=100_000)
+        for bad in malformed:
+            self._fail_malformed(bad)
+        plan = plan_v1_repairs(self._facts(running))
+        self._suspects = dict(plan.suspects)
+        for repair in plan.repairs:
             try:
-                self.gateway.patch_status(rid, last_attempt_id=retry)
-            except GatewayConflict as exc:
-                log.info("[v1 rollout=%s] not run again: %s", rid, exc)
-                return
-            self._publish(rollout, retry)
-            return
-        self._fail(
-            rid,
-            attempt_id,
-            f"the worker running attempt {attempt_id} was lost "
-            f"(AGL_V1_MAX_RERUNS={self.settings.agl_v1_max_reruns} re-runs used)",
+                self._repair(repair)
+            except (GatewayError, redis.RedisError) as exc:
+                log.warning(
+                    "[v1 %s] repair %s not done: %s; the next reconcile tries again",
+                    repair.key,
+                    type(repair).__name__,
+                    exc,
+                )
+            except Exception:
+                log.exception(
+                    "[v1 %s] unexpected error in repair %s; the next reconcile tries again",
+                    repair.key,
+                    type(repair).__name__,
+                )
+
+    def _facts(self, running: list[V1Rollout]) -> V1Facts:
+        """What the plan is made from: one Redis round trip for the markers, records and hand-overs."""
+        now = time.time()
+        current = {current_key(r): r for r in running}
+        inflight = {
+            key: at
+            for key, at in capacity.inflight_entries(self.redis, self.scope, self.queue).items()
+            if key.startswith("v1-")
+        }
+        named = sorted(set(current) | set(inflight))
+        rids = sorted({r.rollout_id for r in running})
+        pipe = self.redis.pipeline(transaction=False)
+        for key in named:
+            where = _keys_of(key)
+            pipe.exists(where.lease)
+            pipe.exists(where.started)
+            pipe.get(where.done)
+        for key in current:
+            pipe.get(_keys_of(key).result)
+        for rid in rids:
+            pipe.scard(keys.v1_handovers(self.scope, rid))
+        answers = iter(pipe.execute())
+        executions = {key: capacity.Execution(bool(next(answers)), bool(next(answers)), next(answers)) for key in named}
+        kept: dict[str, KeptOutcome | Unreadable] = {}
+        for key in current:
+            raw = next(answers)
+            if raw is not None:
+                try:
+                    kept[key] = KeptOutcome.parse(raw)
+                except ValueError as exc:
+                    kept[key] = Unreadable(str(exc))
+        handovers = {rid: int(next(answers)) for rid in rids}
+        return V1Facts(
+            running=current,
+            inflight=inflight,
+            executions=executions,
+            kept=kept,
+            handovers=handovers,
+            suspects=dict(self._suspects),
+            now=now,
+            max_queue_wait_s=self.settings.max_queue_wait_s,
+            confirm_s=self.confirm_s,
+            max_reruns=self.settings.agl_v1_max_reruns,
         )
 
-    def _apply(self, rollout: V1Rollout, attempt_id: str, key: str, kept: str) -> None:
+    def _repair(self, repair: Repair) -> None:
+        if isinstance(repair, ApplyKept):
+            self._apply(repair)
+        elif isinstance(repair, Republish):
+            rid, aid = repair.rollout.rollout_id, repair.attempt_id
+            log.warning("[v1 rollout=%s attempt=%s] its message never started: publishing it again", rid, aid)
+            self._publish(repair.rollout, aid)
+        elif isinstance(repair, Rerun):
+            self._rerun(repair)
+        elif isinstance(repair, Fail):
+            self._fail(repair.rollout_id, repair.attempt_id, repair.reason)
+            capacity.clear_inflight(self.redis, self.scope, self.queue, repair.key)
+            self.redis.delete(_keys_of(repair.key).result)
+        elif isinstance(repair, FreeSlot):
+            log.warning(
+                "[v1 %s] in flight for %.0fs, no running rollout waits for it: slot freed",
+                repair.key,
+                repair.in_flight_s,
+            )
+            capacity.clear_inflight(self.redis, self.scope, self.queue, repair.key)
+            capacity.notify_freed(self.redis, self.scope, self.queue)
+
+    def _apply(self, repair: ApplyKept) -> None:
         """An outcome the worker could not send: set it now (current attempt only), then drop it."""
-        data: dict[str, Any] = json.loads(kept)
-        state, detail = V1State(data["state"]), str(data.get("detail", ""))
-        if not self.gateway.finish(rollout.rollout_id, attempt_id, state, detail):
-            log.info("[v1 rollout=%s attempt=%s] kept outcome not applied: moved on", rollout.rollout_id, attempt_id)
-        self.redis.delete(keys.v1_result(key))
+        outcome = repair.outcome
+        assert outcome.state is not None
+        if not self.gateway.finish(repair.rollout_id, repair.attempt_id, outcome.state, outcome.gateway_detail()):
+            log.info(
+                "[v1 rollout=%s attempt=%s] kept outcome not applied: moved on", repair.rollout_id, repair.attempt_id
+            )
+        self.redis.delete(_keys_of(repair.key).result)
+
+    def _rerun(self, repair: Rerun) -> None:
+        """Name the next attempt on the gateway, then publish it: a late report of the old one is refused."""
+        rid, old, new = repair.rollout.rollout_id, repair.attempt_id, repair.next_attempt_id
+        if repair.handover:  # counted before the gateway moves on, so a crash in between cannot lose it
+            counted = keys.v1_handovers(self.scope, rid)
+            self.redis.sadd(counted, old)
+            self.redis.expire(counted, int(self.settings.done_marker_ttl_s))
+            log.info("[v1 rollout=%s] attempt %s was handed over by a draining worker: running it as %s", rid, old, new)
+        else:
+            log.warning("[v1 rollout=%s] the worker running attempt %s was lost: running it again as %s", rid, old, new)
+        try:
+            moved = self.gateway.patch_status(rid, last_attempt_id=new)
+        except GatewayConflict as exc:
+            log.info("[v1 rollout=%s] not run again: %s", rid, exc)
+            moved = None
+        capacity.clear_inflight(self.redis, self.scope, self.queue, repair.key)
+        if moved is not None:
+            self._publish(repair.rollout, new)
+        self.redis.delete(_keys_of(repair.key).result)
 
 
 def run_v1(settings: Settings, stop: threading.Event) -> int:

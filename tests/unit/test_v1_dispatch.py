@@ -1,0 +1,327 @@
+"""The 1.0 dispatcher's I/O (``bridge.dispatch.v1``) against an in-process fake of the gateway's HTTP API (behind
+the real ``GatewayClient``), a fake Celery app that records or refuses publishes, and this test's Redis database.
+
+What each test proves: a rollout the models reject fails alone with the field named, the others go on; a bad
+attempt id stops no other repair; a refused publish is retried with backoff without blocking the rollouts
+behind it and fails the rollout after ``AGL_V1_PUBLISH_GIVE_UP_S``; an error no retry cures fails it at once;
+time limits are clamped to the broker's redelivery window; a hand-over runs the rollout again without using a
+re-run; a kept failure names its failure class on the gateway.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+import redis
+from kombu.exceptions import EncodeError, OperationalError
+
+from bridge.core import capacity, keys
+from bridge.core.agl_v1 import GatewayClient
+from bridge.core.settings import Settings, load_settings
+from bridge.dispatch import v1 as v1_module
+from bridge.dispatch.v1 import V1Dispatcher
+from tests.helpers import TEST_REDIS_URL
+
+QUEUE = "rollouts"
+FINISHED = ("succeeded", "failed")
+ALLOWED = {("queuing", "running"), ("queuing", "failed"), ("running", "succeeded"), ("running", "failed")}
+
+
+class FakeGateway:
+    """The gateway's controller API on a dict of raw rollouts: listing by state (in insertion order), reading one,
+    and PATCHing status fields with its state machine (an invalid change answers 409)."""
+
+    def __init__(self) -> None:
+        self.rollouts: dict[str, dict[str, Any]] = {}
+
+    def add(self, rollout_id: str, *, state: str = "queuing", attempt: str | None = None, **config: Any) -> None:
+        self.rollouts[rollout_id] = {
+            "rollout_id": rollout_id,
+            "input": {"q": rollout_id},
+            "config": {"timeout_seconds": 60, "local": {"agent_class": "pkg:Agent"}, **config},
+            "status": {"state": state, "last_attempt_id": attempt},
+        }
+
+    def status(self, rollout_id: str) -> dict[str, Any]:
+        return dict(self.rollouts[rollout_id]["status"])
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        if request.method == "GET" and path == "/api/rollouts":
+            states = request.url.params.get_list("state_in")
+            limit = int(request.url.params["limit"])
+            found = [r for r in self.rollouts.values() if r["status"]["state"] in states]
+            return httpx.Response(200, json=found[:limit])
+        rid = path.rsplit("/", 1)[-1]
+        if rid not in self.rollouts:
+            return httpx.Response(404, json={"detail": "not found"})
+        rollout = self.rollouts[rid]
+        if request.method == "GET":
+            return httpx.Response(200, json={"rollout": rollout})
+        fields = json.loads(request.content)["status"]
+        now, new = rollout["status"]["state"], fields.get("state", rollout["status"]["state"])
+        if new != now and (now, new) not in ALLOWED:
+            return httpx.Response(409, json={"detail": f"{now} -> {new}"})
+        rollout["status"].update(fields)
+        return httpx.Response(200, json=rollout)
+
+
+class FakeApp:
+    """What the dispatcher uses of its Celery app: ``send_task``, which records or raises ``refuse``."""
+
+    def __init__(self) -> None:
+        self.sent: list[dict[str, Any]] = []
+        self.refuse: dict[str, BaseException] = {}  # rollout id -> what publishing it raises
+
+    def send_task(self, name: str, **options: Any) -> None:
+        error = self.refuse.get(options["kwargs"]["rollout"]["rollout_id"])
+        if error is not None:
+            raise error
+        self.sent.append({"name": name, **options})
+
+    def close(self) -> None:
+        pass
+
+    def task_ids(self) -> list[str]:
+        return [task["task_id"] for task in self.sent]
+
+
+class Clock:
+    """``bridge.dispatch.v1``'s ``time``: epoch seconds the test moves on, and the real monotonic clock."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def time(self) -> float:
+        return self.now
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+
+@pytest.fixture
+def gateway() -> FakeGateway:
+    return FakeGateway()
+
+
+@pytest.fixture
+def rid() -> str:
+    """A prefix for this test's rollout ids: attempt keys (leases, markers, records) are not scoped."""
+    return f"t{uuid.uuid4().hex[:8]}"
+
+
+def _dispatcher(
+    gateway: FakeGateway, client: redis.Redis, slots: int = 4, **overrides: Any
+) -> tuple[V1Dispatcher, FakeApp]:
+    fields: dict[str, Any] = {
+        "agl_v1_url": "http://gateway.test",
+        "broker_url": TEST_REDIS_URL,
+        "redis_key_scope": f"v1t-{uuid.uuid4().hex[:8]}",
+    }
+    settings: Settings = load_settings(**{**fields, **overrides})
+    client_ = GatewayClient(settings.agl_v1_url, key=None, retries=0)
+    client_._client = httpx.Client(base_url=settings.agl_v1_url, transport=httpx.MockTransport(gateway.handle))
+    dispatcher = V1Dispatcher(settings, client_, client, threading.Event())
+    dispatcher.app.close()
+    app = FakeApp()
+    dispatcher.app = app
+    dispatcher.confirm_s = 0.0  # one scan confirms: the two-scan rule is the planner's, tested there
+    capacity.advertise(client, dispatcher.scope, "worker-1", [QUEUE], slots)
+    return dispatcher, app
+
+
+@pytest.fixture
+def cleanup(redis_client: redis.Redis) -> Iterator[list[str]]:
+    """Attempt keys whose markers the test set: deleted afterwards."""
+    names: list[str] = []
+    yield names
+    for key in names:
+        redis_client.delete(keys.lease(key), keys.started(key), keys.done(key), keys.v1_result(key))
+
+
+# --- listings -------------------------------------------------------------------------------------------
+
+
+def test_a_rollout_the_models_reject_is_failed_naming_the_field_and_the_others_go_on(
+    gateway: FakeGateway, redis_client: redis.Redis, rid: str
+) -> None:
+    gateway.add(f"{rid}-bad", timeout_seconds=1.5)  # not an integer number of seconds
+    gateway.add(f"{rid}-good")
+    dispatcher, app = _dispatcher(gateway, redis_client)
+    dispatcher.tick()
+    assert app.task_ids() == [f"v1-{rid}-good-0"]
+    assert gateway.status(f"{rid}-good")["state"] == "running"
+    bad = gateway.status(f"{rid}-bad")
+    assert bad["state"] == "failed" and "config.timeout_seconds" in bad["error_message"]
+
+
+def test_a_malformed_running_rollout_does_not_stop_the_reconcile(
+    gateway: FakeGateway, redis_client: redis.Redis, rid: str, cleanup: list[str]
+) -> None:
+    gateway.add(f"{rid}-bad", state="running", attempt="0", local={"agent_class": "a:B", "env_map": {"X": 1}})
+    gateway.add(f"{rid}-kept", state="running", attempt="0")
+    cleanup.append(f"v1-{rid}-kept-0")
+    redis_client.set(keys.v1_result(f"v1-{rid}-kept-0"), json.dumps({"state": "succeeded", "detail": "exit 0"}))
+    dispatcher, _ = _dispatcher(gateway, redis_client)
+    dispatcher.reconcile()
+    assert gateway.status(f"{rid}-kept")["state"] == "succeeded"
+    bad = gateway.status(f"{rid}-bad")
+    assert bad["state"] == "failed" and "config.local.env_map.X" in bad["error_message"]
+
+
+# --- the reconcile's I/O --------------------------------------------------------------------------------
+
+
+def test_an_attempt_id_that_is_not_a_number_stops_no_other_repair(
+    gateway: FakeGateway, redis_client: redis.Redis, rid: str, cleanup: list[str]
+) -> None:
+    """First in the listing: a rollout whose attempt id is not ours to number, its worker lost."""
+    gateway.add(f"{rid}-odd", state="running", attempt="job-7")
+    gateway.add(f"{rid}-kept", state="running", attempt="0")
+    cleanup += [f"v1-{rid}-odd-job-7", f"v1-{rid}-kept-0"]
+    redis_client.set(keys.started(f"v1-{rid}-odd-job-7"), "x")
+    record = {"state": "failed", "detail": "Traceback ...", "failure_class": "agent", "handover": False}
+    redis_client.set(keys.v1_result(f"v1-{rid}-kept-0"), json.dumps(record))
+    dispatcher, app = _dispatcher(gateway, redis_client)
+    dispatcher.reconcile()
+    kept = gateway.status(f"{rid}-kept")
+    assert kept["state"] == "failed" and kept["error_message"] == "[agent] Traceback ..."
+    assert redis_client.get(keys.v1_result(f"v1-{rid}-kept-0")) is None
+    odd = gateway.status(f"{rid}-odd")
+    assert odd["state"] == "failed" and "'job-7' was lost" in odd["error_message"]
+    assert app.sent == []
+
+
+def test_a_hand_over_runs_the_rollout_again_without_using_a_rerun(
+    gateway: FakeGateway, redis_client: redis.Redis, rid: str, cleanup: list[str]
+) -> None:
+    gateway.add(rid, state="running", attempt="0")
+    cleanup += [f"v1-{rid}-0", f"v1-{rid}-1", f"v1-{rid}-2"]
+    record = {"state": None, "detail": "worker draining", "failure_class": "shutdown", "handover": True}
+    redis_client.set(keys.done(f"v1-{rid}-0"), "1")
+    redis_client.set(keys.v1_result(f"v1-{rid}-0"), json.dumps(record))
+    dispatcher, app = _dispatcher(gateway, redis_client, agl_v1_max_reruns=1)
+    dispatcher.reconcile()
+    assert gateway.status(rid) == {"state": "running", "last_attempt_id": "1"}
+    assert app.task_ids() == [f"v1-{rid}-1"]
+    assert redis_client.get(keys.v1_result(f"v1-{rid}-0")) is None
+    assert redis_client.smembers(keys.v1_handovers(dispatcher.scope, rid)) == {"0"}
+    dispatcher.reconcile()  # the record is gone: nothing counted or published twice
+    assert app.task_ids() == [f"v1-{rid}-1"]
+
+    redis_client.set(keys.started(f"v1-{rid}-1"), "x")  # attempt 1's worker is lost: the one re-run is owed
+    dispatcher.reconcile()
+    assert gateway.status(rid)["last_attempt_id"] == "2"
+    assert app.task_ids() == [f"v1-{rid}-1", f"v1-{rid}-2"]
+    redis_client.set(keys.started(f"v1-{rid}-2"), "x")  # and now it is used
+    dispatcher.reconcile()
+    status = gateway.status(rid)
+    assert status["state"] == "failed" and "AGL_V1_MAX_RERUNS=1" in status["error_message"]
+    redis_client.delete(keys.v1_handovers(dispatcher.scope, rid))
+
+
+# --- publishing -----------------------------------------------------------------------------------------
+
+
+def test_a_refused_publish_backs_off_without_blocking_the_rollouts_behind_it_then_fails(
+    gateway: FakeGateway, redis_client: redis.Redis, rid: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = Clock(1_700_000_000.0)
+    monkeypatch.setattr(v1_module, "time", clock)
+    gateway.add(f"{rid}-a")
+    gateway.add(f"{rid}-b")
+    dispatcher, app = _dispatcher(gateway, redis_client, slots=1, agl_v1_publish_give_up_s=120.0, publish_retries=0)
+    app.refuse[f"{rid}-a"] = OperationalError("connection refused")
+    dispatcher.tick()
+    assert app.sent == [] and gateway.status(f"{rid}-a")["state"] == "queuing"
+    assert capacity.inflight_entries(redis_client, dispatcher.scope, QUEUE) == {}
+    dispatcher.tick()  # a waits for its next try; b, behind it, takes the one slot
+    assert app.task_ids() == [f"v1-{rid}-b-0"]
+    redis_client.delete(keys.inflight(dispatcher.scope, QUEUE))  # b's worker finished
+
+    clock.now += 60  # a's next try is due: refused again, still within the bound
+    dispatcher.tick()
+    assert gateway.status(f"{rid}-a")["state"] == "queuing"
+    clock.now += 61
+    dispatcher.tick()
+    status = gateway.status(f"{rid}-a")
+    assert status["state"] == "failed"
+    assert "broker did not take the rollout for 121s: connection refused" in status["error_message"]
+
+
+def test_a_refused_re_publish_of_a_running_rollout_is_bounded_too(
+    gateway: FakeGateway, redis_client: redis.Redis, rid: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reconcile's re-publish of a message that never started, refused on every scan: the ticks between
+    the scans keep its refusal clock, and it fails after the bound."""
+    clock = Clock(1_700_000_000.0)
+    monkeypatch.setattr(v1_module, "time", clock)
+    gateway.add(rid, state="running", attempt="0")
+    dispatcher, app = _dispatcher(gateway, redis_client, agl_v1_publish_give_up_s=120.0, publish_retries=0)
+    app.refuse[rid] = OperationalError("connection refused")
+    dispatcher.reconcile()
+    assert gateway.status(rid)["state"] == "running"
+    clock.now += 130
+    dispatcher.tick()
+    dispatcher.reconcile()
+    status = gateway.status(rid)
+    assert status["state"] == "failed" and "for 130s: connection refused" in status["error_message"]
+
+
+def test_refusals_back_off_give_up_and_are_forgotten_when_nobody_retries() -> None:
+    refusals = v1_module.PublishRefusals(give_up_s=100.0, stale_after_s=200.0)
+    first = refusals.refused("r", 0.0)
+    assert first is not None and 0.5 <= first <= 1.0 and refusals.waiting("r", first - 0.01)
+    second = refusals.refused("r", 50.0)
+    assert second is not None and 1.0 <= second <= 2.0 and not refusals.waiting("r", 50.0 + second)
+    assert refusals.refused("r", 100.0) is None and len(refusals) == 0  # gave up: forgotten
+    refusals.refused("s", 0.0)
+    refusals.forget_stale(150.0)
+    assert len(refusals) == 1
+    refusals.forget_stale(205.0)
+    assert len(refusals) == 0
+
+
+def test_a_publish_no_retry_can_cure_fails_the_rollout_at_once(
+    gateway: FakeGateway, redis_client: redis.Redis, rid: str
+) -> None:
+    gateway.add(rid)
+    dispatcher, app = _dispatcher(gateway, redis_client)
+    app.refuse[rid] = EncodeError("Object of type bytes is not JSON serializable")
+    dispatcher.tick()
+    status = gateway.status(rid)
+    assert status["state"] == "failed" and "EncodeError: Object of type bytes" in status["error_message"]
+    assert capacity.inflight_entries(redis_client, dispatcher.scope, QUEUE) == {}
+
+
+def test_time_limits_are_clamped_to_what_rabbitmq_covers(
+    gateway: FakeGateway, redis_client: redis.Redis, rid: str
+) -> None:
+    """RabbitMQ's 30-minute consumer timeout against 1.0's default 3,600 s budget (hard limit 3,690 s)."""
+    gateway.add(rid, timeout_seconds=3600)
+    dispatcher, app = _dispatcher(
+        gateway, redis_client, broker_url="amqp://guest:guest@127.0.0.1:5672//", redis_url=TEST_REDIS_URL
+    )
+    dispatcher.tick()
+    (task,) = app.sent
+    budget = task["kwargs"]["rollout"]["config"]["timeout_seconds"]
+    assert budget == 1800 - 300 - 1 - (30 + 60)  # consumer timeout, queue wait, spare, the worker's margin
+    assert task["time_limit"] + dispatcher.settings.max_queue_wait_s < 1800
+    assert task["time_limit"] > task["soft_time_limit"] > budget  # the worker kills the program first
+
+
+def test_a_budget_the_broker_covers_is_published_as_asked(
+    gateway: FakeGateway, redis_client: redis.Redis, rid: str
+) -> None:
+    gateway.add(rid, timeout_seconds=3600)
+    dispatcher, app = _dispatcher(gateway, redis_client)  # Redis: a 7,200 s visibility timeout
+    dispatcher.tick()
+    assert app.sent[0]["kwargs"]["rollout"]["config"]["timeout_seconds"] == 3600
+    assert app.sent[0]["time_limit"] == 3600 + 30 + 60
