@@ -76,6 +76,16 @@ def attempt_key(rollout_id: str, attempt_id: str) -> str:
     return f"v1-{rollout_id}-{attempt_id}"
 
 
+def scoped_attempt_key(scope: str, rollout: V1Rollout, attempt_id: str) -> str:
+    """The name of one attempt's Redis state (lease, owner, started and done markers, kept result): ``attempt_key``
+    under deployment ``scope`` (``bridge.core.coordination.deployment_scope``) and the rollout's creation time on
+    the gateway, so deployments sharing a Redis never read each other's, and a rollout id that a restarted gateway
+    hands out again is a new attempt rather than one that finished already."""
+    created = rollout.status.created_at
+    generation = f"{created:.6f}" if created is not None else "0"
+    return f"{scope}:{generation}:{attempt_key(rollout.rollout_id, attempt_id)}"
+
+
 def next_attempt(attempt_id: str | None) -> str:
     """The id of the attempt that re-runs ``attempt_id``'s rollout."""
     return str(int(attempt_id or FIRST_ATTEMPT) + 1)

@@ -31,6 +31,7 @@ from bridge.core.agl_v1 import (
     V1State,
     attempt_key,
     next_attempt,
+    scoped_attempt_key,
 )
 from bridge.core.coordination import coordination_redis, deployment_scope
 from bridge.core.errors import MissingSetting
@@ -157,10 +158,19 @@ class V1Dispatcher:
             for r in self.gateway.list_rollouts(V1State.RUNNING, limit=100_000)
         }
         ours = set(running) | {key for key in inflight if key.startswith("v1-")}
-        facts = capacity.executions(self.redis, ours)  # leases, started and done markers: one round trip
-        kept = dict(zip(running, self.redis.mget([keys.v1_result(k) for k in running]), strict=True)) if running else {}
+        # The workers keep an attempt's lease, markers and outcome under its deployment-scoped key; an in-flight
+        # entry whose rollout no longer runs has no rollout to name it by, so its lease is not seen here.
+        state = {
+            k: scoped_attempt_key(self.scope, r, r.status.last_attempt_id or FIRST_ATTEMPT) for k, r in running.items()
+        }
+        facts = capacity.executions(self.redis, {state.get(k, k) for k in ours})  # one round trip
+        kept = (
+            dict(zip(running, self.redis.mget([keys.v1_result(state[k]) for k in running]), strict=True))
+            if running
+            else {}
+        )
         for key, rollout in running.items():
-            self._repair(rollout, key, facts[key], kept[key], inflight.get(key), now)
+            self._repair(rollout, key, facts[state[key]], kept[key], inflight.get(key), now)
         for key in ours - set(running):  # slots held by v1 attempts no running rollout waits for
             if now - inflight[key] > self.settings.max_queue_wait_s and not facts[key].leased:
                 capacity.clear_inflight(self.redis, self.scope, self.queue, key)
@@ -178,7 +188,7 @@ class V1Dispatcher:
     ) -> None:
         rid, attempt_id = rollout.rollout_id, rollout.status.last_attempt_id or FIRST_ATTEMPT
         if kept is not None:
-            self._apply(rollout, attempt_id, key, kept)
+            self._apply(rollout, attempt_id, scoped_attempt_key(self.scope, rollout, attempt_id), kept)
             return
         if fact.leased or fact.done:
             self._suspects.pop(key, None)
