@@ -141,12 +141,13 @@ class HeldAttempt:
         pipe.execute()
 
     def close(self, scope: str, queue: str, inflight_id: str) -> None:
-        """Stop renewing, drop the lease (if still ours) and free the slot ``inflight_id`` holds."""
+        """Stop renewing, drop the lease (if ours) and free the slot ``inflight_id`` holds, unless another executor
+        holds the attempt (a duplicate delivery frees the slot of a finished attempt, never of a live one)."""
         self.monitor.unwatch(self.watch)
-        if not self.held:
-            return
-        try:
-            self.lease.release()
-        except redis.RedisError as exc:
-            log.warning("could not release the lease of %s (it expires): %r", self.lease_id, exc)
-        release_slot(self.redis, scope, queue, inflight_id, self.lease.token, lease_id=self.lease_id)
+        if self.held:
+            try:
+                self.lease.release()
+            except redis.RedisError as exc:
+                log.warning("could not release the lease of %s (it expires): %r", self.lease_id, exc)
+        token = self.lease.token if self.held else None
+        release_slot(self.redis, scope, queue, inflight_id, token, lease_id=self.lease_id)
