@@ -71,3 +71,28 @@ class Tattletale:
     def run(self) -> None:
         with open(os.environ["MARKER_FILE"], "w") as out:
             out.write("ran\n")
+
+
+class Quick:
+    """Exits 0 at once."""
+
+    def run(self) -> None:
+        print("quick", flush=True)
+
+
+class LeavesChild:
+    """Starts a child that outlives it, writes both pids to ``PID_FILE`` and exits 0 at once."""
+
+    def run(self) -> None:
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=False)
+        with open(os.environ["PID_FILE"], "w") as out:
+            out.write(f"{os.getpid()} {child.pid}\n")
+
+
+class LongLine:
+    """Writes 2 MB without a newline, then fails."""
+
+    def run(self) -> None:
+        sys.stdout.write("x" * (2 * 1024 * 1024))
+        sys.stdout.flush()
+        raise SystemExit(3)

@@ -65,6 +65,7 @@ class AttemptWatch:
     shutdown: bool = False  # stopped because the worker drains (workers.drain): handed over, not left unreported
     interruptible: bool = False  # prefork: the agent runs on the process's main thread, SIGUSR1 interrupts it
     interrupt_at: float | None = None  # monotonic s at which a drain-stopped agent that did not return is interrupted
+    store_fenced: bool = True  # False: not a Store attempt (Agent Lightning 1.0): the lease thread and the drain only
 
     def __post_init__(self) -> None:
         first = self.interval_s if self.first_beat_in_s is None else self.first_beat_in_s
@@ -130,12 +131,13 @@ def span_flush_interval(streaming_s: float | None, unresponsive_s: float | None,
 class HeartbeatMonitor:
     def __init__(
         self,
-        store: StoreClient,
+        store: StoreClient | None,
         redis_client: redis.Redis,
         board: FenceBoard | None = None,
         drain_scope: str | None = None,
     ) -> None:
-        """``drain_scope``: the deployment's key scope when ``WORKER_SHUTDOWN_GRACE_S`` bounds a drain (else None)."""
+        """``drain_scope``: the deployment's key scope when ``WORKER_SHUTDOWN_GRACE_S`` bounds a drain (else None).
+        ``store`` None (a 1.0-only worker): only watches that are not ``store_fenced`` may be registered."""
         self._store = store
         self._redis = redis_client
         self._board = board
@@ -306,7 +308,9 @@ class HeartbeatMonitor:
         it, waits up to ``GRACE_S`` for its verdicts before reading on its own.
         """
         now = time.monotonic()
-        budgets = {w: self.store_budget(w) for w in watches if w.stop_reason is None and not w.reporting}
+        budgets = {
+            w: self.store_budget(w) for w in watches if w.stop_reason is None and not w.reporting and w.store_fenced
+        }
         batch = [w for w, budget in budgets.items() if budget is not None]
         if self._board is not None and batch:
             self._take_verdicts(batch, budgets)
@@ -355,8 +359,8 @@ class HeartbeatMonitor:
         ``for_board``: this process holds the board's round, so the same read covers every listed attempt of
         the cluster and its verdicts are posted for the other processes.
         """
-        watches = [w for w in watches if not w.reporting]
-        if not watches:
+        watches = [w for w in watches if not w.reporting and w.store_fenced]
+        if not watches or self._store is None:
             return
         listed = self._board.listed() if for_board and self._board is not None else []
         own = list(dict.fromkeys(w.rollout_id for w in watches))
@@ -411,6 +415,8 @@ class HeartbeatMonitor:
         left = self.store_budget(watch)
         if left is None:
             return  # the read used up what the latest renewal guarantees: the next beat sends it
+        if self._store is None:
+            return
         with watch.sending:
             if watch.reporting:
                 return  # the report won the race: it waits for no heartbeat but this one

@@ -209,14 +209,24 @@ def mark_done(client: redis.Redis, attempt_id: str, status: str, ttl_s: float) -
     client.set(keys.done(attempt_id), status, ex=int(ttl_s))
 
 
-def free_slot(client: redis.Redis, scope: str, queue: str, attempt_id: str, token: str | None = None) -> bool:
+def free_slot(
+    client: redis.Redis,
+    scope: str,
+    queue: str,
+    attempt_id: str,
+    token: str | None = None,
+    *,
+    lease_id: str | None = None,
+) -> bool:
     """Clear the attempt's in-flight entry (in deployment ``scope``'s set of ``queue``) unless another executor
     holds the attempt now; True if cleared.
 
     ``token`` is the caller's own lease token when it executed the attempt (its lease may still be there if
     the release failed); a delivery that never held the attempt passes None. The entry is per attempt id and
     shared by every delivery: a rejected duplicate, an expired redelivery or a stale executor that was taken
-    over must leave the live execution's slot counted.
+    over must leave the live execution's slot counted. ``lease_id``: the id the attempt's lease is kept under
+    when it differs from its in-flight entry (a 1.0 attempt's deployment-scoped key).
     """
     inflight = keys.inflight(scope, queue)
-    return bool(client.eval(_FREE_SLOT, 2, inflight, keys.lease(attempt_id), attempt_id, token or ""))
+    lease = keys.lease(lease_id or attempt_id)
+    return bool(client.eval(_FREE_SLOT, 2, inflight, lease, attempt_id, token or ""))

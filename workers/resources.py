@@ -39,6 +39,7 @@ _lock = threading.Lock()
 _resources: WorkerResources | None = None
 _coordination_lock = threading.Lock()
 _coordination: tuple[int, redis.Redis] | None = None
+_monitor: tuple[int, HeartbeatMonitor] | None = None
 
 
 def get_resources() -> WorkerResources:
@@ -56,6 +57,21 @@ def get_coordination() -> tuple[Settings, redis.Redis]:
         if _coordination is None or _coordination[0] != os.getpid():
             _coordination = (os.getpid(), coordination_redis(get_settings(), timeout_s=10))
         return get_settings(), _coordination[1]
+
+
+def get_monitor() -> HeartbeatMonitor:
+    """This process's heartbeat monitor, which renews every attempt's lease and stops them at a drain: the 0.3
+    resources' one where a Store is configured, else one without a Store (a 1.0-only worker)."""
+    global _monitor
+    settings = get_settings()
+    if settings.store_url is not None:
+        return get_resources().monitor
+    _, client = get_coordination()
+    with _coordination_lock:
+        if _monitor is None or _monitor[0] != os.getpid():
+            drain_scope = deployment_scope(settings) if settings.worker_shutdown_grace_s is not None else None
+            _monitor = (os.getpid(), HeartbeatMonitor(None, client, None, drain_scope))
+        return _monitor[1]
 
 
 def _build(settings: Settings) -> WorkerResources:

@@ -24,6 +24,7 @@ import redis
 from celery import signals
 
 from bridge.core import capacity, handback, keys
+from bridge.core.agl_v1 import V1_TASK_NAME
 from bridge.core.coordination import coordination_redis, deployment_endpoint, deployment_scope
 from bridge.core.errors import EXIT_CONFIG_ERROR, ConfigError, StoreError
 from bridge.core.logs import configure_logging
@@ -225,7 +226,7 @@ def _on_task_prerun(sender: Any = None, task: Any = None, kwargs: Any = None, **
 
 @signals.task_postrun.connect
 def _on_task_postrun(sender: Any = None, retval: Any = None, state: str | None = None, **_: Any) -> None:
-    if getattr(sender, "name", None) != TASK_NAME or state == "RETRY":
+    if getattr(sender, "name", None) not in (TASK_NAME, V1_TASK_NAME) or state == "RETRY":
         return
     worker_metrics.observe_outcome(retval)
 

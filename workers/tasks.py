@@ -3,23 +3,20 @@
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 import redis
 from celery import Task
 from celery.exceptions import Reject
 
-from bridge.core import capacity
 from bridge.core.backoff import backoff_delay
 from bridge.core.coordination import deployment_scope
 from bridge.core.errors import DuplicateDelivery
 from bridge.core.message import TASK_NAME
 from bridge.core.settings import Settings, get_settings
-from workers import drain
+from workers import protocol
 from workers.app import app
 from workers.execution import Delivery, is_retryable_before_progress
-from workers.lease import free_slot
 from workers.outcome import Outcome, OutcomeStatus
 from workers.resources import get_coordination, get_resources
 
@@ -73,13 +70,8 @@ def run_rollout(
 
 
 def _draining(client: redis.Redis, scope: str, node: str | None) -> bool:
-    """Whether this node is draining under ``WORKER_SHUTDOWN_GRACE_S`` (``workers.drain``); records the node's name
-    for this process's heartbeat, which reads the node's stop time by it."""
-    if get_settings().worker_shutdown_grace_s is None:
-        return False
-    if drain.clock.node is None and node:
-        drain.clock.node = node
-    return drain.clock.refresh(client, scope, time.time())
+    """Whether this node is draining (``workers.protocol.draining``, shared with the 1.0 task)."""
+    return protocol.draining(client, scope, node)
 
 
 def _refuse_without_store(
@@ -101,15 +93,5 @@ def _refuse_without_store(
 
 
 def _release_slot(client: redis.Redis, scope: str, queue: str, task_id: str, token: str | None) -> None:
-    """Free the attempt's slot in its deployment's (``scope``) in-flight set, unless another executor holds the
-    attempt right now, and wake that deployment's bridge.
-
-    The in-flight entry is keyed by attempt id and shared by every delivery of it: a duplicate that was
-    skipped, or an executor that was taken over, must not free the slot of the live execution (the bridge
-    would then claim one rollout more than the workers can run). ``token`` is ours if we held the lease.
-    """
-    try:
-        if free_slot(client, scope, queue, task_id, token):
-            capacity.notify_freed(client, scope, queue)
-    except redis.RedisError as exc:
-        log.warning("could not clear in-flight entry %s (the bridge prunes it later): %r", task_id, exc)
+    """Free the attempt's slot unless another executor holds it (``workers.protocol.release_slot``)."""
+    protocol.release_slot(client, scope, queue, task_id, token)

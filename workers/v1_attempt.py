@@ -1,22 +1,27 @@
 """One Agent Lightning 1.0 attempt on this worker: the rollout's agent program in a subprocess, as 1.0's own
 ``local`` runner starts it, held by a Redis lease and reported to the gateway (docs/agl-v1.md).
 
+The attempt protocol (lease, heartbeat, kept result, done marker, drain hand-over, slot release) is the one the
+0.3 attempt uses (``workers.protocol``); this module supplies what differs: how the program starts and stops, and
+how the rollout is read and reported.
+
 Contract:
-* At most one executor per attempt: a done marker drops a delivery of a finished attempt, and the lease
-  (``keys.lease(attempt_key)``) one that another executor holds.
+* At most one executor per attempt: its Redis state is named by ``scoped_attempt_key`` (deployment scope and the
+  rollout's creation time), a done marker drops a delivery of a finished attempt, and the owner/epoch lease one
+  that another executor holds. The lease is renewed by the process's heartbeat thread, never by a gateway read.
 * The program runs in a session of its own with the environment ``workers.v1_environment`` builds (never the
-  worker's secrets) and the gateway's copy of the rollout's config, never the message's; at the
-  rollout's ``timeout_seconds``, or when the gateway shows the rollout moved on (finished, deleted, another
-  attempt), its whole process group is killed; the program also dies with the worker process (``PR_SET_PDEATHSIG``).
-* The outcome (exit code 0: succeeded; else failed with the last lines the program wrote) is kept in Redis
-  before it is sent, so the dispatcher applies it if the gateway could not be told.
+  worker's secrets) and the gateway's copy of the rollout's config, never the message's; at the rollout's
+  ``timeout_seconds``, when the gateway shows the rollout moved on (finished, deleted, another attempt), when
+  the lease is lost, or when the node drains, its whole process group is killed, and on every other way out too;
+  the program also dies with the worker process (``PR_SET_PDEATHSIG``).
+* The outcome (exit code 0: succeeded; else failed with the last lines the program wrote) carries a failure class
+  (``workers.failures``) and is kept in Redis with the done marker before it is sent, so the dispatcher applies it
+  if the gateway could not be told. A drain keeps a hand-over record instead and reports nothing.
 * Only the rollout's current attempt (``last_attempt_id``) is ever patched.
 """
 
 from __future__ import annotations
 
-import collections
-import json
 import logging
 import os
 import signal
@@ -24,27 +29,33 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
 import redis
 
-from bridge.core import capacity, keys, locks
+from bridge.core import keys
 from bridge.core.agl_v1 import (
+    ERROR_MESSAGE_CHARS,
     GatewayClient,
     GatewayError,
     V1Rollout,
     V1State,
     attempt_key,
+    scoped_attempt_key,
 )
 from bridge.core.settings import Settings
-from workers.lease import free_slot
+from workers.failures import FailureClass
+from workers.heartbeat import HEARTBEAT_TIMEOUT_S, TICK_S, HeartbeatMonitor
+from workers.outcome import Outcome, OutcomeStatus
+from workers.protocol import HeldAttempt, KeptResult
 from workers.v1_environment import output_redactor, program_environment
 
 log = logging.getLogger("workers.v1")
 
 OUTPUT_LINES = 20  # the program's last lines kept for a failed attempt's error
+OUTPUT_TAIL_BYTES = 16 * 1024  # at most this much of the program's output is held, however long its lines
+OUTPUT_CHUNK_BYTES = 4096
 KILL_WAIT_S = 5.0
 RESULT_TTL_S = 24 * 3600
 
@@ -77,13 +88,47 @@ except Exception:
 
 @dataclass(frozen=True)
 class V1Outcome:
-    """What the attempt ended as: ``state`` succeeded or failed, or None when it was not ours to report."""
+    """What the attempt ended as: ``state`` succeeded or failed, or None when it is not ours to report (moved on,
+    lost, not run, or handed over at a drain: ``handover``); ``failure_class`` says why it did not succeed."""
 
     state: V1State | None
     detail: str
+    failure_class: FailureClass | None = None
+    handover: bool = False
+
+    def as_outcome(self) -> Outcome:
+        """The task's result, as the 0.3 task's (``workers.outcome``): counted by the worker's metrics."""
+        status = OutcomeStatus(self.state.value) if self.state else OutcomeStatus.SKIPPED
+        return Outcome(status, self.detail.splitlines()[0] if self.detail else "", self.failure_class)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"status": self.state.value if self.state else "skipped", "detail": self.detail}
+        return self.as_outcome().as_dict()
+
+    def error_message(self) -> str:
+        """The ``error_message`` sent with a failed state: the failure class, then the detail's tail."""
+        prefix = f"[failure class: {self.failure_class}] " if self.failure_class else ""
+        return prefix + self.detail[-(ERROR_MESSAGE_CHARS - len(prefix)) :]
+
+
+class OutputTail:
+    """The last ``OUTPUT_LINES`` lines of a program's output, holding at most ``OUTPUT_TAIL_BYTES``: fed in chunks,
+    so a line without a newline is never held whole."""
+
+    def __init__(self, max_bytes: int = OUTPUT_TAIL_BYTES, lines: int = OUTPUT_LINES) -> None:
+        self.max_bytes, self.lines = max_bytes, lines
+        self._buffer = bytearray()
+        self._lock = threading.Lock()
+
+    def feed(self, chunk: bytes) -> None:
+        with self._lock:
+            self._buffer += chunk
+            if len(self._buffer) > self.max_bytes:
+                del self._buffer[: len(self._buffer) - self.max_bytes]
+
+    def text(self) -> str:
+        with self._lock:
+            raw = bytes(self._buffer)
+        return "\n".join(line.rstrip() for line in raw.decode("utf-8", "replace").splitlines()[-self.lines :])
 
 
 class V1Attempt:
@@ -91,28 +136,45 @@ class V1Attempt:
     own failures."""
 
     def __init__(
-        self, rollout: V1Rollout, attempt_id: str, *, settings: Settings, client: redis.Redis, scope: str, queue: str
+        self,
+        rollout: V1Rollout,
+        attempt_id: str,
+        *,
+        settings: Settings,
+        client: redis.Redis,
+        scope: str,
+        queue: str,
+        monitor: HeartbeatMonitor,
     ) -> None:
         self.rollout, self.attempt_id = rollout, attempt_id
-        self.key = attempt_key(rollout.rollout_id, attempt_id)
+        self.key = attempt_key(rollout.rollout_id, attempt_id)  # the task id and in-flight entry
+        self.state_key = scoped_attempt_key(scope, rollout, attempt_id)  # lease, markers, kept result
         self.settings, self.redis, self.scope, self.queue = settings, client, scope, queue
-        self.token = f"v1:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.gateway = GatewayClient(settings.agl_v1_url, key=settings.agl_v1_key)
+        # The reads while the program runs: one short try each, the next read is the retry.
+        self.fence = GatewayClient(
+            settings.agl_v1_url, key=settings.agl_v1_key, timeout_s=HEARTBEAT_TIMEOUT_S, retries=0
+        )
+        self.held = HeldAttempt(
+            client,
+            monitor,
+            self.state_key,
+            rollout_id=rollout.rollout_id,
+            ttl_s=settings.lease_ttl_s,
+            interval_s=settings.heartbeat_interval_s,
+        )
         self.tag = f"[v1 rollout={rollout.rollout_id} attempt={attempt_id}]"
 
     def run(self) -> V1Outcome:
-        held = False
         try:
-            if self.redis.exists(keys.done(self.key)):
-                return V1Outcome(None, "already finished: duplicate delivery dropped")
-            ttl_ms = int(self.settings.lease_ttl_s * 1000)
-            if not self.redis.set(keys.lease(self.key), self.token, nx=True, px=ttl_ms):
-                return V1Outcome(None, "another executor holds this attempt: duplicate delivery dropped")
-            held = True
-            self.redis.set(keys.started(self.key), self.token, ex=int(self.settings.done_marker_ttl_s))
-            current = self.gateway.get_rollout(self.rollout.rollout_id)
+            claim = self.held.claim(float(self.settings.done_marker_ttl_s))
+            if claim.done_status is not None:
+                return self._skip(V1Outcome(None, "already finished: duplicate delivery dropped"))
+            if not claim.acquired:
+                return self._skip(V1Outcome(None, "another executor holds this attempt: duplicate delivery dropped"))
+            current = self.gateway.get_rollout(self.rollout.rollout_id)  # however slow: the lease is renewed aside
             if not self._ours(current):
-                return self._finish(V1Outcome(None, "the rollout moved on before it started"))
+                return self._skip(V1Outcome(None, "the rollout moved on before it started", FailureClass.CANCELLED))
             assert current is not None
             self.rollout = current  # the gateway's copy decides what runs, never the message's (docs/agl-v1.md)
             if current.status.state == V1State.QUEUING:  # the dispatcher's patch has not landed yet
@@ -120,22 +182,27 @@ class V1Attempt:
             return self._finish(self._execute())
         except (GatewayError, redis.RedisError) as exc:
             log.warning("%s could not run: %s; the dispatcher's reconcile takes it from here", self.tag, exc)
-            return V1Outcome(None, f"not run: {exc}")
+            return V1Outcome(None, f"not run: {exc}", FailureClass.INFRA)
         finally:
             self.gateway.close()
-            if held:
-                self._release()
+            self.fence.close()
+            self.held.close(self.scope, self.queue, self.key)
 
     # --- the program ---------------------------------------------------------------------------
 
     def _execute(self) -> V1Outcome:
         local = self.rollout.config.local
         if local is None or not local.agent_class:
-            return V1Outcome(V1State.FAILED, "invalid rollout config: missing config.local.agent_class")
+            return V1Outcome(
+                V1State.FAILED, "invalid rollout config: missing config.local.agent_class", FailureClass.INPUT
+            )
         try:
             env = program_environment(self.rollout, self.attempt_id, self.settings)
         except ValueError as exc:
-            return V1Outcome(V1State.FAILED, str(exc))
+            return V1Outcome(V1State.FAILED, str(exc), FailureClass.INPUT)
+        stopped = self._stopped()
+        if stopped is not None:  # the node drains, or the lease went, before the program started
+            return stopped
         python = self.settings.agl_v1_agent_python or sys.executable
         process = subprocess.Popen(
             [python, "-c", RUNNER, local.agent_class, str(os.getpid())],
@@ -145,53 +212,73 @@ class V1Attempt:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        tail: collections.deque[str] = collections.deque(maxlen=OUTPUT_LINES)
+        tail = OutputTail()
         reader = threading.Thread(target=self._read_output, args=(process, tail), daemon=True)
-        reader.start()
-        log.info("%s started %s (pid %d)", self.tag, local.agent_class, process.pid)
+        try:
+            reader.start()
+            log.info("%s started %s (pid %d)", self.tag, local.agent_class, process.pid)
+            ended = self._supervise(process)
+        finally:
+            # Every way out: children the program left behind at its exit, an exception, Celery's time limit.
+            _kill_group(process)
+            reader.join(2.0)
+        if isinstance(ended, V1Outcome):
+            return ended
+        if ended == 0:
+            return V1Outcome(V1State.SUCCEEDED, "the agent exited with code 0")
+        last = output_redactor(self.settings)(tail.text()) or "(no output)"
+        return V1Outcome(V1State.FAILED, f"the agent exited with code {ended}:\n{last}", FailureClass.AGENT)
+
+    def _supervise(self, process: subprocess.Popen[bytes]) -> V1Outcome | int:
+        """Wait for the program: its exit code, or why it was stopped (its timeout, a stop of the protocol, the
+        rollout moving on)."""
         timeout_s = float(self.rollout.config.timeout_seconds)
         deadline = time.monotonic() + timeout_s
-        interval = min(self.settings.heartbeat_interval_s, self.settings.lease_ttl_s / 3)
+        interval = self.settings.heartbeat_interval_s
+        next_read = time.monotonic() + interval
         while True:
             try:
-                code = process.wait(timeout=max(0.0, min(interval, deadline - time.monotonic())))
+                code = process.wait(timeout=max(0.0, min(TICK_S, deadline - time.monotonic())))
                 break
             except subprocess.TimeoutExpired:
                 pass
             if time.monotonic() >= deadline:
-                _kill_group(process)
-                reader.join(1.0)
-                return V1Outcome(V1State.FAILED, f"timed out after {timeout_s:.0f}s; the agent's processes were killed")
-            stop = self._stop_reason()
-            if stop is not None:
-                _kill_group(process)
-                return V1Outcome(None, stop)
-        reader.join(2.0)
-        if code == 0:
-            return V1Outcome(V1State.SUCCEEDED, "the agent exited with code 0")
-        last = "\n".join(tail) or "(no output)"
-        return V1Outcome(V1State.FAILED, f"the agent exited with code {code}:\n{last}")
+                return V1Outcome(
+                    V1State.FAILED,
+                    f"timed out after {timeout_s:.0f}s; the agent's processes were killed",
+                    FailureClass.TIMEOUT,
+                )
+            stopped = self._stopped()
+            if stopped is not None:
+                return stopped
+            if time.monotonic() >= next_read:
+                moved = self._moved_on()
+                next_read = time.monotonic() + interval
+                if moved is not None:
+                    return V1Outcome(None, moved, FailureClass.CANCELLED)
+        return code
 
-    def _read_output(self, process: subprocess.Popen[bytes], tail: collections.deque[str]) -> None:
+    def _stopped(self) -> V1Outcome | None:
+        """The protocol's stop (the node's drain: a hand-over; the lease lost or reported elsewhere), or None."""
+        reason = self.held.stop_reason
+        if reason is None:
+            return None
+        if self.held.shutdown:
+            return V1Outcome(None, reason, FailureClass.SHUTDOWN, handover=True)
+        return V1Outcome(None, f"{reason}: stopped", FailureClass.CANCELLED)
+
+    def _read_output(self, process: subprocess.Popen[bytes], tail: OutputTail) -> None:
         assert process.stdout is not None
-        redact = output_redactor(self.settings)
-        for raw in process.stdout:
-            line = redact(raw.decode("utf-8", "replace").rstrip())
-            tail.append(line)
-            log.debug("%s %s", self.tag, line)
+        fd = process.stdout.fileno()
+        while chunk := os.read(fd, OUTPUT_CHUNK_BYTES):  # whatever is there, never a whole line
+            tail.feed(chunk)
 
-    def _stop_reason(self) -> str | None:
-        """Why the program must stop now (the lease lost, the rollout moved on), or None to go on."""
-        ttl_ms = int(self.settings.lease_ttl_s * 1000)
+    def _moved_on(self) -> str | None:
+        """Why the program must stop because of the gateway (the rollout finished, deleted, re-run), or None."""
         try:
-            if not locks.renew(self.redis, keys.lease(self.key), self.token, ttl_ms):
-                return "the lease was lost (another executor took the attempt over): stopped"
-        except redis.RedisError as exc:
-            log.warning("%s could not renew the lease: %r", self.tag, exc)
-        try:
-            current = self.gateway.get_rollout(self.rollout.rollout_id)
+            current = self.fence.get_rollout(self.rollout.rollout_id)
         except GatewayError as exc:
-            log.warning("%s could not read the rollout: %s", self.tag, exc)
+            log.warning("%s could not read the rollout (read again next interval): %s", self.tag, exc)
             return None
         if not self._ours(current):
             return "the rollout moved on (finished, deleted or re-run): stopped"
@@ -205,37 +292,44 @@ class V1Attempt:
 
     # --- the report --------------------------------------------------------------------------
 
+    def _skip(self, outcome: V1Outcome) -> V1Outcome:
+        log.info("%s %s", self.tag, outcome.detail)
+        return outcome
+
     def _finish(self, outcome: V1Outcome) -> V1Outcome:
-        if outcome.state is None:
-            log.info("%s %s", self.tag, outcome.detail)
+        if outcome.handover:
+            # Kept for the dispatcher, which runs the rollout again elsewhere; the gateway is never told.
+            self._keep(KeptResult(None, outcome.detail, FailureClass.SHUTDOWN, handover=True))
+            log.warning("%s handed over: %s", self.tag, outcome.detail)
             return outcome
-        record = json.dumps({"state": outcome.state.value, "detail": outcome.detail[-4000:]})
-        self.redis.set(keys.v1_result(self.key), record, ex=RESULT_TTL_S)
-        self.redis.set(keys.done(self.key), "1", ex=int(self.settings.done_marker_ttl_s))
+        if outcome.state is None:
+            return self._skip(outcome)
+        self._keep(KeptResult(outcome.state.value, outcome.detail[-4000:], outcome.failure_class))
+        detail = outcome.error_message() if outcome.state == V1State.FAILED else outcome.detail
         try:
-            if not self.gateway.finish(self.rollout.rollout_id, self.attempt_id, outcome.state, outcome.detail):
+            if not self.gateway.finish(self.rollout.rollout_id, self.attempt_id, outcome.state, detail):
                 log.info("%s not reported: the rollout moved on meanwhile", self.tag)
-            self.redis.delete(keys.v1_result(self.key))
+            self.redis.delete(keys.v1_result(self.state_key))
         except GatewayError as exc:
             log.warning("%s outcome kept for the dispatcher: %s", self.tag, exc)
         level = logging.INFO if outcome.state == V1State.SUCCEEDED else logging.WARNING
         log.log(level, "%s %s: %s", self.tag, outcome.state.value, outcome.detail.splitlines()[0])
         return outcome
 
-    def _release(self) -> None:
-        try:
-            locks.release(self.redis, keys.lease(self.key), self.token)
-            if free_slot(self.redis, self.scope, self.queue, self.key, self.token):
-                capacity.notify_freed(self.redis, self.scope, self.queue)
-        except redis.RedisError as exc:
-            log.warning("%s could not release the lease or the slot (both expire): %r", self.tag, exc)
+    def _keep(self, result: KeptResult) -> None:
+        self.held.keep(
+            result,
+            result_key=keys.v1_result(self.state_key),
+            result_ttl_s=RESULT_TTL_S,
+            done_ttl_s=self.settings.done_marker_ttl_s,
+        )
 
 
 def _kill_group(process: subprocess.Popen[bytes]) -> None:
-    """SIGKILL the program's process group (it leads its own session) and reap it."""
+    """SIGKILL the program's process group (it leads its own session) and reap it; safe to repeat."""
     try:
         os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
+    except (ProcessLookupError, PermissionError):
         pass
     try:
         process.wait(KILL_WAIT_S)

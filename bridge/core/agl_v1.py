@@ -132,7 +132,7 @@ class KeptOutcome:
         (``finish`` keeps the last ``ERROR_MESSAGE_CHARS``)."""
         if self.state != V1State.FAILED or not self.failure_class:
             return self.detail
-        prefix = f"[{self.failure_class}] "
+        prefix = f"[failure class: {self.failure_class}] "  # as the worker words it (workers.v1_attempt)
         return prefix + self.detail[-(ERROR_MESSAGE_CHARS - len(prefix)) :]
 
 
@@ -142,6 +142,16 @@ def attempt_key(rollout_id: str, attempt_id: str) -> str:
     Deterministic, so a dispatcher restarted between publish and patch publishes the same task again and the
     worker's lease and done marker drop the second delivery."""
     return f"v1-{rollout_id}-{attempt_id}"
+
+
+def scoped_attempt_key(scope: str, rollout: V1Rollout, attempt_id: str) -> str:
+    """The name of one attempt's Redis state (lease, owner, started and done markers, kept result): ``attempt_key``
+    under deployment ``scope`` (``bridge.core.coordination.deployment_scope``) and the rollout's creation time on
+    the gateway, so deployments sharing a Redis never read each other's, and a rollout id that a restarted gateway
+    hands out again is a new attempt rather than one that finished already."""
+    created = rollout.status.created_at
+    generation = f"{created:.6f}" if created is not None else "0"
+    return f"{scope}:{generation}:{attempt_key(rollout.rollout_id, attempt_id)}"
 
 
 def next_attempt(attempt_id: str | None) -> str:

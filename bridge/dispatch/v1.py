@@ -37,6 +37,7 @@ from bridge.core.agl_v1 import (
     V1Rollout,
     V1State,
     attempt_key,
+    scoped_attempt_key,
 )
 from bridge.core.backoff import backoff_delay
 from bridge.core.coordination import coordination_redis, deployment_endpoint, deployment_scope
@@ -144,6 +145,7 @@ class V1Dispatcher:
         self._lock = LeaderLock(client, f"{settings.dispatcher_id}-v1", scope=f"{self.scope}:v1")
         self.confirm_s = 2 * settings.heartbeat_interval_s + 5.0  # as the 0.3 bridge's reconcile
         self._next_reconcile = 0.0
+        self._state_keys: dict[str, str] = {}  # attempt key -> its scoped state key (``_facts``)
         self.scope_watch = ScopeWatch(  # our workers under another spelling of the URL: an error line
             client, self.scope, deployment_endpoint(settings), [self.queue], who="the 1.0 dispatcher"
         )
@@ -317,10 +319,21 @@ class V1Dispatcher:
                     type(repair).__name__,
                 )
 
+    def _state_key(self, key: str) -> str:
+        """The deployment-scoped name of attempt ``key``'s Redis state, as the last ``_facts`` read it."""
+        return self._state_keys.get(key, key)
+
     def _facts(self, running: list[V1Rollout]) -> V1Facts:
         """What the plan is made from: one Redis round trip for the markers, records and hand-overs."""
         now = time.time()
         current = {current_key(r): r for r in running}
+        # The workers keep an attempt's markers and outcome under its deployment-scoped name (the rollout's
+        # creation time included: a reused rollout id is a new attempt). An in-flight entry whose rollout no
+        # longer runs has no rollout to name it by: its lease is not seen, and it is freed after the queue wait.
+        self._state_keys = {
+            key: scoped_attempt_key(self.scope, r, r.status.last_attempt_id or FIRST_ATTEMPT)
+            for key, r in current.items()
+        }
         inflight = {
             key: at
             for key, at in capacity.inflight_entries(self.redis, self.scope, self.queue).items()
@@ -330,12 +343,12 @@ class V1Dispatcher:
         rids = sorted({r.rollout_id for r in running})
         pipe = self.redis.pipeline(transaction=False)
         for key in named:
-            where = _keys_of(key)
+            where = _keys_of(self._state_key(key))
             pipe.exists(where.lease)
             pipe.exists(where.started)
             pipe.get(where.done)
         for key in current:
-            pipe.get(_keys_of(key).result)
+            pipe.get(_keys_of(self._state_key(key)).result)
         for rid in rids:
             pipe.scard(keys.v1_handovers(self.scope, rid))
         answers = iter(pipe.execute())
@@ -374,7 +387,7 @@ class V1Dispatcher:
         elif isinstance(repair, Fail):
             self._fail(repair.rollout_id, repair.attempt_id, repair.reason)
             capacity.clear_inflight(self.redis, self.scope, self.queue, repair.key)
-            self.redis.delete(_keys_of(repair.key).result)
+            self.redis.delete(_keys_of(self._state_key(repair.key)).result)
         elif isinstance(repair, FreeSlot):
             log.warning(
                 "[v1 %s] in flight for %.0fs, no running rollout waits for it: slot freed",
@@ -392,7 +405,7 @@ class V1Dispatcher:
             log.info(
                 "[v1 rollout=%s attempt=%s] kept outcome not applied: moved on", repair.rollout_id, repair.attempt_id
             )
-        self.redis.delete(_keys_of(repair.key).result)
+        self.redis.delete(_keys_of(self._state_key(repair.key)).result)
 
     def _rerun(self, repair: Rerun) -> None:
         """Name the next attempt on the gateway, then publish it: a late report of the old one is refused."""
@@ -412,7 +425,7 @@ class V1Dispatcher:
         capacity.clear_inflight(self.redis, self.scope, self.queue, repair.key)
         if moved is not None:
             self._publish(repair.rollout, new)
-        self.redis.delete(_keys_of(repair.key).result)
+        self.redis.delete(_keys_of(self._state_key(repair.key)).result)
 
 
 def run_v1(settings: Settings, stop: threading.Event) -> int:

@@ -41,6 +41,7 @@ def monitor() -> Iterator[HeartbeatMonitor]:
 def _attempt(
     monitor: HeartbeatMonitor, spans: int, flush_interval_s: float, flush_max_pending: int
 ) -> tuple[AttemptWatch, AttemptTelemetry]:
+    assert monitor._store is not None
     telemetry = AttemptTelemetry(
         monitor._store, rollout_id="ro-flush", attempt_id="at-flush", service_name="flush-policy", export=False
     )

@@ -23,7 +23,7 @@ import redis
 from kombu.exceptions import EncodeError, OperationalError
 
 from bridge.core import capacity, keys
-from bridge.core.agl_v1 import GatewayClient
+from bridge.core.agl_v1 import GatewayClient, scoped_attempt_key
 from bridge.core.settings import Settings, load_settings
 from bridge.dispatch import v1 as v1_module
 from bridge.dispatch.v1 import V1Dispatcher
@@ -137,6 +137,13 @@ def _dispatcher(
     return dispatcher, app
 
 
+def _state(dispatcher: V1Dispatcher, rollout_id: str, attempt_id: str) -> str:
+    """Where the workers keep that attempt's markers and record: its deployment-scoped name."""
+    rollout = dispatcher.gateway.get_rollout(rollout_id)
+    assert rollout is not None
+    return scoped_attempt_key(dispatcher.scope, rollout, attempt_id)
+
+
 @pytest.fixture
 def cleanup(redis_client: redis.Redis) -> Iterator[list[str]]:
     """Attempt keys whose markers the test set: deleted afterwards."""
@@ -167,9 +174,10 @@ def test_a_malformed_running_rollout_does_not_stop_the_reconcile(
 ) -> None:
     gateway.add(f"{rid}-bad", state="running", attempt="0", local={"agent_class": "a:B", "env_map": {"X": 1}})
     gateway.add(f"{rid}-kept", state="running", attempt="0")
-    cleanup.append(f"v1-{rid}-kept-0")
-    redis_client.set(keys.v1_result(f"v1-{rid}-kept-0"), json.dumps({"state": "succeeded", "detail": "exit 0"}))
     dispatcher, _ = _dispatcher(gateway, redis_client)
+    kept = _state(dispatcher, f"{rid}-kept", "0")
+    cleanup.append(kept)
+    redis_client.set(keys.v1_result(kept), json.dumps({"state": "succeeded", "detail": "exit 0"}))
     dispatcher.reconcile()
     assert gateway.status(f"{rid}-kept")["state"] == "succeeded"
     bad = gateway.status(f"{rid}-bad")
@@ -185,15 +193,16 @@ def test_an_attempt_id_that_is_not_a_number_stops_no_other_repair(
     """First in the listing: a rollout whose attempt id is not ours to number, its worker lost."""
     gateway.add(f"{rid}-odd", state="running", attempt="job-7")
     gateway.add(f"{rid}-kept", state="running", attempt="0")
-    cleanup += [f"v1-{rid}-odd-job-7", f"v1-{rid}-kept-0"]
-    redis_client.set(keys.started(f"v1-{rid}-odd-job-7"), "x")
-    record = {"state": "failed", "detail": "Traceback ...", "failure_class": "agent", "handover": False}
-    redis_client.set(keys.v1_result(f"v1-{rid}-kept-0"), json.dumps(record))
     dispatcher, app = _dispatcher(gateway, redis_client)
+    odd_key, kept_key = _state(dispatcher, f"{rid}-odd", "job-7"), _state(dispatcher, f"{rid}-kept", "0")
+    cleanup += [odd_key, kept_key]
+    redis_client.set(keys.started(odd_key), "x")
+    record = {"state": "failed", "detail": "Traceback ...", "failure_class": "agent", "handover": False}
+    redis_client.set(keys.v1_result(kept_key), json.dumps(record))
     dispatcher.reconcile()
     kept = gateway.status(f"{rid}-kept")
-    assert kept["state"] == "failed" and kept["error_message"] == "[agent] Traceback ..."
-    assert redis_client.get(keys.v1_result(f"v1-{rid}-kept-0")) is None
+    assert kept["state"] == "failed" and kept["error_message"] == "[failure class: agent] Traceback ..."
+    assert redis_client.get(keys.v1_result(kept_key)) is None
     odd = gateway.status(f"{rid}-odd")
     assert odd["state"] == "failed" and "'job-7' was lost" in odd["error_message"]
     assert app.sent == []
@@ -203,24 +212,25 @@ def test_a_hand_over_runs_the_rollout_again_without_using_a_rerun(
     gateway: FakeGateway, redis_client: redis.Redis, rid: str, cleanup: list[str]
 ) -> None:
     gateway.add(rid, state="running", attempt="0")
-    cleanup += [f"v1-{rid}-0", f"v1-{rid}-1", f"v1-{rid}-2"]
-    record = {"state": None, "detail": "worker draining", "failure_class": "shutdown", "handover": True}
-    redis_client.set(keys.done(f"v1-{rid}-0"), "1")
-    redis_client.set(keys.v1_result(f"v1-{rid}-0"), json.dumps(record))
     dispatcher, app = _dispatcher(gateway, redis_client, agl_v1_max_reruns=1)
+    first, second, third = (_state(dispatcher, rid, aid) for aid in "012")
+    cleanup += [first, second, third]
+    record = {"state": None, "detail": "worker draining", "failure_class": "shutdown", "handover": True}
+    redis_client.set(keys.done(first), "1")
+    redis_client.set(keys.v1_result(first), json.dumps(record))
     dispatcher.reconcile()
     assert gateway.status(rid) == {"state": "running", "last_attempt_id": "1"}
     assert app.task_ids() == [f"v1-{rid}-1"]
-    assert redis_client.get(keys.v1_result(f"v1-{rid}-0")) is None
+    assert redis_client.get(keys.v1_result(first)) is None
     assert redis_client.smembers(keys.v1_handovers(dispatcher.scope, rid)) == {"0"}
     dispatcher.reconcile()  # the record is gone: nothing counted or published twice
     assert app.task_ids() == [f"v1-{rid}-1"]
 
-    redis_client.set(keys.started(f"v1-{rid}-1"), "x")  # attempt 1's worker is lost: the one re-run is owed
+    redis_client.set(keys.started(second), "x")  # attempt 1's worker is lost: the one re-run is owed
     dispatcher.reconcile()
     assert gateway.status(rid)["last_attempt_id"] == "2"
     assert app.task_ids() == [f"v1-{rid}-1", f"v1-{rid}-2"]
-    redis_client.set(keys.started(f"v1-{rid}-2"), "x")  # and now it is used
+    redis_client.set(keys.started(third), "x")  # and now it is used
     dispatcher.reconcile()
     status = gateway.status(rid)
     assert status["state"] == "failed" and "AGL_V1_MAX_RERUNS=1" in status["error_message"]

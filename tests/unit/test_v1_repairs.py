@@ -161,7 +161,7 @@ def test_records_old_and_new_are_read_and_a_failure_class_reaches_the_gateway_de
         '{"state": "failed", "detail": "' + "x" * 5000 + '", "failure_class": "agent", "handover": false}'
     )
     detail = new.gateway_detail()
-    assert detail.startswith("[agent] x") and len(detail) == ERROR_MESSAGE_CHARS
+    assert detail.startswith("[failure class: agent] x") and len(detail) == ERROR_MESSAGE_CHARS
     handover = KeptOutcome.parse('{"state": null, "detail": "draining", "failure_class": "shutdown", "handover": true}')
     assert handover.state is None and handover.handover
     for bad in ("{", "[]", '{"state": "cancelled"}', '{"state": "failed", "failure_class": 3}'):

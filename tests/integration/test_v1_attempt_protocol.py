@@ -1,0 +1,164 @@
+"""A worker's 1.0 attempt (``workers.v1_attempt``) on the shared attempt protocol (``workers.protocol``), run in this
+process against a stub gateway (``tests/stub_gateway.py``) and this process's Redis, with real agent programs
+(``tests/agl_v1_agents.py``) as subprocesses: the lease held through a slow gateway read, keys scoped per deployment
+and per rollout incarnation, the process group killed when the program exits leaving children, a bounded output
+tail, and failure classes. The same attempt under real workers and a drain: ``test_v1_worker_drain.py``."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from bridge.core import capacity, keys
+from bridge.core.agl_v1 import V1Rollout, attempt_key, scoped_attempt_key
+from bridge.core.coordination import coordination_client
+from bridge.core.settings import Settings
+from tests.helpers import TEST_REDIS_URL, process_alive, wait_for
+from tests.stub_gateway import StubGateway
+from workers.heartbeat import HeartbeatMonitor
+from workers.v1_attempt import OUTPUT_TAIL_BYTES, OutputTail, V1Attempt
+
+pytestmark = [pytest.mark.integration, pytest.mark.cost(20)]
+
+QUEUE = "rollouts"
+AGENTS = "tests.agl_v1_agents"
+
+
+@pytest.fixture
+def client() -> Iterator[redis.Redis]:
+    connection = coordination_client(TEST_REDIS_URL, socket_timeout=5)
+    yield connection
+    connection.close()
+
+
+@pytest.fixture
+def gateway() -> Iterator[StubGateway]:
+    with StubGateway().serving() as stub:
+        yield stub
+
+
+@pytest.fixture
+def monitor(client: redis.Redis) -> Iterator[HeartbeatMonitor]:
+    watcher = HeartbeatMonitor(None, client)
+    yield watcher
+    watcher.close()
+
+
+def _settings(gateway: StubGateway, scope: str) -> Settings:
+    return Settings(
+        agl_v1_url=gateway.url, agl_v1_key="k", lease_ttl_s=3.0, heartbeat_interval_s=1.0, redis_key_scope=scope
+    )
+
+
+def _attempt(
+    gateway: StubGateway, client: redis.Redis, monitor: HeartbeatMonitor, rollout: dict, scope: str
+) -> V1Attempt:
+    model = V1Rollout.model_validate(rollout)
+    capacity.mark_inflight(client, scope, QUEUE, attempt_key(model.rollout_id, "0"))  # as the dispatcher does
+    return V1Attempt(
+        model, "0", settings=_settings(gateway, scope), client=client, scope=scope, queue=QUEUE, monitor=monitor
+    )
+
+
+def test_the_lease_stays_held_through_a_gateway_read_slower_than_its_ttl(
+    gateway: StubGateway, client: redis.Redis, monitor: HeartbeatMonitor
+) -> None:
+    scope = f"t-{uuid.uuid4().hex[:8]}"
+    rollout = gateway.add(f"slow-{uuid.uuid4().hex[:6]}", f"{AGENTS}:Quick", created_at=1000.0)
+    gateway.slow_reads_s = 7.0  # more than twice LEASE_TTL_S (3 s)
+    attempt = _attempt(gateway, client, monitor, rollout, scope)
+    lease = keys.lease(scoped_attempt_key(scope, attempt.rollout, "0"))
+    result: dict = {}
+    runner = threading.Thread(target=lambda: result.update(first=attempt.run()))
+    runner.start()
+    wait_for(lambda: bool(client.exists(lease)), 5, "the lease taken")
+    lapses = 0
+    second = None
+    deadline = time.monotonic() + 6.5  # while the first read is still in flight
+    while time.monotonic() < deadline:
+        lapses += not client.exists(lease)
+        if second is None and time.monotonic() > deadline - 2.0:
+            # What the dispatcher's reconcile would start if the lease had lapsed: another executor of the attempt.
+            second = _attempt(gateway, client, monitor, rollout, scope).run()
+        time.sleep(0.05)
+    gateway.slow_reads_s = 0.0
+    runner.join(60)
+    assert lapses == 0, f"the lease lapsed {lapses} times during the slow read"
+    assert second is not None and second.state is None and "another executor holds" in second.detail, second
+    assert result["first"].state is not None and result["first"].state.value == "succeeded", result
+    assert len(gateway.final_patches(rollout["rollout_id"])) == 1
+
+
+def test_a_reused_rollout_id_runs_again_and_deployments_do_not_share_attempt_state(
+    gateway: StubGateway, client: redis.Redis, monitor: HeartbeatMonitor
+) -> None:
+    rid = f"reused-{uuid.uuid4().hex[:6]}"
+    scope_a, scope_b = f"a-{uuid.uuid4().hex[:8]}", f"b-{uuid.uuid4().hex[:8]}"
+    first = _attempt(gateway, client, monitor, gateway.add(rid, f"{AGENTS}:Quick", created_at=1000.0), scope_a).run()
+    assert first.state is not None and first.state.value == "succeeded", first
+    # Another deployment on the same Redis whose gateway hands out the same id: its attempt is its own.
+    other = _attempt(gateway, client, monitor, gateway.add(rid, f"{AGENTS}:Quick", created_at=1000.0), scope_b).run()
+    assert other.state is not None and other.state.value == "succeeded", other
+    # The first deployment's gateway restarted: the id comes again, a new rollout.
+    again = _attempt(gateway, client, monitor, gateway.add(rid, f"{AGENTS}:Quick", created_at=2000.0), scope_a).run()
+    assert again.state is not None and again.state.value == "succeeded", again
+    assert len(gateway.final_patches(rid)) == 3
+    # A redelivery of the same incarnation is still dropped.
+    dup = _attempt(gateway, client, monitor, gateway.add(rid, f"{AGENTS}:Quick", created_at=2000.0), scope_a).run()
+    assert dup.state is None and "already finished" in dup.detail, dup
+    for scope in (scope_a, scope_b):
+        assert capacity.inflight_count(client, scope, QUEUE) == 0
+
+
+def test_children_a_program_leaves_behind_at_its_exit_are_killed(
+    gateway: StubGateway,
+    client: redis.Redis,
+    monitor: HeartbeatMonitor,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pid_file = tmp_path / "pids"
+    monkeypatch.setenv("PID_FILE", str(pid_file))
+    scope = f"t-{uuid.uuid4().hex[:8]}"
+    rollout = gateway.add(f"child-{uuid.uuid4().hex[:6]}", f"{AGENTS}:LeavesChild", created_at=1.0)
+    outcome = _attempt(gateway, client, monitor, rollout, scope).run()
+    assert outcome.state is not None and outcome.state.value == "succeeded", outcome
+    pids = [int(p) for p in pid_file.read_text().split()]
+    assert len(pids) == 2
+    wait_for(lambda: not any(process_alive(p) for p in pids), 5, "the program's child gone")
+
+
+def test_a_crashing_program_fails_with_class_agent_and_a_bounded_output_tail(
+    gateway: StubGateway, client: redis.Redis, monitor: HeartbeatMonitor
+) -> None:
+    scope = f"t-{uuid.uuid4().hex[:8]}"
+    rollout = gateway.add(f"long-{uuid.uuid4().hex[:6]}", f"{AGENTS}:LongLine", created_at=1.0)
+    outcome = _attempt(gateway, client, monitor, rollout, scope).run()
+    assert outcome.state is not None and outcome.state.value == "failed", outcome
+    assert outcome.as_dict()["failure_class"] == "agent"
+    assert "exited with code 3" in outcome.detail and len(outcome.detail) < OUTPUT_TAIL_BYTES + 200
+    (patch,) = gateway.final_patches(rollout["rollout_id"])
+    assert patch["error_message"].startswith("[failure class: agent] ")
+    # An invalid config is class input, never run.
+    bad = gateway.add(f"bad-{uuid.uuid4().hex[:6]}", "", created_at=1.0)
+    invalid = _attempt(gateway, client, monitor, bad, scope).run()
+    assert invalid.as_dict()["failure_class"] == "input" and invalid.as_dict()["status"] == "failed"
+    kept = client.get(keys.v1_result(scoped_attempt_key(scope, V1Rollout.model_validate(bad), "0")))
+    assert kept is None  # sent to the gateway, so no longer kept
+
+
+def test_the_output_tail_never_holds_more_than_its_bound() -> None:
+    tail = OutputTail(max_bytes=1024, lines=3)
+    for _ in range(1000):
+        tail.feed(b"y" * 4096)  # one line, 4 MB, no newline
+    tail.feed(b"\nlast one\n")
+    assert len(tail.text()) <= 1024
+    assert tail.text().endswith("last one")
+    assert json.dumps(tail.text())
