@@ -21,7 +21,8 @@ from agentlightning.execution.events import ThreadingEvent
 from bridge.core import keys
 from bridge.core.coordination import coordination_client
 from bridge.runner import AgentMismatchError, CeleryRunner, RolloutFailedError
-from bridge.tools.stack import LocalStack
+from bridge.tools.procs import free_port
+from bridge.tools.stack import LocalStack, StackConfig
 from tests.helpers import attempts, cancel_unfinished, stack_for
 from tests.integration.test_runner_agents import AGENT_PATH, OtherAgent, ScoredAgent
 
@@ -207,3 +208,48 @@ def test_init_with_an_agent_the_workers_do_not_run_names_them(cluster: LocalStac
     assert caught.value.mismatched == {node: AGENT_PATH}
     assert node in str(caught.value) and "AGENT=tests.integration.test_runner_agents:OtherAgent" in str(caught.value)
     CeleryRunner(broker_url=cluster.broker_url).init(ScoredAgent())  # the agent they run passes
+
+
+@pytest.mark.usefixtures("fork_like_a_trainer")
+def test_a_trainer_serving_its_own_store_at_localhost_reaches_workers_that_spell_it_127_0_0_1(
+    cluster: LocalStack, tmp_path: Path
+) -> None:
+    """``role="both"`` with the Trainer's own Store: its runners are given ``http://localhost:P``, the workers
+    were started with ``http://127.0.0.1:P`` (as every example here spells it); one canonical URL, one key scope,
+    so the rollouts run and their rewards come back. A queue of its own: the module's workers serve another
+    Store on the same broker."""
+    port, queue = free_port(), "both-rollouts"
+    workers = LocalStack(
+        StackConfig(
+            store=False,
+            broker_url=cluster.broker_url,
+            webshop_url=cluster.webshop_url,
+            llm_base_url=cluster.llm_base_url,
+            workers=1,
+            concurrency=2,
+            bridge=False,
+            worker_name="both",
+            queues=queue,
+            log_dir=tmp_path,
+            extra_env={"AGENT": AGENT_PATH, "PYTHONPATH": ROOT},
+        )
+    )
+    workers.store_url = f"http://127.0.0.1:{port}"
+    workers.start()
+    try:
+        tasks = [{"id": i, "question": f"What is {i} + 1?", "reward": r} for i, r in enumerate(REWARDS[:3])]
+        algorithm = EnqueueAndRead()
+        trainer = agl.Trainer(
+            runner=CeleryRunner(broker_url=cluster.broker_url, default_queue=queue),
+            n_runners=1,
+            strategy=agl.ClientServerExecutionStrategy(role="both", server_port=port, n_runners=1),
+            algorithm=algorithm,
+            initial_resources={"main_llm": llm(cluster)},
+            tracer=agl.OtelTracer(),
+        )
+        trainer.fit(ScoredAgent(), train_dataset=tasks)
+    finally:
+        workers.stop()
+    assert sorted(status for status, _, _ in algorithm.results.values()) == ["succeeded"] * len(tasks)
+    for _, task, triplets in algorithm.results.values():
+        assert triplets and triplets[-1].reward == task["reward"]
