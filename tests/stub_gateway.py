@@ -30,13 +30,23 @@ class StubGateway:
         assert self._server is not None
         return f"http://127.0.0.1:{self._server.server_address[1]}"
 
-    def add(self, rollout_id: str, agent_class: str, *, created_at: float, timeout_s: int = 60) -> dict[str, Any]:
-        """A rollout as the dispatcher leaves it (``running``, attempt ``0``), returned as the gateway serves it."""
+    def add(
+        self,
+        rollout_id: str,
+        agent_class: str,
+        *,
+        created_at: float,
+        timeout_s: int = 60,
+        task_input: dict[str, Any] | None = None,
+        env_map: dict[str, str] | None = None,
+    ) -> dict[str, Any]:
+        """A rollout as the dispatcher leaves it (``running``, attempt ``0``), returned as the gateway serves it. A
+        program gets its variables only through ``env_map`` (paths into ``task_input``), never the worker's."""
         rollout = {
             "rollout_id": rollout_id,
-            "input": {},
+            "input": task_input or {},
             "is_train": True,
-            "config": {"timeout_seconds": timeout_s, "local": {"agent_class": agent_class, "env_map": {}}},
+            "config": {"timeout_seconds": timeout_s, "local": {"agent_class": agent_class, "env_map": env_map or {}}},
             "status": {"state": "running", "last_attempt_id": "0", "created_at": created_at, "updated_at": created_at},
         }
         with self.lock:

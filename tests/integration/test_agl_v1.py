@@ -23,7 +23,9 @@ import httpx
 import pytest
 from celery import Celery
 
+from bridge.core import keys
 from bridge.core.agl_v1 import V1_TASK_NAME, GatewayClient, V1State, attempt_key
+from bridge.core.coordination import coordination_client
 from bridge.tools.agl_v1_env import start_gateway, start_v1_dispatcher, train, v1_virtualenv
 from bridge.tools.procs import ManagedProcess, StackError, free_port
 from bridge.tools.stack import LocalStack
@@ -290,3 +292,46 @@ def _kill(process: ManagedProcess) -> None:
     os.killpg(process.pid or 0, signal.SIGKILL)
     assert process.proc is not None
     process.proc.wait(10)
+
+
+def test_a_drained_worker_hands_over_and_the_rollout_succeeds_under_the_next_attempt_outside_the_rerun_budget(
+    v1: V1Stack,
+) -> None:
+    """A worker drained (SIGTERM, ``WORKER_SHUTDOWN_GRACE_S``) mid-program: its hand-over record makes the dispatcher
+    run each rollout again under attempt 1, which succeeds with its reward, although ``AGL_V1_MAX_RERUNS`` is 0:
+    hand-overs are counted apart (``keys.v1_handovers``), never as re-runs of a lost worker."""
+    config = v1.stack.config
+    saved = dict(config.extra_env)
+    config.extra_env.update(WORKER_SHUTDOWN_GRACE_S="8", AGL_V1_MAX_RERUNS="0")
+    v1.stack.process("v1-dispatcher").stop()
+    start_v1_dispatcher(v1.stack, v1.gateway, key=KEY)
+    for old in list(v1.stack.workers):  # the next node started reads the grace: it is the one drained
+        old.stop()
+        v1.stack.workers.remove(old)
+    drained = v1.stack.add_worker()
+    try:
+
+        def drain_when_running() -> None:
+            _wait_for_more(drained.log_path, "started tests.agl_v1_agents:SlowReward", 2, "2 programs running")
+            drained.signal(signal.SIGTERM)  # the main process only, as Kubernetes does
+            assert drained.proc is not None
+            drained.proc.wait(30)
+            v1.stack.workers.remove(drained)
+            v1.stack.add_worker()
+
+        tasks = [{"sleep": 8.0, "reward": 0.3 + 0.1 * i} for i in range(2)]
+        done = v1.train_during(drain_when_running, "SlowReward", tasks)
+        assert "handed over" in drained.log_path.read_text(errors="replace")
+        assert len(done) == 2
+        client = coordination_client(v1.stack.redis_url or v1.stack.broker_url)
+        for rollout in done:
+            assert rollout["state"] == "succeeded", rollout
+            assert rollout["attempts"] == ["1"], rollout  # the trainer reads the re-run's events only
+            assert rollout["reward"] == rollout["input"]["reward"] and rollout["reward_events"] == 1, rollout
+            assert client.smembers(keys.v1_handovers(v1.stack.scope, rollout["rollout_id"])) == {"0"}
+            assert v1.started_lines(rollout["rollout_id"]) == 2  # attempt 0, handed over; attempt 1
+    finally:
+        config.extra_env.clear()
+        config.extra_env.update(saved)
+        v1.stack.process("v1-dispatcher").stop()
+        start_v1_dispatcher(v1.stack, v1.gateway, key=KEY)

@@ -122,12 +122,16 @@ def test_children_a_program_leaves_behind_at_its_exit_are_killed(
     client: redis.Redis,
     monitor: HeartbeatMonitor,
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     pid_file = tmp_path / "pids"
-    monkeypatch.setenv("PID_FILE", str(pid_file))
     scope = f"t-{uuid.uuid4().hex[:8]}"
-    rollout = gateway.add(f"child-{uuid.uuid4().hex[:6]}", f"{AGENTS}:LeavesChild", created_at=1.0)
+    rollout = gateway.add(
+        f"child-{uuid.uuid4().hex[:6]}",
+        f"{AGENTS}:LeavesChild",
+        created_at=1.0,
+        task_input={"pid_file": str(pid_file)},
+        env_map={"PID_FILE": "input.pid_file"},  # the program's environment is clean: the worker's is not passed
+    )
     outcome = _attempt(gateway, client, monitor, rollout, scope).run()
     assert outcome.state is not None and outcome.state.value == "succeeded", outcome
     pids = [int(p) for p in pid_file.read_text().split()]

@@ -45,7 +45,6 @@ def test_a_drained_worker_hands_its_1_0_attempts_over(services: LocalStack, tmp_
             "WORKER_SHUTDOWN_GRACE_S": str(GRACE_S),
             "HEARTBEAT_INTERVAL_S": "1",
             "LEASE_TTL_S": "4",
-            "PID_FILE": str(tmp_path / "pids"),
             "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         }
         stack = stack_for(
@@ -53,7 +52,13 @@ def test_a_drained_worker_hands_its_1_0_attempts_over(services: LocalStack, tmp_
         )
         client = coordination_client(services.redis_url or services.broker_url)
         with stack:
-            rollout = gateway.add(f"drain-{uuid.uuid4().hex[:6]}", "tests.agl_v1_agents:Sleeping", created_at=5.0)
+            rollout = gateway.add(
+                f"drain-{uuid.uuid4().hex[:6]}",
+                "tests.agl_v1_agents:Sleeping",
+                created_at=5.0,
+                task_input={"pid_file": str(tmp_path / "pids")},
+                env_map={"PID_FILE": "input.pid_file"},  # a program's environment is clean: never the worker's
+            )
             rid = rollout["rollout_id"]
             task_id = attempt_key(rid, "0")
             state_key = scoped_attempt_key(scope, V1Rollout.model_validate(rollout), "0")

@@ -11,7 +11,8 @@ and prints one line per scenario:
 
 All four must be 0, else it exits 1 (counted by ``bridge.tools.chaos.audit``; the faults are
 ``bridge.tools.chaos.scenarios``; ``tests/integration/test_chaos.py`` drives the same scenarios).
-Everything listens on 127.0.0.1 and every wait is bounded. See docs/operations.md, "Failure classes
+Everything listens on 127.0.0.1 and every wait is bounded. ``--agl v1`` runs the Agent Lightning 1.0 line's
+scenarios instead, on a real 1.0 gateway (``bridge.tools.chaos.v1``). See docs/operations.md, "Failure classes
 and chaos runs".
 """
 
@@ -42,6 +43,7 @@ from bridge.tools.chaos.scenarios import (
     Scenario,
 )
 from bridge.tools.chaos.state import ChaosRun, ScenarioResult
+from bridge.tools.chaos.v1 import V1_SCENARIOS, main_v1
 from bridge.tools.procs import ManagedProcess
 from bridge.tools.rabbitmq import is_amqp_url, purge
 from bridge.tools.stack import LocalStack, StackConfig
@@ -144,10 +146,29 @@ def _guarded(fault: Callable[[ChaosRun], None], run: ChaosRun) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = __doc__
-    parser.add_argument("--scenario", action="append", choices=sorted(SCENARIOS), help="run only these (repeatable)")
-    parser.add_argument("--rollouts", type=int, default=100, help="rollouts per scenario (default 100)")
+    parser.add_argument(
+        "--agl",
+        choices=["03", "v1"],
+        default="03",
+        help="the line to shake: 03 (the Store and the bridge, default) or v1 (1.0's gateway and `bridge v1`)",
+    )
+    parser.add_argument(
+        "--scenario",
+        action="append",
+        choices=sorted({*SCENARIOS, *V1_SCENARIOS}),
+        help="run only these (repeatable; the v1-* ones with --agl v1)",
+    )
+    parser.add_argument(
+        "--rollouts", type=int, default=None, help="rollouts per scenario (default 100; 20 with --agl v1)"
+    )
+    parser.add_argument(
+        "--program-s", type=float, default=4.0, help="--agl v1: how long each agent program runs (default 4)"
+    )
+    parser.add_argument(
+        "--gateway-pause-s", type=float, default=20.0, help="--agl v1: how long the gateway is paused (default 20)"
+    )
     parser.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
-    parser.add_argument("--concurrency", type=int, default=8, help="slots per worker (default 8)")
+    parser.add_argument("--concurrency", type=int, default=None, help="slots per worker (default 8; 4 with --agl v1)")
     parser.add_argument("--deadline", type=float, default=240.0, help="seconds a scenario may take (default 240)")
     parser.add_argument("--log-dir", type=Path, default=None, help="keep the processes' logs here")
     parser.add_argument(
@@ -163,9 +184,19 @@ def main(args: argparse.Namespace) -> int:
     """Start the services once, run the scenarios one by one, print the table; exit 1 if any zero is not."""
     from webshop_env.goals import load_tasks
 
-    names = args.scenario or list(SCENARIOS)
     # SIGTERM unwinds like Ctrl-C, so every process started here is stopped by the finally blocks.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    if args.agl == "v1":
+        args.rollouts = 20 if args.rollouts is None else args.rollouts
+        args.concurrency = 4 if args.concurrency is None else args.concurrency
+        return main_v1(args)
+    args.rollouts = 100 if args.rollouts is None else args.rollouts
+    args.concurrency = 8 if args.concurrency is None else args.concurrency
+    names = args.scenario or list(SCENARIOS)
+    wrong = [name for name in names if name not in SCENARIOS]
+    if wrong:
+        print(f"error: {', '.join(wrong)} run with --agl v1", file=sys.stderr)
+        return 2
     services = LocalStack(
         StackConfig(
             broker_url=args.broker_url,
