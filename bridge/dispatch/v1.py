@@ -20,7 +20,7 @@ from typing import Any
 
 import redis
 
-from bridge.core import capacity, keys
+from bridge.core import capacity, keys, slot_share
 from bridge.core.agl_v1 import (
     FIRST_ATTEMPT,
     V1_TASK_NAME,
@@ -38,8 +38,7 @@ from bridge.core.logs import configure_logging
 from bridge.core.message import base_app
 from bridge.core.redact import redact_url
 from bridge.core.settings import Settings
-from bridge.dispatch.leader import LeaderLock
-from bridge.dispatch.placement import fits
+from bridge.dispatch.leader import STANDBY_RETRY_S, LeaderLock
 
 log = logging.getLogger("bridge.v1")
 
@@ -87,17 +86,33 @@ class V1Dispatcher:
         """One round; returns how long to wait before the next."""
         leading, newly = self._lock.ensure()
         if not leading:
-            return 2.0
+            return STANDBY_RETRY_S
         if newly or time.monotonic() >= self._next_reconcile:
             self.reconcile()
             self._next_reconcile = time.monotonic() + self.settings.reconcile_interval_s
         view = capacity.read_slots(self.redis, self.scope, self.settings.all_queues())
-        rooms = view.rooms()
-        if not fits(self.queue, rooms, view.served()):
+        total = view.totals().get(self.queue, 0)
+        if self.queue not in view.served() or total < 1:
             return IDLE_POLL_S
-        queuing = self.gateway.list_rollouts(V1State.QUEUING, limit=rooms[self.queue])
-        for rollout in queuing:
+        # Up to every slot's worth of queuing rollouts, so the 0.3 bridge beside it sees this line's demand.
+        queuing = self.gateway.list_rollouts(V1State.QUEUING, limit=total)
+        room = slot_share.claimable(
+            self.redis,
+            self.scope,
+            self.queue,
+            slot_share.V1,
+            total=total,
+            room=view.rooms()[self.queue],
+            waiting=len(queuing),
+            weights=self.settings.slot_share_weights,
+        )
+        for rollout in queuing[:room]:
+            if not self._lock.valid():  # the fence: leadership lapsed while this tick ran
+                return STANDBY_RETRY_S
             self._start(rollout)
+        if room < len(queuing):  # work waits for a slot: look again as soon as one frees
+            capacity.wait_for_freed(self.redis, self.scope, [self.queue], IDLE_POLL_S)
+            return 0.0
         return BUSY_POLL_S if queuing else IDLE_POLL_S
 
     # --- one rollout ---------------------------------------------------------------------------
