@@ -109,7 +109,8 @@ class Dispatcher:
         self._next_scope_check = 0.0  # monotonic: when to look again for workers of another Store URL
         self._backlog = BacklogReader(store, settings, leading=lambda: self._lock.held)  # the Store's waiting rollouts
         self._exporting = False  # the leader's per-queue gauges are set (metrics.LEADER_GAUGES)
-        self._drained_reading: object = None  # the backlog reading taken before a dequeue found the queue empty
+        # Whether the last dequeue came back full, and the backlog reading it followed (``_share_slots``).
+        self._last_dequeue: tuple[bool, object] | None = None
 
     # --- the loop ------------------------------------------------------------------------------
 
@@ -197,8 +198,7 @@ class Dispatcher:
             self._reconcile_by(time.monotonic() + wait)
             return wait
         metrics.DEQUEUED.inc(len(batch))
-        if len(batch) < limit:  # the Store's queue is empty now: the last backlog reading no longer counts
-            self._drained_reading = self._backlog.latest
+        self._last_dequeue = (len(batch) >= limit, self._backlog.latest)
         for rollout in batch:
             self._place(rollout, rooms, served)
         if len(batch) >= limit:
@@ -207,19 +207,23 @@ class Dispatcher:
 
     def _share_slots(self, view: capacity.SlotView, rooms: dict[str, int], served: set[str]) -> None:
         """Beside a 1.0 dispatcher, cut the default queue's room to this line's fair share and publish this
-        line's demand (``bridge.core.slot_share``): the Store's waiting rollouts and those held for that queue."""
+        line's demand (``bridge.core.slot_share``): the Store's waiting rollouts (the last backlog reading, unless a
+        dequeue since said more: a full batch, at least the queue's slots; a short one, none) and those held."""
         queue = self.settings.default_queue
         if queue not in served:
             return
+        total = view.totals().get(queue, 0)
         latest = self._backlog.latest
-        waiting = 0 if latest is None or latest is self._drained_reading else latest.waiting.get(queue, 0)
+        waiting = latest.waiting.get(queue, 0) if latest is not None else 0
+        if self._last_dequeue is not None and self._last_dequeue[1] is latest:  # the dequeue is the fresher news:
+            waiting = max(waiting, total) if self._last_dequeue[0] else 0  # full: more wait; short: none do
         try:
             allowed = slot_share.claimable(
                 self.redis,
                 self.scope,
                 queue,
                 slot_share.V03,
-                total=view.totals().get(queue, 0),
+                total=total,
                 room=rooms[queue],
                 waiting=waiting + self._hold.by_queue().get(queue, 0),
                 weights=self.settings.slot_share_weights,
