@@ -29,7 +29,7 @@ from bridge.dispatch import leader
 from bridge.tools.agl_v1_env import start_gateway, start_v1_dispatcher, v1_virtualenv
 from bridge.tools.procs import ManagedProcess, StackError, free_port
 from bridge.tools.stack import LocalStack
-from tests.helpers import cancel_unfinished, enqueue, split_tasks, stack_for
+from tests.helpers import cancel_unfinished, enqueue, split_tasks, stack_for, wait_for
 from tests.prerequisites import missing
 
 pytestmark = [pytest.mark.integration, pytest.mark.cost(60)]
@@ -121,9 +121,11 @@ def test_a_sigkilled_leader_of_either_line_is_replaced_within_5_s(pool: Pool, se
 
 
 def test_both_lines_backlogged_on_one_pool_share_its_slots_by_weight(pool: Pool, services: LocalStack) -> None:
-    # The 0.3 backlog first and longer than the window: before the share, the 0.3 bridge took every slot (it
-    # wakes on each freed slot, the 1.0 dispatcher polls) and 1.0 waited until the Store's queue drained.
-    enqueue(services.store_url, split_tasks(100))
+    # The 0.3 backlog first, longer than the window, and the pool full of it when the 1.0 rollouts arrive: before
+    # the share, the 0.3 bridge took every freed slot (it wakes on each, the 1.0 dispatcher polled every second)
+    # and 1.0 waited until the Store's queue drained.
+    enqueue(services.store_url, split_tasks(120))
+    wait_for(lambda: pool.lines_in_flight().count(slot_share.V03) >= SLOTS, 60, "the pool full of 0.3 rollouts")
     pool.enqueue_v1(40)
     held = {slot_share.V03: 0, slot_share.V1: 0}
     first: dict[str, float] = {}
