@@ -5,10 +5,11 @@ deployment's state carries its *scope*, a digest of its Store's URL in canonical
 ``canonical_endpoint``: ``http://localhost:4747/`` and ``http://127.0.0.1:4747`` are one scope; a 1.0-only
 deployment's: of its gateway's, ``gateway_scope``; derived from settings in one place,
 ``bridge.core.coordination.deployment_scope``): slot adverts and node listings, in-flight sets, slot-freed
-wake-ups, the leader lock, the held-rollouts record, worker agent adverts, the fence board and shared
-resources. So each bridge leads its own deployment and counts only its own workers' slots. Keys named by an
-attempt id (lease, owner, started, done, pending report) need no scope: attempt ids are unique across
-Stores. The LLM rate limit (``ratelimit``) is shared on purpose: it budgets one model's provider quota.
+wake-ups, the dispatch lines' demands, the leader lock, the held-rollouts record, worker agent adverts, the
+fence board and shared resources. So each bridge leads its own deployment and counts only its own workers'
+slots. Keys named by an attempt id (lease, owner, started, done, pending report) need no scope: attempt ids
+are unique across Stores. The LLM rate limit (``ratelimit``) is shared on purpose: it budgets one model's
+provider quota.
 """
 
 from __future__ import annotations
@@ -219,3 +220,9 @@ def fence_verdict(scope: str, attempt_id: str) -> str:
 def shared_resources(scope: str, resources_id: str) -> str:
     """A resources update as one worker fetched it from the Store, for the other processes until its TTL ends."""
     return f"{PREFIX}:resources:{scope}:{resources_id}"
+
+
+def slot_demand(scope: str, queue: str, line: str) -> str:
+    """One dispatch line's demand on ``queue`` (``<waiting> <weight>``), written by its leader every tick and
+    expiring soon after it stops (``bridge.core.slot_share``): the other line reads it to leave that line its share."""
+    return f"{PREFIX}:share:{scope}:{queue}:{line}"

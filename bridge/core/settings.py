@@ -293,6 +293,15 @@ class Settings(BaseSettings):
     """With several queues (QUEUE_BY_MODE) the Store cannot count by mode, so the backlog read lists this many of
     the oldest waiting rollouts and splits the rest in their proportions; the total stays exact. With one queue the
     read lists one rollout whatever this says (docs/operations.md, "Autoscaling signal")."""
+    slot_share_weights: Annotated[dict[str, float], NoDecode] = Field(
+        default_factory=lambda: {"v03": 1.0, "v1": 1.0},
+        validation_alias="SLOT_SHARE_WEIGHTS",
+        examples=["v03:1,v1:1"],
+    )
+    """How the 0.3 bridge (v03) and the 1.0 dispatcher (v1) share the slots of CELERY_DEFAULT_QUEUE while both have
+    rollouts waiting: line:weight pairs (a missing line weighs 1); a line alone may use every slot. Each dispatcher
+    applies its own line's weight, so set it alike on both (docs/operations.md, "Sharing a worker pool between 0.3
+    and 1.0")."""
 
     metrics_port: int | None = Field(
         default=None,
@@ -320,6 +329,11 @@ class Settings(BaseSettings):
     @classmethod
     def _parse_queue_map(cls, value: Any) -> Any:
         return _queue_map(value)
+
+    @field_validator("slot_share_weights", mode="before")
+    @classmethod
+    def _parse_share_weights(cls, value: Any) -> Any:
+        return _share_weights(value)
 
     @field_validator("agent")
     @classmethod
@@ -715,3 +729,21 @@ def _rate_limit_map(value: Any) -> Any:
             raise ValueError(f"expected model=rpm[:tpm] pairs with positive numbers, got {pair!r}")
         limits[model.strip()] = parsed
     return limits
+
+
+def _share_weights(value: Any) -> Any:
+    """``line:weight`` pairs, each line v03 or v1, each weight a positive number."""
+    if isinstance(value, str):
+        pairs = [p.strip() for p in value.split(",") if p.strip()]
+        value = {}
+        for pair in pairs:
+            line, sep, weight = pair.partition(":")
+            try:
+                value[line.strip()] = float(weight) if sep else -1.0
+            except ValueError:
+                value[line.strip()] = -1.0
+    if isinstance(value, dict):
+        bad = {k: v for k, v in value.items() if k not in ("v03", "v1") or not isinstance(v, int | float) or v <= 0}
+        if bad:
+            raise ValueError(f"expected line:weight pairs (lines v03, v1; positive weights), got {bad!r}")
+    return value

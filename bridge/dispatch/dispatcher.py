@@ -36,7 +36,7 @@ from typing import Protocol
 
 import redis
 
-from bridge.core import capacity, handback
+from bridge.core import capacity, handback, slot_share
 from bridge.core.backoff import backoff_delay
 from bridge.core.coordination import deployment_endpoint, deployment_scope
 from bridge.core.errors import PublishError, StoreError, UnknownIdError
@@ -49,7 +49,7 @@ from bridge.dispatch import broker, metrics, placement
 from bridge.dispatch.backlog import BacklogReader
 from bridge.dispatch.coalesce import Coalescer
 from bridge.dispatch.hold import Hold
-from bridge.dispatch.leader import LeaderLock
+from bridge.dispatch.leader import STANDBY_RETRY_S, LeaderLock
 from bridge.dispatch.publisher import Publisher, describe
 from bridge.dispatch.reconcile import (
     DropHeld,
@@ -121,6 +121,8 @@ class Dispatcher:
         )
         self._backlog = BacklogReader(store, settings, leading=lambda: self._lock.held)  # the Store's waiting rollouts
         self._exporting = False  # the leader's per-queue gauges are set (metrics.LEADER_GAUGES)
+        # Whether the last dequeue came back full, and the backlog reading it followed (``_share_slots``).
+        self._last_dequeue: tuple[bool, object] | None = None
 
     # --- the loop ------------------------------------------------------------------------------
 
@@ -168,7 +170,7 @@ class Dispatcher:
         """One round; returns how long to wait before the next."""
         try:
             if not self._ensure_leader():
-                return 2.0
+                return STANDBY_RETRY_S
             if time.monotonic() >= self._next_reconcile:
                 self.reconcile()  # before the slots are read: what it re-publishes takes slots this tick sees
             view = capacity.read_slots(self.redis, self.scope, self.queues)
@@ -183,6 +185,7 @@ class Dispatcher:
         if time.monotonic() >= self._next_gauges:  # observability only: once a second, not every tick
             self._next_gauges = time.monotonic() + GAUGES_EVERY_S
             self._update_gauges(view, rooms, served)
+        self._share_slots(view, rooms, served)
         self._place_held(rooms, served)
         if self._hold.waits_on(served):  # a consumed queue is full and its rollout waits: claim nothing more
             return self._wait_for_slot()
@@ -209,11 +212,40 @@ class Dispatcher:
             self._reconcile_by(time.monotonic() + wait)
             return wait
         metrics.DEQUEUED.inc(len(batch))
+        self._last_dequeue = (len(batch) >= limit, self._backlog.latest)
         for rollout in batch:
             self._place(rollout, rooms, served)
         if len(batch) >= limit:
             return 0.0
         return self._next_poll(found_work=bool(batch))
+
+    def _share_slots(self, view: capacity.SlotView, rooms: dict[str, int], served: set[str]) -> None:
+        """Beside a 1.0 dispatcher, cut the default queue's room to this line's fair share and publish this
+        line's demand (``bridge.core.slot_share``): the Store's waiting rollouts (the last backlog reading, unless a
+        dequeue since said more: a full batch, at least the queue's slots; a short one, none) and those held."""
+        queue = self.settings.default_queue
+        if queue not in served:
+            return
+        total = view.totals().get(queue, 0)
+        latest = self._backlog.latest
+        waiting = latest.waiting.get(queue, 0) if latest is not None else 0
+        if self._last_dequeue is not None and self._last_dequeue[1] is latest:  # the dequeue is the fresher news:
+            waiting = max(waiting, total) if self._last_dequeue[0] else 0  # full: more wait; short: none do
+        try:
+            allowed = slot_share.claimable(
+                self.redis,
+                self.scope,
+                queue,
+                slot_share.V03,
+                total=total,
+                room=rooms[queue],
+                waiting=waiting + self._hold.by_queue().get(queue, 0),
+                weights=self.settings.slot_share_weights,
+            )
+        except redis.RedisError as exc:  # the slots were just read: a blip; this tick goes without sharing
+            log.debug("slot sharing skipped this tick: %r", exc)
+            return
+        rooms[queue] = min(rooms[queue], allowed)
 
     def _next_poll(self, *, found_work: bool) -> float:
         """poll_min_s after work was found; each empty poll doubles the wait (jittered) up to poll_max_s,
@@ -228,6 +260,10 @@ class Dispatcher:
     def _place(self, rollout: AttemptedRollout, rooms: dict[str, int], served: set[str]) -> None:
         """Publish one claimed rollout, or hold it; on an unexpected error, hand it back (never drop it)."""
         try:
+            if not self._lock.valid():  # the fence: leadership may have lapsed while the dequeue blocked
+                log.warning("[rollout=%s attempt=%s] claimed, but this bridge no longer leads", *_ids(rollout))
+                self.hand_back(rollout, "not_leader")
+                return
             queue = self.settings.queue_for_mode(rollout.mode)
             if placement.fits(queue, rooms, served):
                 rooms[queue] -= 1
@@ -258,7 +294,7 @@ class Dispatcher:
 
     def _place_held(self, rooms: dict[str, int], served: set[str]) -> None:
         """Publish the held rollouts whose queue has room; hand back those a full queue kept too long."""
-        if not self._hold:
+        if not self._hold or not self._lock.valid():  # the fence: only a leader publishes what it holds
             return
         for held in self._hold.placeable(rooms, served):
             try:

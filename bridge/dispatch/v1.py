@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import redis
 
-from bridge.core import capacity, keys
+from bridge.core import capacity, keys, slot_share
 from bridge.core.agl_v1 import (
     FIRST_ATTEMPT,
     V1_TASK_NAME,
@@ -47,8 +47,7 @@ from bridge.core.message import base_app
 from bridge.core.redact import redact_url
 from bridge.core.scope_check import ScopeWatch
 from bridge.core.settings import Settings
-from bridge.dispatch.leader import LeaderLock
-from bridge.dispatch.placement import fits
+from bridge.dispatch.leader import STANDBY_RETRY_S, LeaderLock
 from bridge.dispatch.publisher import BROKER_REFUSALS, covered_timeout, retry_policy
 from bridge.dispatch.v1_repairs import (
     ApplyKept,
@@ -182,28 +181,45 @@ class V1Dispatcher:
         """One round; returns how long to wait before the next."""
         leading, newly = self._lock.ensure()
         if not leading:
-            return 2.0
+            return STANDBY_RETRY_S
         if newly or time.monotonic() >= self._next_reconcile:
             self.reconcile()
             self._next_reconcile = time.monotonic() + self.settings.reconcile_interval_s
         view = capacity.read_slots(self.redis, self.scope, self.settings.all_queues())
         rooms = view.rooms()
         self.scope_watch.check(view.served())
-        if not fits(self.queue, rooms, view.served()):
+        total = view.totals().get(self.queue, 0)
+        if self.queue not in view.served() or total < 1:
             return IDLE_POLL_S
-        # Rollouts whose refused publish waits for its next try come first in the listing: list past them.
-        queuing, malformed = self.gateway.list_checked(V1State.QUEUING, limit=rooms[self.queue] + len(self.refusals))
+        # Up to every slot's worth of queuing rollouts, so the 0.3 bridge beside it sees this line's demand, and
+        # past the rollouts whose refused publish waits for its next try (they come first in the listing).
+        queuing, malformed = self.gateway.list_checked(V1State.QUEUING, limit=total + len(self.refusals))
         for bad in malformed:
             self._fail_malformed(bad)
         now = time.time()
         self.refusals.forget_stale(now)
-        ready = [r for r in queuing if not self.refusals.waiting(r.rollout_id, now)][: rooms[self.queue]]
-        for rollout in ready:
+        waiting = [r for r in queuing if not self.refusals.waiting(r.rollout_id, now)]
+        room = slot_share.claimable(
+            self.redis,
+            self.scope,
+            self.queue,
+            slot_share.V1,
+            total=total,
+            room=rooms[self.queue],
+            waiting=len(waiting),
+            weights=self.settings.slot_share_weights,
+        )
+        for rollout in waiting[:room]:
+            if not self._lock.valid():  # the fence: leadership lapsed while this tick ran
+                return STANDBY_RETRY_S
             try:
                 self._start(rollout)
             except GatewayError as exc:  # this rollout's call failed: it is still queuing, the next tick lists it
                 log.warning("[v1 rollout=%s] not started: %s", rollout.rollout_id, exc)
-        return BUSY_POLL_S if ready or malformed else IDLE_POLL_S
+        if room < len(waiting):  # work waits for a slot: look again as soon as one frees
+            capacity.wait_for_freed(self.redis, self.scope, [self.queue], IDLE_POLL_S)
+            return 0.0
+        return BUSY_POLL_S if waiting or malformed else IDLE_POLL_S
 
     # --- one rollout ---------------------------------------------------------------------------
 

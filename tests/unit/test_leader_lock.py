@@ -3,12 +3,24 @@ once it lapses, and never dropped or extended by a bridge that lost it. Real Red
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
 import uuid
+from pathlib import Path
 
+import pytest
 import redis
 
 from bridge.core import keys
-from bridge.dispatch.leader import LEADER_TTL_S, LeaderLock, dispatching
+from bridge.core.coordination import coordination_client
+from bridge.dispatch.leader import LEADER_TTL_S, RENEW_EVERY_S, STANDBY_RETRY_S, LeaderLock, dispatching
+from tests.helpers import TEST_REDIS_URL, wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_a_lapsed_leader_is_replaced_and_never_touches_the_new_leaders_lock(redis_client: redis.Redis) -> None:
@@ -32,3 +44,92 @@ def test_a_lapsed_leader_is_replaced_and_never_touches_the_new_leaders_lock(redi
         new.release()
         old.release()
     assert not dispatching(redis_client, scope)
+
+
+def test_a_sigkilled_leader_is_replaced_within_its_short_ttl(redis_client: redis.Redis) -> None:
+    """A leader process killed with SIGKILL (no release) is replaced once its lock lapses: within LEADER_TTL_S plus
+    a standby's retry, well under 5 s (it was 15 s)."""
+    scope = f"leader-{uuid.uuid4().hex[:8]}"
+    program = (
+        "import sys, time\n"
+        "from bridge.core.coordination import coordination_client\n"
+        "from bridge.dispatch.leader import LeaderLock\n"
+        f"lock = LeaderLock(coordination_client({TEST_REDIS_URL!r}), 'bridge-killed', scope={scope!r})\n"
+        "assert lock.ensure() == (True, True)\n"
+        "print('leading', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    leader = subprocess.Popen(
+        [sys.executable, "-c", program], stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}
+    )
+    standby = LeaderLock(redis_client, "bridge-standby", scope=scope)
+    try:
+        assert leader.stdout is not None and leader.stdout.readline().strip() == "leading"
+        time.sleep(2 * RENEW_EVERY_S + LEADER_TTL_S)  # alive, it keeps the lock past its TTL (its renewal thread)
+        assert standby.ensure() == (False, False)
+        leader.send_signal(signal.SIGKILL)
+        leader.wait(10)
+        killed = time.monotonic()
+        while not standby.ensure()[0]:
+            assert time.monotonic() - killed < 5.0, "the standby did not take over within 5 s"
+            time.sleep(STANDBY_RETRY_S)
+        assert time.monotonic() - killed <= LEADER_TTL_S + STANDBY_RETRY_S + 0.5
+    finally:
+        leader.kill()
+        standby.release()
+
+
+def test_a_leader_whose_loop_blocks_past_the_ttl_keeps_the_lock(redis_client: redis.Redis) -> None:
+    scope = f"leader-{uuid.uuid4().hex[:8]}"
+    leader, standby = LeaderLock(redis_client, "bridge-slow", scope=scope), LeaderLock(redis_client, "b", scope=scope)
+    try:
+        assert leader.ensure() == (True, True)
+        time.sleep(2 * LEADER_TTL_S)  # the dispatch loop blocked on a slow Store: no tick renews
+        assert leader.valid() and redis_client.get(keys.bridge_leader(scope)) == leader.token
+        assert standby.ensure() == (False, False)
+        assert leader.ensure() == (True, False)
+    finally:
+        leader.release()
+        standby.release()
+
+
+def test_a_leader_cut_off_from_redis_stops_publishing_before_its_lock_can_lapse(redis_client: redis.Redis) -> None:
+    """The fence: ``valid()`` ends before the key can expire in Redis, so no standby leads while it still publishes."""
+    scope = f"leader-{uuid.uuid4().hex[:8]}"
+    key = keys.bridge_leader(scope)
+    leader = LeaderLock(redis_client, "bridge-cut-off", scope=scope)
+    unreachable = coordination_client(f"redis://127.0.0.1:{_closed_port()}/0", socket_connect_timeout=0.2)
+    try:
+        assert leader.ensure() == (True, True)
+        leader._lock.redis = unreachable  # its renewals fail from now on; Redis keeps the last one's expiry
+        while redis_client.exists(key):
+            if not leader.valid():
+                break
+            time.sleep(0.02)
+        else:
+            pytest.fail("the lock lapsed in Redis while the leader still counted itself valid")
+        assert redis_client.pttl(key) > 0  # the fence closed first
+        assert leader.held  # it only knows it may not publish; the next tick's ensure decides the rest
+    finally:
+        leader.release()
+        redis_client.delete(key)
+
+
+def test_a_leader_whose_lock_was_taken_notices_without_a_tick(redis_client: redis.Redis) -> None:
+    scope = f"leader-{uuid.uuid4().hex[:8]}"
+    key = keys.bridge_leader(scope)
+    leader = LeaderLock(redis_client, "bridge-a", scope=scope)
+    try:
+        assert leader.ensure() == (True, True)
+        redis_client.set(key, "someone-else", px=int(LEADER_TTL_S * 1000))
+        wait_for(lambda: not leader.valid() and not leader.held, 2 * RENEW_EVERY_S + 1, "the renewal thread noticed")
+        assert redis_client.get(key) == "someone-else"  # never extended nor dropped by the old leader
+    finally:
+        leader.release()
+        redis_client.delete(key)
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
