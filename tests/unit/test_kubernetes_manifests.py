@@ -12,6 +12,8 @@ import copy
 import importlib.util
 import json
 import math
+import os
+import re
 import shlex
 from pathlib import Path
 from typing import Any
@@ -264,3 +266,50 @@ def test_the_pods_settings_load(
         monkeypatch.setenv(name, value)
     settings = load_settings()
     assert settings.default_queue == "rollouts" and settings.worker_metrics_port == 9101
+
+
+def test_the_autoscalers_comments_state_the_workers_grace_period(rendered: dict[str, list[Manifest]]) -> None:
+    """The drain the autoscalers' scale-down comments describe is the workers' real grace period."""
+    workers = find(rendered["example"], "Deployment", "agl-worker")
+    grace = workers["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    for name in ("components/hpa/hpa.yaml", "components/keda/scaledobject.yaml"):
+        stated = re.findall(r"grace period \((\d+) s", (K8S / name).read_text())
+        assert stated == [str(grace)], f"{name} states a grace period of {stated}, the workers have {grace} s"
+
+
+def test_the_optional_pod_monitor_scrapes_the_bridge_and_worker_pods(
+    rendered: dict[str, list[Manifest]], tmp_path: Path
+) -> None:
+    """components/podmonitor, added to an overlay, selects the bridge and worker pods and scrapes the port they
+    name ``metrics`` at /metrics (kube-prometheus-stack ignores the ``prometheus.io/*`` annotations)."""
+    overlay = tmp_path / "monitored"
+    overlay.mkdir()
+    base, component = (
+        os.path.relpath(K8S / "overlays/example", overlay),
+        os.path.relpath(K8S / "components/podmonitor", overlay),
+    )
+    (overlay / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nnamespace: agl\n"
+        f"resources: [{base}]\ncomponents: [{component}]\n"
+    )
+    manifests = render(overlay)
+    (monitor,) = [m for m in manifests if m["kind"] == "PodMonitor"]
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1" and monitor["metadata"]["namespace"] == "agl"
+    assert set(monitor) == {"apiVersion", "kind", "metadata", "spec"}
+    spec = monitor["spec"]
+    (endpoint,) = spec["podMetricsEndpoints"]
+    assert endpoint["path"] == "/metrics"
+    selected = []
+    for deployment in (m for m in manifests if m["kind"] == "Deployment"):
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        matches = all(labels.get(k) == v for k, v in spec["selector"]["matchLabels"].items()) and all(
+            labels.get(e["key"]) in e["values"] for e in spec["selector"]["matchExpressions"]
+        )
+        if matches:
+            selected.append(deployment["metadata"]["name"])
+            ports = {
+                p.get("name") for c in deployment["spec"]["template"]["spec"]["containers"] for p in c.get("ports", [])
+            }
+            assert endpoint["port"] in ports, f"{deployment['metadata']['name']} has no port {endpoint['port']!r}"
+    assert sorted(selected) == ["agl-bridge", "agl-worker"]
+    assert not any(m["kind"] == "PodMonitor" for overlay_manifests in rendered.values() for m in overlay_manifests)
