@@ -30,7 +30,15 @@ GENERATED = ROOT / "docs" / "configuration.md"
 TOC_OVER_LINES = 200
 
 FOREIGN_VARIABLES: dict[str, set[str]] = {
-    "the shell, Python and the OS": {"PATH", "PYTHONPATH", "HOME", "VIRTUAL_ENV", "BASH_ENV", "PROMPT_COMMAND"},
+    "the shell, Python and the OS": {
+        "PATH",
+        "PYTHONPATH",
+        "HOME",
+        "VIRTUAL_ENV",
+        "BASH_ENV",
+        "PROMPT_COMMAND",
+        "LD_PRELOAD",
+    },
     "the OS's libraries (TLS, resolver, Ruby)": {
         "SSL_CERT_FILE",
         "REQUESTS_CA_BUNDLE",
