@@ -32,6 +32,7 @@ MARGIN_S = 6.0
 MIN_GRACE_S = 8.0  # WORKER_SHUTDOWN_GRACE_S's lower bound: episodes get at least 2 s
 CHECK_EVERY_S = 0.5  # a process with running attempts reads the node's stop time this often
 INTERRUPT_AFTER_S = 1.0  # prefork: an agent still running this long after its stop is interrupted (SIGUSR1)
+INTERRUPT_LANDS_S = 1.0  # an interrupt sent as the agent returned lands in its thread within this (bounded wait)
 EXIT_EARLY_S = 0.5  # a process still there this long before the grace ends exits by force
 
 
