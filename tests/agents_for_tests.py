@@ -9,6 +9,7 @@ Importing this module imports ``agentlightning``: only workers configured with o
 
 from __future__ import annotations
 
+import subprocess
 import threading
 import time
 from typing import Any
@@ -160,6 +161,18 @@ class SlowFirstAgent(agl.LitAgent[dict[str, Any]]):
             time.sleep(float(task.get("sleep", 0)))
         _ask(resources, task)
         return _reward(task)
+
+
+class LingeringFirstAgent(SlowFirstAgent):
+    """``SlowFirstAgent`` whose first attempt also leaves behind what agent programs do: a process that outlives its
+    parent (orphaned to the PID namespace's init, a zombie once it exits) and a non-daemon thread that never ends,
+    so the worker's own exit never finishes and only the drain's forced exit ends it."""
+
+    def rollout(self, task: dict[str, Any], resources: agl.NamedResources, rollout: agl.Rollout) -> float:
+        if isinstance(rollout, agl.AttemptedRollout) and rollout.attempt.sequence_id == 1:
+            subprocess.run(["sh", "-c", "sleep 0.2 &"], check=True)  # sh exits at once; its sleep is orphaned
+            threading.Thread(target=threading.Event().wait, name="lingering", daemon=False).start()
+        return super().rollout(task, resources, rollout)
 
 
 class RaisingHook(agl.Hook):

@@ -32,6 +32,7 @@ MARGIN_S = 6.0
 MIN_GRACE_S = 8.0  # WORKER_SHUTDOWN_GRACE_S's lower bound: episodes get at least 2 s
 CHECK_EVERY_S = 0.5  # a process with running attempts reads the node's stop time this often
 INTERRUPT_AFTER_S = 1.0  # prefork: an agent still running this long after its stop is interrupted (SIGUSR1)
+INTERRUPT_LANDS_S = 1.0  # an interrupt sent as the agent returned lands in its thread within this (bounded wait)
 EXIT_EARLY_S = 0.5  # a process still there this long before the grace ends exits by force
 
 
@@ -115,22 +116,27 @@ def exit_by(deadline: float) -> None:
     """End this (main) process at ``deadline`` if it is still there: by then its attempts were handed over, and
     what remains is Celery's own exit (pool children, atexit hooks), measured at up to 6 s on a loaded host.
 
-    A real-time timer whose SIGALRM keeps its default action (terminate), so it fires even while the interpreter
-    finalizes, when a daemon thread no longer runs; a thread is the fallback off the main thread. Prefork
-    children then see their pipe close and exit."""
+    Never through a signal's default action: the kernel drops those for the first process of a PID namespace, which
+    a worker is in a container without an init. A thread calls ``os._exit``, and a real-time timer's SIGALRM runs a
+    handler that does the same on the main thread, also once the interpreter finalizes and daemon threads no longer
+    run. Prefork children then see their pipe close and exit."""
     delay = max(0.01, deadline - time.time())
+    threading.Thread(target=_exit_after, args=(delay,), name="drain-exit", daemon=True).start()
     try:
-        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        signal.signal(signal.SIGALRM, lambda signum, frame: _exit_now())
         signal.setitimer(signal.ITIMER_REAL, delay)
-        return
-    except ValueError:  # not the main thread: signal.signal refuses
+    except ValueError:  # not the main thread: signal.signal refuses; the thread alone ends it
         pass
 
-    def run() -> None:
-        time.sleep(delay)
-        log.error("still running at the end of WORKER_SHUTDOWN_GRACE_S: exiting now")
-        for handler in logging.getLogger().handlers:
-            handler.flush()
-        os._exit(1)
 
-    threading.Thread(target=run, name="drain-exit", daemon=True).start()
+def _exit_after(delay: float) -> None:
+    time.sleep(delay)
+    _exit_now()
+
+
+def _exit_now() -> None:
+    """Exit at once, status 1, with one line on stderr (written directly: a logging lock may be held forever)."""
+    try:
+        os.write(2, b"workers.drain: still running at the end of WORKER_SHUTDOWN_GRACE_S: exiting now\n")
+    finally:
+        os._exit(1)

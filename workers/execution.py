@@ -28,6 +28,7 @@ from functools import partial
 from typing import Any
 
 import redis
+from celery.exceptions import SoftTimeLimitExceeded
 
 from bridge.core.errors import (
     ConfigError,
@@ -57,7 +58,7 @@ from workers.inputs import parse_task_input
 from workers.lease import Lease, mark_done
 from workers.outcome import Outcome, OutcomeStatus, skipped
 from workers.ratelimit import LLMRateLimiter, RateLimit
-from workers.reporting import AttemptReporter, RunResult
+from workers.reporting import AttemptReporter, ReportPending, RunResult
 from workers.resources import WorkerResources
 from workers.telemetry import AttemptTelemetry
 
@@ -142,6 +143,9 @@ class AttemptRun:
                 exc, (StoreError, DuplicateDelivery, Superseded, LeaseUnproven)
             ):
                 raise  # a Celery retry (with the kept report, if any), or not ours to report
+            if isinstance(exc, SoftTimeLimitExceeded) and self.reporter.pending() is not None:
+                # The time limit struck once the report was decided and kept: a retry delivers that report.
+                raise ReportPending("time limit reached with the report kept; a retry delivers it") from exc
             # A fault of this worker's own code outside the episode's guard: failed once, so the Store's retry
             # policy bounds it, instead of reconcile finding the attempt stranded and re-publishing it forever.
             self.log.exception("unexpected error in the worker; failing the attempt")
@@ -254,6 +258,9 @@ class AttemptRun:
             # Within the episode's budget: retrying past Celery's soft limit would turn a telemetry failure
             # into a "timeout"; at least one try is always made.
             self.guard.flush_while_ours(telemetry, until=min(self.reporter.deadline(), self._episode_deadline() - 1.0))
+            # One step with the drain's interrupt: once it began no interrupt comes, and an agent interrupted as it
+            # returned is handed over, never reported (the interrupt would strike in the report).
+            began = watch.begin_reporting()
         except Superseded as exc:
             if watch.shutdown:
                 return self._hand_over(watch)
@@ -263,6 +270,8 @@ class AttemptRun:
             self.log.warning("stopped without reporting: %s", exc)
             return Outcome(OutcomeStatus.SKIPPED, str(exc), FailureClass.INFRA)
         except Exception as exc:
+            if isinstance(exc, SoftTimeLimitExceeded):
+                watch.interrupt_seen()
             if watch.shutdown:  # whatever the stopped agent raised (prefork: SoftTimeLimitExceeded from its interrupt)
                 return self._hand_over(watch)
             failure = classify(exc)
@@ -270,10 +279,12 @@ class AttemptRun:
                 self._flush_quietly(telemetry)
             if failure is FailureClass.INFRA and not isinstance(exc, StoreError):
                 self.log.exception("unexpected error in the episode")
-            watch.begin_reporting()
+            if not watch.begin_reporting():
+                return self._hand_over(watch)
             return self.reporter.failure(failure, redact_text(str(exc)) or type(exc).__name__, telemetry)
         else:
-            watch.begin_reporting()
+            if not began:
+                return self._hand_over(watch)
             return self.reporter.success(result, telemetry)
         finally:
             self.res.monitor.unwatch(watch)
@@ -286,8 +297,8 @@ class AttemptRun:
         rollout back (``requeuing``) and mark the attempt done (``workers.drain.handover``). The partial episode's
         spans are dropped: the trainer reads the next attempt's.
         """
+        watch.begin_reporting()  # the heartbeat and the drain's interrupt leave it alone from now on
         reason = watch.stop_reason or drain.shutdown_reason(None)
-        watch.begin_reporting()  # the heartbeat leaves it alone from now on
         bound = self.guard.write_bound()
         try:
             self.guard.prove_lease(time.time() + bound)

@@ -18,10 +18,11 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import redis
+from celery.exceptions import SoftTimeLimitExceeded
 
 from bridge.core.errors import StoreError, Superseded, TelemetryError, UnknownIdError
 from bridge.core.models import ACTIVE_ATTEMPT, RolloutConfig
@@ -66,20 +67,55 @@ class AttemptWatch:
     interruptible: bool = False  # prefork: the agent runs on the process's main thread, SIGUSR1 interrupts it
     interrupt_at: float | None = None  # monotonic s at which a drain-stopped agent that did not return is interrupted
     store_fenced: bool = True  # False: not a Store attempt (Agent Lightning 1.0): the lease thread and the drain only
+    interrupted: bool = False  # the drain interrupted the agent (SIGUSR1): no report of its run begins after that
+    interrupt_pending: bool = False  # that interrupt has not been seen in this attempt's (main) thread yet
+    state: threading.Lock = field(default_factory=threading.Lock)  # the interrupt and the report's start: one step
 
     def __post_init__(self) -> None:
         first = self.interval_s if self.first_beat_in_s is None else self.first_beat_in_s
         self.next_beat = time.monotonic() + max(0.0, first)
 
-    def begin_reporting(self) -> None:
-        """The final report goes next: no heartbeat from now on, and none still in flight when this returns.
+    def begin_reporting(self) -> bool:
+        """The final report goes next: no heartbeat or drain interrupt from now on, none in flight when this returns.
 
         The Store updates an attempt by reading it whole and writing it back, unlocked: a heartbeat read before
         the report landed and written after it would put the attempt, and the rollout with it, back to
-        ``running`` (observed once in a multi-host run; docs/architecture.md, "Heartbeats and the report")."""
-        self.reporting = True
+        ``running`` (observed once in a multi-host run; docs/architecture.md, "Heartbeats and the report").
+        Returns False when the drain interrupted the agent first (``interrupt``): its interrupt is taken here, if it
+        has not been yet, and the caller must not report the run's result but hand the attempt over."""
+        with self.state:
+            began = not self.interrupted
+            self.reporting = True
+        if not began and self.interrupt_pending:
+            self.take_interrupt()
         with self.sending:
             pass
+        return began
+
+    def interrupt(self, send: Callable[[], None]) -> bool:
+        """Interrupt the agent with ``send`` unless the report has begun; one step with ``begin_reporting``.
+
+        Called off the attempt's thread (the heartbeat); ``send`` makes the attempt's thread raise
+        ``SoftTimeLimitExceeded`` (billiard's SIGUSR1 handler). Returns whether it was sent."""
+        with self.state:
+            if self.reporting or self.interrupted:
+                return False
+            self.interrupted = self.interrupt_pending = True
+            send()
+            return True
+
+    def interrupt_seen(self) -> None:
+        """The attempt's thread caught the interrupt (a ``SoftTimeLimitExceeded``): nothing more will land."""
+        self.interrupt_pending = False
+
+    def take_interrupt(self) -> None:
+        """Wait, at most ``drain.INTERRUPT_LANDS_S``, for an interrupt that was sent and has not landed, and swallow it:
+        an exception raised later, in the hand-over, would turn it into a failure."""
+        try:
+            threading.Event().wait(drain.INTERRUPT_LANDS_S)  # a signal's handler raises in this wait
+        except SoftTimeLimitExceeded:
+            pass
+        self.interrupt_pending = False
 
     def stop(self, reason: str) -> None:
         if self.stop_reason is None:
@@ -88,10 +124,12 @@ class AttemptWatch:
 
     def shut_down(self, reason: str) -> None:
         """Stop the attempt because the worker drains, unless it was stopped for a reason of its own already."""
-        if self.stop_reason is None and not self.reporting:
+        with self.state:
+            if self.stop_reason is not None or self.reporting:
+                return
             self.shutdown = True
             self.interrupt_at = time.monotonic() + drain.INTERRUPT_AFTER_S
-            self.stop(reason)
+        self.stop(reason)
 
     def check(self) -> None:
         """Called by the agent loop between steps: raise if the attempt must not go on."""
@@ -243,12 +281,15 @@ class HeartbeatMonitor:
         for watch in watches:
             watch.shut_down(reason)
             due = watch.interrupt_at is not None and time.monotonic() >= watch.interrupt_at
-            if watch.shutdown and watch.interruptible and not watch.reporting and due:
+            if watch.shutdown and watch.interruptible and due:
                 watch.interrupt_at = None  # once
-                log.warning(
-                    "attempt %s: the agent did not return after the drain stopped it; interrupting it", watch.attempt_id
-                )
-                drain.interrupt_main_thread()
+                # The check that no report began and the signal are one step (AttemptWatch.interrupt): a signal that
+                # lands in the success report would turn it into a failure.
+                if watch.interrupt(lambda: drain.interrupt_main_thread()):
+                    log.warning(
+                        "attempt %s: the agent did not return after the drain stopped it; interrupted it",
+                        watch.attempt_id,
+                    )
 
     def store_budget(self, watch: AttemptWatch) -> float | None:
         """Seconds one Store call for ``watch`` may take, or None when it must not be made now.

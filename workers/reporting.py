@@ -183,7 +183,11 @@ class AttemptReporter:
         attempt never gets two different outcomes.
         """
         report = PendingReport(status, metadata, self.deadline())
-        kept = self._keep(report)
+        try:
+            kept = self._keep(report)
+        except SoftTimeLimitExceeded as exc:  # struck mid-keep: keep it all the same (idempotent); a retry delivers it
+            self._keep(report)
+            raise ReportPending(f"time limit reached while keeping the {status} report") from exc
         outcome = self._deliver(kept)
         if kept is report or outcome is not None:
             return outcome

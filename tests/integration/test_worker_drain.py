@@ -12,7 +12,10 @@ attempts run in the signalled process, and ``tests/unit/test_worker_drain.py`` c
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -22,6 +25,8 @@ from bridge.core import capacity, keys
 from bridge.core.coordination import coordination_client
 from bridge.tools.stack import LocalStack
 from tests.helpers import attempts, enqueue, rollout, stack_for, wait_finished, wait_for
+from tests.prerequisites import require
+from workers import drain
 
 pytestmark = [pytest.mark.integration, pytest.mark.cost(60)]
 
@@ -85,3 +90,130 @@ def test_a_drained_worker_hands_its_episodes_over_within_its_grace(clean_store: 
 def _leased(client: object, store_url: str, rollout_id: str) -> bool:
     attempt = rollout(store_url, rollout_id).get("attempt") or {}
     return bool(attempt.get("attempt_id")) and bool(client.exists(keys.lease(attempt["attempt_id"])))  # type: ignore[attr-defined]
+
+
+# --- the worker as PID 1 of its container ----------------------------------------------------------------------
+
+UNSHARE = ["unshare", "--fork", "--pid", "--mount-proc"]  # a new PID namespace: its first process is its init
+
+
+def _pid_namespaces() -> str | None:
+    """Why this machine cannot start a process as PID 1 of a new PID namespace, or None."""
+    if shutil.which("unshare") is None:
+        return "no unshare binary (util-linux)"
+    probe = subprocess.run([*UNSHARE, "sh", "-c", "test $$ = 1"], capture_output=True, text=True, timeout=10)
+    if probe.returncode != 0:
+        return f"cannot create a PID namespace here (root needed): {probe.stderr.strip()[:200]}"
+    return None
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        raw = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(p) for p in raw.split()]
+
+
+def _descendants(pid: int) -> list[int]:
+    found, todo = [], _children(pid)
+    while todo:
+        child = todo.pop()
+        found.append(child)
+        todo += _children(child)
+    return found
+
+
+def _kill_namespace(proc: subprocess.Popen[str]) -> None:
+    """SIGKILL the namespace's init (from outside, the one signal it cannot refuse), which ends the namespace."""
+    for pid in _children(proc.pid):
+        os.kill(pid, signal.SIGKILL)
+    proc.kill()
+    proc.communicate(timeout=10)
+
+
+def _state(pid: int) -> str | None:
+    """The process's state letter (Z: a zombie), or None when it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return None
+
+
+def test_the_drain_s_forced_exit_ends_the_first_process_of_a_pid_namespace() -> None:
+    """The kernel drops a signal left at its default action for a PID namespace's init: a SIGALRM timer never ended a
+    worker that is PID 1 of its container. Here a process whose exit never finishes (a non-daemon thread that never
+    ends) is PID 1, and ``exit_by`` must end it at its deadline."""
+    require(_pid_namespaces())
+    code = (
+        "import threading, time; from workers import drain; "
+        "drain.exit_by(time.time() + 0.5); "
+        "threading.Thread(target=threading.Event().wait, daemon=False).start()"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.Popen([*UNSHARE, sys.executable, "-c", code], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        _, err = proc.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        _kill_namespace(proc)
+        pytest.fail("PID 1 outlived its drain's exit deadline: the forced exit never fired")
+    assert proc.returncode == 1, err
+    assert "still running at the end of WORKER_SHUTDOWN_GRACE_S" in err
+
+
+@pytest.mark.cost(30)
+def test_a_drained_worker_that_is_pid_1_exits_within_its_grace_and_hands_its_episodes_over(
+    clean_store: LocalStack, tmp_path: Path
+) -> None:
+    """A real worker (``-P threads``, as the Kubernetes manifests run it) is PID 1 of a new PID namespace, as in a
+    container started without an init. Its agent leaves an orphan and a thread that never ends, so Celery's own exit
+    never finishes. SIGTERM from outside the namespace (as the container runtime sends it): the episodes are stopped
+    and handed over, the worker is gone by the grace, and nothing of its namespace, zombies included, is left."""
+    require(_pid_namespaces())
+    grace = drain.MIN_GRACE_S  # episodes stop 2 s after the signal, abandoned 2 s later (workers.stuck)
+    env = {
+        "AGENT": "tests.agents_for_tests:LingeringFirstAgent",
+        "WORKER_SHUTDOWN_GRACE_S": str(grace),
+        "HEARTBEAT_INTERVAL_S": "1",
+        "LEASE_TTL_S": "4",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    stack = stack_for(clean_store, tmp_path, workers=0, concurrency=2, pool="threads", extra_env=env)
+    client = coordination_client(clean_store.broker_url)
+    with stack:
+        worker = stack.add_worker(prefix=UNSHARE, wait=False)
+        worker.startup_timeout_s = 180  # importing agentlightning alone took 50 s on a loaded 2-core host
+        worker.wait_healthy()
+        assert worker.proc is not None
+        url = stack.store_url
+        retried = {"max_attempts": 2, "retry_condition": ["failed"]}
+        ids = enqueue(
+            url, [{"question": "What is 1 + 1?", "reward": r, "sleep": 60} for r in (0.25, 0.5)], config=retried
+        )
+        wait_for(lambda: all(_leased(client, url, rid) for rid in ids), 30, "every first attempt started")
+        first = {rid: rollout(url, rid)["attempt"]["attempt_id"] for rid in ids}
+        (init,) = _children(worker.proc.pid)  # unshare's only child: the worker, PID 1 inside
+        nspid = next(
+            line for line in Path(f"/proc/{init}/status").read_text().splitlines() if line.startswith("NSpid:")
+        )
+        assert nspid.split()[-1] == "1", nspid
+        in_namespace = [init, *_descendants(init)]
+
+        signalled = time.monotonic()
+        os.kill(init, signal.SIGTERM)  # the worker's main process only, from outside its namespace
+        try:
+            worker.proc.wait(timeout=grace + 10)  # unshare returns when its child, the namespace's init, is gone
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the worker, PID 1 of its namespace, was still running {grace + 10:g} s after SIGTERM")
+        exited = time.monotonic() - signalled
+        left = {pid: _state(pid) for pid in in_namespace if _state(pid) is not None}
+        assert left == {}, f"processes of the worker's namespace left (Z: zombie): {left}"
+
+        for rid in ids:  # handed over: failed with class shutdown, so the Store retries it
+            stopped = next(a for a in attempts(url, rid) if a["attempt_id"] == first[rid])
+            assert stopped["status"] == "failed", stopped
+            assert stopped["metadata"]["failure_class"] == "shutdown", stopped
+            assert f"grace {grace:g} s" in stopped["metadata"]["error"]
+        wait_for(lambda: capacity.inflight_count(client, stack.scope, QUEUE) == 0, 10, "nothing left in flight")
+    print(f"PID 1 worker exited {exited:.2f} s after SIGTERM (grace {grace:g} s)")
+    assert exited <= grace + SLACK_S

@@ -176,6 +176,8 @@ def test_worker_grace_period_outlasts_the_drain_and_probes_read_its_advert(
         assert grace >= budget + 60 > settings.hard_time_limit(None) > settings.soft_time_limit(None)
     worker = container(manifests, "agl-worker")
     argv = worker["command"] + worker["args"]
+    assert argv[:2] == ["tini", "--"], argv  # an init as PID 1: it reaps agent programs' orphans
+    argv = argv[2:]
     assert argv[:4] == ["celery", "-A", "workers", "worker"] and argv[argv.index("-n") + 1] == "worker@%h"
     probe = worker["readinessProbe"]["exec"]["command"]
     assert probe[:3] == ["python", "-m", "workers.health"] and importlib.util.find_spec(probe[2])
@@ -233,6 +235,8 @@ def test_commands_exist_in_the_project(rendered: dict[str, list[Manifest]]) -> N
                 argv = item.get("command") or item.get("args")
                 if item["image"].startswith("redis:"):
                     continue
+                if argv[:2] == ["tini", "--"]:  # the image's init, named where a command replaces its ENTRYPOINT
+                    argv = argv[2:]
                 assert argv[0] in {"python", "celery"}, argv
                 if argv[0] == "python":
                     assert argv[1] == "-m" and importlib.util.find_spec(argv[2]), argv

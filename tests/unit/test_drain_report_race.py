@@ -1,0 +1,242 @@
+"""The drain never turns a success into a failure (``AttemptWatch.interrupt``, ``workers.reporting``).
+
+Real ``Delivery``, ``AttemptRun``, ``Lease`` and reporter on the Redis at ``TEST_REDIS_URL``, a loopback Store that
+records what it is sent, and the real interrupt: SIGUSR1 to this process, whose handler raises
+``SoftTimeLimitExceeded`` in the main thread as billiard's does in a prefork child. The interleavings are forced
+with events, not timing: the drain decides to interrupt exactly as the episode returns, and the time limit strikes
+exactly as the success report is kept.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any, ClassVar
+
+import pytest
+import redis
+from celery.exceptions import SoftTimeLimitExceeded
+
+from bridge.core.settings import load_settings
+from bridge.core.store import StoreClient
+from tests.loopback import LoopbackServer
+from workers import drain, stuck
+from workers.drain import DrainClock
+from workers.execution import AttemptRun, Delivery
+from workers.failures import FailureClass
+from workers.fencing import WriteGuard
+from workers.heartbeat import AttemptWatch, HeartbeatMonitor
+from workers.outcome import OutcomeStatus
+from workers.reporting import AttemptReporter, PendingReport, ReportPending
+from workers.resources import WorkerResources
+from workers.trace_courier import TraceCourier
+
+JSON = {"Content-Type": "application/json"}
+
+
+class Store(LoopbackServer):
+    """One running rollout; records every POST (path, body) and answers it as the Store would."""
+
+    def __init__(self, payload: dict[str, Any]) -> None:
+        self.rollout = {**payload, "status": "running"}
+        self.rollout["attempt"] = {**payload["attempt"], "status": "running"}
+        self.posts: list[tuple[str, dict[str, Any]]] = []
+        super().__init__(lambda method, path: (500, {}, b""))
+
+    def respond(self, method: str, path: str, body: bytes) -> tuple[int, dict[str, str], bytes]:
+        rid, aid = self.rollout["rollout_id"], self.rollout["attempt"]["attempt_id"]
+        if method == "GET" and path == f"/v1/agl/rollouts/{rid}":
+            return 200, JSON, json.dumps(self.rollout).encode()
+        if method == "POST":
+            fields = json.loads(body or b"{}")
+            self.posts.append((path, fields))
+            if path == f"/v1/agl/rollouts/{rid}/attempts/{aid}":
+                return 200, JSON, json.dumps({**self.rollout["attempt"], **fields}).encode()
+            if path == f"/v1/agl/rollouts/{rid}":
+                return 200, JSON, json.dumps({**self.rollout, **fields}).encode()
+        return 404, {}, b""
+
+    def attempt_statuses(self) -> list[str]:
+        aid = self.rollout["attempt"]["attempt_id"]
+        return [f["status"] for p, f in self.posts if p.endswith(f"/attempts/{aid}") and "status" in f]
+
+
+@dataclass
+class Result:
+    """A finished run (``workers.reporting.RunResult``)."""
+
+    blame: ClassVar[FailureClass] = FailureClass.AGENT
+    reward: float | None = 0.75
+
+    def metadata(self) -> dict[str, object]:
+        return {"reward": self.reward}
+
+
+def _payload() -> dict[str, Any]:
+    rid, aid, now = f"ro-{uuid.uuid4().hex[:8]}", f"at-{uuid.uuid4().hex[:8]}", time.time()
+    return {
+        "rollout_id": rid,
+        "input": {"question": "?"},
+        "start_time": now,
+        "status": "preparing",
+        "config": {"timeout_seconds": 30, "max_attempts": 1},  # no retry left: the drain hands the rollout back
+        "attempt": {"rollout_id": rid, "attempt_id": aid, "sequence_id": 1, "start_time": now},
+    }
+
+
+@pytest.fixture
+def payload(redis_client: redis.Redis) -> Iterator[dict[str, Any]]:
+    data = _payload()
+    yield data
+    aid = data["attempt"]["attempt_id"]
+    redis_client.delete(*(k for k in redis_client.scan_iter(f"*{aid}*")))
+
+
+@pytest.fixture
+def store(payload: dict[str, Any]) -> Iterator[Store]:
+    server = Store(payload)
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def res(store: Store, redis_client: redis.Redis) -> Iterator[WorkerResources]:
+    settings = load_settings(store_url=store.url, store_retries=0)
+    client = StoreClient(store.url, retries=0, timeout_s=2)
+    monitor = HeartbeatMonitor(client, redis_client)  # no drain scope: only the test's own drain check runs
+    yield WorkerResources(settings, client, redis_client, None, monitor, TraceCourier(client), 0)  # type: ignore[arg-type]
+    monitor.close()
+    client.close()
+
+
+@pytest.fixture
+def soft_limit_handler() -> Iterator[None]:
+    """SIGUSR1 raises ``SoftTimeLimitExceeded`` in the main thread, as billiard's handler does in a pool child."""
+
+    def raise_soft_limit(signum: int, frame: FrameType | None) -> None:
+        raise SoftTimeLimitExceeded()
+
+    previous = signal.signal(signal.SIGUSR1, raise_soft_limit)
+    yield
+    signal.signal(signal.SIGUSR1, previous)
+
+
+def _run_body(monkeypatch: pytest.MonkeyPatch, body: Callable[[Any, AttemptWatch], Result]) -> None:
+    monkeypatch.setattr(AttemptRun, "_run_leased", lambda run, *, first_start: run._run_attempt(body))
+
+
+def _main_thread_in(name: str) -> bool:
+    frame = sys._current_frames().get(threading.main_thread().ident or 0)
+    while frame is not None:
+        if frame.f_code.co_name == name:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _until(condition: Callable[[], bool], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "the forced interleaving did not happen"
+        time.sleep(0.005)
+
+
+def test_a_drain_interrupt_decided_as_the_episode_returns_never_strikes_in_its_success_report(
+    payload: dict[str, Any],
+    store: Store,
+    res: WorkerResources,
+    soft_limit_handler: None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The drain's check that no report began and its SIGUSR1 were two steps: the episode returned, the drain found
+    no report under way and decided to interrupt, the success report began, and the signal struck in it, which
+    then reported ``failed``. Forced here: the drain decides while the spans are flushed, and sends only once the
+    attempt's thread is beginning its report (or is keeping it, where it used to be)."""
+    monkeypatch.setattr(stuck.pool, "prefork", True)  # the agent runs on the main thread: SIGUSR1 interrupts it
+    monkeypatch.setattr(stuck.pool, "threads", False)
+    monkeypatch.setattr(drain, "clock", DrainClock(node="n@h", stop_at=time.time() - 1, grace_s=9.0))
+    monkeypatch.setattr(drain, "INTERRUPT_AFTER_S", 0.0)
+    decided, keeping = threading.Event(), threading.Event()
+    struck_in_report: list[str] = []
+
+    def interrupt_once_reporting() -> None:  # the drain's SIGUSR1, held until the main thread reaches the report
+        decided.set()
+        _until(lambda: keeping.is_set() or _main_thread_in("begin_reporting"), 5)
+        os.kill(os.getpid(), signal.SIGUSR1)
+
+    monkeypatch.setattr(drain, "interrupt_main_thread", interrupt_once_reporting)
+    draining = HeartbeatMonitor(res.store, res.redis, None, "scope")
+    real_flush, real_keep = WriteGuard.flush_while_ours, AttemptReporter._keep
+
+    def flush_then_drain(guard: WriteGuard, telemetry: Any, until: float) -> None:
+        real_flush(guard, telemetry, until)
+        assert guard._watch is not None
+        threading.Thread(target=draining.stop_for_drain, args=([guard._watch],), daemon=True).start()
+        assert decided.wait(5)  # the drain found no report under way and is interrupting
+
+    def keep(reporter: AttemptReporter, report: PendingReport) -> PendingReport:
+        if str(report.status) == "succeeded":
+            keeping.set()
+            try:
+                threading.Event().wait(3)  # where the signal landed: the report being kept
+            except SoftTimeLimitExceeded:
+                struck_in_report.append("the interrupt struck while the success report was kept")
+                raise
+        return real_keep(reporter, report)
+
+    monkeypatch.setattr(WriteGuard, "flush_while_ours", flush_then_drain)
+    monkeypatch.setattr(AttemptReporter, "_keep", keep)
+    _run_body(monkeypatch, lambda telemetry, watch: Result())
+    aid = payload["attempt"]["attempt_id"]
+
+    outcome = Delivery(payload, celery_task_id=aid, expected_agent=None, res=res).execute()
+
+    assert struck_in_report == []
+    assert "failed" not in store.attempt_statuses(), store.posts
+    # Interrupted first: no success report began; the rollout went back to the Store's queue (no retry left).
+    assert outcome.status is OutcomeStatus.SKIPPED and outcome.failure_class is FailureClass.SHUTDOWN, outcome
+    assert (f"/v1/agl/rollouts/{payload['rollout_id']}", {"status": "requeuing"}) in store.posts
+
+
+def test_a_time_limit_while_the_success_is_kept_leaves_that_success_to_the_next_delivery(
+    payload: dict[str, Any],
+    store: Store,
+    res: WorkerResources,
+    redis_client: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Celery's soft time limit (or a drain's interrupt) striking as the success report is kept in Redis escaped
+    the report path: the kept report was discarded and ``failed`` reported, although the reward spans were stored.
+    Now the delivery ends in ``ReportPending`` (a Celery retry) and the retry delivers the kept success."""
+    real_keep = AttemptReporter._keep
+    struck: list[str] = []
+
+    def keep_then_time_limit(reporter: AttemptReporter, report: PendingReport) -> PendingReport:
+        kept = real_keep(reporter, report)
+        if not struck:
+            struck.append(str(report.status))
+            raise SoftTimeLimitExceeded()  # the limit strikes as the keep returns
+        return kept
+
+    monkeypatch.setattr(AttemptReporter, "_keep", keep_then_time_limit)
+    _run_body(monkeypatch, lambda telemetry, watch: Result(0.75))
+    aid = payload["attempt"]["attempt_id"]
+
+    with pytest.raises(ReportPending):
+        Delivery(payload, celery_task_id=aid, expected_agent=None, res=res).execute()
+    assert struck == ["succeeded"]
+    assert store.attempt_statuses() == [], store.posts  # nothing reported yet, and never `failed`
+
+    retried = Delivery(payload, celery_task_id=aid, expected_agent=None, res=res).execute()  # the Celery retry
+    assert retried.status is OutcomeStatus.SUCCEEDED and retried.reward == 0.75, retried
+    assert store.attempt_statuses() == ["succeeded"], store.posts
+    reported = next(f for p, f in store.posts if f.get("status") == "succeeded")
+    assert reported["metadata"]["reward"] == 0.75
