@@ -4,9 +4,9 @@ Flower's login guards a UI and a REST API that can revoke tasks and, unless Flow
 task by name to the workers, which hold the operators' keys. So this refuses to start (exit code 2, one line
 on stderr) unless ``FLOWER_BASIC_AUTH`` holds a login of the operator's own: ``user:password`` entries
 (comma-separated), none with an empty user or a placeholder password (the examples' ``change-me``) or one
-shorter than ``MIN_PASSWORD_CHARS``; ``FLOWER_UNAUTHENTICATED_API`` switched on is refused as well. Then it
-replaces itself by ``celery -A workers flower`` with the given options. Read-only mode (``FLOWER_READ_ONLY``)
-is set by the deployment files, which this leaves alone.
+shorter than ``MIN_PASSWORD_CHARS``; ``FLOWER_UNAUTHENTICATED_API`` switched on is refused as well, and so is
+``FLOWER_READ_ONLY`` (which the deployment files set) on a Flower without that option, which would ignore it.
+Then it replaces itself by ``celery -A workers flower`` with the given options.
 """
 
 from __future__ import annotations
@@ -38,9 +38,20 @@ def login_problem(env: Mapping[str, str]) -> str | None:
     return None
 
 
+def read_only_problem(env: Mapping[str, str]) -> str | None:
+    """Why ``FLOWER_READ_ONLY`` would not take effect with the installed Flower, or None."""
+    if (env.get("FLOWER_READ_ONLY") or "").strip().lower() not in TRUE:
+        return None
+    from flower.options import default_options  # Flower ignores FLOWER_* variables it has no option for
+
+    if not hasattr(default_options, "read_only"):
+        return "FLOWER_READ_ONLY is set but this Flower has no read_only option: install flower>=2.2"
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Check the login, then exec Flower; returns 2 (and execs nothing) when the login is refused."""
-    problem = login_problem(os.environ)
+    """Check the login and read-only mode, then exec Flower; returns 2 (and execs nothing) on a problem."""
+    problem = login_problem(os.environ) or read_only_problem(os.environ)
     if problem is not None:
         print(f"flower: refusing to start: {problem}", file=sys.stderr)
         return 2

@@ -70,3 +70,18 @@ def test_an_accepted_login_execs_celery_flower_with_the_options(monkeypatch: pyt
             [sys.executable, "-m", "celery", "-A", "workers", "flower", "--address=0.0.0.0", "--port=5555"],
         )
     ]
+
+
+def test_read_only_is_refused_on_a_flower_that_would_ignore_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Flower skips FLOWER_* variables it has no option for, so an older Flower would run with its API writable."""
+    from flower import options as flower_options
+
+    assert flower.read_only_problem({"FLOWER_READ_ONLY": "true"}) is None  # the installed Flower has it
+    assert flower.read_only_problem({"FLOWER_READ_ONLY": "false"}) is None
+
+    class Older:
+        pass
+
+    monkeypatch.setattr(flower_options, "default_options", Older())
+    problem = flower.read_only_problem({"FLOWER_READ_ONLY": "true"})
+    assert problem is not None and "read_only" in problem
