@@ -307,7 +307,11 @@ SCENARIOS: dict[str, Scenario] = {
     "redeliver": Scenario("redeliver", redeliver_running, stack_overrides=MID_EPISODE),
     "malformed": Scenario("malformed", no_fault, inputs=with_malformed),
     # The WebShop server answers a NaN reward for a fifth of the purchases: those attempts fail (env) and retry.
-    "non-finite-reward": Scenario("non-finite-reward", no_fault, stack_overrides={"env_nan_reward_rate": 0.2}),
+    # Episodes of 200 ms per LLM call, as for the other faults: at 0 ms, 16 slots of instant episodes and their
+    # retries kept a Store on a loaded 2-core machine slower than STORE_TIMEOUT_S (5 s here) for minutes.
+    "non-finite-reward": Scenario(
+        "non-finite-reward", no_fault, stack_overrides={**MID_EPISODE, "env_nan_reward_rate": 0.2}
+    ),
     # A quarter of the rollouts are val, routed to a queue no worker consumes until the fault starts one.
     "cancel-while-held": Scenario(
         "cancel-while-held",
