@@ -46,6 +46,10 @@ CHAOS_ENV = {
     "BRIDGE_POLL_MIN_S": "0.3",
     "BRIDGE_POLL_MAX_S": "1.0",
     "LOG_LEVEL": "INFO",
+    # Every process shares this host's clock, so the start-up skew check can only misfire: it reads the Store's
+    # Date header, which a Store busy with the scenario's load serves seconds stale, and then refuses the worker
+    # a fault starts (cancel-while-held's val worker, kill-workers' replacements).
+    "CLOCK_SKEW_TOLERANCE_S": "0",
 }
 # Faults must land mid-episode: at 0 ms an episode lasts a few hundred ms and 100 rollouts finish in seconds,
 # before a fault can find one running. 200 ms per LLM call makes episodes last about 1.5 s.
