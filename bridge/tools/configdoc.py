@@ -87,14 +87,27 @@ FOREIGN: dict[str, tuple[Variable, ...]] = {
     "Flower and docker compose": (
         Variable(
             "FLOWER_BASIC_AUTH",
-            "Flower's basic auth, user:password (Flower reads FLOWER_* variables itself). Required by compose.",
+            "Flower's basic auth, user:password (Flower reads FLOWER_* variables itself). Required: compose refuses to "
+            "start without it, and Flower (python -m bridge.tools.flower) with a placeholder password such as "
+            "change-me or one under 12 characters.",
             "admin:change-me",
-            set_in_example=True,
+        ),
+        Variable(
+            "FLOWER_READ_ONLY",
+            "Flower's read-only mode: its API and UI cannot send tasks by name (code execution on the workers), "
+            "revoke them or control the workers. false turns those on, for whoever has Flower's login.",
+            "true",
         ),
         Variable(
             "FLOWER_PORT",
-            "Port Flower is published on by compose (http://localhost:5555), on every interface: the only one that is.",
+            "Port compose publishes Flower on (http://127.0.0.1:5555).",
             "5555",
+        ),
+        Variable(
+            "FLOWER_PUBLISH_ADDRESS",
+            "Interface compose publishes Flower on: 127.0.0.1 (this host only), or 0.0.0.0 for every interface "
+            "(then put TLS in front: basic auth travels in clear).",
+            "127.0.0.1",
         ),
         Variable(
             "WORKER_CONCURRENCY", "Worker containers: slots per container (scale out with --scale worker=N).", "8"

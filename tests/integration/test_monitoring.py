@@ -46,7 +46,12 @@ def ops(services: LocalStack, tmp_path_factory: pytest.TempPathFactory) -> Itera
         flower=True,
         bridge_metrics_port=0,
         worker_metrics=True,
-        extra_env={"FLOWER_BASIC_AUTH": ":".join(FLOWER_AUTH), "BRIDGE_BACKLOG_INTERVAL_S": "1"},
+        # FLOWER_READ_ONLY as docker-compose.yml and deploy/kubernetes set it
+        extra_env={
+            "FLOWER_BASIC_AUTH": ":".join(FLOWER_AUTH),
+            "FLOWER_READ_ONLY": "true",
+            "BRIDGE_BACKLOG_INTERVAL_S": "1",
+        },
     )
     stack.start()
     try:
@@ -201,6 +206,21 @@ def test_flower_shows_rollout_attempt_and_instruction_behind_basic_auth(ops: dic
         assert f"rollout={rid}" in text and f"attempt={attempt_id}" in text
         assert "instruction=" in text and final[rid]["input"]["instruction"][:20] in text
         assert "api_key" not in text and "OPENAI" not in text
+
+
+def test_read_only_flower_sends_no_task_and_controls_no_worker(ops: dict[str, object]) -> None:
+    """FLOWER_READ_ONLY, the deployments' default, turns off what would let Flower's login run code on the
+    workers (any task sent by name) or stop them; the views stay. An unknown task name keeps this harmless
+    where read-only mode is off: Flower answers 404 then, 403 only when it refuses every send."""
+    stack = ops["stack"]
+    assert isinstance(stack, LocalStack) and stack.flower_url
+    send = httpx.post(
+        f"{stack.flower_url}/api/task/async-apply/tests.no_such_task", auth=FLOWER_AUTH, json={}, timeout=10
+    )
+    assert send.status_code == 403 and "read only" in send.text.lower(), (send.status_code, send.text)
+    revoke = httpx.post(f"{stack.flower_url}/api/task/revoke/no-such-id", auth=FLOWER_AUTH, timeout=10)
+    assert revoke.status_code == 403 and "read only" in revoke.text.lower(), (revoke.status_code, revoke.text)
+    assert httpx.get(f"{stack.flower_url}/api/workers", auth=FLOWER_AUTH, timeout=30).status_code == 200
 
 
 def test_worker_log_lines_carry_rollout_attempt_and_task_ids(ops: dict[str, object]) -> None:

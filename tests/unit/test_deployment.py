@@ -1,8 +1,9 @@
 """Deployment files only use what the project has: docker-compose.yml, the Dockerfile, .env.example and the
 Grafana dashboard are checked against the bridge's commands, its settings and the metrics it exports.
 
-Static checks, no process started; `docker compose config` itself runs in tests/integration/test_entry_points.py
-where the docker CLI has the compose plugin.
+Static checks, no process started. What `docker compose config` checks runs here without Docker
+(tests/compose.py: interpolation, profiles, keys, ports, depends_on, env_file), with the safe defaults: compose
+refuses .env.example as it is (no Flower login), every port binds 127.0.0.1, Flower runs read-only.
 """
 
 from __future__ import annotations
@@ -14,10 +15,13 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from bridge.cli import build_parser
 from bridge.core.settings import Settings, env_name
+from bridge.tools.flower import login_problem
+from tests.compose import ComposeError, interpolate, load, read_env_file
 
 ROOT = Path(__file__).resolve().parents[2]
 BRIDGE_COMMANDS = sorted(build_parser()._subparsers._group_actions[0].choices)  # type: ignore[union-attr,arg-type]
@@ -26,6 +30,7 @@ BRIDGE_COMMANDS = sorted(build_parser()._subparsers._group_actions[0].choices)  
 # Variables compose uses that are not bridge settings: each read by the named program.
 NON_SETTINGS = {
     "FLOWER_BASIC_AUTH",  # Flower
+    "FLOWER_READ_ONLY",
     "PROMETHEUS_MULTIPROC_DIR",  # prometheus_client (workers.metrics)
     "LITELLM_LOCAL_MODEL_COST_MAP",  # agl store (litellm)
     "GF_SECURITY_ADMIN_PASSWORD",  # Grafana
@@ -102,18 +107,83 @@ def _host_ip(port: Any) -> str:
     return parts[0] if len(parts) == 3 else ""
 
 
-def test_only_flower_is_published_beyond_the_host_and_grafana_needs_a_login() -> None:
-    services = _compose()["services"]
+def test_every_port_binds_loopback_unless_told_and_grafana_needs_a_login() -> None:
+    services = load(COMPOSE, {**LOGIN}, PROFILES)
     published = {name: service.get("ports") or [] for name, service in services.items()}
-    assert published["flower"] and "FLOWER_BASIC_AUTH" in services["flower"]["environment"]
     for name, ports in published.items():
-        if name != "flower":
-            assert all(_host_ip(port) == "127.0.0.1" for port in ports), (name, ports)
-    assert {"store", "bridge", "prometheus", "grafana"} <= {name for name, ports in published.items() if ports}
+        assert all(_host_ip(port) == "127.0.0.1" for port in ports), (name, ports)
+    assert {"flower", "store", "bridge", "prometheus", "grafana"} <= {
+        name for name, ports in published.items() if ports
+    }
+    opened = load(COMPOSE, {**LOGIN, "FLOWER_PUBLISH_ADDRESS": "0.0.0.0"}, PROFILES)
+    assert [_host_ip(port) for port in opened["flower"]["ports"]] == ["0.0.0.0"]
     grafana = {str(k).upper(): str(v) for k, v in services["grafana"]["environment"].items()}
     assert not [k for k in grafana if k.startswith("GF_AUTH_ANONYMOUS")], grafana
     assert grafana.get("GF_SECURITY_ADMIN_PASSWORD"), "Grafana's admin password comes from GRAFANA_ADMIN_PASSWORD"
     assert _host_ip("127.0.0.1:3001:3000") == "127.0.0.1" and _host_ip("3001:3000") == _host_ip("9090") == ""
+
+
+COMPOSE = ROOT / "docker-compose.yml"
+LOGIN = {"FLOWER_BASIC_AUTH": "ops:a-long-password-of-ours"}
+PROFILES = ("standin", "monitoring", "rabbitmq")
+
+
+@pytest.mark.parametrize("profiles", [(), ("standin",), ("monitoring",), ("rabbitmq",), PROFILES])
+def test_compose_config_validates(profiles: tuple[str, ...]) -> None:
+    """`docker compose [--profile P] config` with a login set: the file is valid and runs the expected services."""
+    services = load(COMPOSE, LOGIN, profiles)
+    assert {"redis", "store", "webshop", "worker", "bridge", "flower"} <= set(services)
+    assert {"policy", "prometheus", "grafana", "rabbitmq"} & set(services) == {
+        name for name in ("policy", "prometheus", "grafana", "rabbitmq") if _COMPOSE_PROFILE[name] in profiles
+    }
+
+
+_COMPOSE_PROFILE = {"policy": "standin", "prometheus": "monitoring", "grafana": "monitoring", "rabbitmq": "rabbitmq"}
+
+
+def test_compose_refuses_the_example_env_and_flower_refuses_its_placeholder() -> None:
+    """`cp .env.example .env && docker compose up -d` stops at once, asking for a Flower login; uncommenting the
+    example's login gets Flower refused at start; the login set, Flower runs read-only."""
+    example = read_env_file(ROOT / ".env.example")
+    with pytest.raises(ComposeError, match="FLOWER_BASIC_AUTH"):
+        load(COMPOSE, example)
+    (placeholder,) = re.findall(r"^# FLOWER_BASIC_AUTH=(.*)$", (ROOT / ".env.example").read_text(), flags=re.M)
+    flower = load(COMPOSE, {**example, "FLOWER_BASIC_AUTH": placeholder})["flower"]
+    assert _argv(flower["command"])[:3] == ["python", "-m", "bridge.tools.flower"]
+    assert login_problem(flower["environment"]) is not None
+    flower = load(COMPOSE, {**example, **LOGIN})["flower"]
+    assert login_problem(flower["environment"]) is None
+    assert flower["environment"]["FLOWER_READ_ONLY"] == "true"
+    assert "FLOWER_UNAUTHENTICATED_API" not in flower["environment"]
+
+
+def test_the_compose_checker_bites(tmp_path: Path) -> None:
+    """A copy of the file broken in each way `docker compose config` refuses is refused here too."""
+    text = COMPOSE.read_text()
+    broken = {  # the change, and what the refusal says
+        "healthchek": (text.replace("    healthcheck:\n", "    healthchek:\n", 1), "additional properties"),
+        "stor": (
+            text.replace("      store:\n        condition", "      stor:\n        condition", 1),
+            "undefined service",
+        ),
+        "port": (text.replace('"127.0.0.1:${STORE_PORT:-4747}:4747"', '"127.0.0.300:4747:4747"', 1), "host address"),
+        "volume": (text.replace("      - redis-data:/data", "      - redis-dat:/data", 1), "undefined volume"),
+        "duration": (text.replace("stop_grace_period: 15m", "stop_grace_period: 15 minutes", 1), "invalid duration"),
+        "condition": (text.replace("condition: service_healthy", "condition: healthy", 1), "unknown condition"),
+        "interpolation": (text.replace("${STORE_PORT:-4747}", "${STORE PORT}", 1), "invalid interpolation"),
+        "top level": (text + "\nvolume:\n  extra:\n", "at top level"),
+        "env_file": (text.replace("      required: false", "      required: true", 1), ".env not found"),
+    }
+    for why, (variant, message) in broken.items():
+        assert variant != text, why
+        path = tmp_path / "docker-compose.yml"
+        path.write_text(variant)
+        with pytest.raises(ComposeError, match=re.escape(message)):
+            load(path, LOGIN, PROFILES, project_dir=tmp_path if why == "env_file" else ROOT)
+    assert interpolate("$$HOME|${A:-x}|${B-y}|${A:+set}|${B+set}|$A", {"A": "", "B": ""}) == "$HOME|x|||set|"
+    with pytest.raises(ComposeError, match="required variable A"):
+        interpolate("${A:?give A}", {"A": ""})
+    assert interpolate("${A?give A}", {"A": ""}) == ""
 
 
 def test_dockerfile_copies_what_exists() -> None:

@@ -49,6 +49,7 @@ FOREIGN_VARIABLES: dict[str, set[str]] = {
     },
     "OpenTelemetry": {"OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"},
     "Celery": {"REMAP_SIGTERM"},
+    "Flower": {"FLOWER_UNAUTHENTICATED_API"},
     "Agent Lightning (its runner roles; what 1.0 gives an agent program)": {
         "AGL_CURRENT_ROLE",
         "AGL_SERVER_HOST",

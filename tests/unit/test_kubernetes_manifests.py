@@ -17,6 +17,7 @@ import re
 import shlex
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import jsonschema
 import kubernetes_validate
@@ -25,6 +26,7 @@ import yaml
 
 from bridge.core.settings import Settings, env_name, load_settings
 from bridge.dispatch import metrics
+from bridge.tools.flower import login_problem
 from tests.kustomize import Manifest, Unsupported, load_documents, merge, render
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,7 +34,14 @@ K8S = ROOT / "deploy/kubernetes"
 OVERLAYS = sorted(path.parent for path in (K8S / "overlays").glob("*/kustomization.yaml"))
 KUBERNETES_VERSION = "1.32"  # validated against this release's API schemas
 SETTINGS = {env_name(name) for name in Settings.model_fields}
-NON_SETTINGS = {"FLOWER_BASIC_AUTH", "LITELLM_LOCAL_MODEL_COST_MAP", "PROMETHEUS_MULTIPROC_DIR"}
+NON_SETTINGS = {
+    "FLOWER_BASIC_AUTH",  # Flower
+    "FLOWER_READ_ONLY",
+    "LITELLM_LOCAL_MODEL_COST_MAP",
+    "PROMETHEUS_MULTIPROC_DIR",
+    "REDIS_PASSWORD",  # the Redis container of components/redis
+    "REDISCLI_AUTH",
+}
 SECRET_NAMES = {
     "CELERY_BROKER_URL",  # URLs may carry passwords
     "REDIS_URL",
@@ -200,14 +209,19 @@ def test_bridge_runs_leader_and_standby_and_is_scraped(rendered: dict[str, list[
 
 
 def _env_names(manifests: list[Manifest]) -> set[str]:
+    """Every variable a container gets: its ``env`` and the keys of the ConfigMaps and Secrets it loads whole."""
     names: set[str] = set()
+    loaded: set[tuple[str, str]] = set()
     for manifest in manifests:
-        kind = manifest["kind"]
-        if kind in {"ConfigMap", "Secret"}:
-            names |= set(manifest.get("data") or {}) | set(manifest.get("stringData") or {})
-        elif kind in {"Deployment", "StatefulSet"}:
+        if manifest["kind"] in {"Deployment", "StatefulSet"}:
             for item in manifest["spec"]["template"]["spec"]["containers"]:
                 names |= {env["name"] for env in item.get("env", [])}
+                for source in item.get("envFrom", []):
+                    loaded |= {("ConfigMap", source["configMapRef"]["name"])} if "configMapRef" in source else set()
+                    loaded |= {("Secret", source["secretRef"]["name"])} if "secretRef" in source else set()
+    for manifest in manifests:
+        if (manifest["kind"], manifest["metadata"]["name"]) in loaded:
+            names |= set(manifest.get("data") or {}) | set(manifest.get("stringData") or {})
     return names
 
 
@@ -317,3 +331,209 @@ def test_the_optional_pod_monitor_scrapes_the_bridge_and_worker_pods(
             assert endpoint["port"] in ports, f"{deployment['metadata']['name']} has no port {endpoint['port']!r}"
     assert sorted(selected) == ["agl-bridge", "agl-worker"]
     assert not any(m["kind"] == "PodMonitor" for overlay_manifests in rendered.values() for m in overlay_manifests)
+
+
+# --- safe defaults: each check returns its findings, so a broken copy can show that it bites ---------------
+
+
+def _workloads(manifests: list[Manifest]) -> list[Manifest]:
+    return [m for m in manifests if m["kind"] in {"Deployment", "StatefulSet"}]
+
+
+def _selects(selector: Manifest, labels: dict[str, str]) -> bool:
+    """Whether a LabelSelector (matchLabels, matchExpressions In/NotIn/Exists/DoesNotExist) selects ``labels``."""
+    if any(labels.get(key) != value for key, value in (selector.get("matchLabels") or {}).items()):
+        return False
+    for rule in selector.get("matchExpressions") or []:
+        key, op, values = rule["key"], rule["operator"], rule.get("values") or []
+        if not {
+            "In": key in labels and labels[key] in values,
+            "NotIn": labels.get(key) not in values,
+            "Exists": key in labels,
+            "DoesNotExist": key not in labels,
+        }[op]:
+            return False
+    return True
+
+
+def parse_quantity(quantity: str) -> int:
+    """Bytes of a Kubernetes memory quantity (``2Gi``, ``512Mi``, ``1G``, ``1000``)."""
+    number, suffix = re.fullmatch(r"(\d+)([KMGT]i?)?", quantity).groups()  # type: ignore[union-attr]
+    powers = {"K": 1, "M": 2, "G": 3, "T": 4}
+    scale = 1 if not suffix else (1024 if suffix.endswith("i") else 1000) ** powers[suffix[0]]
+    return int(number) * scale
+
+
+def _secret_value(manifests: list[Manifest], ref: Manifest) -> str:
+    return str(find(manifests, "Secret", ref["name"])["stringData"][ref["key"]])
+
+
+def redis_findings(manifests: list[Manifest]) -> list[str]:
+    """An in-cluster Redis must want a password from a Secret that every client URL carries, bound its memory
+    below the container's limit and never evict (a lease or done marker evicted lets a rollout run twice)."""
+    found: list[str] = []
+    urls = find(manifests, "Secret", "agl-secrets")["stringData"]
+    for name in ("CELERY_BROKER_URL", "REDIS_URL"):
+        if not urlsplit(urls[name]).password:
+            found.append(f"{name} carries no password")
+    for redis_set in [m for m in manifests if m["kind"] == "StatefulSet" and m["metadata"]["name"] == "agl-redis"]:
+        (redis,) = redis_set["spec"]["template"]["spec"]["containers"]
+        args, env = redis["args"], {e["name"]: e for e in redis.get("env", [])}
+        option = {args[i]: args[i + 1] for i in range(len(args) - 1) if args[i].startswith("--")}
+        if option.get("--requirepass") != "$(REDIS_PASSWORD)" or "secretKeyRef" not in env.get(
+            "REDIS_PASSWORD", {}
+        ).get("valueFrom", {}):
+            found.append("Redis takes no password from a Secret")
+            continue
+        password = _secret_value(manifests, env["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"])
+        for name in ("CELERY_BROKER_URL", "REDIS_URL"):
+            url = urlsplit(urls[name])
+            if url.hostname == "agl-redis" and unquote(url.password or "") != password:
+                found.append(f"{name} does not carry Redis's password")
+        if env.get("REDISCLI_AUTH", {}).get("valueFrom") != env["REDIS_PASSWORD"]["valueFrom"]:
+            found.append("the probes' redis-cli has no password")
+        if option.get("--maxmemory-policy") != "noeviction":
+            found.append(f"maxmemory-policy {option.get('--maxmemory-policy')!r}, not noeviction")
+        limit = parse_quantity(redis["resources"]["limits"]["memory"])
+        maxmemory = option.get("--maxmemory", "0").lower()
+        number, unit = re.fullmatch(r"(\d+)(b|kb|mb|gb)?", maxmemory).groups()  # type: ignore[union-attr]
+        bytes_ = int(number) * {"b": 1, "kb": 1024, "mb": 1024**2, "gb": 1024**3}[unit or "b"]
+        if not 0 < bytes_ <= 0.8 * limit:
+            found.append(f"--maxmemory {maxmemory} is not within 80% of the memory limit {limit}")
+    return found
+
+
+def network_findings(manifests: list[Manifest]) -> list[str]:
+    """An in-cluster Redis admits only the bridge, the workers and Flower, on its port."""
+    redis_sets = [m for m in manifests if m["kind"] == "StatefulSet" and m["metadata"]["name"] == "agl-redis"]
+    if not redis_sets:
+        return []
+    redis_labels = redis_sets[0]["spec"]["template"]["metadata"]["labels"]
+    policies = [
+        m for m in manifests if m["kind"] == "NetworkPolicy" and _selects(m["spec"]["podSelector"], redis_labels)
+    ]
+    if not policies:
+        return ["no NetworkPolicy selects Redis"]
+    admitted: set[str] = set()
+    for policy in policies:
+        if "Ingress" not in policy["spec"].get("policyTypes", ["Ingress"]):
+            continue
+        for rule in policy["spec"].get("ingress", []):
+            if not rule.get("from"):
+                return [f"{policy['metadata']['name']} admits every source"]
+            if [p.get("port") for p in rule.get("ports", [])] not in (["redis"], [6379]):
+                return [f"{policy['metadata']['name']} admits ports other than Redis's"]
+            for peer in rule["from"]:
+                if set(peer) != {"podSelector"}:
+                    return [f"{policy['metadata']['name']} admits {sorted(peer)}"]
+                admitted |= {
+                    m["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]
+                    for m in _workloads(manifests)
+                    if _selects(peer["podSelector"], m["spec"]["template"]["metadata"]["labels"])
+                }
+    return [] if admitted == {"bridge", "worker", "flower"} else [f"Redis admits {sorted(admitted)}"]
+
+
+def filesystem_findings(manifests: list[Manifest]) -> list[str]:
+    """Every container's root filesystem is read-only, with /tmp writable on an emptyDir."""
+    found: list[str] = []
+    for workload in _workloads(manifests):
+        pod = workload["spec"]["template"]["spec"]
+        empty = {v["name"] for v in pod.get("volumes", []) if "emptyDir" in v}
+        for item in pod["containers"]:
+            where = f"{workload['metadata']['name']}/{item['name']}"
+            if (item.get("securityContext") or {}).get("readOnlyRootFilesystem") is not True:
+                found.append(f"{where}: root filesystem writable")
+            tmp = [m["name"] for m in item.get("volumeMounts", []) if m["mountPath"] == "/tmp"]
+            if tmp != [n for n in tmp if n in empty] or not tmp:
+                found.append(f"{where}: /tmp is not an emptyDir")
+    return found
+
+
+def disruption_findings(manifests: list[Manifest]) -> list[str]:
+    """A node drain takes worker pods one at a time, each draining its episodes first."""
+    labels = find(manifests, "Deployment", "agl-worker")["spec"]["template"]["metadata"]["labels"]
+    budgets = [m for m in manifests if m["kind"] == "PodDisruptionBudget" and _selects(m["spec"]["selector"], labels)]
+    if len(budgets) != 1:
+        return [f"{len(budgets)} PodDisruptionBudgets select the workers"]
+    return [] if budgets[0]["spec"].get("maxUnavailable") == 1 else ["the workers' budget is not maxUnavailable 1"]
+
+
+def flower_findings(manifests: list[Manifest]) -> list[str]:
+    """Flower runs read-only (no task sent by name, no revoke, no pool control) behind the login check."""
+    flower = container(manifests, "agl-flower")
+    env = {e["name"]: e for e in flower.get("env", [])}
+    found = []
+    if flower["command"][:3] != ["python", "-m", "bridge.tools.flower"]:
+        found.append("Flower starts without the login check")
+    if str(env.get("FLOWER_READ_ONLY", {}).get("value", "")).lower() != "true":
+        found.append("Flower's API can send tasks (FLOWER_READ_ONLY is not true)")
+    if "FLOWER_UNAUTHENTICATED_API" in env:
+        found.append("Flower's API is open without a login")
+    return found
+
+
+CHECKS = [redis_findings, network_findings, filesystem_findings, disruption_findings, flower_findings]
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=[c.__name__ for c in CHECKS])
+def test_every_overlay_has_the_safe_defaults(check: Any, rendered: dict[str, list[Manifest]]) -> None:
+    for overlay, manifests in rendered.items():
+        assert check(manifests) == [], overlay
+    assert any(m["kind"] == "NetworkPolicy" for m in rendered["example"])  # the overlay with in-cluster Redis
+
+
+def _mutated(manifests: list[Manifest], kind: str, name: str, change: Any) -> list[Manifest]:
+    copied = copy.deepcopy(manifests)
+    change(find(copied, kind, name))
+    return copied
+
+
+def test_the_safe_default_checks_bite(rendered: dict[str, list[Manifest]]) -> None:
+    m = rendered["example"]
+
+    def redis_container(s: Manifest) -> Manifest:
+        return dict(s["spec"]["template"]["spec"]["containers"][0])
+
+    def set_arg(option: str, value: str) -> Any:
+        def change(s: Manifest) -> None:
+            args = redis_container(s)["args"]
+            args[args.index(option) + 1] = value
+
+        return change
+
+    assert redis_findings(_mutated(m, "StatefulSet", "agl-redis", set_arg("--maxmemory-policy", "allkeys-lru")))
+    assert redis_findings(_mutated(m, "StatefulSet", "agl-redis", set_arg("--maxmemory", "4gb")))
+    assert redis_findings(_mutated(m, "StatefulSet", "agl-redis", set_arg("--requirepass", "")))
+    assert redis_findings(
+        _mutated(m, "Secret", "agl-secrets", lambda s: s["stringData"].update(REDIS_URL="redis://agl-redis:6379/0"))
+    )
+    assert redis_findings(_mutated(m, "Secret", "agl-redis", lambda s: s["stringData"].update(password="other")))
+    open_to_all = _mutated(
+        m, "NetworkPolicy", "agl-redis", lambda p: p["spec"]["ingress"][0]["from"][0].update(podSelector={})
+    )
+    assert network_findings(open_to_all) == ["Redis admits ['bridge', 'flower', 'redis', 'webshop', 'worker']"]
+    assert network_findings([x for x in m if x["kind"] != "NetworkPolicy"]) == ["no NetworkPolicy selects Redis"]
+
+    def writable(d: Manifest) -> None:
+        d["spec"]["template"]["spec"]["containers"][0]["securityContext"].pop("readOnlyRootFilesystem")
+
+    assert filesystem_findings(_mutated(m, "Deployment", "agl-bridge", writable)) == [
+        "agl-bridge/bridge: root filesystem writable"
+    ]
+    assert disruption_findings([x for x in m if x["kind"] != "PodDisruptionBudget" or "worker" not in str(x)])
+
+    def writable_api(d: Manifest) -> None:
+        d["spec"]["template"]["spec"]["containers"][0]["env"].append({"name": "FLOWER_READ_ONLY", "value": "false"})
+        d["spec"]["template"]["spec"]["containers"][0]["env"] = [
+            e for e in d["spec"]["template"]["spec"]["containers"][0]["env"] if e.get("value") != "true"
+        ]
+
+    assert flower_findings(_mutated(m, "Deployment", "agl-flower", writable_api))
+
+
+def test_the_example_flower_login_is_refused_until_replaced(rendered: dict[str, list[Manifest]]) -> None:
+    """The overlays' placeholder login is what `python -m bridge.tools.flower` refuses (tests/unit/test_flower.py)."""
+    for overlay, manifests in rendered.items():
+        login = find(manifests, "Secret", "agl-flower-auth")["stringData"]["FLOWER_BASIC_AUTH"]
+        assert login_problem({"FLOWER_BASIC_AUTH": login}), overlay

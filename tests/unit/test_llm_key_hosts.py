@@ -7,6 +7,7 @@ a failed call then says the key was withheld, from which host, and which setting
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
 import httpx
@@ -16,6 +17,7 @@ import pytest
 from bridge.core.errors import ConfigError, LLMError
 from bridge.core.models import AttemptedRollout, ResourcesUpdate
 from bridge.core.settings import Settings, load_settings
+from tests.prerequisites import require
 from workers import llm as llm_mod
 
 KEY = "sk-live-HOME-ONLY"
@@ -114,7 +116,7 @@ def test_llm_key_hosts_is_parsed_and_checked() -> None:
 
 @pytest.mark.cost(8)  # importing agentlightning
 def test_a_litagent_gets_the_key_only_at_allowed_hosts_and_its_failure_says_why() -> None:
-    pytest.importorskip("agentlightning")
+    require(None if importlib.util.find_spec("agentlightning") else "agentlightning is not installed (.[store])")
     from agentlightning import LLM, PromptTemplate
 
     from workers.agents import litagent

@@ -19,7 +19,7 @@ import httpx
 from rich.table import Table
 
 from bridge.core import capacity
-from bridge.core.models import ACTIVE_ATTEMPT, Attempt
+from bridge.core.models import ACTIVE_ATTEMPT, Attempt, AttemptStatus
 from bridge.tools.chaos.state import REPORTED, ChaosRun, FinalReport, ScenarioResult
 from bridge.tools.render import cell, to_text
 
@@ -52,6 +52,8 @@ def audit(run: ChaosRun) -> ScenarioResult:
         else:
             result.failed[str(meta.get("failure_class") or status)] += 1
         for attempt in attempts[rid]:
+            if attempt.status in {AttemptStatus.FAILED, AttemptStatus.TIMEOUT, AttemptStatus.UNRESPONSIVE}:
+                result.attempts_failed[str((attempt.metadata or {}).get("failure_class") or attempt.status)] += 1
             reason = _second_execution(run, attempt, facts[attempt.attempt_id])
             if reason is not None:
                 result.executed_twice += 1

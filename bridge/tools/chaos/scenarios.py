@@ -46,6 +46,10 @@ CHAOS_ENV = {
     "BRIDGE_POLL_MIN_S": "0.3",
     "BRIDGE_POLL_MAX_S": "1.0",
     "LOG_LEVEL": "INFO",
+    # Every process shares this host's clock, so the start-up skew check can only misfire: it reads the Store's
+    # Date header, which a Store busy with the scenario's load serves seconds stale, and then refuses the worker
+    # a fault starts (cancel-while-held's val worker, kill-workers' replacements).
+    "CLOCK_SKEW_TOLERANCE_S": "0",
 }
 # Faults must land mid-episode: at 0 ms an episode lasts a few hundred ms and 100 rollouts finish in seconds,
 # before a fault can find one running. 200 ms per LLM call makes episodes last about 1.5 s.
@@ -307,7 +311,11 @@ SCENARIOS: dict[str, Scenario] = {
     "redeliver": Scenario("redeliver", redeliver_running, stack_overrides=MID_EPISODE),
     "malformed": Scenario("malformed", no_fault, inputs=with_malformed),
     # The WebShop server answers a NaN reward for a fifth of the purchases: those attempts fail (env) and retry.
-    "non-finite-reward": Scenario("non-finite-reward", no_fault, stack_overrides={"env_nan_reward_rate": 0.2}),
+    # Episodes of 200 ms per LLM call, as for the other faults: at 0 ms, 16 slots of instant episodes and their
+    # retries kept a Store on a loaded 2-core machine slower than STORE_TIMEOUT_S (5 s here) for minutes.
+    "non-finite-reward": Scenario(
+        "non-finite-reward", no_fault, stack_overrides={**MID_EPISODE, "env_nan_reward_rate": 0.2}
+    ),
     # A quarter of the rollouts are val, routed to a queue no worker consumes until the fault starts one.
     "cancel-while-held": Scenario(
         "cancel-while-held",

@@ -39,6 +39,9 @@ class ScenarioResult:
     enqueued: int = 0
     succeeded: int = 0
     failed: collections.Counter[str] = field(default_factory=collections.Counter)
+    # Every attempt that ended other than succeeded, retried ones included, by failure class (else its status):
+    # the evidence that a fault the rollouts' retries absorbed did happen.
+    attempts_failed: collections.Counter[str] = field(default_factory=collections.Counter)
     lost: int = 0
     executed_twice: int = 0
     flipped: int = 0
