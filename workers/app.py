@@ -2,7 +2,7 @@
 
 * ``acks_late`` + ``task_reject_on_worker_lost``: a message is acknowledged only after the rollout
   finished, so a killed worker's rollout is redelivered instead of lost; the Redis lease in
-  ``workers.lease`` makes that redelivery harmless.
+  ``workers.protocol.lease`` makes that redelivery harmless.
 * ``worker_prefetch_multiplier = 1``: a worker holds no more messages than it has free slots, so the
   bridge's slot count is what really runs.
 * ``visibility_timeout`` above the hard time limit plus the longest queue wait (checked in settings),
@@ -24,7 +24,7 @@ __all__ = ["app", "create_app"]
 
 
 def create_app(settings: Settings) -> Celery:
-    app = base_app(settings, "workers", include=("workers.tasks", "workers.v1_task", "workers.signals"))
+    app = base_app(settings, "workers", include=("workers.tasks", "workers.v1.task", "workers.lifecycle.signals"))
     app.conf.update(
         task_acks_late=True,
         task_reject_on_worker_lost=True,

@@ -15,8 +15,8 @@ The Store is read anyway on a takeover (another executor started the attempt), w
 and whenever the Store's watchdog could have acted on the attempt since (the only thing besides people
 that changes an attempt behind its executor's back, and deterministic: ``watchdog_may_act``).
 
-The parts: ``workers.attempt`` describes the attempt (built once, immutable), ``workers.fencing`` decides
-whether a write may go out, ``workers.reporting`` decides and delivers the report; this module runs it.
+The parts: ``workers.protocol.attempt`` describes the attempt (built once, immutable), ``workers.protocol.fencing``
+decides whether a write may go out, ``workers.protocol.reporting`` decides and delivers the report; this module runs it.
 """
 
 from __future__ import annotations
@@ -44,23 +44,23 @@ from bridge.core.errors import (
 from bridge.core.message import DEFAULT_AGENT
 from bridge.core.models import AttemptedRollout, AttemptStatus, RolloutStatus
 from bridge.core.redact import redact_text
-from workers import drain, stuck
-from workers import llm as llm_mod
-from workers.agent import Episode
+from workers.agents import llm as llm_mod
 from workers.agents import loading as agent_loading
+from workers.agents.inputs import parse_task_input
 from workers.agents.loading import ConfiguredAgent
-from workers.attempt import Attempt, Rejected, read_payload
-from workers.failures import FailureClass, classify
-from workers.fence_board import fence
-from workers.fencing import WriteGuard
-from workers.heartbeat import AttemptWatch, span_flush_interval
-from workers.inputs import parse_task_input
-from workers.lease import Lease, mark_done
-from workers.outcome import Outcome, OutcomeStatus, skipped
-from workers.ratelimit import LLMRateLimiter, RateLimit
-from workers.reporting import AttemptReporter, ReportPending, RunResult
-from workers.resources import WorkerResources
-from workers.telemetry import AttemptTelemetry
+from workers.agents.ratelimit import LLMRateLimiter, RateLimit
+from workers.agents.webshop_loop import Episode
+from workers.lifecycle import drain, stuck
+from workers.lifecycle.resources import WorkerResources
+from workers.protocol.attempt import Attempt, Rejected, read_payload
+from workers.protocol.failures import FailureClass, classify
+from workers.protocol.fence_board import fence
+from workers.protocol.fencing import WriteGuard
+from workers.protocol.heartbeat import AttemptWatch, span_flush_interval
+from workers.protocol.lease import Lease, mark_done
+from workers.protocol.outcome import Outcome, OutcomeStatus, skipped
+from workers.protocol.reporting import AttemptReporter, ReportPending, RunResult
+from workers.telemetry.spans import AttemptTelemetry
 
 log = logging.getLogger("workers.execution")
 
@@ -294,8 +294,8 @@ class AttemptRun:
         """The worker drained before the episode finished: give the rollout back so it runs again elsewhere.
 
         Read the rollout, then report the attempt ``failed`` (``shutdown``) when the Store retries that, else hand the
-        rollout back (``requeuing``) and mark the attempt done (``workers.drain.handover``). The partial episode's
-        spans are dropped: the trainer reads the next attempt's.
+        rollout back (``requeuing``) and mark the attempt done (``workers.lifecycle.drain.handover``). The partial
+        episode's spans are dropped: the trainer reads the next attempt's.
         """
         watch.begin_reporting()  # the heartbeat and the drain's interrupt leave it alone from now on
         reason = watch.stop_reason or drain.shutdown_reason(None)

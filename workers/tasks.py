@@ -14,11 +14,11 @@ from bridge.core.coordination import deployment_scope
 from bridge.core.errors import DuplicateDelivery
 from bridge.core.message import TASK_NAME
 from bridge.core.settings import Settings, get_settings
-from workers import protocol
 from workers.app import app
 from workers.execution import Delivery, is_retryable_before_progress
-from workers.outcome import Outcome, OutcomeStatus
-from workers.resources import get_coordination, get_resources
+from workers.lifecycle.resources import get_coordination, get_resources
+from workers.protocol import held as protocol
+from workers.protocol.outcome import Outcome, OutcomeStatus
 
 log = logging.getLogger("workers.tasks")
 
@@ -70,7 +70,7 @@ def run_rollout(
 
 
 def _draining(client: redis.Redis, scope: str, node: str | None) -> bool:
-    """Whether this node is draining (``workers.protocol.draining``, shared with the 1.0 task)."""
+    """Whether this node is draining (``workers.protocol.held.draining``, shared with the 1.0 task)."""
     return protocol.draining(client, scope, node)
 
 
@@ -93,5 +93,5 @@ def _refuse_without_store(
 
 
 def _release_slot(client: redis.Redis, scope: str, queue: str, task_id: str, token: str | None) -> None:
-    """Free the attempt's slot unless another executor holds it (``workers.protocol.release_slot``)."""
+    """Free the attempt's slot unless another executor holds it (``workers.protocol.held.release_slot``)."""
     protocol.release_slot(client, scope, queue, task_id, token)

@@ -132,7 +132,7 @@ class KeptOutcome:
         (``finish`` keeps the last ``ERROR_MESSAGE_CHARS``)."""
         if self.state != V1State.FAILED or not self.failure_class:
             return self.detail
-        prefix = f"[failure class: {self.failure_class}] "  # as the worker words it (workers.v1_attempt)
+        prefix = f"[failure class: {self.failure_class}] "  # as the worker words it (workers.v1.attempt)
         return prefix + self.detail[-(ERROR_MESSAGE_CHARS - len(prefix)) :]
 
 

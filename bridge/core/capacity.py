@@ -110,7 +110,7 @@ def inflight_ids(client: redis.Redis, scope: str, queue: str) -> set[str]:
 
 @dataclass(frozen=True)
 class Execution:
-    """What Redis says about an attempt's execution (``workers.lease``)."""
+    """What Redis says about an attempt's execution (``workers.protocol.lease``)."""
 
     leased: bool  # an executor holds it now
     started: bool  # an executor started it at some point

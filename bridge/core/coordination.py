@@ -43,7 +43,7 @@ def coordination_redis(settings: Settings, *, timeout_s: float = 5.0, connect_ti
 def coordination_client(url: str, **options: Any) -> redis.Redis:
     """A client of the coordination Redis at ``url`` whose answers are ``str`` (``decode_responses``); ``options``
     go to ``redis.Redis.from_url``. Every function that reads coordination keys (``bridge.core.capacity``,
-    ``workers.lease``, ...) expects such a client; Celery's broker and result-backend clients are not this."""
+    ``workers.protocol.lease``, ...) expects such a client; Celery's broker and result-backend clients are not this."""
     return redis.Redis.from_url(url, decode_responses=True, **options)
 
 

@@ -96,7 +96,7 @@ def worker_capacity_pattern(scope: str, worker: str) -> str:
 
 
 def worker_drain(scope: str, worker: str) -> str:
-    """When a shutting-down worker node's running episodes must stop (epoch s; ``workers.drain``): its pool
+    """When a shutting-down worker node's running episodes must stop (epoch s; ``workers.lifecycle.drain``): its pool
     children, which never see the main process's signal, read it."""
     return f"{PREFIX}:drain:{scope}:{worker}"
 
@@ -120,7 +120,7 @@ def owner(attempt_id: str) -> str:
     """The token of the executor that claimed an attempt last (epoch-prefixed; outlives the lease).
 
     A renewal succeeds only for this owner, so an executor whose lease lapsed and was taken over can
-    never take the attempt back (``workers.lease``).
+    never take the attempt back (``workers.protocol.lease``).
     """
     return f"{PREFIX}:owner:{attempt_id}"
 
@@ -139,7 +139,7 @@ def pending_report(attempt_id: str) -> str:
     """The final report of an attempt whose episode has run, kept until the Store accepted it.
 
     A retry or redelivery of the task delivers exactly this report instead of judging the attempt again
-    (``workers.reporting``); it expires some minutes after the attempt's deadline.
+    (``workers.protocol.reporting``); it expires some minutes after the attempt's deadline.
     """
     return f"{PREFIX}:report:{attempt_id}"
 
@@ -182,7 +182,7 @@ def scope_endpoint(scope: str) -> str:
 
 
 def worker_stuck(scope: str, worker: str) -> str:
-    """How many abandoned agent threads a worker node holds (``workers.stuck``), refreshed with its slot
+    """How many abandoned agent threads a worker node holds (``workers.lifecycle.stuck``), refreshed with its slot
     advertisement and absent while it holds none; ``python -m bridge status`` shows it."""
     return f"{PREFIX}:stuck:{scope}:{worker}"
 
@@ -203,7 +203,7 @@ def fence_listing(scope: str) -> str:
     """Sorted set of the attempts running on any worker of one Store (``rollout_id attempt_id``; score: lapse time).
 
     ``scope`` is a digest of the Store's URL, so two clusters sharing a Redis never fence each other's attempts
-    (``workers.fence_board``)."""
+    (``workers.protocol.fence_board``)."""
     return f"{PREFIX}:fence:{scope}:listing"
 
 

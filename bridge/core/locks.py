@@ -1,4 +1,4 @@
-"""Owner-checked writes to a Redis key that holds a token: the executors' attempt leases (``workers.lease``),
+"""Owner-checked writes to a Redis key that holds a token: the executors' attempt leases (``workers.protocol.lease``),
 whose key is also set by a Lua script of their own, so redis-py's ``Lock`` (the leader lock's) does not fit.
 
 A plain ``DEL`` or ``PEXPIRE`` could touch a key another holder took after ours expired; these scripts

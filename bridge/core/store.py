@@ -37,7 +37,7 @@ ROLLOUTS_PER_READ = 100
 
 
 class SharedResources(Protocol):
-    """Resources updates shared by the processes of a cluster (``workers.shared_resources``): the fetch time
+    """Resources updates shared by the processes of a cluster (``workers.lifecycle.shared_resources``): the fetch time
     (epoch seconds) and the update, so each process applies the same TTL from the one fetch."""
 
     def get(self, resources_id: str) -> tuple[float, ResourcesUpdate] | None: ...

@@ -2,7 +2,7 @@
 
 The bridge sees the path from the Store to the broker. What happens after a worker takes a message
 (dequeue-to-start latency, outcomes, episode, LLM and environment series) is measured where it happens,
-in ``workers.metrics``; the Grafana dashboard in deploy/grafana puts both side by side.
+in ``workers.lifecycle.metrics``; the Grafana dashboard in deploy/grafana puts both side by side.
 """
 
 from __future__ import annotations

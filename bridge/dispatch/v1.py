@@ -82,7 +82,7 @@ class AttemptKeys:
 
 
 def _keys_of(key: str) -> AttemptKeys:
-    """Where the markers and the kept record of the attempt named ``key`` live (``workers.v1_attempt`` writes
+    """Where the markers and the kept record of the attempt named ``key`` live (``workers.v1.attempt`` writes
     them); the one place the dispatcher builds them."""
     return AttemptKeys(keys.lease(key), keys.started(key), keys.done(key), keys.v1_result(key))
 

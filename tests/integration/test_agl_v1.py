@@ -1,4 +1,4 @@
-"""Agent Lightning 1.0 on the Celery cluster (``python -m bridge v1``, ``workers.v1_attempt``), with real parts: 1.0's
+"""Agent Lightning 1.0 on the Celery cluster (``python -m bridge v1``, ``workers.v1.attempt``), with real parts: 1.0's
 own gateway (``agl-server``) and trainer client (``AglRolloutManager``) in a Python 3.12 virtualenv built by
 ``bridge.tools.agl_v1_env``, our dispatcher, real ``celery`` workers and the LLM stand-in (which returns token
 ids). The agent programs are ``tests/agl_v1_agents.py``. The dispatcher and the workers run as a 1.0-only
@@ -32,7 +32,7 @@ from bridge.tools.stack import LocalStack
 from tests.helpers import process_alive, split_tasks, stack_for, wait_for
 from tests.prerequisites import missing
 from workers.agents import webshop_program
-from workers.v1_environment import AGL_NAMES, BASE_NAMES, BASE_PREFIXES
+from workers.v1.environment import AGL_NAMES, BASE_NAMES, BASE_PREFIXES
 
 pytestmark = [pytest.mark.integration, pytest.mark.cost(90)]
 

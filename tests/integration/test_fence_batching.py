@@ -2,7 +2,7 @@
 
 Eight long episodes run in one ``-P threads -c 8`` worker process (its attempts read in one request), or in
 eight ``-P prefork`` processes (their attempts read by whichever process takes the fence board's round,
-``workers.fence_board``). While they run, the Store serves one ``GET /rollouts?rollout_id_in=…`` per interval
+``workers.protocol.fence_board``). While they run, the Store serves one ``GET /rollouts?rollout_id_in=…`` per interval
 for the whole worker and no ``GET /rollouts/{id}``; then one
 rollout is cancelled, one gets a newer attempt and one attempt is marked ``timeout`` (what the Store's
 watchdog writes, docs/store-protocol.md 6.3), and each executor stops within one interval, unreported,

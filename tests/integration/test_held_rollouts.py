@@ -21,7 +21,7 @@ from bridge.core.store import API, StoreClient
 from bridge.tools import status
 from bridge.tools.stack import LocalStack
 from tests.helpers import attempts, enqueue, rollout, stack_for, wait_finished, wait_for
-from workers.signals import hand_back_expired
+from workers.lifecycle.signals import hand_back_expired
 
 pytestmark = [pytest.mark.integration, pytest.mark.cost(40)]
 

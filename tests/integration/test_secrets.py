@@ -33,8 +33,8 @@ from bridge.tools.procs import ManagedProcess, find_redis_server, free_port, red
 from bridge.tools.stack import LocalStack, StackConfig
 from tests.helpers import attempts, cancel_unfinished, enqueue, spans, split_tasks, wait_finished
 from tests.prerequisites import missing
-from workers.lease import Lease
-from workers.ratelimit import LLMRateLimiter, RateLimit
+from workers.agents.ratelimit import LLMRateLimiter, RateLimit
+from workers.protocol.lease import Lease
 
 pytestmark = [pytest.mark.integration, pytest.mark.cost(46)]
 

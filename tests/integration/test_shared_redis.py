@@ -98,7 +98,7 @@ def node_of(stack: LocalStack) -> str:
 
 
 def executor_pid(worker_id: Any) -> int:
-    """The process of an executor id ``host:pid:thread`` (``workers.lease.executor_id``)."""
+    """The process of an executor id ``host:pid:thread`` (``workers.protocol.lease.executor_id``)."""
     assert isinstance(worker_id, str), worker_id
     return int(worker_id.split(":")[1])
 

@@ -1,4 +1,4 @@
-"""An agent that blocks outside its LLM calls, under ``-P threads`` (``workers.stuck``): real worker, Store,
+"""An agent that blocks outside its LLM calls, under ``-P threads`` (``workers.lifecycle.stuck``): real worker, Store,
 bridge and Redis.
 
 The agent waits forever on an event when its input says ``block``. At the attempt's deadline the worker

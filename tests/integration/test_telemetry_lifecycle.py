@@ -27,8 +27,8 @@ from tests.helpers import (
     stack_for,
     wait_finished,
 )
-from workers.telemetry import AttemptTelemetry
-from workers.trace_courier import TraceCourier
+from workers.telemetry.courier import TraceCourier
+from workers.telemetry.spans import AttemptTelemetry
 
 pytestmark = [pytest.mark.integration, pytest.mark.cost(110)]
 

@@ -1,5 +1,5 @@
-"""A worker's 1.0 attempt (``workers.v1_attempt``) on the shared attempt protocol (``workers.protocol``), run in this
-process against a stub gateway (``tests/stub_gateway.py``) and this process's Redis, with real agent programs
+"""A worker's 1.0 attempt (``workers.v1.attempt``) on the shared attempt protocol (``workers.protocol.held``), run in
+this process against a stub gateway (``tests/stub_gateway.py``) and this process's Redis, with real agent programs
 (``tests/agl_v1_agents.py``) as subprocesses: the lease held through a slow gateway read, keys scoped per deployment
 and per rollout incarnation, the process group killed when the program exits leaving children, a bounded output
 tail, and failure classes. The same attempt under real workers and a drain: ``test_v1_worker_drain.py``."""
@@ -22,8 +22,8 @@ from bridge.core.coordination import coordination_client
 from bridge.core.settings import Settings
 from tests.helpers import TEST_REDIS_URL, process_alive, wait_for
 from tests.stub_gateway import StubGateway
-from workers.heartbeat import HeartbeatMonitor
-from workers.v1_attempt import OUTPUT_TAIL_BYTES, OutputTail, V1Attempt
+from workers.protocol.heartbeat import HeartbeatMonitor
+from workers.v1.attempt import OUTPUT_TAIL_BYTES, OutputTail, V1Attempt
 
 pytestmark = [pytest.mark.integration, pytest.mark.cost(20)]
 

@@ -1,4 +1,4 @@
-"""A worker drained by SIGTERM with ``WORKER_SHUTDOWN_GRACE_S`` while it runs 1.0 programs (``workers.v1_attempt``),
+"""A worker drained by SIGTERM with ``WORKER_SHUTDOWN_GRACE_S`` while it runs 1.0 programs (``workers.v1.attempt``),
 under ``-P threads`` and ``-P prefork``: real worker nodes and Redis, a stub gateway (``tests/stub_gateway.py``).
 
 At the drain's stop time each running program's process group is killed and the attempt handed over: a hand-over

@@ -1,4 +1,4 @@
-"""A worker drained by SIGTERM with ``WORKER_SHUTDOWN_GRACE_S`` shorter than its episodes (``workers.drain``),
+"""A worker drained by SIGTERM with ``WORKER_SHUTDOWN_GRACE_S`` shorter than its episodes (``workers.lifecycle.drain``),
 under ``-P prefork``: real worker nodes, Store, bridge and Redis.
 
 The node's adverts go at once, its running attempts are stopped at the grace less the reporting margin and
@@ -26,7 +26,7 @@ from bridge.core.coordination import coordination_client
 from bridge.tools.stack import LocalStack
 from tests.helpers import attempts, enqueue, rollout, stack_for, wait_finished, wait_for
 from tests.prerequisites import require
-from workers import drain
+from workers.lifecycle import drain
 
 pytestmark = [pytest.mark.integration, pytest.mark.cost(60)]
 
@@ -170,7 +170,7 @@ def test_a_drained_worker_that_is_pid_1_exits_within_its_grace_and_hands_its_epi
     never finishes. SIGTERM from outside the namespace (as the container runtime sends it): the episodes are stopped
     and handed over, the worker is gone by the grace, and nothing of its namespace, zombies included, is left."""
     require(_pid_namespaces())
-    grace = drain.MIN_GRACE_S  # episodes stop 2 s after the signal, abandoned 2 s later (workers.stuck)
+    grace = drain.MIN_GRACE_S  # episodes stop 2 s after the signal, abandoned 2 s later (workers.lifecycle.stuck)
     env = {
         "AGENT": "tests.agents_for_tests:LingeringFirstAgent",
         "WORKER_SHUTDOWN_GRACE_S": str(grace),

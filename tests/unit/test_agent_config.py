@@ -16,7 +16,7 @@ from bridge.core.message import DEFAULT_AGENT, task_kwargs
 from bridge.core.models import AttemptedRollout
 from bridge.core.settings import load_settings
 from workers.agents import loading
-from workers.failures import AgentError, FailureClass, classify
+from workers.protocol.failures import AgentError, FailureClass, classify
 
 STORE = "http://127.0.0.1:4747"
 
@@ -160,7 +160,7 @@ def test_agentops_tracer_needs_one_attempt_per_process(pool: str, concurrency: i
 def test_the_pool_name_is_read_before_celery_resolves_it() -> None:
     from celery.concurrency import prefork, solo, thread
 
-    from workers.signals import _pool_name
+    from workers.lifecycle.signals import _pool_name
 
     class Worker:
         def __init__(self, pool: object) -> None:
@@ -174,7 +174,7 @@ def test_a_config_error_at_worker_start_exits_with_code_2_and_one_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Celery logs and ignores an ordinary exception from a signal handler: worker_init turns it into an exit."""
-    from workers import signals
+    from workers.lifecycle import signals
 
     settings = load_settings(store_url=STORE, agent="pkg.mod:Agent", agent_tracer="agentops")
     monkeypatch.setattr(signals, "_set_up_logging_and_tracing", lambda: settings)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from bridge.core.errors import InvalidInputError
-from workers.inputs import parse_task_input
-from workers.prompts import Conversation, parse_action
+from workers.agents.inputs import parse_task_input
+from workers.agents.prompts import Conversation, parse_action
 
 
 def test_task_input_names_the_goal_to_reset_to() -> None:

@@ -27,6 +27,16 @@ FORBIDDEN = {
     "bridge.runner": ("workers", "bridge.tools", "bridge.cli"),
     "bridge.runner_support": ("workers", "bridge.tools", "bridge.cli"),
     "webshop_env": ("bridge", "workers"),
+    # The attempt protocol both lines share knows no agent, no line's attempt and no Celery task: each line's
+    # attempt (workers.execution, workers.v1) supplies how its agent starts and stops and how it reports.
+    "workers.protocol": (
+        "workers.agents",
+        "workers.v1",
+        "workers.execution",
+        "workers.tasks",
+        "workers.lifecycle.signals",
+    ),
+    "workers.telemetry": ("workers.agents", "workers.v1", "workers.execution", "workers.tasks"),
 }
 # The modules whose module-level imports must form no cycle.
 ACYCLIC = ("bridge.core", "bridge.dispatch", "bridge.runner", "bridge.runner_support", "workers")
@@ -163,3 +173,72 @@ def test_no_import_cycle_in_core_dispatch_and_workers() -> None:
     }
     cycle = find_cycle(graph)
     assert cycle is None, "module-level import cycle: " + " -> ".join(cycle or [])
+
+
+# --- docs/architecture.md's tree against the modules -------------------------------------------------------
+
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+TREE_PACKAGES = ("bridge.core", "bridge.dispatch", "bridge.runner_support", "workers")  # listed module by module
+
+
+def documented_tree() -> dict[str, set[str]]:
+    """The tree block of docs/architecture.md: package path -> the modules it names (a package line with no module
+    lines under it names none)."""
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    block = text.split("## The tree", 1)[1].split("```text", 1)[1].split("```", 1)[0]
+    tree: dict[str, set[str]] = {}
+    package: str | None = None
+    for line in block.splitlines():
+        if not line.strip():
+            continue
+        head = line.split("  ", 1)[0] if not line.startswith(" ") else None
+        if head is not None:
+            package = head.strip().rstrip("/").replace("/", ".") if head.strip().endswith("/") else None
+            if package is not None:
+                tree.setdefault(package, set())
+            continue
+        if package is None or not line.startswith("  ") or line.startswith("    "):
+            continue  # a continuation of a description
+        names = line.strip().split("  ", 1)[0]
+        if names.endswith("/"):
+            tree.setdefault(f"{package}.{names.rstrip('/')}", set())
+            continue
+        tree[package].update(name.strip() for name in names.split(","))
+    return tree
+
+
+def modules_in(package: str) -> set[str]:
+    return {
+        name.rpartition(".")[2]
+        for name, path in MODULES.items()
+        if name.rpartition(".")[0] == package and path.name != "__init__.py"
+    }
+
+
+def packages_under(prefix: str) -> set[str]:
+    return {name for name, path in MODULES.items() if path.name == "__init__.py" and within(name, prefix)}
+
+
+def test_the_architecture_tree_names_every_module_of_the_listed_packages_and_no_other() -> None:
+    """The tree in docs/architecture.md is checked against the code: every package of bridge.core, bridge.dispatch,
+    bridge.runner_support and workers is a line, and names exactly the modules it holds."""
+    tree = documented_tree()
+    problems: list[str] = []
+    for prefix in TREE_PACKAGES:
+        for package in sorted(packages_under(prefix)):
+            if package not in tree:
+                problems.append(f"package {package} is not in the tree")
+                continue
+            documented, actual = tree[package], modules_in(package)
+            if documented and documented != actual:
+                problems += [f"{package}.{m}: in the tree, not in the code" for m in sorted(documented - actual)]
+                problems += [f"{package}.{m}: in the code, not in the tree" for m in sorted(actual - documented)]
+            elif not documented and package in TREE_PACKAGES:
+                problems.append(f"{package}: its modules are not listed")
+    assert not problems, "docs/architecture.md's tree is out of date:\n" + "\n".join(problems)
+
+
+def test_each_workers_package_says_what_it_is_in_its_first_docstring_line() -> None:
+    for package in sorted(packages_under("workers")):
+        doc = ast.get_docstring(ast.parse(MODULES[package].read_text(encoding="utf-8")))
+        assert doc and doc.splitlines()[0].strip(), f"{package} has no docstring saying what it holds"

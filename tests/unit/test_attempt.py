@@ -1,5 +1,5 @@
 """The attempt's description is read once from the payload and never changes; outcomes and kept reports carry
-enums whose JSON is the plain strings the Store, Flower and ``workers.metrics`` read."""
+enums whose JSON is the plain strings the Store, Flower and ``workers.lifecycle.metrics`` read."""
 
 from __future__ import annotations
 
@@ -15,15 +15,15 @@ from kombu.utils.json import dumps as kombu_dumps
 from bridge.core.models import AttemptStatus
 from bridge.core.settings import load_settings
 from bridge.core.store import StoreClient
-from workers import clock
-from workers.attempt import Attempt, Rejected, read_payload
 from workers.execution import AttemptRun
-from workers.failures import FailureClass
-from workers.heartbeat import HeartbeatMonitor
-from workers.outcome import Outcome, OutcomeStatus
-from workers.reporting import PendingReport
-from workers.resources import WorkerResources
-from workers.trace_courier import TraceCourier
+from workers.lifecycle.resources import WorkerResources
+from workers.protocol import clock
+from workers.protocol.attempt import Attempt, Rejected, read_payload
+from workers.protocol.failures import FailureClass
+from workers.protocol.heartbeat import HeartbeatMonitor
+from workers.protocol.outcome import Outcome, OutcomeStatus
+from workers.protocol.reporting import PendingReport
+from workers.telemetry.courier import TraceCourier
 
 
 def _payload(start: float) -> dict[str, Any]:

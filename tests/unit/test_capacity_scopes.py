@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-import workers.resources
+import workers.lifecycle.resources
 from bridge.core import capacity, keys
 from bridge.core.coordination import deployment_scope
 from bridge.core.errors import ConfigError
@@ -21,7 +21,7 @@ from bridge.dispatch.dispatcher import Dispatcher
 from bridge.dispatch.leader import LeaderLock, dispatching
 from bridge.runner_support.fleet import AgentMismatchError, check_fleet
 from tests.helpers import drop_adverts
-from workers.lease import free_slot
+from workers.protocol.lease import free_slot
 
 
 @pytest.fixture
@@ -52,7 +52,7 @@ def test_the_scope_is_derived_from_the_store_url_in_one_place() -> None:
 
 def test_a_named_scope_lets_processes_spell_the_store_differently() -> None:
     """The trainer's host reaches the Store as localhost, the workers as ``store``: one REDIS_KEY_SCOPE joins them,
-    and it reaches the worker's fence board and shared resources too (``workers.resources``)."""
+    and it reaches the worker's fence board and shared resources too (``workers.lifecycle.resources``)."""
     spellings = ("http://127.0.0.1:4747", "http://store:4747")
     named = [load_settings(store_url=url, broker_url="redis://r:6379/0", redis_key_scope="team-a") for url in spellings]
     assert {deployment_scope(s) for s in named} == {"team-a"}
@@ -61,7 +61,7 @@ def test_a_named_scope_lets_processes_spell_the_store_differently() -> None:
     )
     with pytest.raises(ConfigError, match="REDIS_KEY_SCOPE"):
         load_settings(store_url=spellings[0], broker_url="redis://r:6379/0", redis_key_scope="a:b")
-    built = workers.resources._build(named[1].model_copy(update={"fence_board": True}))
+    built = workers.lifecycle.resources._build(named[1].model_copy(update={"fence_board": True}))
     try:
         assert built.store.shared_resources._scope == "team-a"  # type: ignore[union-attr]
         assert built.monitor._board is not None and built.monitor._board._scope == "team-a"

@@ -31,7 +31,7 @@ BRIDGE_COMMANDS = sorted(build_parser()._subparsers._group_actions[0].choices)  
 NON_SETTINGS = {
     "FLOWER_BASIC_AUTH",  # Flower
     "FLOWER_READ_ONLY",
-    "PROMETHEUS_MULTIPROC_DIR",  # prometheus_client (workers.metrics)
+    "PROMETHEUS_MULTIPROC_DIR",  # prometheus_client (workers.lifecycle.metrics)
     "LITELLM_LOCAL_MODEL_COST_MAP",  # agl store (litellm)
     "GF_SECURITY_ADMIN_PASSWORD",  # Grafana
     "RABBITMQ_DEFAULT_USER",  # the rabbitmq image (profile rabbitmq)
@@ -195,7 +195,7 @@ def test_dockerfile_copies_what_exists() -> None:
 
 def test_grafana_dashboard_uses_exported_series() -> None:
     from bridge.dispatch import metrics as bridge_metrics
-    from workers import metrics as worker_metrics
+    from workers.lifecycle import metrics as worker_metrics
 
     exported = {
         collector._name

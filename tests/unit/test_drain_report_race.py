@@ -1,4 +1,4 @@
-"""The drain never turns a success into a failure (``AttemptWatch.interrupt``, ``workers.reporting``).
+"""The drain never turns a success into a failure (``AttemptWatch.interrupt``, ``workers.protocol.reporting``).
 
 Real ``Delivery``, ``AttemptRun``, ``Lease`` and reporter on the Redis at ``TEST_REDIS_URL``, a loopback Store that
 records what it is sent, and the real interrupt: SIGUSR1 to this process, whose handler raises
@@ -28,16 +28,16 @@ from celery.exceptions import SoftTimeLimitExceeded
 from bridge.core.settings import load_settings
 from bridge.core.store import StoreClient
 from tests.loopback import LoopbackServer
-from workers import drain, stuck
-from workers.drain import DrainClock
 from workers.execution import AttemptRun, Delivery
-from workers.failures import FailureClass
-from workers.fencing import WriteGuard
-from workers.heartbeat import AttemptWatch, HeartbeatMonitor
-from workers.outcome import OutcomeStatus
-from workers.reporting import AttemptReporter, PendingReport, ReportPending
-from workers.resources import WorkerResources
-from workers.trace_courier import TraceCourier
+from workers.lifecycle import drain, stuck
+from workers.lifecycle.drain import DrainClock
+from workers.lifecycle.resources import WorkerResources
+from workers.protocol.failures import FailureClass
+from workers.protocol.fencing import WriteGuard
+from workers.protocol.heartbeat import AttemptWatch, HeartbeatMonitor
+from workers.protocol.outcome import OutcomeStatus
+from workers.protocol.reporting import AttemptReporter, PendingReport, ReportPending
+from workers.telemetry.courier import TraceCourier
 
 JSON = {"Content-Type": "application/json"}
 
@@ -71,7 +71,7 @@ class Store(LoopbackServer):
 
 @dataclass
 class Result:
-    """A finished run (``workers.reporting.RunResult``)."""
+    """A finished run (``workers.protocol.reporting.RunResult``)."""
 
     blame: ClassVar[FailureClass] = FailureClass.AGENT
     reward: float | None = 0.75

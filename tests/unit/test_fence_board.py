@@ -21,10 +21,10 @@ from bridge.core import keys
 from bridge.core.errors import StoreError
 from bridge.core.models import Attempt, AttemptedRollout, Rollout
 from bridge.core.store import StoreClient
-from workers import fence_board
-from workers.fence_board import FenceBoard
-from workers.heartbeat import AttemptWatch, HeartbeatMonitor
-from workers.lease import Lease
+from workers.protocol import fence_board
+from workers.protocol.fence_board import FenceBoard
+from workers.protocol.heartbeat import AttemptWatch, HeartbeatMonitor
+from workers.protocol.lease import Lease
 
 INTERVAL_S = 1.0
 

@@ -4,8 +4,8 @@ may have ended it behind its back."""
 from __future__ import annotations
 
 from bridge.core.models import AttemptedRollout, RolloutConfig
-from workers.fence_board import fence
-from workers.heartbeat import watchdog_may_act
+from workers.protocol.fence_board import fence
+from workers.protocol.heartbeat import watchdog_may_act
 
 
 def _attempted(status: str = "running", attempt_status: str = "running", aid: str = "at-1") -> AttemptedRollout:

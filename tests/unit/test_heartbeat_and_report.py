@@ -10,8 +10,8 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 from bridge.core.store import StoreClient
-from workers.heartbeat import AttemptWatch, HeartbeatMonitor
-from workers.lease import Lease
+from workers.protocol.heartbeat import AttemptWatch, HeartbeatMonitor
+from workers.protocol.lease import Lease
 
 
 class SlowStore:

@@ -189,7 +189,7 @@ def test_worker_grace_period_outlasts_the_drain_and_probes_read_its_advert(
     argv = argv[2:]
     assert argv[:4] == ["celery", "-A", "workers", "worker"] and argv[argv.index("-n") + 1] == "worker@%h"
     probe = worker["readinessProbe"]["exec"]["command"]
-    assert probe[:3] == ["python", "-m", "workers.health"] and importlib.util.find_spec(probe[2])
+    assert probe[:3] == ["python", "-m", "workers.lifecycle.health"] and importlib.util.find_spec(probe[2])
     assert probe[probe.index("-Q") + 1] == argv[argv.index("-Q") + 1]
     assert worker["livenessProbe"]["httpGet"]["port"] == "metrics"
     assert worker["ports"] == [{"name": "metrics", "containerPort": int(config["WORKER_METRICS_PORT"])}]

@@ -15,7 +15,7 @@ import pytest
 import redis
 
 from bridge.core import capacity, keys
-from workers.lease import Lease, Renewal, free_slot, mark_done, renew_all
+from workers.protocol.lease import Lease, Renewal, free_slot, mark_done, renew_all
 
 TTL_S = 0.3  # short, so the tests watch a real expiry
 SCOPE = keys.store_scope("http://store.test:4747")  # the deployment whose in-flight set the slot is in

@@ -17,8 +17,8 @@ import redis
 from bridge.core import keys
 from bridge.core.store import StoreClient
 from tests.loopback import RecordingStore
-from workers.heartbeat import AttemptWatch, HeartbeatMonitor
-from workers.lease import Lease, mark_done
+from workers.protocol.heartbeat import AttemptWatch, HeartbeatMonitor
+from workers.protocol.lease import Lease, mark_done
 
 ATTEMPTS = 40
 LEASE_TTL_S = 2.0

@@ -10,7 +10,7 @@ import uuid
 import redis
 
 from bridge.core import keys
-from workers.lease import Claim, Lease, mark_done
+from workers.protocol.lease import Claim, Lease, mark_done
 
 
 def test_lease_admits_one_executor_and_survives_a_lost_key(redis_client: redis.Redis) -> None:

@@ -14,8 +14,8 @@ import pytest
 
 from bridge.core.errors import Superseded
 from tests.helpers import silent_llm_url
-from workers import llm as llm_mod
-from workers.failures import FailureClass, classify
+from workers.agents import llm as llm_mod
+from workers.protocol.failures import FailureClass, classify
 
 MESSAGES = [{"role": "user", "content": "buy a lamp"}]
 

@@ -1,7 +1,7 @@
 """OPENAI_API_KEY goes only where the operator allows: OPENAI_API_BASE's host and port and LLM_KEY_HOSTS.
 
 An LLM endpoint named by the Store's resources elsewhere gets no key from the worker (its own key passes as
-is), for the WebShop loop (``workers.llm.resolve_target``) and for LitAgents (``litagent.keyed_resources``);
+is), for the WebShop loop (``workers.agents.llm.resolve_target``) and for LitAgents (``litagent.keyed_resources``);
 a failed call then says the key was withheld, from which host, and which setting allows more.
 """
 
@@ -18,7 +18,7 @@ from bridge.core.errors import ConfigError, LLMError
 from bridge.core.models import AttemptedRollout, ResourcesUpdate
 from bridge.core.settings import Settings, load_settings
 from tests.prerequisites import require
-from workers import llm as llm_mod
+from workers.agents import llm as llm_mod
 
 KEY = "sk-live-HOME-ONLY"
 
@@ -120,7 +120,7 @@ def test_a_litagent_gets_the_key_only_at_allowed_hosts_and_its_failure_says_why(
     from agentlightning import LLM, PromptTemplate
 
     from workers.agents import litagent
-    from workers.failures import AgentError
+    from workers.protocol.failures import AgentError
 
     resources: dict[str, Any] = {
         "main_llm": LLM(endpoint="https://evil.example/v1", model="m"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workers.llm import proxy_attempt_url
+from workers.agents.llm import proxy_attempt_url
 
 
 @pytest.mark.parametrize(

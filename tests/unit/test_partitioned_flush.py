@@ -14,8 +14,8 @@ import time
 import redis
 
 from bridge.core.store import StoreClient
-from workers.heartbeat import AttemptWatch, HeartbeatMonitor
-from workers.lease import Lease
+from workers.protocol.heartbeat import AttemptWatch, HeartbeatMonitor
+from workers.protocol.lease import Lease
 
 
 def _closed_port() -> int:

@@ -18,7 +18,7 @@ from bridge.core.coordination import coordination_client
 from bridge.core.errors import ConfigError, Superseded
 from bridge.core.settings import load_settings
 from tests.helpers import TEST_REDIS_URL
-from workers.ratelimit import LLMRateLimiter, RateLimit
+from workers.agents.ratelimit import LLMRateLimiter, RateLimit
 
 
 def _model() -> str:
@@ -82,7 +82,7 @@ def test_an_unreachable_limiter_lets_calls_through(caplog: pytest.LogCaptureFixt
         raise AssertionError("the limiter waits for budget although Redis is unreachable")
 
     started = time.monotonic()
-    with caplog.at_level(logging.WARNING, logger="workers.ratelimit"):
+    with caplog.at_level(logging.WARNING, logger="workers.agents.ratelimit"):
         limiter.acquire(must_not_wait)
         limiter.acquire(must_not_wait)
     elapsed = time.monotonic() - started
@@ -90,7 +90,7 @@ def test_an_unreachable_limiter_lets_calls_through(caplog: pytest.LogCaptureFixt
         f"two calls with Redis unreachable took {elapsed:.1f} s; the socket timeouts allow {bound_s:.1f} s: "
         "the limiter waited for budget instead of letting the calls through"
     )
-    warned = [r for r in caplog.records if r.name == "workers.ratelimit" and r.levelno == logging.WARNING]
+    warned = [r for r in caplog.records if r.name == "workers.agents.ratelimit" and r.levelno == logging.WARNING]
     # The first call pays the outage and starts the back-off (one warning); the second skips the limiter.
     assert len(warned) == 1, [r.getMessage() for r in caplog.records]
 

@@ -1,6 +1,6 @@
 """The global LLM rate limit serves waiters in order: 50 callers against a tight budget, real Redis.
 
-Before the reservation (``workers/ratelimit.py``), every waiter re-polled the bucket and whoever asked
+Before the reservation (``workers/agents/ratelimit.py``), every waiter re-polled the bucket and whoever asked
 first after a refill won, so one caller could lose to newcomers over and over. Measured with this test's
 load (50 threads, 3 calls each, 25 calls/s): waits p50 1.03 s, p90 3.29 s, max 5.58 s where 50/rate is
 2.0 s; with reservations p50 1.96 s, p90 2.01 s, max 2.01 s.
@@ -16,7 +16,7 @@ import uuid
 import redis
 
 from bridge.core.errors import Superseded
-from workers.ratelimit import LLMRateLimiter, RateLimit
+from workers.agents.ratelimit import LLMRateLimiter, RateLimit
 
 RATE_PER_S = 25.0
 WAITERS = 50

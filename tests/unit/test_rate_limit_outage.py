@@ -15,8 +15,8 @@ import pytest
 import redis
 from prometheus_client import REGISTRY
 
-from workers import ratelimit
-from workers.ratelimit import LLMRateLimiter, RateLimit
+from workers.agents import ratelimit
+from workers.agents.ratelimit import LLMRateLimiter, RateLimit
 
 READ_TIMEOUT_S = 1.0
 

@@ -18,7 +18,7 @@ import pytest
 from pydantic import HttpUrl
 
 from bridge.core.settings import Settings
-from workers import clock
+from workers.protocol import clock
 
 
 class SkewedStore:

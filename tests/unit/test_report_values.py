@@ -7,7 +7,7 @@ import math
 import numpy
 import pytest
 
-from workers.reporting import not_json
+from workers.protocol.reporting import not_json
 
 
 @pytest.mark.parametrize(

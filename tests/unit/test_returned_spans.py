@@ -12,8 +12,8 @@ from bridge.core.settings import load_settings
 from bridge.core.store import StoreClient
 from workers.agents.capture import AttemptCapture
 from workers.agents.litagent import _interpret
-from workers.failures import AgentError
-from workers.telemetry import AttemptTelemetry
+from workers.protocol.failures import AgentError
+from workers.telemetry.spans import AttemptTelemetry
 
 REWARD_KEY = "agentlightning.reward.0.value"
 

@@ -112,7 +112,7 @@ def test_served_queues_never_raise(redis_client: redis.Redis, tag: str) -> None:
 
 
 def test_a_worker_advertises_the_url_its_scope_comes_from(redis_client: redis.Redis, tag: str) -> None:
-    from workers.signals import _advertise
+    from workers.lifecycle.signals import _advertise
 
     settings = load_settings(store_url=f"http://store-{tag}:4747")
     scope = deployment_scope(settings)

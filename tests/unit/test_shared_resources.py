@@ -17,7 +17,7 @@ import redis
 from bridge.core import keys
 from bridge.core.store import StoreClient
 from tests.loopback import LoopbackServer
-from workers.shared_resources import RedisResources
+from workers.lifecycle.shared_resources import RedisResources
 
 
 class ResourcesServer(LoopbackServer):

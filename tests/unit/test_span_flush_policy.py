@@ -15,9 +15,9 @@ import pytest
 import redis
 
 from bridge.core.store import StoreClient
-from workers.heartbeat import AttemptWatch, HeartbeatMonitor, span_flush_interval
-from workers.lease import Lease
-from workers.telemetry import AttemptTelemetry
+from workers.protocol.heartbeat import AttemptWatch, HeartbeatMonitor, span_flush_interval
+from workers.protocol.lease import Lease
+from workers.telemetry.spans import AttemptTelemetry
 
 
 def _closed_port() -> int:

@@ -95,7 +95,7 @@ def test_without_a_store_gateway_or_scope_the_scope_names_what_to_set(no_deploym
 def test_a_worker_exits_2_at_start_when_nothing_names_its_deployment(
     no_deployment_env: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from workers import signals
+    from workers.lifecycle import signals
 
     monkeypatch.setattr(signals, "_set_up_logging_and_tracing", load_settings)
     with pytest.raises(SystemExit) as exited:
@@ -105,7 +105,8 @@ def test_a_worker_exits_2_at_start_when_nothing_names_its_deployment(
 
 
 def test_a_1_0_only_worker_starts_without_reading_a_store_clock(monkeypatch: pytest.MonkeyPatch) -> None:
-    from workers import clock, signals
+    from workers.lifecycle import signals
+    from workers.protocol import clock
 
     settings = load_settings(agl_v1_url=GATEWAY)
     monkeypatch.setattr(signals, "_set_up_logging_and_tracing", lambda: settings)

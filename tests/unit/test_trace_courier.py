@@ -20,7 +20,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans
 from bridge.core.errors import StoreError
 from bridge.core.store import StoreClient
 from tests.loopback import LoopbackServer
-from workers.trace_courier import TraceCourier
+from workers.telemetry.courier import TraceCourier
 
 ATTEMPT = "agentlightning.attempt_id"
 

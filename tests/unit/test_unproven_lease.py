@@ -22,13 +22,13 @@ from bridge.core.models import AttemptStatus
 from bridge.core.settings import load_settings
 from bridge.core.store import StoreClient
 from tests.loopback import RecordingStore
-from workers.attempt import Attempt, read_payload
 from workers.execution import AttemptRun
-from workers.heartbeat import HeartbeatMonitor
-from workers.reporting import PendingReport, ReportPending
-from workers.resources import WorkerResources
-from workers.telemetry import AttemptTelemetry
-from workers.trace_courier import TraceCourier
+from workers.lifecycle.resources import WorkerResources
+from workers.protocol.attempt import Attempt, read_payload
+from workers.protocol.heartbeat import HeartbeatMonitor
+from workers.protocol.reporting import PendingReport, ReportPending
+from workers.telemetry.courier import TraceCourier
+from workers.telemetry.spans import AttemptTelemetry
 
 
 def _closed_port() -> int:

@@ -1,4 +1,4 @@
-"""What a 1.0 agent program gets (``workers.v1_environment``): the clean environment, the env_map deny rule,
+"""What a 1.0 agent program gets (``workers.v1.environment``): the clean environment, the env_map deny rule,
 AGL_V1_PASS_ENV, the agent module allowlist, the redaction of its output, and the dispatcher's key kept off
 the command line (docs/agl-v1.md, "Trust model")."""
 
@@ -13,8 +13,8 @@ from bridge import cli
 from bridge.core.agl_v1 import V1Rollout
 from bridge.core.errors import ConfigError, InvalidInputError
 from bridge.core.settings import Settings, load_settings
-from workers.failures import FailureClass, classify
-from workers.v1_environment import (
+from workers.protocol.failures import FailureClass, classify
+from workers.v1.environment import (
     ProgramRefused,
     denied_reason,
     output_redactor,

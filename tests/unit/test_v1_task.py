@@ -1,4 +1,4 @@
-"""The 1.0 task (``workers.v1_task``) beside the 0.3 one: a draining node hands an unstarted message back to the
+"""The 1.0 task (``workers.v1.task``) beside the 0.3 one: a draining node hands an unstarted message back to the
 broker, and the worker's metrics count 1.0 deliveries with their failure class."""
 
 from __future__ import annotations
@@ -9,7 +9,9 @@ import pytest
 from celery.exceptions import Reject
 
 from bridge.core.settings import Settings
-from workers import metrics, protocol, signals, v1_task
+from workers.lifecycle import metrics, signals
+from workers.protocol import held as protocol
+from workers.v1 import task as v1_task
 
 
 def test_a_draining_worker_returns_an_unstarted_1_0_message_to_the_broker(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,9 +1,9 @@
-"""The bounded drain (``workers.drain``, ``WORKER_SHUTDOWN_GRACE_S``): when episodes stop, how a stopped attempt
-goes back to the Store, and how each process learns of its node's drain.
+"""The bounded drain (``workers.lifecycle.drain``, ``WORKER_SHUTDOWN_GRACE_S``): when episodes stop, how a stopped
+attempt goes back to the Store, and how each process learns of its node's drain.
 
 The integration test (``tests/integration/test_worker_drain.py``) runs prefork, where the attempts run in pool
 children that read the drain from Redis; the threads pool's differences are covered here: the main process
-knows the stop time without Redis, and an agent that does not return is abandoned (``workers.stuck``) rather
+knows the stop time without Redis, and an agent that does not return is abandoned (``workers.lifecycle.stuck``) rather
 than interrupted, without the stuck-thread restart a draining worker must not do.
 """
 
@@ -20,10 +20,10 @@ import redis
 from bridge.core.errors import Superseded
 from bridge.core.models import RolloutConfig
 from bridge.core.store import StoreClient
-from workers import drain, stuck
-from workers.drain import DrainClock, Handover, handover
-from workers.heartbeat import AttemptWatch, HeartbeatMonitor
-from workers.lease import Lease
+from workers.lifecycle import drain, stuck
+from workers.lifecycle.drain import DrainClock, Handover, handover
+from workers.protocol.heartbeat import AttemptWatch, HeartbeatMonitor
+from workers.protocol.lease import Lease
 
 
 def test_a_failed_report_when_the_store_retries_it_else_a_hand_back() -> None:

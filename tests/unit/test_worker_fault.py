@@ -24,13 +24,13 @@ from bridge.core import keys
 from bridge.core.settings import load_settings
 from bridge.core.store import StoreClient
 from tests.loopback import LoopbackServer, RecordingStore
-from workers import heartbeat
 from workers.execution import AttemptRun, Delivery
-from workers.heartbeat import HeartbeatMonitor
-from workers.outcome import OutcomeStatus
-from workers.reporting import ReportPending
-from workers.resources import WorkerResources
-from workers.trace_courier import TraceCourier
+from workers.lifecycle.resources import WorkerResources
+from workers.protocol import heartbeat
+from workers.protocol.heartbeat import HeartbeatMonitor
+from workers.protocol.outcome import OutcomeStatus
+from workers.protocol.reporting import ReportPending
+from workers.telemetry.courier import TraceCourier
 
 
 @pytest.fixture

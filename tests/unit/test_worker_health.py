@@ -1,5 +1,5 @@
-"""``python -m workers.health``, the worker's readiness probe: it answers 0 exactly while the node's slot advert
-(``bridge.core.capacity.advertise``, the key the worker writes) is present on every queue asked about.
+"""``python -m workers.lifecycle.health``, the worker's readiness probe: it answers 0 exactly while the node's slot
+advert (``bridge.core.capacity.advertise``, the key the worker writes) is present on every queue asked about.
 
 Real Redis: this test process's (``tests/redis_for_tests.py``); settings from a clean environment.
 """
@@ -15,7 +15,7 @@ import redis
 
 from bridge.core import capacity, keys
 from tests.helpers import TEST_REDIS_URL, drop_adverts
-from workers import health
+from workers.lifecycle import health
 
 STORE_URL = "http://store.test:4747"
 SCOPE = keys.store_scope(STORE_URL)  # what the probe derives from AGENT_LIGHTNING_STORE_URL

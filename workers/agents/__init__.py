@@ -1,4 +1,7 @@
-"""Any Agent Lightning ``LitAgent`` on the workers (``AGENT=module.path:attr``), beside the built-in WebShop loop.
+"""What runs an episode: the built-in WebShop loop, or any Agent Lightning ``LitAgent`` (``AGENT=module.path:attr``).
+
+* ``webshop_loop``, ``prompts``, ``llm``, ``ratelimit``, ``webshop``, ``inputs``: the built-in WebShop agent, its
+  LLM calls under the cluster-wide rate limit, its environment client and its input's validation;
 
 * ``loading``: what the operator configured (``AGENT``, ``AGENT_HOOKS``), imported once per process; the
   ``agentlightning`` package is imported only here and only when ``AGENT`` is not ``webshop``;

@@ -23,8 +23,8 @@ from typing import Any
 from opentelemetry import trace
 
 from bridge.core.settings import Settings
-from workers.ratelimit import LLMRateLimiter
-from workers.telemetry import LLM_SPAN, AttemptTelemetry
+from workers.agents.ratelimit import LLMRateLimiter
+from workers.telemetry.spans import LLM_SPAN, AttemptTelemetry
 
 MIN_TRY_S = 0.05
 

@@ -29,12 +29,12 @@ from pydantic import TypeAdapter, ValidationError
 from bridge.core.errors import BridgeError, Superseded
 from bridge.core.models import ResourcesUpdate
 from bridge.core.settings import Settings
-from workers import llm as llm_mod
 from workers.agents import capture
+from workers.agents import llm as llm_mod
 from workers.agents.loading import ConfiguredAgent
 from workers.agents.spans import add_returned_spans
 from workers.agents.tracer import WorkerTracer, activate
-from workers.failures import AgentError, FailureClass
+from workers.protocol.failures import AgentError, FailureClass
 
 log = logging.getLogger("workers.agents")
 
@@ -86,7 +86,7 @@ def named_resources(
 ) -> dict[str, Any]:
     """The rollout's resources as Agent Lightning objects; every ``proxy_llm`` already routed to this attempt.
 
-    A proxy's per-attempt URL is built as for the WebShop loop (``workers.llm.proxy_attempt_url``), so the
+    A proxy's per-attempt URL is built as for the WebShop loop (``workers.agents.llm.proxy_attempt_url``), so the
     agent gets a plain ``LLM`` whatever it reads (``endpoint`` or ``get_base_url``). With no ``main_llm`` in
     the Store and ``OPENAI_API_BASE`` set, ``main_llm`` is that endpoint, as for the WebShop loop.
     """
@@ -111,7 +111,7 @@ def named_resources(
 
 
 def keyed_resources(resources: dict[str, Any], settings: Settings) -> tuple[dict[str, Any], str]:
-    """The agent's resources with the key of each ``LLM`` decided by ``workers.llm.llm_api_key``, and why
+    """The agent's resources with the key of each ``LLM`` decided by ``workers.agents.llm.llm_api_key``, and why
     OPENAI_API_KEY was withheld from any ("" if from none).
 
     An LLM's own key stays. One without gets OPENAI_API_KEY where the key may go, else the placeholder
@@ -168,7 +168,7 @@ def run_agent(
     spans: list[Any] = []
     try:
         hooks.fire("on_rollout_start")
-        # With AGENT_TRACER=none the SDK is not wrapped (workers.signals): only the emitters record here.
+        # With AGENT_TRACER=none the SDK is not wrapped (workers.lifecycle.signals): only the emitters record here.
         with capture.capturing(attempt), _withheld_note(withheld):
             if own is None:
                 hooks.fire("on_trace_start", tracer=tracer)

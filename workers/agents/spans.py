@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from workers.agents.tracer import _clean
-from workers.telemetry import AttemptTelemetry
+from workers.telemetry.spans import AttemptTelemetry
 
 
 def _ns(seconds: float | None) -> int | None:

@@ -21,7 +21,7 @@ from agentlightning.types import SpanCoreFields, TraceStatus
 from opentelemetry.trace import Status, StatusCode
 
 from workers.agents import capture
-from workers.telemetry import REWARD_SPAN
+from workers.telemetry.spans import REWARD_SPAN
 
 log = logging.getLogger("workers.agents")
 

@@ -3,7 +3,7 @@
 A worker starts it like any 1.0 program: the task is the rollout's input, given as ``WEBSHOP_TASK`` by the
 rollout's ``env_map`` (``WEBSHOP_TASK: input``); the LLM is the gateway's proxy (``AGL_OPENAI_BASE_URL``),
 which records every call's token ids; the reward the WebShop server computed is posted to ``AGL_EVENT_URL``.
-It plays with the 0.3 agent's prompts and action parsing (``workers.prompts``) and the worker's settings
+It plays with the 0.3 agent's prompts and action parsing (``workers.agents.prompts``) and the worker's settings
 (``WEBSHOP_URL``, ``MAX_STEPS``, ``MAX_REPROMPTS``, ...), which it gets from the worker's environment when the
 worker lists them in ``AGL_V1_PASS_ENV`` (``PASS_ENV``).
 """
@@ -17,9 +17,9 @@ import httpx
 from openai import OpenAI
 
 from bridge.core.settings import Settings, load_settings
-from workers.inputs import TaskInput, parse_task_input
-from workers.prompts import Conversation, choose_action, step_prompt
-from workers.webshop import WebShopClient
+from workers.agents.inputs import TaskInput, parse_task_input
+from workers.agents.prompts import Conversation, choose_action, step_prompt
+from workers.agents.webshop import WebShopClient
 
 AGENT_CLASS = "workers.agents.webshop_program:WebShopProgram"
 ENV_MAP = {"WEBSHOP_TASK": "input"}

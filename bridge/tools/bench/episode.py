@@ -1,5 +1,5 @@
 """The WebShop episode as the benchmark's other executors run it (the peer and the floor): one place, so
-both run exactly what our task runs (``workers.agent.Episode``) and differ only in what surrounds it."""
+both run exactly what our task runs (``workers.agents.webshop_loop.Episode``) and differ only in what surrounds it."""
 
 from __future__ import annotations
 
@@ -7,19 +7,19 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from bridge.core.settings import Settings
-    from workers.agent import EpisodeResult
-    from workers.inputs import TaskInput
-    from workers.llm import LLMTarget
-    from workers.telemetry import AttemptTelemetry
-    from workers.webshop import WebShopClient
+    from workers.agents.inputs import TaskInput
+    from workers.agents.llm import LLMTarget
+    from workers.agents.webshop import WebShopClient
+    from workers.agents.webshop_loop import EpisodeResult
+    from workers.telemetry.spans import AttemptTelemetry
 
 
 def run_episode(
     task: TaskInput, env: WebShopClient, target: LLMTarget, telemetry: AttemptTelemetry, settings: Settings
 ) -> EpisodeResult:
     """One episode with nothing to stop it early; its spans stay in ``telemetry`` for the caller to flush."""
-    from workers import llm as llm_mod
-    from workers.agent import Episode
+    from workers.agents import llm as llm_mod
+    from workers.agents.webshop_loop import Episode
 
     episode = Episode(
         task=task,

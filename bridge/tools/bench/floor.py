@@ -2,8 +2,8 @@
 
 ``python -m bridge bench --floor`` runs the workload once more with this executor, after ours (and the
 peer's), on the same Store and stand-ins. One process claims rollouts for its free slots, and each of its
-``n_slots`` threads runs ``workers.agent.Episode`` under the same telemetry as our task, ships the spans in
-one request and posts the final status. No broker, lease, heartbeat, fence, retry or report journal: a
+``n_slots`` threads runs ``workers.agents.webshop_loop.Episode`` under the same telemetry as our task, ships the spans
+in one request and posts the final status. No broker, lease, heartbeat, fence, retry or report journal: a
 crashed floor loses its rollouts, so it is a yardstick, never an executor. How to read it against ours and
 the runner's, and figures: docs/performance.md, "The floor: the same episode with nothing around it".
 """
@@ -35,7 +35,7 @@ class FloorExecutor:
     def __init__(self, n_slots: int) -> None:
         from bridge.core.settings import get_settings
         from bridge.core.store import StoreClient
-        from workers.webshop import WebShopClient
+        from workers.agents.webshop import WebShopClient
 
         self.settings = get_settings()
         self.n_slots = n_slots
@@ -73,9 +73,9 @@ class FloorExecutor:
 
     def _run_one(self, rollout: Any) -> None:
         from bridge.tools.bench.episode import run_episode
-        from workers import llm as llm_mod
-        from workers.inputs import parse_task_input
-        from workers.telemetry import AttemptTelemetry
+        from workers.agents import llm as llm_mod
+        from workers.agents.inputs import parse_task_input
+        from workers.telemetry.spans import AttemptTelemetry
 
         aid = rollout.attempt.attempt_id
         target = llm_mod.resolve_target(self.store.get_resources(rollout.resources_id), rollout, self.settings)

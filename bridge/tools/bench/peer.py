@@ -3,7 +3,7 @@
 ``python -m bridge bench --peer agl-runner`` starts this module as a child process, so its CPU and memory are
 measured like the bridge's. It connects ``n_runners`` runner processes of the installed ``agentlightning``
 (``Trainer`` with ``ClientServerExecutionStrategy(role="runner")``) to the benchmark's Store, running
-``workers.agent.Episode``, so the two executors differ only in how they talk to the Store. The reward goes
+``workers.agents.webshop_loop.Episode``, so the two executors differ only in how they talk to the Store. The reward goes
 back as a float; with ``--export-spans`` (``bench --peer-spans``) the episode's spans and token ids are
 shipped like ours, one OTLP request per rollout, else dropped. Why: docs/performance.md, "`python -m bridge
 bench`".
@@ -28,10 +28,10 @@ def _make_agent(export_spans: bool = False) -> Any:
     from bridge.core.settings import get_settings
     from bridge.core.store import StoreClient
     from bridge.tools.bench.episode import run_episode
-    from workers import llm as llm_mod
-    from workers.inputs import parse_task_input
-    from workers.telemetry import AttemptTelemetry
-    from workers.webshop import WebShopClient
+    from workers.agents import llm as llm_mod
+    from workers.agents.inputs import parse_task_input
+    from workers.agents.webshop import WebShopClient
+    from workers.telemetry.spans import AttemptTelemetry
 
     class WebShopAgent(LitAgent[dict[str, Any]]):
         """One WebShop episode per rollout; clients are built once per runner process."""

@@ -74,7 +74,7 @@ def load_task_ids(split: str, limit: int) -> list[str]:
 
 
 def user_turn(step: int, max_steps: int, state: dict[str, Any]) -> dict[str, str]:
-    """One user message in the agent loop's format (workers/prompts.py: step_prompt)."""
+    """One user message in the agent loop's format (workers/agents/prompts.py: step_prompt)."""
     lines = [f"Step {step} of {max_steps}.", f"Observation: {state['observation']}"]
     clickables = ((state.get("info") or {}).get("available_actions") or {}).get("clickables")
     if clickables:

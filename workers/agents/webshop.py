@@ -19,9 +19,9 @@ import httpx
 from bridge.core.backoff import Retries
 from bridge.core.errors import WebShopError
 from bridge.core.http import retry_after_s, service_client
-from workers import metrics as worker_metrics
+from workers.lifecycle import metrics as worker_metrics
 
-log = logging.getLogger("workers.webshop")
+log = logging.getLogger("workers.agents.webshop")
 
 _SAFE_TO_RETRY = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 _RETRY_STATUS = {429, 500, 502, 503, 504}

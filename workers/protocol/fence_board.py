@@ -24,9 +24,9 @@ from bridge.core import keys
 from bridge.core.errors import StoreError
 from bridge.core.models import ACTIVE_ATTEMPT, ACTIVE_ROLLOUT, AttemptedRollout, Rollout
 from bridge.core.store import ROLLOUTS_PER_READ, StoreClient
-from workers import clock
+from workers.protocol import clock
 
-log = logging.getLogger("workers.fence_board")
+log = logging.getLogger("workers.protocol.fence_board")
 
 CHECK_EVERY_S = 0.5  # between fetches of this process's verdicts: bounds how late a posted stop is seen
 GRACE_S = 1.0  # an attempt whose beat is this overdue with no fresh verdict is read by its own process

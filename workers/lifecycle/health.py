@@ -1,10 +1,10 @@
-"""Readiness of one worker node: ``python -m workers.health [--node NAME] [-Q QUEUES]``.
+"""Readiness of one worker node: ``python -m workers.lifecycle.health [--node NAME] [-Q QUEUES]``.
 
 Exit 0 while the node's slot advert (``bridge.core.keys.capacity``) is in the coordination Redis on every queue
 given, 1 when one is missing or Redis does not answer (the line printed says which), 2 for a bad configuration.
 A node advertises from ``worker_ready`` on, every 10 s with a 30 s lifetime, and withdraws at its warm shutdown
-(``workers.signals``): so the check fails while the node starts, while it drains and 30 s after it last reached
-Redis. It reads the same settings as the worker (the key's scope), and imports neither Celery nor the agent.
+(``workers.lifecycle.signals``): so the check fails while the node starts, while it drains and 30 s after it last
+reached Redis. It reads the same settings as the worker (the key's scope), and imports neither Celery nor the agent.
 The Kubernetes worker Deployment uses it as its readiness probe (deploy/kubernetes).
 """
 
@@ -29,7 +29,7 @@ def default_node() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m workers.health", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m workers.lifecycle.health", description=__doc__.split("\n\n")[0])
     parser.add_argument("--node", default=None, help="the worker's node name (-n); default worker@<hostname>")
     parser.add_argument(
         "-Q",

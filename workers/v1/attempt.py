@@ -2,21 +2,21 @@
 ``local`` runner starts it, held by a Redis lease and reported to the gateway (docs/agl-v1.md).
 
 The attempt protocol (lease, heartbeat, kept result, done marker, drain hand-over, slot release) is the one the
-0.3 attempt uses (``workers.protocol``); this module supplies what differs: how the program starts and stops, and
+0.3 attempt uses (``workers.protocol.held``); this module supplies what differs: how the program starts and stops, and
 how the rollout is read and reported.
 
 Contract:
 * At most one executor per attempt: its Redis state is named by ``scoped_attempt_key`` (deployment scope and the
   rollout's creation time), a done marker drops a delivery of a finished attempt, and the owner/epoch lease one
   that another executor holds. The lease is renewed by the process's heartbeat thread, never by a gateway read.
-* The program runs in a session of its own with the environment ``workers.v1_environment`` builds (never the
+* The program runs in a session of its own with the environment ``workers.v1.environment`` builds (never the
   worker's secrets) and the gateway's copy of the rollout's config, never the message's; at the rollout's
   ``timeout_seconds``, when the gateway shows the rollout moved on (finished, deleted, another attempt), when
   the lease is lost, or when the node drains, its whole process group is killed, and on every other way out too;
   the program also dies with the worker process (``PR_SET_PDEATHSIG``).
 * The outcome (exit code 0: succeeded; else failed with the last lines the program wrote) carries a failure class
-  (``workers.failures``) and is kept in Redis with the done marker before it is sent, so the dispatcher applies it
-  if the gateway could not be told. A drain keeps a hand-over record instead and reports nothing.
+  (``workers.protocol.failures``) and is kept in Redis with the done marker before it is sent, so the dispatcher
+  applies it if the gateway could not be told. A drain keeps a hand-over record instead and reports nothing.
 * Only the rollout's current attempt (``last_attempt_id``) is ever patched.
 """
 
@@ -45,11 +45,11 @@ from bridge.core.agl_v1 import (
     scoped_attempt_key,
 )
 from bridge.core.settings import Settings
-from workers.failures import FailureClass
-from workers.heartbeat import HEARTBEAT_TIMEOUT_S, TICK_S, HeartbeatMonitor
-from workers.outcome import Outcome, OutcomeStatus
-from workers.protocol import HeldAttempt, KeptResult
-from workers.v1_environment import output_redactor, program_environment
+from workers.protocol.failures import FailureClass
+from workers.protocol.heartbeat import HEARTBEAT_TIMEOUT_S, TICK_S, HeartbeatMonitor
+from workers.protocol.held import HeldAttempt, KeptResult
+from workers.protocol.outcome import Outcome, OutcomeStatus
+from workers.v1.environment import output_redactor, program_environment
 
 log = logging.getLogger("workers.v1")
 
@@ -97,7 +97,7 @@ class V1Outcome:
     handover: bool = False
 
     def as_outcome(self) -> Outcome:
-        """The task's result, as the 0.3 task's (``workers.outcome``): counted by the worker's metrics."""
+        """The task's result, as the 0.3 task's (``workers.protocol.outcome``): counted by the worker's metrics."""
         status = OutcomeStatus(self.state.value) if self.state else OutcomeStatus.SKIPPED
         return Outcome(status, self.detail.splitlines()[0] if self.detail else "", self.failure_class)
 

@@ -40,9 +40,9 @@ from bridge.core.errors import StoreError, TelemetryError
 from bridge.core.patches import otlp_token_ids as span_encoding
 from bridge.core.redact import redact_url
 from bridge.core.store import TRACES, StoreClient
-from workers.trace_courier import TraceCourier
+from workers.telemetry.courier import TraceCourier
 
-log = logging.getLogger("workers.telemetry")
+log = logging.getLogger("workers.telemetry.spans")
 
 REWARD_SPAN = "agentlightning.annotation"
 LLM_SPAN = "openai.chat.completion"

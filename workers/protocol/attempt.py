@@ -17,9 +17,9 @@ from pydantic import ValidationError
 
 from bridge.core.logs import RolloutLogger
 from bridge.core.models import AttemptedRollout
-from workers import clock
-from workers.lease import executor_id
-from workers.telemetry import current_trace_id
+from workers.protocol import clock
+from workers.protocol.lease import executor_id
+from workers.telemetry.spans import current_trace_id
 
 log = logging.getLogger("workers.execution")
 

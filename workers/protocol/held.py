@@ -1,10 +1,10 @@
 """The attempt protocol both lines share: what makes one delivery of an attempt safe to run on this worker,
-whatever runs the episode (0.3's ``workers.execution``, 1.0's ``workers.v1_attempt``).
+whatever runs the episode (0.3's ``workers.execution``, 1.0's ``workers.v1.attempt``).
 
 * ``draining``: a node that drains (``WORKER_SHUTDOWN_GRACE_S``) starts nothing new; the task hands the message
   back to the broker.
-* ``HeldAttempt``: the owner/epoch lease of ``workers.lease``, renewed by the process's heartbeat monitor
-  (``workers.heartbeat``) in a thread of its own, so no read of the Store or the gateway, however slow, lets it
+* ``HeldAttempt``: the owner/epoch lease of ``workers.protocol.lease``, renewed by the process's heartbeat monitor
+  (``workers.protocol.heartbeat``) in a thread of its own, so no read of the Store or the gateway, however slow, lets it
   lapse; the monitor also stops the attempt at the node's drain. ``keep`` writes the kept result and the done
   marker in one transaction; ``close`` stops the renewals, drops the lease and frees the slot.
 * ``KeptResult``: the record a 1.0 attempt keeps for its dispatcher (``keys.v1_result``), including the drain's
@@ -25,17 +25,17 @@ import redis
 
 from bridge.core import capacity, keys
 from bridge.core.settings import get_settings
-from workers import drain
-from workers.failures import FailureClass
-from workers.heartbeat import AttemptWatch, HeartbeatMonitor
-from workers.lease import Claim, Lease, free_slot
+from workers.lifecycle import drain
+from workers.protocol.failures import FailureClass
+from workers.protocol.heartbeat import AttemptWatch, HeartbeatMonitor
+from workers.protocol.lease import Claim, Lease, free_slot
 
-log = logging.getLogger("workers.protocol")
+log = logging.getLogger("workers.protocol.held")
 
 
 def draining(client: redis.Redis, scope: str, node: str | None) -> bool:
-    """Whether this node is draining under ``WORKER_SHUTDOWN_GRACE_S`` (``workers.drain``); records the node's name
-    for this process's heartbeat, which reads the node's stop time by it."""
+    """Whether this node is draining under ``WORKER_SHUTDOWN_GRACE_S`` (``workers.lifecycle.drain``); records the
+    node's name for this process's heartbeat, which reads the node's stop time by it."""
     if get_settings().worker_shutdown_grace_s is None:
         return False
     if drain.clock.node is None and node:

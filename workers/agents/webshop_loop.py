@@ -18,14 +18,14 @@ from typing import ClassVar
 import openai
 
 from bridge.core.settings import Settings
-from workers import llm as llm_mod
-from workers.failures import FailureClass
-from workers.inputs import TaskInput
-from workers.prompts import Conversation, choose_action, step_prompt
-from workers.telemetry import LLM_SPAN, AttemptTelemetry
-from workers.webshop import Observation, WebShopClient
+from workers.agents import llm as llm_mod
+from workers.agents.inputs import TaskInput
+from workers.agents.prompts import Conversation, choose_action, step_prompt
+from workers.agents.webshop import Observation, WebShopClient
+from workers.protocol.failures import FailureClass
+from workers.telemetry.spans import LLM_SPAN, AttemptTelemetry
 
-log = logging.getLogger("workers.agent")
+log = logging.getLogger("workers.agents.webshop_loop")
 
 
 @dataclass
@@ -60,11 +60,11 @@ class Episode:
     telemetry: AttemptTelemetry
     settings: Settings
     check_stop: Callable[[], None]
-    before_llm_call: Callable[[], object] | None = None  # waits for the global rate limit (workers.ratelimit)
+    before_llm_call: Callable[[], object] | None = None  # waits for the global rate limit (workers.agents.ratelimit)
     after_llm_call: Callable[[int | None], None] | None = None  # charges the tokens a call used
     # Epoch seconds at which the episode must stop (the attempt's soft limit). Passed into every LLM call
     # with ``check_stop``: under ``-P threads`` Celery enforces no time limit, so only this bounds the
-    # LLM's retries and each request's timeout (workers.llm.chat).
+    # LLM's retries and each request's timeout (workers.agents.llm.chat).
     deadline: float | None = None
 
     def run(self) -> EpisodeResult:

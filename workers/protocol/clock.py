@@ -21,7 +21,7 @@ from bridge.core.http import service_client
 from bridge.core.settings import Settings
 from bridge.core.store import API
 
-log = logging.getLogger("workers.clock")
+log = logging.getLogger("workers.protocol.clock")
 
 DATE_WINDOW_S = 2.0  # a Date header of D means the Store's time was in [D, D + 2): whole seconds, refreshed each second
 SAMPLES = 4

@@ -30,12 +30,12 @@ from bridge.core.http import HTTPClient, pooled_transport, retry_after_s
 from bridge.core.models import AttemptedRollout, LLMResource, ResourcesUpdate
 from bridge.core.redact import redact_url
 from bridge.core.settings import Settings, split_host_port
-from workers import metrics as worker_metrics
+from workers.lifecycle import metrics as worker_metrics
 
 if TYPE_CHECKING:
     from openai._types import RequestOptions  # a TypedDict: only its name is used, at type-checking time
 
-log = logging.getLogger("workers.llm")
+log = logging.getLogger("workers.agents.llm")
 
 # Sampling parameters travel in the request body as given (OpenAI's named ones and vLLM's extras alike),
 # except keys that would replace what the call itself decides.
@@ -209,7 +209,7 @@ def chat(
     call: Celery's soft/hard time limits exist only under prefork, and a warm shutdown waits for the
     thread. So each try's timeout (``timeout_s``, else the client's) is capped at the time left, the stop
     check runs before every try and during every back-off, and no try or back-off starts that would end
-    past the deadline: ``TimeoutError`` is raised instead, which ``workers.failures`` classes ``timeout``.
+    past the deadline: ``TimeoutError`` is raised instead, which ``workers.protocol.failures`` classes ``timeout``.
 
     The body is posted as built, through the SDK's generic ``post`` (same auth, base URL, timeouts and
     typed errors as ``chat.completions.create``), and the answer is read as plain JSON. Profiled at 0 ms

@@ -25,7 +25,7 @@ import httpx
 from bridge.core.errors import StoreError, StoreUnavailable
 from bridge.core.store import TRACES, StoreClient
 
-log = logging.getLogger("workers.trace_courier")
+log = logging.getLogger("workers.telemetry.courier")
 
 MAX_BYTES = 4 * 1024 * 1024  # a shared request's body (~40 KB per WebShop rollout, mostly token ids)
 MAX_PARCELS = 64

@@ -17,11 +17,11 @@ import redis
 from bridge.core.coordination import coordination_redis, deployment_scope
 from bridge.core.settings import Settings, get_settings
 from bridge.core.store import StoreClient
-from workers.fence_board import FenceBoard
-from workers.heartbeat import HeartbeatMonitor
-from workers.shared_resources import RedisResources
-from workers.trace_courier import TraceCourier
-from workers.webshop import WebShopClient
+from workers.agents.webshop import WebShopClient
+from workers.lifecycle.shared_resources import RedisResources
+from workers.protocol.fence_board import FenceBoard
+from workers.protocol.heartbeat import HeartbeatMonitor
+from workers.telemetry.courier import TraceCourier
 
 
 @dataclass

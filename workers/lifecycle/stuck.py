@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from typing import NoReturn, TypeVar
 
 from bridge.core.errors import Superseded
-from workers import drain
-from workers.heartbeat import AttemptWatch
+from workers.lifecycle import drain
+from workers.protocol.heartbeat import AttemptWatch
 
-log = logging.getLogger("workers.stuck")
+log = logging.getLogger("workers.lifecycle.stuck")
 
 T = TypeVar("T")
 

@@ -1,5 +1,5 @@
 """What one delivery of ``workers.run_rollout`` returns: the task's result, shown in Flower and counted by
-``workers.metrics.observe_outcome``.
+``workers.lifecycle.metrics.observe_outcome``.
 
 ``OutcomeStatus`` is the delivery's outcome, not the Store's attempt status: ``skipped`` means this delivery
 wrote no final status (a duplicate, a fenced or superseded executor, an unknown rollout).
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from workers.failures import FailureClass
+from workers.protocol.failures import FailureClass
 
 
 class OutcomeStatus(StrEnum):

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 import redis
 
 from bridge.core import keys
-from workers import metrics as worker_metrics
+from workers.lifecycle import metrics as worker_metrics
 
-log = logging.getLogger("workers.ratelimit")
+log = logging.getLogger("workers.agents.ratelimit")
 
 MAX_SLEEP_S = 1.0  # re-check stop conditions at least this often while waiting for a reserved slot
 BYPASS_S = 5.0  # after Redis failed to answer, skip the limiter this long (one probe per period)

@@ -15,10 +15,10 @@ import redis
 from bridge.core.backoff import retry_until
 from bridge.core.errors import LeaseUnproven, Superseded, TelemetryError
 from bridge.core.settings import Settings
-from workers.attempt import Attempt
-from workers.heartbeat import AttemptWatch, watchdog_may_act
-from workers.lease import Lease
-from workers.telemetry import AttemptTelemetry
+from workers.protocol.attempt import Attempt
+from workers.protocol.heartbeat import AttemptWatch, watchdog_may_act
+from workers.protocol.lease import Lease
+from workers.telemetry.spans import AttemptTelemetry
 
 
 class WriteGuard:

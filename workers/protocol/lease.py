@@ -7,8 +7,8 @@ stalled executor that was taken over learns so at its next renewal and stops wit
 ``agl:started:<attempt>`` marks a later claim as a takeover. A renewal after Redis lost its data restores all
 three, the higher epoch winning. Why: docs/architecture.md, "Guarantees" (Redelivery, Takeover).
 
-Public API, small because ``workers.execution``, ``workers.fencing``, ``workers.reporting`` and ``workers.heartbeat``
-share it:
+Public API, small because ``workers.execution``, ``workers.protocol.fencing``, ``workers.protocol.reporting`` and
+``workers.protocol.heartbeat`` share it:
 ``Lease.claim``, ``Lease.renew`` (bool), ``Lease.release``, ``Lease.remaining_s``, ``Lease.holder``,
 ``Lease.valid_until`` (monotonic time up to which our lease is known to be live), ``renew_all`` (every
 lease of a process in one round trip), ``mark_done`` and ``free_slot``. Each takes a coordination client

@@ -11,10 +11,10 @@ from celery.exceptions import Reject
 
 from bridge.core.agl_v1 import V1_TASK_NAME, V1Rollout
 from bridge.core.coordination import deployment_scope
-from workers import protocol
 from workers.app import app
-from workers.resources import get_coordination, get_monitor
-from workers.v1_attempt import V1Attempt
+from workers.lifecycle.resources import get_coordination, get_monitor
+from workers.protocol import held as protocol
+from workers.v1.attempt import V1Attempt
 
 log = logging.getLogger("workers.v1")
 

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from bridge.core import keys
 from bridge.core.models import ResourcesUpdate
 
-log = logging.getLogger("workers.shared_resources")
+log = logging.getLogger("workers.lifecycle.shared_resources")
 
 
 class RedisResources:

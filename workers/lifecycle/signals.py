@@ -1,14 +1,14 @@
 """Per-process set-up of a worker, hooked on Celery's own signals.
 
 * ``worker_init`` (before the pool forks): logging and tracing, the deployment's key scope and the configured
-  LitAgent (``AGENT``; exit code 2 when either is not), the Store clock offset (``workers.clock``; none without
+  LitAgent (``AGENT``; exit code 2 when either is not), the Store clock offset (``workers.protocol.clock``; none without
   AGENT_LIGHTNING_STORE_URL: 1.0 rollouts only) and the Prometheus exporter;
   ``worker_process_init`` does the per-process part in each prefork child;
 * ``worker_ready``/``worker_shutting_down``: advertise and withdraw this node's slots and agent under its
   Store's key scope (``bridge.core.capacity``);
 * ``task_revoked`` with ``expired``: hand the rollout back to the Store queue, off Celery's loop
   (``ExpiredHandBack``; docs/store-protocol.md section 10, "Handing a rollout back");
-* ``task_prerun``/``task_postrun``: dequeue-to-start and outcomes (``workers.metrics``).
+* ``task_prerun``/``task_postrun``: dequeue-to-start and outcomes (``workers.lifecycle.metrics``).
 """
 
 from __future__ import annotations
@@ -32,12 +32,13 @@ from bridge.core.message import DEFAULT_AGENT, TASK_NAME
 from bridge.core.settings import Settings, get_settings
 from bridge.core.store import StoreClient
 from bridge.core.tracing import setup_process_tracing
-from workers import clock, drain, stuck
-from workers import metrics as worker_metrics
 from workers.agents import loading as agent_loading
-from workers.lease import free_slot
+from workers.lifecycle import drain, stuck
+from workers.lifecycle import metrics as worker_metrics
+from workers.protocol import clock
+from workers.protocol.lease import free_slot
 
-log = logging.getLogger("workers.signals")
+log = logging.getLogger("workers.lifecycle.signals")
 
 _ADVERTISE_EVERY_S = 10.0
 _advertiser_stop = threading.Event()
@@ -94,7 +95,7 @@ def _advertise(
     """One advert of the node's slots (less its stuck agent threads), its agent and the URL its scope is
     derived from (``endpoint``, redacted), all expiring."""
     try:
-        # One slot fewer per abandoned agent thread (workers.stuck): it still holds what it blocks on.
+        # One slot fewer per abandoned agent thread (workers.lifecycle.stuck): it still holds what it blocks on.
         stuck_now = stuck.stuck_threads.count()
         capacity.advertise(client, scope, hostname, queues, max(0, slots - stuck_now))
         # Same lifetime as the slots: CeleryRunner.init reads which online workers run which agent,
@@ -113,7 +114,7 @@ def _advertise(
 @signals.worker_shutting_down.connect
 def _on_shutting_down(**_: Any) -> None:
     """Withdraw the node's adverts at once and, with WORKER_SHUTDOWN_GRACE_S, start the bounded drain
-    (``workers.drain``): its stop time for every process of the node, and the exit deadline of this one."""
+    (``workers.lifecycle.drain``): its stop time for every process of the node, and the exit deadline of this one."""
     _advertiser_stop.set()
     _advertise_now.set()
     if not _node:
@@ -237,8 +238,8 @@ def _on_process_init(**_: Any) -> None:
     # Build the child's clients now, not in its first task: measured, the first rollout of each prefork
     # child spent ~0.5 s more between "received" and "started" (client and TLS context construction).
     try:
-        from workers.llm import shared_http
-        from workers.resources import get_resources
+        from workers.agents.llm import shared_http
+        from workers.lifecycle.resources import get_resources
 
         if settings.store_url is not None:  # a 1.0-only worker has no Store clients to build
             get_resources()

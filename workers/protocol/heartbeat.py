@@ -4,7 +4,7 @@
   and makes no Store call, so a slow Store never lets a live lease lapse. A renewal that finds the attempt
   claimed again or already reported flags it, and the agent loop stops without writing anything more.
 * The *Store* thread reads the rollouts of all the process's attempts in one request per interval (or takes
-  the fence board's verdicts, ``workers.fence_board``), flags an attempt that was superseded, timed out,
+  the fence board's verdicts, ``workers.protocol.fence_board``), flags an attempt that was superseded, timed out,
   marked unresponsive, finished or cancelled, sends ``last_heartbeat_time`` where the watchdog needs it,
   and ships buffered spans mid-episode where that is wanted. Each call must end while the lease is still
   known to be ours, and makes a single try: the next tick is the retry.
@@ -27,12 +27,12 @@ from celery.exceptions import SoftTimeLimitExceeded
 from bridge.core.errors import StoreError, Superseded, TelemetryError, UnknownIdError
 from bridge.core.models import ACTIVE_ATTEMPT, RolloutConfig
 from bridge.core.store import ROLLOUTS_PER_READ, StoreClient
-from workers import drain
-from workers.fence_board import GRACE_S, LISTING_LAPSES_INTERVALS, FenceBoard, fence
-from workers.lease import Lease, Renewal, renew_all
-from workers.telemetry import AttemptTelemetry
+from workers.lifecycle import drain
+from workers.protocol.fence_board import GRACE_S, LISTING_LAPSES_INTERVALS, FenceBoard, fence
+from workers.protocol.lease import Lease, Renewal, renew_all
+from workers.telemetry.spans import AttemptTelemetry
 
-log = logging.getLogger("workers.heartbeat")
+log = logging.getLogger("workers.protocol.heartbeat")
 
 TICK_S = 0.25
 HEARTBEAT_TIMEOUT_S = 5.0
@@ -63,7 +63,7 @@ class AttemptWatch:
     reporting: bool = False  # the final report is under way: keep the lease, stop fencing (it is our own report)
     lease_unknown: bool = False  # the latest renewal could not reach Redis: nobody can claim through it either
     sending: threading.Lock = field(default_factory=threading.Lock)  # held by a heartbeat while it is in flight
-    shutdown: bool = False  # stopped because the worker drains (workers.drain): handed over, not left unreported
+    shutdown: bool = False  # the worker drains (workers.lifecycle.drain): handed over, not left unreported
     interruptible: bool = False  # prefork: the agent runs on the process's main thread, SIGUSR1 interrupts it
     interrupt_at: float | None = None  # monotonic s at which a drain-stopped agent that did not return is interrupted
     store_fenced: bool = True  # False: not a Store attempt (Agent Lightning 1.0): the lease thread and the drain only
@@ -273,8 +273,8 @@ class HeartbeatMonitor:
                 log.exception("heartbeat round over %d attempts failed", len(watches))
 
     def stop_for_drain(self, watches: Sequence[AttemptWatch]) -> None:
-        """Once the node's drain reaches its stop time (``workers.drain``), stop every running attempt; under prefork,
-        interrupt an agent that has not returned ``drain.INTERRUPT_AFTER_S`` later."""
+        """Once the node's drain reaches its stop time (``workers.lifecycle.drain``), stop every running attempt; under
+        prefork, interrupt an agent that has not returned ``drain.INTERRUPT_AFTER_S`` later."""
         if self._drain_scope is None or not watches or not drain.clock.due(self._redis, self._drain_scope, time.time()):
             return
         reason = drain.shutdown_reason(drain.clock.grace_s)

@@ -19,9 +19,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from bridge.core.models import AttemptStatus
-from workers.failures import FailureClass
+from workers.protocol.failures import FailureClass
 
-log = logging.getLogger("workers.metrics")
+log = logging.getLogger("workers.lifecycle.metrics")
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
@@ -67,7 +67,7 @@ LLM_SECONDS = Histogram(
 LLM_RATE_LIMITED = Counter("agl_worker_llm_rate_limited_total", "LLM answers with HTTP 429", ["source"])
 RATELIMIT_BYPASSED = Counter(
     "agl_worker_ratelimit_bypassed_total",
-    "Global LLM rate-limit operations skipped because Redis did not answer (workers/ratelimit.py: BYPASS_S back-off)",
+    "Global LLM rate-limit operations skipped because Redis did not answer (BYPASS_S back-off)",
     ["op"],
 )
 ENV_SECONDS = Histogram(

@@ -23,15 +23,15 @@ from bridge.core import keys
 from bridge.core.backoff import backoff_delay
 from bridge.core.errors import LeaseUnproven, StoreError, StoreUnavailable, UnknownIdError
 from bridge.core.models import AttemptedRollout, AttemptStatus
-from workers import metrics as worker_metrics
-from workers.attempt import Attempt
-from workers.failures import FailureClass
-from workers.fence_board import fence
-from workers.fencing import WriteGuard
-from workers.lease import mark_done
-from workers.outcome import Outcome, OutcomeStatus, skipped
-from workers.resources import WorkerResources
-from workers.telemetry import AttemptTelemetry
+from workers.lifecycle import metrics as worker_metrics
+from workers.lifecycle.resources import WorkerResources
+from workers.protocol.attempt import Attempt
+from workers.protocol.failures import FailureClass
+from workers.protocol.fence_board import fence
+from workers.protocol.fencing import WriteGuard
+from workers.protocol.lease import mark_done
+from workers.protocol.outcome import Outcome, OutcomeStatus, skipped
+from workers.telemetry.spans import AttemptTelemetry
 
 REPORT_GRACE_S = 300.0
 

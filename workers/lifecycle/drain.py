@@ -1,6 +1,6 @@
 """A bounded warm shutdown (``WORKER_SHUTDOWN_GRACE_S``): what happens to a node's running episodes when it drains.
 
-At SIGTERM the main process withdraws the node's slot adverts (``workers.signals``) and records a *stop time*,
+At SIGTERM the main process withdraws the node's slot adverts (``workers.lifecycle.signals``) and records a *stop time*,
 the signal's time plus the grace less a reporting margin, in this process and in Redis
 (``keys.worker_drain``), where pool children, which never see the main process's signal, read it. From the
 stop time on, each process's heartbeat stops its running attempts (``HeartbeatMonitor``); a stopped attempt
@@ -24,7 +24,7 @@ import redis
 from bridge.core import keys
 from bridge.core.models import AttemptStatus, RolloutConfig
 
-log = logging.getLogger("workers.drain")
+log = logging.getLogger("workers.lifecycle.drain")
 
 # Stop this long before the grace ends: the interrupt (1 s), hand-over and report (< 0.1 s) and Celery's own exit,
 # measured at 2.5 s (threads) and 4 s (prefork, 3 slots) on a loaded 2-core host (docs/operations.md).
@@ -137,6 +137,6 @@ def _exit_after(delay: float) -> None:
 def _exit_now() -> None:
     """Exit at once, status 1, with one line on stderr (written directly: a logging lock may be held forever)."""
     try:
-        os.write(2, b"workers.drain: still running at the end of WORKER_SHUTDOWN_GRACE_S: exiting now\n")
+        os.write(2, b"workers.lifecycle.drain: still running at the end of WORKER_SHUTDOWN_GRACE_S: exiting now\n")
     finally:
         os._exit(1)

@@ -1,0 +1,1 @@
+"""Spans of an attempt and their delivery to the Store as OTLP."""
