@@ -18,7 +18,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import redis
@@ -66,6 +66,7 @@ class AttemptWatch:
     interruptible: bool = False  # prefork: the agent runs on the process's main thread, SIGUSR1 interrupts it
     interrupt_at: float | None = None  # monotonic s at which a drain-stopped agent that did not return is interrupted
     store_fenced: bool = True  # False: not a Store attempt (Agent Lightning 1.0): the lease thread and the drain only
+    on_stop: list[Callable[[], None]] = field(default_factory=list)  # called once, when the watch is first stopped
 
     def __post_init__(self) -> None:
         first = self.interval_s if self.first_beat_in_s is None else self.first_beat_in_s
@@ -82,9 +83,12 @@ class AttemptWatch:
             pass
 
     def stop(self, reason: str) -> None:
+        """Flag the attempt to stop; the first call records ``reason`` and runs the ``on_stop`` callbacks."""
         if self.stop_reason is None:
             self.stop_reason = reason
             log.warning("stopping rollout=%s attempt=%s: %s", self.rollout_id, self.attempt_id, reason)
+            for callback in list(self.on_stop):
+                callback()
 
     def shut_down(self, reason: str) -> None:
         """Stop the attempt because the worker drains, unless it was stopped for a reason of its own already."""
