@@ -87,3 +87,45 @@ def test_a_passed_deadline_abandons_the_agent(no_restart: list[str]) -> None:
         release.set()
     assert 0.3 + 0.2 <= time.monotonic() - started < stuck.WAKE_MAX_S - 1
     assert watch.stop_reason is not None  # stopped, so a late LLM call of the abandoned agent stops at once
+
+
+def test_the_next_attempt_runs_on_the_agent_thread_the_last_one_returned_from(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Per-thread state (the LLM client's connection pool) survives from one rollout to the next: a new thread
+    # per attempt built a new pool and opened a new connection for every rollout.
+    monkeypatch.setattr(stuck, "agent_threads", stuck.AgentThreads())
+    local = threading.local()
+    seen: list[tuple[threading.Thread, int, str]] = []
+
+    def agent() -> None:
+        local.calls = getattr(local, "calls", 0) + 1
+        thread = threading.current_thread()
+        seen.append((thread, local.calls, thread.name))
+
+    for attempt in ("at-one", "at-two"):
+        watch = _watch(deadline_in_s=60)
+        watch.attempt_id = attempt
+        stuck.run_abandonable(agent, watch)
+        deadline = time.monotonic() + 5
+        while stuck.agent_threads.idle_count() == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)  # the thread rejoins the idle list just after handing its result over
+    (first, _, first_name), (second, calls, second_name) = seen
+    assert second is first and calls == 2, seen
+    assert (first_name, second_name) == ("agent-at-one", "agent-at-two")  # named after the attempt it runs
+    assert first.name == stuck.AgentThreads.IDLE_NAME
+
+
+def test_a_stuck_agent_thread_is_not_given_another_attempt() -> None:
+    threads = stuck.AgentThreads()
+    release, ran = threading.Event(), threading.Event()
+
+    def block() -> None:
+        release.wait()
+
+    blocked = threads.start(block, "agent-blocked")
+    other = threads.start(ran.set, "agent-other")
+    assert ran.wait(5) and other is not blocked  # the blocked one was busy: a second thread ran it
+    release.set()
+    deadline = time.monotonic() + 5
+    while threads.idle_count() < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert threads.idle_count() == 2  # both wait for work now, the blocked one since it returned
