@@ -15,7 +15,6 @@ import atexit
 import contextvars
 import logging
 import os
-import queue
 import signal
 import sys
 import threading
@@ -101,72 +100,8 @@ class Pool:
 pool = Pool()
 
 
-class AgentThreads:
-    """The process's agent threads, reused: an agent thread that returned waits for the next attempt's agent.
-
-    A thread per attempt cost every attempt a thread start and, worse, the per-thread state of the clients the
-    agent uses: the LLM client's connection pool is per thread (``bridge.core.http.PerThreadTransport``), so a
-    new thread built a new pool and opened a new connection for every rollout. A reused thread keeps them, as
-    the pool's task threads did when they ran the agent themselves. Each job runs in the context its caller
-    copied, so no context variable leaks from one attempt to the next. A thread abandoned by its attempt
-    (stuck) rejoins only once it returns; at most ``max_idle`` threads wait, others end.
-    """
-
-    IDLE_NAME = "agent-idle"
-
-    def __init__(self, max_idle: int = 1024) -> None:
-        self._lock = threading.Lock()
-        self._idle: list[_AgentThread] = []
-        self._max_idle = max_idle
-
-    def start(self, job: Callable[[], None], name: str) -> threading.Thread:
-        """Run ``job`` on an idle agent thread (a new one if none waits), named ``name`` while it runs."""
-        with self._lock:
-            worker = self._idle.pop() if self._idle else None
-        if worker is None:
-            worker = _AgentThread(self)
-            worker.give(job, name)
-            worker.thread.start()
-        else:
-            worker.give(job, name)
-        return worker.thread
-
-    def idle_count(self) -> int:
-        with self._lock:
-            return len(self._idle)
-
-    def _rejoin(self, worker: _AgentThread) -> bool:
-        with self._lock:
-            if len(self._idle) >= self._max_idle:
-                return False
-            self._idle.append(worker)
-            return True
-
-
-class _AgentThread:
-    def __init__(self, threads: AgentThreads) -> None:
-        self._threads = threads
-        self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
-        self.thread = threading.Thread(target=self._loop, name=AgentThreads.IDLE_NAME, daemon=True)
-
-    def give(self, job: Callable[[], None], name: str) -> None:
-        self.thread.name = name
-        self._jobs.put(job)
-
-    def _loop(self) -> None:
-        while True:
-            job = self._jobs.get()
-            job()  # never raises: run_abandonable's target keeps what the agent raised
-            self.thread.name = AgentThreads.IDLE_NAME
-            if not self._threads._rejoin(self):
-                return
-
-
-agent_threads = AgentThreads()
-
-
 def run_abandonable(body: Callable[[], T], watch: AttemptWatch) -> T:
-    """``body()`` on an agent thread (``agent_threads``), in the caller's context; its result, or what it raised.
+    """``body()`` on a thread of its own, in the caller's context; its result, or what it raised.
 
     Raises ``AgentAbandoned`` (a TimeoutError: class ``timeout``) past the watch's deadline plus
     ``ABANDON_GRACE_S``, or ``Superseded`` that long after the watch got a stop verdict, without waiting for
@@ -191,7 +126,8 @@ def run_abandonable(body: Callable[[], T], watch: AttemptWatch) -> T:
 
     watch.on_stop.append(wake.set)
     try:
-        thread = agent_threads.start(target, f"agent-{watch.attempt_id}")
+        thread = threading.Thread(target=target, name=f"agent-{watch.attempt_id}", daemon=True)
+        thread.start()
         give_up_at: float | None = None
         while True:
             wake.clear()  # cleared before the checks: a stop or a return after them ends the wait at once
