@@ -55,8 +55,9 @@ PEER = {
     "peer_store_cpu_ms_per_rollout",
     "peer_store_ceiling_rollouts_per_s",
     "peer_cpu_ms_per_rollout_total",
+    "worker_cpu_ratio_vs_peer",
 }
-FLOOR = {key.replace("peer_", "floor_") for key in PEER} | {"ratio_vs_floor", "ratio_floor_vs_peer"}
+FLOOR = {key.replace("peer_", "floor_").replace("vs_peer", "vs_floor") for key in PEER} | {"ratio_floor_vs_peer"}
 CPU_FIGURES = ("Store CPU ms/rollout", "Store ceiling rollouts/s (one core)", "CPU ms/rollout in all")
 
 
@@ -127,6 +128,10 @@ def test_bench_runs_the_agent_lightning_runner_and_the_floor_side_by_side(servic
         assert store_ms > 0 and ceiling == pytest.approx(1000 / store_ms, rel=0.05), (prefix, store_ms, ceiling)
         worker = result[f"{prefix}worker_cpu_ms_per_rollout"]
         assert worker > 0 and worker + store_ms <= result[f"{prefix}cpu_ms_per_rollout_total"] + 0.05
+    for kind in ("peer", "floor"):  # our worker CPU over theirs, in the JSON and on the table
+        ours, theirs = result["worker_cpu_ms_per_rollout"], result[f"{kind}_worker_cpu_ms_per_rollout"]
+        assert result[f"worker_cpu_ratio_vs_{kind}"] == pytest.approx(ours / theirs, rel=0.01), kind
+        assert f"worker CPU ratio vs {kind}" in table, kind
     for label in CPU_FIGURES:  # printed for a person too, for every executor
         assert label in table and f"peer {label}" in table and f"floor {label}" in table, label
     assert result["peer_statuses"] == {"succeeded": 10} and result["floor_statuses"] == {"succeeded": 10}

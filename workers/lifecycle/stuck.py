@@ -32,7 +32,7 @@ log = logging.getLogger("workers.lifecycle.stuck")
 T = TypeVar("T")
 
 ABANDON_GRACE_S = 2.0  # after the deadline or a stop verdict, how long the agent gets to return by itself
-POLL_S = 0.1
+WAKE_MAX_S = 5.0  # the waiting task thread re-checks at least this often (a backstop: stops and returns wake it)
 
 
 class AgentAbandoned(TimeoutError):
@@ -105,9 +105,12 @@ def run_abandonable(body: Callable[[], T], watch: AttemptWatch) -> T:
 
     Raises ``AgentAbandoned`` (a TimeoutError: class ``timeout``) past the watch's deadline plus
     ``ABANDON_GRACE_S``, or ``Superseded`` that long after the watch got a stop verdict, without waiting for
-    the thread, which is then counted in ``stuck_threads``.
+    the thread, which is then counted in ``stuck_threads``. The caller's thread sleeps until the agent
+    returns, the watch is stopped (``AttemptWatch.on_stop``) or a deadline comes: it does not poll, so a
+    waiting slot costs no CPU (at most one wake every ``WAKE_MAX_S``, a backstop).
     """
     done = threading.Event()
+    wake = threading.Event()  # the agent returned, or the watch was stopped
     outcome: dict[str, object] = {}
     context = contextvars.copy_context()  # the task's trace context and anything set around the agent
 
@@ -118,17 +121,27 @@ def run_abandonable(body: Callable[[], T], watch: AttemptWatch) -> T:
             outcome["error"] = exc
         finally:
             done.set()
+            wake.set()
             stuck_threads.returned(threading.current_thread())
 
-    thread = threading.Thread(target=target, name=f"agent-{watch.attempt_id}", daemon=True)
-    thread.start()
-    give_up_at: float | None = None
-    while not done.wait(POLL_S):
-        now = time.time()
-        if give_up_at is None and (watch.stop_reason is not None or (watch.deadline and now > watch.deadline)):
-            give_up_at = now + ABANDON_GRACE_S
-        if give_up_at is not None and now >= give_up_at and not done.is_set():
-            return _abandon(thread, watch)
+    watch.on_stop.append(wake.set)
+    try:
+        thread = threading.Thread(target=target, name=f"agent-{watch.attempt_id}", daemon=True)
+        thread.start()
+        give_up_at: float | None = None
+        while True:
+            wake.clear()  # cleared before the checks: a stop or a return after them ends the wait at once
+            if done.is_set():
+                break
+            now = time.time()
+            if give_up_at is None and (watch.stop_reason is not None or (watch.deadline and now > watch.deadline)):
+                give_up_at = now + ABANDON_GRACE_S
+            if give_up_at is not None and now >= give_up_at:
+                return _abandon(thread, watch)
+            until = give_up_at if give_up_at is not None else watch.deadline
+            wake.wait(WAKE_MAX_S if not until else min(WAKE_MAX_S, max(0.0, until - now)))
+    finally:
+        watch.on_stop.remove(wake.set)
     if "error" in outcome:
         raise outcome["error"]  # type: ignore[misc]
     return outcome["result"]  # type: ignore[return-value]

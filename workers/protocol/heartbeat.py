@@ -70,6 +70,7 @@ class AttemptWatch:
     interrupted: bool = False  # the drain interrupted the agent (SIGUSR1): no report of its run begins after that
     interrupt_pending: bool = False  # that interrupt has not been seen in this attempt's (main) thread yet
     state: threading.Lock = field(default_factory=threading.Lock)  # the interrupt and the report's start: one step
+    on_stop: list[Callable[[], None]] = field(default_factory=list)  # called once, when the watch is first stopped
 
     def __post_init__(self) -> None:
         first = self.interval_s if self.first_beat_in_s is None else self.first_beat_in_s
@@ -118,9 +119,12 @@ class AttemptWatch:
         self.interrupt_pending = False
 
     def stop(self, reason: str) -> None:
+        """Flag the attempt to stop; the first call records ``reason`` and runs the ``on_stop`` callbacks."""
         if self.stop_reason is None:
             self.stop_reason = reason
             log.warning("stopping rollout=%s attempt=%s: %s", self.rollout_id, self.attempt_id, reason)
+            for callback in list(self.on_stop):
+                callback()
 
     def shut_down(self, reason: str) -> None:
         """Stop the attempt because the worker drains, unless it was stopped for a reason of its own already."""

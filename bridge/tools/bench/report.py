@@ -60,6 +60,17 @@ def store_ceiling(store_cpu_s: float | None, rollouts: int) -> float | None:
     return round(rollouts / store_cpu_s, 1)
 
 
+def cpu_ratio(ours_ms: float | None, theirs_ms: float | None) -> float | None:
+    """Our worker CPU per rollout over another executor's (its runner or executor processes), to 3 places.
+
+    Below 1 our workers spend less CPU per rollout than that executor does on the same workload; None when
+    either figure is missing or the other executor's is not positive.
+    """
+    if ours_ms is None or theirs_ms is None or theirs_ms <= 0:
+        return None
+    return round(ours_ms / theirs_ms, 3)
+
+
 def ideal(summary: dict[str, Any], args: argparse.Namespace, store_rps: float) -> tuple[float | None, str]:
     """C / (time one rollout needs at the given latencies); at 0 ms, the Store-bound rate instead."""
     calls, steps = summary.get("mean_llm_calls"), summary.get("mean_steps")
@@ -147,6 +158,7 @@ def _executor_rows(result: dict[str, Any], kind: str, worker: str) -> list[tuple
         (f"ratio vs {kind}", result.get(f"ratio_vs_{kind}")),
         (f"{kind} Store requests/rollout", figure("store_requests_per_rollout")),
         (f"{kind} {worker} CPU ms/rollout", figure("cpu_ms_per_rollout")),
+        (f"worker CPU ratio vs {kind} (ours / {kind}'s)", result.get(f"worker_cpu_ratio_vs_{kind}")),
         (f"{kind} Store CPU ms/rollout", figure("store_cpu_ms_per_rollout")),
         (f"{kind} Store ceiling rollouts/s (one core)", figure("store_ceiling_rollouts_per_s")),
         (f"{kind} CPU ms/rollout in all", figure("cpu_ms_per_rollout_total")),

@@ -36,7 +36,7 @@ from typing import Any
 
 from bridge.tools.bench import metrics as bm
 from bridge.tools.bench.client import BenchClient
-from bridge.tools.bench.report import ideal, ideal_seconds, print_table, summarize
+from bridge.tools.bench.report import cpu_ratio, ideal, ideal_seconds, print_table, summarize
 from bridge.tools.procs import PYTHON, ManagedProcess
 from bridge.tools.stack import LocalStack, StackConfig
 from bridge.tools.stats import rounded
@@ -213,8 +213,11 @@ def run_executor(
     return summary
 
 
-def executor_figures(kind: str, summary: dict[str, Any], ours_rps: float | None) -> dict[str, Any]:
-    """A phase's figures under its prefix (``peer_``, ``floor_``), with our rate over its rate."""
+def executor_figures(
+    kind: str, summary: dict[str, Any], ours_rps: float | None, ours_worker_cpu_ms: float | None = None
+) -> dict[str, Any]:
+    """A phase's figures under its prefix (``peer_``, ``floor_``), with our rate over its rate and our worker
+    CPU per rollout over its executor's (``worker_cpu_ratio_vs_<kind>``)."""
     rate = summary["rollouts_per_s"]
     figures = {
         "rollouts_per_s": rate,
@@ -232,7 +235,8 @@ def executor_figures(kind: str, summary: dict[str, Any], ours_rps: float | None)
         "stored_token_ids_per_rollout": summary["stored_token_ids_per_rollout"],
     }
     return {f"{kind}_{key}": value for key, value in figures.items()} | {
-        f"ratio_vs_{kind}": round(ours_rps / rate, 3) if ours_rps and rate else None
+        f"ratio_vs_{kind}": round(ours_rps / rate, 3) if ours_rps and rate else None,
+        f"worker_cpu_ratio_vs_{kind}": cpu_ratio(ours_worker_cpu_ms, figures["worker_cpu_ms_per_rollout"]),
     }
 
 
@@ -338,7 +342,10 @@ def _bench(stack: LocalStack, args: argparse.Namespace, say: Any) -> int:
         say(f"{kind}: the same workload, run by {EXECUTORS[kind]}")
         result.update(
             executor_figures(
-                kind, run_executor(stack, client, args, resources_id, groups, kind), summary["rollouts_per_s"]
+                kind,
+                run_executor(stack, client, args, resources_id, groups, kind),
+                summary["rollouts_per_s"],
+                summary.get("worker_cpu_ms_per_rollout"),
             )
         )
     if args.peer and args.floor:
