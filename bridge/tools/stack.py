@@ -8,6 +8,7 @@ bounded wait), and nothing else. Process handling itself lives in ``bridge.tools
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -37,6 +38,12 @@ from bridge.tools.rabbitmq import is_amqp_url, require_amqp
 __all__ = ["LocalStack", "StackConfig"]
 
 log = logging.getLogger("bridge.tools.stack")
+
+
+WORKER_START_TIMEOUT_S = 180.0
+"""How long a started worker may take to advertise its slots. A worker with ``AGENT=`` imports ``agentlightning``
+(about 11 s of CPU) in each pool process; on 2 cores shared with a parallel test suite that took over 60 s. A worker
+that exits while starting fails at once, whatever this says."""
 
 
 @dataclass
@@ -278,7 +285,8 @@ class LocalStack:
             port = free_port()
             env.update(WORKER_METRICS_PORT=str(port), PROMETHEUS_MULTIPROC_DIR=str(self.log_dir / "metrics" / name))
             self.worker_metrics_urls[name] = f"http://127.0.0.1:{port}/metrics"
-        process = self._spawn(name, argv, lambda: self._worker_advertised(hostname), env=env, timeout=60, wait=wait)
+        advertised = functools.partial(self._worker_advertised, hostname)
+        process = self._spawn(name, argv, advertised, env=env, timeout=WORKER_START_TIMEOUT_S, wait=wait)
         self.workers.append(process)
         return process
 

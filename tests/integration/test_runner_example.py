@@ -178,6 +178,6 @@ def _tail(where: Path) -> str:
 
 
 def _rollouts_since(store_url: str, started: float) -> list[dict[str, Any]]:
-    response = httpx.get(f"{store_url}{API}/rollouts", params={"limit": 200}, timeout=30)
+    response = httpx.get(f"{store_url}{API}/rollouts", params={"limit": -1}, timeout=30)
     response.raise_for_status()
     return [item for item in response.json()["items"] if (item.get("start_time") or 0) >= started - 1]

@@ -146,7 +146,7 @@ def test_the_drain_s_forced_exit_ends_the_first_process_of_a_pid_namespace() -> 
     ends) is PID 1, and ``exit_by`` must end it at its deadline."""
     require(_pid_namespaces())
     code = (
-        "import threading, time; from workers import drain; "
+        "import threading, time; from workers.lifecycle import drain; "
         "drain.exit_by(time.time() + 0.5); "
         "threading.Thread(target=threading.Event().wait, daemon=False).start()"
     )
