@@ -171,6 +171,16 @@ class ManagedProcess:
             return "(no log)"
 
 
+def pause_group(pgid: int, seconds: float) -> None:
+    """Freeze a process group (SIGSTOP) for ``seconds``, then let it go on (SIGCONT), even when interrupted: the
+    chaos scenarios' "the service stops answering" fault."""
+    os.killpg(pgid, signal.SIGSTOP)
+    try:
+        time.sleep(seconds)
+    finally:
+        os.killpg(pgid, signal.SIGCONT)
+
+
 @contextlib.contextmanager
 def serving(
     name: str,

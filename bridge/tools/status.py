@@ -170,15 +170,11 @@ def _broker_part(settings: Settings, client: redis.Redis) -> tuple[dict[str, Any
         held, unserved = capacity.read_held(client, scope)
         part["unserved"] = unserved
         if not workers:  # this deployment's workers under another spelling of its URL (bridge.core.scope_check)
-            suspects = [
-                other
-                for other in scope_check.other_scopes(client, scope, settings.all_queues())
-                if other.looks_like(deployment_endpoint(settings))
-            ]
+            endpoint = deployment_endpoint(settings)
+            others = scope_check.other_scopes(client, scope, settings.all_queues())
+            suspects = [other for other in others if other.looks_like(endpoint)]
             if suspects:
-                part["scope_mismatch"] = scope_check.mismatch_message(
-                    "status", deployment_endpoint(settings), scope, suspects
-                )
+                part["scope_mismatch"] = scope_check.mismatch_message("status", endpoint, scope, suspects)
         queues = sorted(set(settings.all_queues()) | {q for w in workers.values() for q in w["queues"]} | set(held))
         view = capacity.read_slots(client, scope, queues)  # the dispatcher's accounting: a shared node once
         totals, rooms = view.totals(), view.rooms()

@@ -21,6 +21,7 @@ from bridge.core import capacity
 from bridge.core.message import DEFAULT_AGENT, TASK_NAME, task_kwargs
 from bridge.core.models import ACTIVE_ROLLOUT, FINISHED_ROLLOUT, AttemptedRollout
 from bridge.tools.chaos.state import ChaosRun
+from bridge.tools.procs import pause_group
 
 CHAOS_DISPATCHER_ID = "chaos-bridge"
 CHAOS_QUEUE = "rollouts"  # the default queue
@@ -193,11 +194,7 @@ def pause_store(run: ChaosRun, seconds: float = 15.0) -> None:
         run.note("skipped: the Store was not started by this stack")
         return
     run.wait_progress(run.share(0.3), 120)
-    os.killpg(store.pid, signal.SIGSTOP)
-    try:
-        time.sleep(seconds)
-    finally:
-        os.killpg(store.pid, signal.SIGCONT)
+    pause_group(store.pid, seconds)
     run.note(f"paused the Store for {seconds:.0f}s")
 
 

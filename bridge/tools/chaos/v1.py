@@ -43,7 +43,7 @@ from bridge.core.coordination import coordination_client
 from bridge.tools.agl_v1_env import start_gateway, start_v1_dispatcher, v1_virtualenv
 from bridge.tools.chaos.state import ScenarioResult
 from bridge.tools.chaos.v1_program import START_EVENT
-from bridge.tools.procs import ManagedProcess, free_port
+from bridge.tools.procs import ManagedProcess, free_port, pause_group
 from bridge.tools.stack import LocalStack, StackConfig
 
 PROGRAM = "bridge.tools.chaos.v1_program:ChaosProgram"
@@ -283,11 +283,7 @@ def pause_gateway(run: V1ChaosRun) -> None:
     gateway = run.chaos.gateway_process()
     seconds = run.chaos.options.gateway_pause_s
     assert gateway.pid is not None
-    os.killpg(gateway.pid, signal.SIGSTOP)
-    try:
-        time.sleep(seconds)
-    finally:
-        os.killpg(gateway.pid, signal.SIGCONT)
+    pause_group(gateway.pid, seconds)
     run.note(f"paused the gateway for {seconds:g}s")
 
 
