@@ -88,13 +88,21 @@ def client(redis_client: redis.Redis) -> Iterator[redis.Redis]:
     redis_client.flushdb()
     metrics.clear_leader_gauges()
     yield redis_client
+    # A lock left held keeps its renewal thread, which clears the process-wide leader gauge once the flush below
+    # takes its key: in the middle of the next test, which then read 0 from a leader it had just made.
+    while _made:
+        _made.pop()._lock.release()
     redis_client.flushdb()
     metrics.clear_leader_gauges()
+
+
+_made: list[Dispatcher] = []
 
 
 def _dispatcher(client: redis.Redis, store: Store, settings: Settings | None = None) -> Dispatcher:
     dispatcher = Dispatcher(settings or _settings(), store, client, Publisher())  # type: ignore[arg-type]
     dispatcher._next_reconcile = float("inf")  # reconcile is tested elsewhere
+    _made.append(dispatcher)
     return dispatcher
 
 
