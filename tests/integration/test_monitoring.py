@@ -153,7 +153,7 @@ def test_bridge_metrics_expose_the_named_series(ops: dict[str, object]) -> None:
     assert _total(samples, "agl_bridge_handed_back_total") == 0
     assert _total(samples, "agl_bridge_store_errors_total") == 0
     assert 'agl_bridge_store_errors_total{kind="dequeue"}' in samples
-    assert samples["agl_bridge_is_leader"] == 1
+    assert samples['agl_bridge_is_leader{line="v03"}'] == 1
     # Every rollout has finished: the bridge's next ticks (every fraction of a second) see nothing in flight and
     # nothing waiting in the broker, so each gauge settles at 0 within a few seconds.
     gauges = [
@@ -261,8 +261,8 @@ def test_the_leader_exports_the_stores_backlog_as_desired_slots_and_a_standby_ex
         assert leader['agl_bridge_total_slots{queue="rollouts"}'] == 0
         assert leader['agl_bridge_free_slots{queue="rollouts"}'] == 0
         assert leader['agl_bridge_store_oldest_waiting_seconds{queue="rollouts"}'] >= 0
-        assert leader["agl_bridge_is_leader"] == 1
-        others = _settled(f"http://127.0.0.1:{port}/metrics", lambda s: s.get("agl_bridge_is_leader"), 0)
+        assert leader['agl_bridge_is_leader{line="v03"}'] == 1
+        others = _settled(f"http://127.0.0.1:{port}/metrics", lambda s: s.get('agl_bridge_is_leader{line="v03"}'), 0)
         exported = {key.partition("{")[0] for key in others}
         leader_only = {gauge._name for gauge in metrics.LEADER_GAUGES}
         assert not exported & leader_only, exported & leader_only
