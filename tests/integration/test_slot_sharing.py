@@ -79,7 +79,6 @@ def pool(services: LocalStack, tmp_path_factory: pytest.TempPathFactory) -> Iter
         "LEASE_TTL_S": "4",
         "AGL_V1_SERVER_URL": f"http://127.0.0.1:{port}",
         "AGL_V1_KEY": KEY,
-        "BRIDGE_BACKLOG_INTERVAL_S": "1",  # both leaders read their backlog every second
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
     }
     log_dir = tmp_path_factory.mktemp("slot-sharing")
