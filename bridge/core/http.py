@@ -32,7 +32,9 @@ class PerThreadTransport(httpx.BaseTransport):
     readability check (a syscall) per idle connection, all under the GIL. With 128 threads sharing one pool
     of about 128 connections that walk took 16% of a ``-P threads -c 128`` worker's Python time (py-spy
     ``--gil``, docs/performance.md). A synchronous thread uses one connection at a time, so its own pool
-    holds one or two. Pools of threads that ended are closed when the next thread makes its own.
+    holds one or two. The pool of a thread that ended goes to the next thread that needs one, with its open
+    connections: under ``-P threads`` an agent runs on a thread per attempt, which otherwise opened (and with TLS
+    negotiated) a connection to every service for each rollout.
     """
 
     def __init__(self, limits: httpx.Limits) -> None:
@@ -43,21 +45,29 @@ class PerThreadTransport(httpx.BaseTransport):
         self._local = threading.local()
         self._lock = threading.Lock()
         self._pools: dict[threading.Thread, httpx.HTTPTransport] = {}  # each calling thread's pool
+        self._idle: list[httpx.HTTPTransport] = []  # pools of threads that ended, for the next ones
+        self._most = 0  # the most threads that held a pool at once: no more pools than that are kept
 
     def _own(self) -> httpx.HTTPTransport:
         pool: httpx.HTTPTransport | None = getattr(self._local, "pool", None)
         if pool is None:
-            pool = httpx.HTTPTransport(verify=self._tls, limits=self._limits, socket_options=ABORT_ON_CLOSE)
-            self._local.pool = pool
             with self._lock:
                 # Keyed by the thread itself, not its ident (reused once a thread ends), and judged under the
                 # lock: a list of live threads taken before it missed a thread that started and filed its pool
-                # meanwhile, and closed that pool under its first call. A thread that threading did not start
+                # meanwhile, and handed that pool on under its first call. A thread that threading did not start
                 # (a "dummy" thread) counts as alive for good: its pool is closed only with the transport.
                 ended = [thread for thread in self._pools if not thread.is_alive()]
-                for thread in ended:
-                    self._pools.pop(thread).close()
+                self._idle.extend(self._pools.pop(thread) for thread in ended)
+                pool = self._idle.pop() if self._idle else None
+                if pool is None:
+                    pool = httpx.HTTPTransport(verify=self._tls, limits=self._limits, socket_options=ABORT_ON_CLOSE)
                 self._pools[threading.current_thread()] = pool
+                self._most = max(self._most, len(self._pools))
+                surplus = self._idle[self._most :]  # never more pools than threads ever held at once
+                del self._idle[self._most :]
+            self._local.pool = pool
+            for spare in surplus:
+                spare.close()
         return pool
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
@@ -65,7 +75,8 @@ class PerThreadTransport(httpx.BaseTransport):
 
     def close(self) -> None:
         with self._lock:
-            pools, self._pools = list(self._pools.values()), {}
+            pools, self._pools = list(self._pools.values()) + self._idle, {}
+            self._idle = []
         for pool in pools:
             pool.close()
 

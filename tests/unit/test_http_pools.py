@@ -1,6 +1,7 @@
 """Which connection pool each client keeps (``bridge.core.http``).
 
-The LLM client keeps one small pool per thread (``PerThreadTransport``): a shared pool is walked on every
+The LLM client keeps one small pool per thread (``PerThreadTransport``), handed on to a later thread when its thread
+ends: a shared pool is walked on every
 request and every response close, a syscall per idle connection, under the GIL, and with 128 threads each
 holding an LLM call open it cost a threads worker 16% of its Python time. The Store and WebShop clients,
 which a thread calls now and then, share one pool so that their connections stay warm. Real ``httpx``
@@ -35,13 +36,15 @@ def _in_thread(action: object) -> None:
     thread.join(timeout=10)
 
 
-def test_each_thread_has_its_own_llm_pool_and_ended_threads_pools_are_closed(server: RecordingStore) -> None:
+def test_each_thread_has_its_own_llm_pool_and_an_ended_threads_pool_serves_the_next_thread_warm(
+    server: RecordingStore,
+) -> None:
     transport = pooled_transport(max_connections=8)
     client = httpx.Client(base_url=server.url, transport=transport)
     try:
         client.get("/a")
         mine = transport._pools[threading.current_thread()]
-        seen: list[object] = []
+        seen: list[httpx.HTTPTransport] = []
 
         def other() -> None:
             client.get("/b")
@@ -50,14 +53,42 @@ def test_each_thread_has_its_own_llm_pool_and_ended_threads_pools_are_closed(ser
         _in_thread(other)
         assert seen and seen[0] is not mine  # the other thread did not use (or walk) this thread's connections
         assert len(mine._pool.connections) == 1
+        first = seen[0]._pool.connections[0]
 
-        _in_thread(lambda: client.get("/c"))  # a new thread: the ended one's pool is closed and dropped
-        assert seen[0] not in transport._pools.values()
-        assert seen[0]._pool.connections == []  # type: ignore[attr-defined]
-        assert server.paths == ["/a", "/b", "/c"]
+        # A thread per attempt: the next one takes the ended thread's pool with its open connection, instead of
+        # opening (and with TLS negotiating) a new one for every rollout.
+        _in_thread(other)
+        assert seen[1] is seen[0] and seen[1]._pool.connections == [first]
+        assert server.paths == ["/a", "/b", "/b"]
     finally:
         client.close()
-    assert transport._pools == {} and mine._pool.connections == []
+    assert transport._pools == {} and transport._idle == []
+    assert mine._pool.connections == [] and seen[0]._pool.connections == []
+
+
+def test_no_more_pools_are_kept_than_threads_ever_held_at_once(server: RecordingStore) -> None:
+    transport = pooled_transport(max_connections=8)
+    client = httpx.Client(base_url=server.url, transport=transport)
+    start, stop = threading.Barrier(4), threading.Event()
+
+    def busy() -> None:
+        client.get("/busy")
+        start.wait(10)
+        stop.wait(10)
+
+    try:
+        threads = [threading.Thread(target=busy) for _ in range(3)]
+        for thread in threads:
+            thread.start()
+        start.wait(10)  # three threads hold a pool at once
+        stop.set()
+        for thread in threads:
+            thread.join(10)
+        _in_thread(lambda: client.get("/next"))  # takes one of the three; the other two wait for the next threads
+        assert len(transport._pools) + len(transport._idle) == 3
+        assert transport._most == 3
+    finally:
+        client.close()
 
 
 def test_threads_calling_a_service_now_and_then_share_one_warm_connection(server: RecordingStore) -> None:
