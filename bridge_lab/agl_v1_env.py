@@ -19,11 +19,11 @@ import redis
 
 from bridge.core import keys
 from bridge.core.coordination import coordination_client
-from bridge.tools.procs import ManagedProcess, StackError, free_port, http_ok
-from bridge.tools.stack import LocalStack
+from bridge_lab.procs import ManagedProcess, StackError, free_port, http_ok
+from bridge_lab.stack import LocalStack
 
 AGL_V1_REQUIREMENT = "agentlightning==1.0.0"
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
 TRAINER = Path(__file__).with_name("agl_v1_trainer.py")
 GATEWAY_MODEL = "stand-in"  # the model name the gateway forces on every proxied request
 
@@ -118,7 +118,7 @@ def start_v1_dispatcher(
 
 
 def train(venv: Path, spec: dict[str, Any], timeout_s: float = 240.0) -> list[dict[str, Any]]:
-    """Run 1.0's trainer client (``bridge.tools.agl_v1_trainer``) on ``spec``: one dict per finished rollout.
+    """Run 1.0's trainer client (``bridge_lab.agl_v1_trainer``) on ``spec``: one dict per finished rollout.
     StackError with its stderr if it fails."""
     done = subprocess.run(
         [str(venv / "bin/python"), str(TRAINER), json.dumps(spec)], capture_output=True, text=True, timeout=timeout_s

@@ -1,8 +1,8 @@
-"""Agent Lightning 1.0's own trainer client, run under the 1.0 virtualenv (``bridge.tools.agl_v1_env.train``):
+"""Agent Lightning 1.0's own trainer client, run under the 1.0 virtualenv (``bridge_lab.agl_v1_env.train``):
 registers the gateway's model, enqueues one rollout per task and waits for all of them, as verl's trainer does,
 then prints one JSON line per completed rollout (with the gateway's enqueue, running and finished times).
 
-Usage: ``<1.0 virtualenv>/bin/python bridge/tools/agl_v1_trainer.py '<json>'`` with ``gateway``, ``key``,
+Usage: ``<1.0 virtualenv>/bin/python bridge_lab/agl_v1_trainer.py '<json>'`` with ``gateway``, ``key``,
 ``model_endpoint``, ``agent_class``, ``env_map``, ``timeout_s`` and ``tasks`` (a list of dicts, the rollouts'
 inputs). Never imported by this project's runtime: it needs agentlightning 1.0.
 """

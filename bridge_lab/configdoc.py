@@ -6,9 +6,9 @@ else the default) and its description (the string below the field). A field whos
 a ``section`` starts that section; ``set_in_example`` leaves its .env.example line set instead of commented out.
 Variables that other programs read (docker compose, Flower, OpenTelemetry, prometheus_client) are in ``FOREIGN``.
 
-    python -m bridge.tools.configdoc            # print docs/configuration.md
-    python -m bridge.tools.configdoc --write    # write .env.example and docs/configuration.md
-    python -m bridge.tools.configdoc --check    # exit 1 when either is stale
+    python -m bridge_lab.configdoc            # print docs/configuration.md
+    python -m bridge_lab.configdoc --write    # write .env.example and docs/configuration.md
+    python -m bridge_lab.configdoc --check    # exit 1 when either is stale
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ from pydantic_core import PydanticUndefined
 
 from bridge.core.settings import SECTION, SET_IN_EXAMPLE, Settings, env_name
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 ENV_EXAMPLE = ROOT / ".env.example"
 OUTPUT = ROOT / "docs" / "configuration.md"
-COMMAND = "python -m bridge.tools.configdoc --write"
+COMMAND = "python -m bridge_lab.configdoc --write"
 WIDTH = 110
 
 
@@ -88,7 +88,7 @@ FOREIGN: dict[str, tuple[Variable, ...]] = {
         Variable(
             "FLOWER_BASIC_AUTH",
             "Flower's basic auth, user:password (Flower reads FLOWER_* variables itself). Required: compose refuses to "
-            "start without it, and Flower (python -m bridge.tools.flower) with a placeholder password such as "
+            "start without it, and Flower (python -m bridge.ops.flower) with a placeholder password such as "
             "change-me or one under 12 characters.",
             "admin:change-me",
         ),
@@ -301,7 +301,7 @@ def stale() -> list[Path]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bridge.tools.configdoc", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m bridge_lab.configdoc", description=__doc__)
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--write", action="store_true", help="write .env.example and docs/configuration.md")
     mode.add_argument("--check", action="store_true", help="exit 1 when a committed file is stale")

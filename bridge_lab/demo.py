@@ -41,13 +41,13 @@ from bridge.core.models import FINISHED_ROLLOUT, AttemptedRollout, Rollout, Roll
 from bridge.core.redact import redact_url
 from bridge.core.settings import Settings, load_settings
 from bridge.core.store import API, StoreClient
-from bridge.tools.agl_v1_env import find_python312, start_gateway, start_v1_dispatcher, v1_virtualenv
-from bridge.tools.procs import StackError, free_port, http_ok, redis_answers
-from bridge.tools.rabbitmq import amqp_answers, is_amqp_url
-from bridge.tools.render import console, key_value_table, show
-from bridge.tools.rollouts import FinishedPoll, store_poll, wait_for_rollouts
-from bridge.tools.stack import LocalStack, StackConfig
-from bridge.tools.stats import percentile, rounded
+from bridge_lab.agl_v1_env import find_python312, start_gateway, start_v1_dispatcher, v1_virtualenv
+from bridge_lab.procs import StackError, free_port, http_ok, redis_answers
+from bridge_lab.rabbitmq import amqp_answers, is_amqp_url
+from bridge_lab.render import console, key_value_table, show
+from bridge_lab.rollouts import FinishedPoll, store_poll, wait_for_rollouts
+from bridge_lab.stack import LocalStack, StackConfig
+from bridge_lab.stats import percentile, rounded
 
 _CHUNK = 200
 _PLAIN_EVERY_S = 5.0

@@ -1,8 +1,8 @@
-"""Child processes for the tools: ports, executables, health probes and a process that is always stopped.
+"""Child processes for the lab: ports, executables, health probes and a process that is always stopped.
 
 The demo, the benchmark, the chaos runner, the standalone bench scripts and the integration tests all
 start servers as children and must (a) know when one is ready to serve, (b) say why when it is not,
-and (c) never leave one behind. That logic is written here once; ``bridge.tools.stack`` composes it
+and (c) never leave one behind. That logic is written here once; ``bridge_lab.stack`` composes it
 into a whole stack.
 """
 
@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 import redis
 
-log = logging.getLogger("bridge.tools.procs")
+log = logging.getLogger("bridge_lab.procs")
 
 PYTHON = sys.executable
 

@@ -1,4 +1,4 @@
-"""RabbitMQ for the tools and tests: does one answer, which version, a private vhost, a private server.
+"""RabbitMQ for the lab and the tests: does one answer, which version, a private vhost, a private server.
 
 The stack never starts or restarts a shared RabbitMQ: it uses the one at ``CELERY_BROKER_URL``. Tests isolate
 themselves in a vhost of their own (``rabbitmqctl add_vhost``), and the broker-restart scenario restarts a
@@ -18,7 +18,7 @@ from kombu import Connection
 
 from bridge.core.redact import redact_url
 from bridge.core.settings import is_amqp_url
-from bridge.tools.procs import ManagedProcess, StackError, free_port
+from bridge_lab.procs import ManagedProcess, StackError, free_port
 
 __all__ = ["PrivateRabbitMQ", "Vhost", "amqp_answers", "is_amqp_url", "require_amqp", "server_version", "with_vhost"]
 

@@ -1,6 +1,6 @@
-"""How the tools print tables: ``rich`` on a terminal, the same table as plain text everywhere else.
+"""How the lab commands print tables: ``rich`` on a terminal, the same table as plain text everywhere else.
 
-Scripts and tests read the tools' stdout (a summary table, then a JSON line), so output that is not a
+Scripts and tests read their stdout (a summary table, then a JSON line), so output that is not a
 terminal carries no colour codes and no line wrapping: a captured table stays one row per line.
 """
 

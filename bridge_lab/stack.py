@@ -3,7 +3,7 @@
 Used by ``python -m bridge demo``, ``python -m bridge bench`` and the integration tests, so the way a
 stack is started, health-checked and torn down is written once. It uses what is already configured
 and starts only what is missing; everything it starts it stops again (SIGTERM, then SIGKILL after a
-bounded wait), and nothing else. Process handling itself lives in ``bridge.tools.procs``.
+bounded wait), and nothing else. Process handling itself lives in ``bridge_lab.procs``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from bridge.core import keys
 from bridge.core.coordination import coordination_client
 from bridge.core.redact import redact_url
 from bridge.core.store import API
-from bridge.tools.procs import (
+from bridge_lab.procs import (
     PYTHON,
     ManagedProcess,
     StackError,
@@ -33,11 +33,11 @@ from bridge.tools.procs import (
     http_ok,
     redis_answers,
 )
-from bridge.tools.rabbitmq import is_amqp_url, require_amqp
+from bridge_lab.rabbitmq import is_amqp_url, require_amqp
 
 __all__ = ["LocalStack", "StackConfig"]
 
-log = logging.getLogger("bridge.tools.stack")
+log = logging.getLogger("bridge_lab.stack")
 
 
 WORKER_START_TIMEOUT_S = 180.0
@@ -52,7 +52,7 @@ class StackConfig:
 
     store_url: str | None = None
     store: bool = True  # False: an Agent Lightning 1.0-only stack, no Store started or named (docs/agl-v1.md)
-    broker_url: str | None = None  # Redis, or RabbitMQ (amqp://; used, never started: bridge.tools.rabbitmq)
+    broker_url: str | None = None  # Redis, or RabbitMQ (amqp://; used, never started: bridge_lab.rabbitmq)
     redis_url: str | None = None  # coordination Redis beside a RabbitMQ broker (started when none answers)
     webshop_url: str | None = None
     llm_base_url: str | None = None
@@ -161,7 +161,7 @@ class LocalStack:
         url = f"redis://{host}:{port}/0"
         persist = "yes" if self.config.broker_persistent else "no"
         argv = [binary, "--port", str(port), "--bind", host, "--save", "", "--appendonly", persist]
-        if host != "127.0.0.1":  # a private subnet of the multi-host harness (bridge.tools.cluster)
+        if host != "127.0.0.1":  # a private subnet of the multi-host harness (bridge_lab.cluster)
             argv += ["--protected-mode", "no"]
         argv += ["--dir", str(self.log_dir)]
         self._spawn("redis", argv, lambda: redis_answers(url), timeout=20)

@@ -1,4 +1,4 @@
-"""Summary statistics of the tools' measurements, written once (numpy) so demo, bench and scripts agree.
+"""Summary statistics of the lab's measurements, written once (numpy) so demo, bench and scripts agree.
 
 Percentiles are nearest-rank (numpy's ``inverted_cdf``): every figure reported is a value that was
 actually measured, never an interpolation between two rollouts, and p99 of a small sample is its

@@ -29,18 +29,18 @@ from pathlib import Path
 from typing import Any
 
 from bridge.core.agl_v1 import GatewayClient, V1State
-from bridge.tools.agl_v1_env import (
+from bridge_lab.agl_v1_env import (
     start_gateway,
     start_local_controller,
     start_v1_dispatcher,
     train,
     v1_project_virtualenv,
 )
-from bridge.tools.bench import metrics as bm
-from bridge.tools.bench.run import load_inputs
-from bridge.tools.procs import ManagedProcess, StackError, free_port
-from bridge.tools.render import rows_table, show
-from bridge.tools.stack import LocalStack, StackConfig
+from bridge_lab.bench import metrics as bm
+from bridge_lab.bench.run import load_inputs
+from bridge_lab.procs import ManagedProcess, StackError, free_port
+from bridge_lab.render import rows_table, show
+from bridge_lab.stack import LocalStack, StackConfig
 from workers.agents import webshop_program
 
 KEY = "bench-v1"
@@ -197,7 +197,7 @@ class Bench:
 def figures(
     name: str, executor: str, restarted: bool, done: list[dict[str, Any]], peak_mb: float, cpu_s: float | None
 ) -> dict[str, Any]:
-    """One run's row from the trainer client's finished rollouts (``bridge.tools.agl_v1_trainer``): time from
+    """One run's row from the trainer client's finished rollouts (``bridge_lab.agl_v1_trainer``): time from
     the first enqueue to the last finish by the gateway's clock, throughput, failures grouped by first line."""
     finished = [r["finished_at"] for r in done if r.get("finished_at")]
     enqueued = [r["enqueued_at"] for r in done if r.get("enqueued_at")]

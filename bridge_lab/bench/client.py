@@ -14,7 +14,7 @@ import httpx
 
 from bridge.core.models import FINISHED_ROLLOUT
 from bridge.core.store import API
-from bridge.tools.rollouts import finished_among, wait_for_rollouts
+from bridge_lab.rollouts import finished_among, wait_for_rollouts
 
 
 class BenchClient:

@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Any
 
-log = logging.getLogger("bridge.tools.bench.floor")
+log = logging.getLogger("bridge_lab.bench.floor")
 
 IDLE_POLL_S = 0.1
 
@@ -72,7 +72,7 @@ class FloorExecutor:
                 self.free.release()
 
     def _run_one(self, rollout: Any) -> None:
-        from bridge.tools.bench.episode import run_episode
+        from bridge_lab.bench.episode import run_episode
         from workers.agents import llm as llm_mod
         from workers.agents.inputs import parse_task_input
         from workers.telemetry.spans import AttemptTelemetry
@@ -105,7 +105,7 @@ def _serve(n_slots: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bridge.tools.bench.floor", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m bridge_lab.bench.floor", description=__doc__)
     parser.add_argument("--processes", type=int, default=1, help="processes, as our worker processes (default 1)")
     parser.add_argument("--n-slots", type=int, required=True, help="threads per process, each running one rollout")
     args = parser.parse_args(argv)

@@ -19,9 +19,9 @@ from typing import Any
 import httpx
 import psutil
 
-from bridge.tools.stats import mean, percentile
+from bridge_lab.stats import mean, percentile
 
-__all__ = ["mean", "percentile"]  # re-exported: the benchmark's figures use the tools' one implementation
+__all__ = ["mean", "percentile"]  # re-exported: the benchmark's figures use the lab's one implementation
 
 _HTTP_TOTAL = re.compile(r"^agl_http_total\{(?P<labels>.*)\}\s+(?P<value>[0-9.eE+-]+)$")  # paths hold {rollout_id}
 _LABEL = re.compile(r'(\w+)="([^"]*)"')

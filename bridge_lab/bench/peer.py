@@ -17,7 +17,7 @@ import os
 import sys
 from typing import Any
 
-log = logging.getLogger("bridge.tools.bench.peer")
+log = logging.getLogger("bridge_lab.bench.peer")
 
 
 def _make_agent(export_spans: bool = False) -> Any:
@@ -27,7 +27,7 @@ def _make_agent(export_spans: bool = False) -> Any:
     from bridge.core.models import AttemptedRollout, ResourcesUpdate
     from bridge.core.settings import get_settings
     from bridge.core.store import StoreClient
-    from bridge.tools.bench.episode import run_episode
+    from bridge_lab.bench.episode import run_episode
     from workers.agents import llm as llm_mod
     from workers.agents.inputs import parse_task_input
     from workers.agents.webshop import WebShopClient
@@ -93,7 +93,7 @@ def run(store_url: str, n_runners: int, poll_interval_s: float, export_spans: bo
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bridge.tools.bench.peer", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m bridge_lab.bench.peer", description=__doc__)
     parser.add_argument("--store-url", required=True, help="the benchmark's Store, e.g. http://127.0.0.1:4747")
     parser.add_argument("--n-runners", type=int, required=True, help="runner processes (= the slots compared)")
     parser.add_argument(

@@ -9,7 +9,7 @@ average score (x100) and the success rate (reward == 1.0), the two numbers WebSh
 Why over HTTP rather than calling the heuristic directly: the number then also checks the
 observation strings, the message contract and both servers, the way the Celery agent loop uses them.
 
-    .venv/bin/python -m bridge.tools.bench.policy_score --limit 500 --concurrency 32
+    .venv/bin/python -m bridge_lab.bench.policy_score --limit 500 --concurrency 32
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any
 
 import httpx
 
-from bridge.tools.procs import PYTHON, free_port, serving
+from bridge_lab.procs import PYTHON, free_port, serving
 
 SYSTEM_PROMPT = (
     "You are a web shopping agent. Each turn you see a WebShop observation. Reply with one line "

@@ -8,9 +8,9 @@ from typing import Any
 
 from rich.table import Table
 
-from bridge.tools.bench.metrics import DEQUEUE
-from bridge.tools.render import cell, key_value_table, show
-from bridge.tools.stats import mean, percentile, rounded
+from bridge_lab.bench.metrics import DEQUEUE
+from bridge_lab.render import cell, key_value_table, show
+from bridge_lab.stats import mean, percentile, rounded
 
 
 def summarize(

@@ -34,12 +34,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bridge.tools.bench import metrics as bm
-from bridge.tools.bench.client import BenchClient
-from bridge.tools.bench.report import cpu_ratio, ideal, ideal_seconds, print_table, summarize
-from bridge.tools.procs import PYTHON, ManagedProcess
-from bridge.tools.stack import LocalStack, StackConfig
-from bridge.tools.stats import rounded
+from bridge_lab.bench import metrics as bm
+from bridge_lab.bench.client import BenchClient
+from bridge_lab.bench.report import cpu_ratio, ideal, ideal_seconds, print_table, summarize
+from bridge_lab.procs import PYTHON, ManagedProcess
+from bridge_lab.stack import LocalStack, StackConfig
+from bridge_lab.stats import rounded
 
 SOAK_ROLLOUTS = 5000
 SOAK_EARLY = 1000
@@ -50,7 +50,7 @@ SOAK_EDGES = sorted({edge for window in SOAK_WINDOWS.values() for edge in window
 STAND_IN_MODEL = "webshop-heuristic"
 EXECUTORS = {
     "peer": "Agent Lightning's runner",
-    "floor": "the floor (bridge.tools.bench.floor: no broker, lease, heartbeat or report journal)",
+    "floor": "the floor (bridge_lab.bench.floor: no broker, lease, heartbeat or report journal)",
 }
 
 
@@ -190,9 +190,9 @@ def start_executor(stack: LocalStack, client: BenchClient, args: argparse.Namesp
     slots = str(args.concurrency)
     if kind == "floor":
         per_process = str(max(1, args.concurrency // processes))
-        argv = [PYTHON, "-m", "bridge.tools.bench.floor", "--processes", str(processes), "--n-slots", per_process]
+        argv = [PYTHON, "-m", "bridge_lab.bench.floor", "--processes", str(processes), "--n-slots", per_process]
     else:
-        argv = [PYTHON, "-m", "bridge.tools.bench.peer", "--store-url", stack.store_url, "--n-runners", slots]
+        argv = [PYTHON, "-m", "bridge_lab.bench.peer", "--store-url", stack.store_url, "--n-runners", slots]
         argv += ["--poll-interval-s", "1.0"] + (["--export-spans"] if args.peer_spans else [])
     return stack.spawn(kind, argv, polled, timeout=300, waiting_for=f"the {kind} polling the Store")
 

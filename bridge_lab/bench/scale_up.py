@@ -26,11 +26,11 @@ from bridge.core import capacity
 from bridge.core.coordination import coordination_client
 from bridge.core.models import FINISHED_ROLLOUT, RolloutStatus
 from bridge.core.store import StoreClient
-from bridge.tools.autoscale import scrape_desired
-from bridge.tools.bench.run import load_inputs
-from bridge.tools.procs import PYTHON
-from bridge.tools.render import key_value_table, show
-from bridge.tools.stack import LocalStack, StackConfig
+from bridge.ops.autoscale import scrape_desired
+from bridge_lab.bench.run import load_inputs
+from bridge_lab.procs import PYTHON
+from bridge_lab.render import key_value_table, show
+from bridge_lab.stack import LocalStack, StackConfig
 
 QUEUE = "rollouts"
 SAMPLE_S = 0.5

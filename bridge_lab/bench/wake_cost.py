@@ -7,7 +7,7 @@ thread taking the N in turn (what an event loop would do). The factor it prints 
 0 ms LLM latency understates what the same rollout costs at 2 s. Why and figures: docs/performance.md, "The
 same work costs more after a pause: why 2 s per LLM call costs the worker more than 0 ms".
 
-    python -m bridge.tools.bench.wake_cost            # about 2 minutes
+    python -m bridge_lab.bench.wake_cost            # about 2 minutes
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def loop_cpu_per_step_us(conversations: int, pause_s: float, wall_s: float) -> f
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m bridge.tools.bench.wake_cost",
+        prog="python -m bridge_lab.bench.wake_cost",
         description=__doc__.split("\n\n")[0] if __doc__ else None,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -16,7 +16,7 @@ time, then reports three load figures and one memory figure:
 
 Method and last figures: docs/performance.md, "The WebShop server and the stand-in".
 
-    python -m bridge.tools.bench.webshop [--mode both|paced|saturation] [--rate 500]
+    python -m bridge_lab.bench.webshop [--mode both|paced|saturation] [--rate 500]
         [--sessions 64] [--paced-seconds 10] [--steps 40] [--idle-sessions 2000]
 """
 
@@ -38,11 +38,11 @@ from typing import Any
 import httpx
 import psutil
 
-from bridge.tools.procs import PYTHON, ManagedProcess, free_port, http_ok
-from bridge.tools.stats import percentile
+from bridge_lab.procs import PYTHON, ManagedProcess, free_port, http_ok
+from bridge_lab.stats import percentile
 
 logger = logging.getLogger("bench.webshop")
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def rss_kib(pid: int) -> int:

@@ -1,6 +1,6 @@
 """The chaos audit: what the Store, Redis and the WebShop ledger say after a scenario.
 
-Four counts per scenario, each of which must be 0 (``bridge.tools.chaos.run`` prints them): *lost*, rollouts
+Four counts per scenario, each of which must be 0 (``bridge_lab.chaos.run`` prints them): *lost*, rollouts
 not finished by the deadline; *twice*, attempts executed twice in effect: two distinct ``webshop.episode`` roots
 in one attempt, a final report that changed after the observer first saw it, or a ``done`` marker in Redis
 naming another status than the Store holds; *flipped*, rollouts whose status changed after they were first
@@ -20,8 +20,8 @@ from rich.table import Table
 
 from bridge.core import capacity
 from bridge.core.models import ACTIVE_ATTEMPT, Attempt, AttemptStatus
-from bridge.tools.chaos.state import REPORTED, ChaosRun, FinalReport, ScenarioResult
-from bridge.tools.render import cell, to_text
+from bridge_lab.chaos.state import REPORTED, ChaosRun, FinalReport, ScenarioResult
+from bridge_lab.render import cell, to_text
 
 
 def conclude(run: ChaosRun, fault: threading.Thread, observer: threading.Thread) -> ScenarioResult:

@@ -9,10 +9,10 @@ and prints one line per scenario:
 * flipped: rollouts whose status changed after they were first seen finished (a late report);
 * bad reward: succeeded attempts whose reward is not what the WebShop server's purchase ledger says.
 
-All four must be 0, else it exits 1 (counted by ``bridge.tools.chaos.audit``; the faults are
-``bridge.tools.chaos.scenarios``; ``tests/integration/test_chaos.py`` drives the same scenarios).
+All four must be 0, else it exits 1 (counted by ``bridge_lab.chaos.audit``; the faults are
+``bridge_lab.chaos.scenarios``; ``tests/integration/test_chaos.py`` drives the same scenarios).
 Everything listens on 127.0.0.1 and every wait is bounded. ``--agl v1`` runs the Agent Lightning 1.0 line's
-scenarios instead, on a real 1.0 gateway (``bridge.tools.chaos.v1``). See docs/operations.md, "Failure classes
+scenarios instead, on a real 1.0 gateway (``bridge_lab.chaos.v1``). See docs/operations.md, "Failure classes
 and chaos runs".
 """
 
@@ -31,8 +31,8 @@ from typing import Any
 import redis
 
 from bridge.core.store import StoreClient
-from bridge.tools.chaos.audit import conclude, format_table
-from bridge.tools.chaos.scenarios import (
+from bridge_lab.chaos.audit import conclude, format_table
+from bridge_lab.chaos.scenarios import (
     CHAOS_DISPATCHER_ID,
     CHAOS_ENV,
     CHAOS_QUEUE,
@@ -42,11 +42,11 @@ from bridge.tools.chaos.scenarios import (
     SCENARIOS,
     Scenario,
 )
-from bridge.tools.chaos.state import ChaosRun, ScenarioResult
-from bridge.tools.chaos.v1 import V1_SCENARIOS, main_v1
-from bridge.tools.procs import ManagedProcess
-from bridge.tools.rabbitmq import is_amqp_url, purge
-from bridge.tools.stack import LocalStack, StackConfig
+from bridge_lab.chaos.state import ChaosRun, ScenarioResult
+from bridge_lab.chaos.v1 import V1_SCENARIOS, main_v1
+from bridge_lab.procs import ManagedProcess
+from bridge_lab.rabbitmq import is_amqp_url, purge
+from bridge_lab.stack import LocalStack, StackConfig
 
 __all__ = [  # what the chaos tests drive, in one import
     "MALFORMED",

@@ -1,6 +1,6 @@
 """The chaos scenarios: each a fault injected into a running stack, placed by the run's progress.
 
-``bridge.tools.chaos.run`` starts a stack per scenario, calls its fault in a thread and audits the result.
+``bridge_lab.chaos.run`` starts a stack per scenario, calls its fault in a thread and audits the result.
 A fault reads facts to aim (the Store's rollout views, the attempt leases in Redis, the workers' own
 list of the tasks they run) and notes what it did, which the tests assert on.
 """
@@ -20,8 +20,8 @@ from typing import Any
 from bridge.core import capacity
 from bridge.core.message import DEFAULT_AGENT, TASK_NAME, task_kwargs
 from bridge.core.models import ACTIVE_ROLLOUT, FINISHED_ROLLOUT, AttemptedRollout
-from bridge.tools.chaos.state import ChaosRun
-from bridge.tools.procs import pause_group
+from bridge_lab.chaos.state import ChaosRun
+from bridge_lab.procs import pause_group
 
 CHAOS_DISPATCHER_ID = "chaos-bridge"
 CHAOS_QUEUE = "rollouts"  # the default queue

@@ -1,6 +1,6 @@
 """What a chaos scenario knows while it runs and what its audit returns, shared by scenarios, runner and audit.
 
-Kept apart from ``bridge.tools.chaos.run`` (which drives scenarios) and ``bridge.tools.chaos.audit``
+Kept apart from ``bridge_lab.chaos.run`` (which drives scenarios) and ``bridge_lab.chaos.audit``
 (which counts), so neither imports the other. Everything recorded here is a fact read from the Store,
 Redis or Celery's own task registry, never a log line or the inside of a token.
 """
@@ -24,8 +24,8 @@ from bridge.core.message import base_app
 from bridge.core.models import ACTIVE_ROLLOUT, FINISHED_ROLLOUT, Attempt, AttemptedRollout, AttemptStatus
 from bridge.core.settings import load_settings
 from bridge.core.store import StoreClient
-from bridge.tools.procs import ManagedProcess
-from bridge.tools.stack import LocalStack
+from bridge_lab.procs import ManagedProcess
+from bridge_lab.stack import LocalStack
 
 REPORTED = frozenset({AttemptStatus.SUCCEEDED, AttemptStatus.FAILED})
 """Attempt statuses only an executor's final report sets (the Store's watchdog sets timeout/unresponsive)."""

@@ -1,9 +1,9 @@
 """Chaos for the Agent Lightning 1.0 line: ``python -m bridge chaos --agl v1``.
 
 One stack serves every scenario: Redis and the LLM stand-in, 1.0's gateway (``agl-server`` from the 1.0 virtualenv,
-``bridge.tools.agl_v1_env``), ``python -m bridge v1`` and worker nodes (``-P threads``, a 1.0-only deployment with
+``bridge_lab.agl_v1_env``), ``python -m bridge v1`` and worker nodes (``-P threads``, a 1.0-only deployment with
 ``WORKER_SHUTDOWN_GRACE_S`` set). Each scenario creates its rollouts on the gateway as 1.0's trainer does (``POST
-/api/rollouts``), running ``bridge.tools.chaos.v1_program:ChaosProgram`` (a start event, a sleep, the reward its input
+/api/rollouts``), running ``bridge_lab.chaos.v1_program:ChaosProgram`` (a start event, a sleep, the reward its input
 names), injects its fault, waits (bounded) until every rollout finished, restores what the fault took away (workers,
 dispatcher), and audits from the gateway and Redis (``audit_v1``), with the 0.3 audit's definitions where they apply:
 
@@ -40,17 +40,17 @@ import redis
 from bridge.core import keys
 from bridge.core.agl_v1 import GatewayClient, GatewayError, V1Rollout, V1State, scoped_attempt_key
 from bridge.core.coordination import coordination_client
-from bridge.tools.agl_v1_env import start_gateway, start_v1_dispatcher, v1_virtualenv
-from bridge.tools.chaos.state import ScenarioResult
-from bridge.tools.chaos.v1_program import START_EVENT
-from bridge.tools.procs import ManagedProcess, free_port, pause_group
-from bridge.tools.stack import LocalStack, StackConfig
+from bridge_lab.agl_v1_env import start_gateway, start_v1_dispatcher, v1_virtualenv
+from bridge_lab.chaos.state import ScenarioResult
+from bridge_lab.chaos.v1_program import START_EVENT
+from bridge_lab.procs import ManagedProcess, free_port, pause_group
+from bridge_lab.stack import LocalStack, StackConfig
 
-PROGRAM = "bridge.tools.chaos.v1_program:ChaosProgram"
+PROGRAM = "bridge_lab.chaos.v1_program:ChaosProgram"
 ENV_MAP = {"CHAOS_SLEEP": "input.sleep", "CHAOS_REWARD": "input.reward"}
 KEY = "chaos-v1-key"
 DISPATCHER = "v1-dispatcher"
-PROJECT_ROOT = Path(__file__).resolve().parents[3]
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 FINISHED = (V1State.SUCCEEDED, V1State.FAILED)
 REPORTED = {V1State.SUCCEEDED.value, V1State.FAILED.value}
 # Short intervals, so a lost lease, a hand-over and a never-started message are repaired within a scenario.
@@ -522,7 +522,7 @@ def _failure_class(error: str) -> str:
 
 def main_v1(args: argparse.Namespace) -> int:
     """``python -m bridge chaos --agl v1``: the stack once, the scenarios one by one, the table; exit 1 unless clean."""
-    from bridge.tools.chaos.audit import format_table
+    from bridge_lab.chaos.audit import format_table
 
     names = args.scenario or list(V1_SCENARIOS)
     unknown = [name for name in names if name not in V1_SCENARIOS]

@@ -1,4 +1,4 @@
-"""The Agent Lightning 1.0 program the 1.0 chaos scenarios run (``bridge.tools.chaos.v1``): its reward is known
+"""The Agent Lightning 1.0 program the 1.0 chaos scenarios run (``bridge_lab.chaos.v1``): its reward is known
 from its input, so the audit can tell a wrong one.
 
 ``ChaosProgram.run()`` posts a ``chaos.start`` event naming this execution (a fresh id, its pid and its parent's,

@@ -1,6 +1,6 @@
 """The multi-host test bed: services on the subnet's root-side address, worker hosts and a bridge host.
 
-``TestBed`` owns a ``Cluster`` (``bridge.tools.cluster.netns``) and one ``LocalStack`` of services
+``TestBed`` owns a ``Cluster`` (``bridge_lab.cluster.netns``) and one ``LocalStack`` of services
 (Redis, Store, WebShop server, LLM stand-in) bound to the cluster's gateway address, so every host reaches
 them over its veth link exactly as a worker machine reaches them over a network. ``TestBed.nodes`` starts
 Celery worker nodes inside chosen hosts and the bridge inside a host of its own, as a ``LocalStack``
@@ -23,16 +23,16 @@ from urllib.parse import urlsplit, urlunsplit
 
 from bridge.core.settings import Settings
 from bridge.core.store import StoreClient
-from bridge.tools.chaos.audit import conclude
-from bridge.tools.chaos.run import reset_between_scenarios
-from bridge.tools.chaos.scenarios import CHAOS_DISPATCHER_ID, CHAOS_ENV, RETRY_CONFIG
-from bridge.tools.chaos.state import ChaosRun, ScenarioResult
-from bridge.tools.cluster.netns import Cluster, ClusterUnavailable, Host
-from bridge.tools.procs import ManagedProcess
-from bridge.tools.rabbitmq import Vhost
-from bridge.tools.stack import LocalStack, StackConfig
+from bridge_lab.chaos.audit import conclude
+from bridge_lab.chaos.run import reset_between_scenarios
+from bridge_lab.chaos.scenarios import CHAOS_DISPATCHER_ID, CHAOS_ENV, RETRY_CONFIG
+from bridge_lab.chaos.state import ChaosRun, ScenarioResult
+from bridge_lab.cluster.netns import Cluster, ClusterUnavailable, Host
+from bridge_lab.procs import ManagedProcess
+from bridge_lab.rabbitmq import Vhost
+from bridge_lab.stack import LocalStack, StackConfig
 
-log = logging.getLogger("bridge.tools.cluster")
+log = logging.getLogger("bridge_lab.cluster")
 
 BRIDGE_HOST = "bridgehost"
 # The chaos suite's short intervals (heartbeat 1 s, lease 4 s) and a 5 s reconcile: a lost host's work is
@@ -149,8 +149,8 @@ class TestBed:
         The server listens on loopback (and lets ``guest`` in only from there), so ``socat`` on the subnet's
         gateway relays each host's connection to it; a cut link still cuts the host off from the broker.
         """
-        from bridge.tools.procs import find_executable, free_port
-        from bridge.tools.rabbitmq import amqp_answers, with_vhost
+        from bridge_lab.procs import find_executable, free_port
+        from bridge_lab.rabbitmq import amqp_answers, with_vhost
 
         source = urlsplit(self.config.rabbitmq_url or "")
         socat = find_executable("socat")

@@ -1,4 +1,4 @@
-"""Hosts as Linux network namespaces on a private subnet: what ``bridge.tools.cluster`` runs its nodes in.
+"""Hosts as Linux network namespaces on a private subnet: what ``bridge_lab.cluster`` runs its nodes in.
 
 One run makes a Linux bridge device in the root namespace holding ``10.a.b.1/24`` (a /24 no interface or
 route of this machine already covers), and per host a namespace ``<prefix>-hN`` joined to it by a veth

@@ -28,11 +28,11 @@ from typing import Any
 
 from rich.table import Table
 
-from bridge.tools.chaos.audit import format_table
-from bridge.tools.cluster import scenarios
-from bridge.tools.cluster.bed import BedConfig, ClusterResult, TestBed
-from bridge.tools.cluster.netns import ClusterUnavailable, remove_leftovers, unavailable_reason
-from bridge.tools.render import to_text
+from bridge_lab.chaos.audit import format_table
+from bridge_lab.cluster import scenarios
+from bridge_lab.cluster.bed import BedConfig, ClusterResult, TestBed
+from bridge_lab.cluster.netns import ClusterUnavailable, remove_leftovers, unavailable_reason
+from bridge_lab.render import to_text
 
 SCENARIOS = ("scale-out", "host-loss", "partition", "broker-restart", "store-outage")
 FIGURES = (

@@ -15,12 +15,12 @@ import time
 from typing import Any
 
 from bridge.core.models import FINISHED_ROLLOUT
-from bridge.tools.chaos.scenarios import pause_store, restart_redis
-from bridge.tools.chaos.state import ChaosRun
-from bridge.tools.cluster.bed import CLUSTER_ROLLOUT_CONFIG, ClusterResult, TestBed
-from bridge.tools.cluster.netns import Host
-from bridge.tools.procs import PYTHON
-from bridge.tools.stack import LocalStack
+from bridge_lab.chaos.scenarios import pause_store, restart_redis
+from bridge_lab.chaos.state import ChaosRun
+from bridge_lab.cluster.bed import CLUSTER_ROLLOUT_CONFIG, ClusterResult, TestBed
+from bridge_lab.cluster.netns import Host
+from bridge_lab.procs import PYTHON
+from bridge_lab.stack import LocalStack
 
 RECOVERY_WAIT_S = 150.0
 

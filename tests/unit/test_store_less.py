@@ -64,7 +64,7 @@ def test_status_exits_2_when_nothing_names_the_deployment(
 
 
 def test_status_without_a_store_shows_the_rest() -> None:
-    from bridge.tools import status
+    from bridge.ops import status
 
     settings = load_settings(agl_v1_url=GATEWAY, broker_url="redis://127.0.0.1:9/0")
     part = status._store_part(settings, None)
