@@ -223,3 +223,11 @@ def test_flower_without_the_flower_extra_names_the_install_command() -> None:
     done = child(body, missing_without(RUNTIME), None, env=env)
     assert done.returncode == 2, done.stderr
     assert "Flower is not installed" in done.stderr and "agl-celery-bridge[flower]" in done.stderr, done.stderr
+
+
+def test_the_webshop_server_without_the_lab_extra_names_the_install_command() -> None:
+    body = "from webshop_env.__main__ import main; sys.exit(main(['serve', '--port', '1']))"
+    done = child(body, missing_without(RUNTIME, "webshop_env"), None)
+    assert done.returncode == 1, done.stderr
+    assert "cannot serve (No module named" in done.stderr and "agl-celery-bridge[lab]" in done.stderr, done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
