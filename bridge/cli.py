@@ -80,7 +80,7 @@ def _run_v1(args: argparse.Namespace) -> int:
     overrides = {k: v for k, v in (("agl_v1_url", args.server), ("agl_v1_key", _read_key(args.key_file))) if v}
     stop = threading.Event()
     install_signal_handlers(stop)
-    return run_v1(load_settings(**overrides), stop)
+    return run_v1(load_settings(**overrides), stop, metrics_port=args.metrics_port)
 
 
 def _read_key(path: str | None) -> str | None:
@@ -149,12 +149,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    run.add_argument(
-        "--metrics-port",
-        type=int,
-        default=None,
-        help="serve Prometheus metrics on METRICS_HOST:PORT (default: BRIDGE_METRICS_PORT, off)",
-    )
+    _add_metrics_port(run)
     run.set_defaults(func=_run)
     v1 = sub.add_parser(
         "v1",
@@ -170,6 +165,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         help="a file whose first line is the gateway's key (default: AGL_V1_KEY)",
     )
     v1.add_argument("--key", default=None, help=argparse.SUPPRESS)  # refused: a key on the command line leaks
+    _add_metrics_port(v1)
     v1.set_defaults(func=_run_v1)
     for name, (_module, summary) in TOOLS.items():
         tool_parser = sub.add_parser(name, help=summary, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -179,6 +175,15 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             module.add_arguments(tool_parser)
             tool_parser.set_defaults(func=module.main)
     return parser
+
+
+def _add_metrics_port(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve Prometheus metrics on METRICS_HOST:PORT (default: BRIDGE_METRICS_PORT, off)",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -98,10 +98,10 @@ def start_gateway(stack: LocalStack, venv: Path, *, key: str, port: int | None =
 
 
 def start_v1_dispatcher(
-    stack: LocalStack, gateway_url: str, *, key: str, name: str = "v1-dispatcher"
+    stack: LocalStack, gateway_url: str, *, key: str, name: str = "v1-dispatcher", metrics_port: int | None = None
 ) -> ManagedProcess:
-    """``python -m bridge v1`` with the stack's environment and ``key`` in a file of the stack's (``--key-file``);
-    up once it holds its leader lock."""
+    """``python -m bridge v1`` with the stack's environment and ``key`` in a file of the stack's (``--key-file``),
+    serving /metrics on ``metrics_port`` if given; up once it holds its leader lock."""
     lock_key = keys.bridge_leader(f"{stack.scope}:v1")
     client = coordination_client(stack.redis_url or stack.broker_url, socket_timeout=2)
 
@@ -114,6 +114,8 @@ def start_v1_dispatcher(
     key_file.touch(mode=0o600)
     key_file.write_text(key + "\n")
     argv = [sys.executable, "-m", "bridge", "v1", "--server", gateway_url, "--key-file", str(key_file)]
+    if metrics_port is not None:
+        argv += ["--metrics-port", str(metrics_port)]
     return stack.spawn(name, argv, leading, timeout=60, waiting_for="the 1.0 dispatch lock")
 
 

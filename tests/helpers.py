@@ -90,6 +90,17 @@ def spans(store_url: str, rollout_id: str, attempt_id: str = "latest") -> list[d
     return list(response.json()["items"])
 
 
+def metric_samples(url: str) -> dict[str, float]:
+    """A process's /metrics (Prometheus text format) as {'name{labels}': value}; labels kept verbatim."""
+    text = httpx.get(url, timeout=10).text
+    samples: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            samples[name] = float(value)
+    return samples
+
+
 def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
     """Poll ``condition`` every 0.1 s; AssertionError naming ``what`` when it is not true within ``timeout_s``."""
     deadline = time.monotonic() + timeout_s

@@ -215,17 +215,30 @@ class GatewayClient:
         self._client.close()
 
     def list_rollouts(self, *states: V1State, limit: int = 500) -> list[V1Rollout]:
+        return [V1Rollout.model_validate(item) for item in self.list_raw(*states, limit=limit)]
+
+    def list_raw(
+        self, *states: V1State, limit: int = 500, retries: int | None = None, timeout: float | None = None
+    ) -> list[Any]:
+        """The gateway's listing of the rollouts in ``states`` as it answers it: at most ``limit``, in its order
+        (creation order: the oldest first), not validated. ``retries`` and ``timeout`` replace the client's for
+        this call. GatewayError when the answer is not a list."""
         params: list[tuple[str, str | int]] = [("state_in", s.value) for s in states] + [("limit", limit)]
-        response = self._send("GET", "/api/rollouts", params=params)
-        return [V1Rollout.model_validate(item) for item in response.json()]
+        extra: dict[str, Any] = {"timeout": timeout} if timeout is not None else {}
+        response = self._send("GET", "/api/rollouts", params=params, retries=retries, **extra)
+        try:
+            items = response.json()
+        except ValueError:
+            items = None
+        if not isinstance(items, list):
+            raise GatewayError(f"gateway GET /api/rollouts answered something else than a list: {response.text[:200]}")
+        return items
 
     def list_checked(self, *states: V1State, limit: int = 500) -> tuple[list[V1Rollout], list[Malformed]]:
         """``list_rollouts``, but each rollout is validated on its own: the valid ones, and those that are not."""
-        params: list[tuple[str, str | int]] = [("state_in", s.value) for s in states] + [("limit", limit)]
-        response = self._send("GET", "/api/rollouts", params=params)
         valid: list[V1Rollout] = []
         malformed: list[Malformed] = []
-        for item in response.json():
+        for item in self.list_raw(*states, limit=limit):
             parsed = parse_rollout(item)
             if isinstance(parsed, V1Rollout):
                 valid.append(parsed)
@@ -291,8 +304,10 @@ class GatewayClient:
         except GatewayConflict:
             return False
 
-    def _send(self, method: str, path: str, *, allow: tuple[int, ...] = (), **kwargs: Any) -> httpx.Response:
-        schedule = Retries(limit=self.retries, base_s=0.5, cap_s=5.0)
+    def _send(
+        self, method: str, path: str, *, allow: tuple[int, ...] = (), retries: int | None = None, **kwargs: Any
+    ) -> httpx.Response:
+        schedule = Retries(limit=self.retries if retries is None else retries, base_s=0.5, cap_s=5.0)
         while True:
             try:
                 response = self._client.request(method, path, **kwargs)

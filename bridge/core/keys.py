@@ -226,3 +226,10 @@ def slot_demand(scope: str, queue: str, line: str) -> str:
     """One dispatch line's demand on ``queue`` (``<waiting> <weight>``), written by its leader every tick and
     expiring soon after it stops (``bridge.core.slot_share``): the other line reads it to leave that line its share."""
     return f"{PREFIX}:share:{scope}:{queue}:{line}"
+
+
+def line_backlog(scope: str, queue: str, line: str) -> str:
+    """One dispatch line's backlog on ``queue`` (rollouts waiting at its source and held by its dispatcher), written
+    by its leader about every second and expiring soon after it stops (``bridge.core.line_demand``): the other
+    line's leader adds it to the queue's desired slots."""
+    return f"{PREFIX}:backlog:{scope}:{queue}:{line}"

@@ -286,13 +286,16 @@ class Settings(BaseSettings):
     publish_retries: int = Field(default=5, ge=0, le=50, validation_alias="BRIDGE_PUBLISH_RETRIES")
     """Broker publish retries before a rollout is handed back."""
     backlog_interval_s: float = Field(default=5.0, gt=0, validation_alias="BRIDGE_BACKLOG_INTERVAL_S")
-    """Seconds between the leading bridge's reads of the Store's waiting rollouts (one request each, on a thread
-    of its own), which feed agl_bridge_store_waiting_rollouts and agl_bridge_desired_slots
+    """Seconds between the leading dispatcher's reads of its backlog, on a thread of its own: the 0.3 bridge's of the
+    Store's waiting rollouts (one request), the 1.0 dispatcher's of the gateway's queuing ones (one listing). They
+    feed agl_bridge_store_waiting_rollouts, agl_bridge_gateway_waiting_rollouts and agl_bridge_desired_slots
     (docs/operations.md, "Autoscaling signal")."""
     backlog_list_limit: int = Field(default=1000, ge=1, le=100000, validation_alias="BRIDGE_BACKLOG_LIST_LIMIT")
-    """With several queues (QUEUE_BY_MODE) the Store cannot count by mode, so the backlog read lists this many of
-    the oldest waiting rollouts and splits the rest in their proportions; the total stays exact. With one queue the
-    read lists one rollout whatever this says (docs/operations.md, "Autoscaling signal")."""
+    """The most rollouts one backlog read lists. With several queues (QUEUE_BY_MODE) the Store cannot count by mode,
+    so the 0.3 bridge lists this many of the oldest waiting rollouts and splits the rest in their proportions (the
+    total stays exact; with one queue it lists one rollout). The 1.0 gateway counts nothing, so the 1.0 dispatcher
+    and `python -m bridge status` list up to this many of its rollouts: beyond it the count is a lower bound, which
+    caps one reading's scale-up (docs/operations.md, "Autoscaling signal")."""
     slot_share_weights: Annotated[dict[str, float], NoDecode] = Field(
         default_factory=lambda: {"v03": 1.0, "v1": 1.0},
         validation_alias="SLOT_SHARE_WEIGHTS",
@@ -311,7 +314,8 @@ class Settings(BaseSettings):
         examples=[9100],
         json_schema_extra={SECTION: "Metrics"},
     )
-    """The bridge serves Prometheus /metrics here (also `python -m bridge run --metrics-port`); off when unset."""
+    """The bridge serves Prometheus /metrics here (also `python -m bridge run --metrics-port`), and so does the 1.0
+    dispatcher (`python -m bridge v1 --metrics-port`; two on one host need a port each); off when unset."""
     worker_metrics_port: int | None = Field(
         default=None, ge=1, le=65535, validation_alias="WORKER_METRICS_PORT", examples=[9101]
     )

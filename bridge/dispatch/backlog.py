@@ -1,11 +1,16 @@
-"""The Store's backlog per Celery queue: rollouts ``queuing`` or ``requeuing`` there, by the queue their mode
-routes to (``QUEUE_BY_MODE``), and the oldest of them. It is the autoscaling signal the broker's queue length
-cannot give, since backpressure keeps the broker nearly empty (docs/operations.md, "Autoscaling signal").
+"""The backlog per Celery queue, the autoscaling signal the broker's queue length cannot give, since backpressure
+keeps the broker nearly empty (docs/operations.md, "Autoscaling signal"): what waits for each dispatch line at its
+source, read by its leader on a thread of its own (``BacklogReader``).
 
-One Store request per reading (docs/store-protocol.md 3), oldest first by ``start_time`` (the enqueue; a
-``requeuing`` rollout keeps its first one): its ``total`` counts every waiting rollout, and the Store cannot
-filter by mode, so with one routed queue a page of one rollout is enough, and with several the page holds the
-``BRIDGE_BACKLOG_LIST_LIMIT`` oldest, whose split is exact, and the rest is split in their proportions.
+The Store's (0.3): rollouts ``queuing`` or ``requeuing``, by the queue their mode routes to (``QUEUE_BY_MODE``),
+and the oldest of them. One Store request per reading (docs/store-protocol.md 3), oldest first by ``start_time``
+(the enqueue; a ``requeuing`` rollout keeps its first one): its ``total`` counts every waiting rollout, and the
+Store cannot filter by mode, so with one routed queue a page of one rollout is enough, and with several the page
+holds the ``BRIDGE_BACKLOG_LIST_LIMIT`` oldest, whose split is exact, and the rest is split in their proportions.
+
+The gateway's (1.0): rollouts ``queuing``, all on the 1.0 dispatcher's queue. The gateway counts nothing, so one
+listing of at most ``BRIDGE_BACKLOG_LIST_LIMIT`` (oldest first, its creation order) is counted; a full page is
+a lower bound. The oldest is the smallest ``created_at`` listed.
 """
 
 from __future__ import annotations
@@ -15,8 +20,11 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
+from bridge.core.agl_v1 import GatewayClient, GatewayError, V1State
 from bridge.core.errors import StoreError
+from bridge.core.line_demand import BacklogExchange
 from bridge.core.models import Rollout, RolloutStatus
 from bridge.core.settings import Settings
 from bridge.core.store import StoreClient
@@ -34,7 +42,9 @@ class Backlog:
 
     waiting: dict[str, int]
     oldest: dict[str, float] = field(default_factory=dict)  # queue -> start_time (epoch s); absent: none seen
-    exact: bool = True  # False: more rollouts waited than were listed, and the split of the rest is estimated
+    # False: more rollouts waited than were listed: the Store's split of the rest is estimated, the gateway's
+    # count is a lower bound.
+    exact: bool = True
 
     def oldest_age(self, queue: str, now: float) -> float:
         """Seconds the queue's oldest waiting rollout has waited at ``now`` (0 when none waits)."""
@@ -76,15 +86,68 @@ def split(items: Iterable[Rollout], total: int, settings: Settings) -> Backlog:
     return Backlog(waiting, oldest, exact=rest == 0 or len(routed_queues(settings)) == 1)
 
 
-class BacklogReader:
-    """Reads the backlog every ``BRIDGE_BACKLOG_INTERVAL_S`` on a thread of its own, so the dispatch loop never
-    waits on it, and only while ``leading()``. ``latest`` is the last good reading: a failed one is logged and
-    counted (``agl_bridge_store_errors_total{kind="backlog"}``) and leaves it as it was."""
+def read_gateway_backlog(gateway: GatewayClient, queue: str, limit: int, *, timeout: float | None = None) -> Backlog:
+    """One gateway listing, never retried (the next reading is the retry). Raises GatewayError."""
+    return gateway_backlog(gateway.list_raw(V1State.QUEUING, limit=limit, retries=0, timeout=timeout), queue, limit)
 
-    def __init__(self, store: StoreClient, settings: Settings, leading: Callable[[], bool]) -> None:
-        self.store = store
+
+def gateway_backlog(items: list[Any], queue: str, limit: int) -> Backlog:
+    """The backlog from one listing of the gateway's queuing rollouts (at most ``limit``): every item counts, one the
+    dispatcher cannot read too (it waits all the same until the dispatcher fails it); the oldest is the smallest
+    ``status.created_at`` found."""
+    created = [at for at in map(_created_at, items) if at is not None]
+    oldest = {queue: min(created)} if created else {}
+    return Backlog({queue: len(items)}, oldest, exact=len(items) < limit)
+
+
+@dataclass(frozen=True)
+class GatewayCounts:
+    """What ``python -m bridge status`` shows of the gateway: its queuing and running rollouts (each listing at most
+    ``limit``: a full one, ``*_capped``, is a lower bound) and when the oldest queuing one was created."""
+
+    queuing: int
+    running: int
+    oldest_queuing: float | None
+    queuing_capped: bool
+    running_capped: bool
+
+
+def read_gateway_counts(gateway: GatewayClient, queue: str, limit: int) -> GatewayCounts:
+    """Two listings, never retried. Raises GatewayError."""
+    queuing = read_gateway_backlog(gateway, queue, limit)
+    running = len(gateway.list_raw(V1State.RUNNING, limit=limit, retries=0))
+    waiting = queuing.waiting[queue]
+    return GatewayCounts(waiting, running, queuing.oldest.get(queue), not queuing.exact, running >= limit)
+
+
+def _created_at(item: Any) -> float | None:
+    status = item.get("status") if isinstance(item, dict) else None
+    created = status.get("created_at") if isinstance(status, dict) else None
+    if isinstance(created, bool) or not isinstance(created, (int, float)):
+        return None
+    return float(created)
+
+
+class BacklogReader:
+    """Reads a backlog every ``BRIDGE_BACKLOG_INTERVAL_S`` on a thread of its own, so the dispatch loop never
+    waits on it, and only while ``leading()``. ``latest`` is the last good reading: a failed one (``read`` raises one
+    of ``failures``) is logged and counted on ``errors`` and leaves it as it was. ``store_reader`` and
+    ``gateway_reader`` build the two lines' readers."""
+
+    def __init__(
+        self,
+        read: Callable[[float], Backlog],
+        settings: Settings,
+        leading: Callable[[], bool],
+        *,
+        source: str,
+        failures: tuple[type[Exception], ...],
+        errors: Callable[[], None],
+    ) -> None:
+        self.read = read
         self.settings = settings
         self.leading = leading
+        self.source, self.failures, self.errors = source, failures, errors
         self.latest: Backlog | None = None
         self._wake = threading.Event()
         self._closed = threading.Event()
@@ -94,7 +157,7 @@ class BacklogReader:
         self._thread.start()
 
     def wake(self) -> None:
-        """Read now (a bridge that has just started to lead), not at the end of the current interval."""
+        """Read now (a dispatcher that has just started to lead), not at the end of the current interval."""
         self._wake.set()
 
     def forget(self) -> None:
@@ -106,28 +169,76 @@ class BacklogReader:
         self._closed.set()
         self._wake.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout=max(5.0, self.settings.backlog_interval_s) + 1.0)
+            self._thread.join(timeout=self._timeout() + 1.0)
 
     def read_once(self) -> None:
-        """Read the backlog into ``latest`` if this bridge leads; a standby sends the Store nothing."""
+        """Read the backlog into ``latest`` if this dispatcher leads; a standby sends its source nothing."""
         if not self.leading():
             return
         started = time.monotonic()
         try:
-            backlog = read_backlog(self.store, self.settings, timeout=max(5.0, self.settings.backlog_interval_s))
-        except StoreError as exc:
-            metrics.STORE_ERRORS.labels("backlog").inc()
-            log.warning("reading the Store's backlog failed (%s); keeping the last reading", exc)
+            backlog = self.read(self._timeout())
+        except self.failures as exc:
+            self.errors()
+            log.warning("reading %s's backlog failed (%s); keeping the last reading", self.source, exc)
             return
         if self.leading():  # a reading finished after leadership was lost is not exported
             self.latest = backlog
-        log.debug("backlog %s read in %.3fs", backlog.waiting, time.monotonic() - started)
+        log.debug("%s's backlog %s read in %.3fs", self.source, backlog.waiting, time.monotonic() - started)
+
+    def _timeout(self) -> float:
+        return max(5.0, self.settings.backlog_interval_s)
 
     def _run(self) -> None:
         while not self._closed.is_set():
             try:
                 self.read_once()
             except Exception:  # the thread outlives any surprise: the next interval tries again
-                log.exception("unexpected error reading the Store's backlog")
+                log.exception("unexpected error reading %s's backlog", self.source)
             self._wake.wait(self.settings.backlog_interval_s)
             self._wake.clear()
+
+
+class LeaderExports:
+    """The per-queue gauges a leader exports (``metrics.LEADER_GAUGES``) and what they come from: its backlog reader
+    and the lines' exchange. ``stop`` clears them all when leadership ends, so a standby exports none."""
+
+    def __init__(self, reader: BacklogReader, demand: BacklogExchange) -> None:
+        self.reader, self.demand = reader, demand
+        self.active = False  # the gauges are set
+
+    def stop(self) -> None:
+        if self.active:
+            metrics.clear_leader_gauges()
+            self.reader.forget()
+            self.demand.forget()
+            self.active = False
+
+
+def store_reader(store: StoreClient, settings: Settings, leading: Callable[[], bool]) -> BacklogReader:
+    """The 0.3 bridge's reader: the Store's waiting rollouts per queue (``read_backlog``); a failed reading counts in
+    ``agl_bridge_store_errors_total{kind="backlog"}``."""
+    return BacklogReader(
+        lambda timeout: read_backlog(store, settings, timeout=timeout),
+        settings,
+        leading,
+        source="the Store",
+        failures=(StoreError,),
+        errors=metrics.STORE_ERRORS.labels("backlog").inc,
+    )
+
+
+def gateway_reader(
+    gateway: GatewayClient, settings: Settings, queue: str, leading: Callable[[], bool]
+) -> BacklogReader:
+    """The 1.0 dispatcher's reader: the gateway's queuing rollouts on ``queue`` (``read_gateway_backlog``); a failed
+    reading counts in ``agl_bridge_gateway_errors_total{kind="backlog"}``."""
+    limit = settings.backlog_list_limit
+    return BacklogReader(
+        lambda timeout: read_gateway_backlog(gateway, queue, limit, timeout=timeout),
+        settings,
+        leading,
+        source="the gateway",
+        failures=(GatewayError,),
+        errors=metrics.GATEWAY_ERRORS.labels("backlog").inc,
+    )

@@ -36,7 +36,7 @@ from typing import Protocol
 
 import redis
 
-from bridge.core import capacity, handback, slot_share
+from bridge.core import capacity, handback, line_demand, slot_share
 from bridge.core.backoff import backoff_delay
 from bridge.core.coordination import deployment_endpoint, deployment_scope
 from bridge.core.errors import PublishError, StoreError, UnknownIdError
@@ -46,7 +46,7 @@ from bridge.core.scope_check import ScopeMismatchError, ScopeWatch
 from bridge.core.settings import Settings
 from bridge.core.store import StoreClient
 from bridge.dispatch import broker, metrics, placement
-from bridge.dispatch.backlog import BacklogReader
+from bridge.dispatch.backlog import LeaderExports, store_reader
 from bridge.dispatch.coalesce import Coalescer
 from bridge.dispatch.hold import Hold
 from bridge.dispatch.leader import STANDBY_RETRY_S, LeaderLock
@@ -119,8 +119,10 @@ class Dispatcher:
             who="this bridge" if not strict_scope else "CeleryRunner",
             strict=strict_scope,
         )
-        self._backlog = BacklogReader(store, settings, leading=lambda: self._lock.held)  # the Store's waiting rollouts
-        self._exporting = False  # the leader's per-queue gauges are set (metrics.LEADER_GAUGES)
+        self._backlog = store_reader(store, settings, leading=lambda: self._lock.held)  # the Store's waiting rollouts
+        self._demand = line_demand.BacklogExchange(redis_client, self.scope, slot_share.V03)  # the 1.0 line's backlog
+        metrics.export_line(slot_share.V03)
+        self._exports = LeaderExports(self._backlog, self._demand)
         # Whether the last dequeue came back full, and the backlog reading it followed (``_share_slots``).
         self._last_dequeue: tuple[bool, object] | None = None
 
@@ -143,7 +145,7 @@ class Dispatcher:
             for held in self._hold.take_all():  # claimed, never published: give them back rather than strand them
                 self.hand_back(held.rollout, "shutdown")
             self._lock.release()
-            self._stop_exporting()
+            self._exports.stop()
             if self._probe is not None:
                 self._probe.close()
             self.publisher.close()
@@ -332,7 +334,7 @@ class Dispatcher:
             self._forget_inflight(queue, aid)
             self.hand_back(rollout, "error")
             return False
-        metrics.PUBLISHED.labels(queue).inc()
+        metrics.PUBLISHED.labels(queue, slot_share.V03).inc()
         self._coalescer.dispatched()
         if rollout.attempt.start_time:
             metrics.DISPATCH_LATENCY.observe(max(0.0, time.time() - rollout.attempt.start_time))
@@ -427,7 +429,7 @@ class Dispatcher:
     def _free_slot(self, free: FreeLost | FreeOrphan) -> None:
         self._forget_inflight(free.queue, free.attempt_id)
         if isinstance(free, FreeLost):
-            metrics.STRANDED_IN_FLIGHT.inc()
+            metrics.STRANDED_IN_FLIGHT.labels(slot_share.V03).inc()
             log.warning(
                 "[attempt=%s] in flight for %.0fs, never started, no lease: slot freed",
                 free.attempt_id,
@@ -441,7 +443,7 @@ class Dispatcher:
         if isinstance(restart, HandBack):
             self.hand_back(restart.rollout, "stranded")
         elif self.dispatch(restart.rollout):
-            metrics.REPUBLISHED.inc()
+            metrics.REPUBLISHED.labels(slot_share.V03).inc()
             log.warning(
                 "[rollout=%s attempt=%s] was stranded (%s); re-published",
                 *_ids(restart.rollout),
@@ -458,15 +460,8 @@ class Dispatcher:
             self._reconcile_by(0.0)  # a new leader repairs what the last one left at once
             self._backlog.wake()
         if not leading:
-            self._stop_exporting()
+            self._exports.stop()
         return leading
-
-    def _stop_exporting(self) -> None:
-        """No longer the leader: export none of the leader's per-queue gauges, as a standby never has."""
-        if self._exporting:
-            metrics.clear_leader_gauges()
-            self._backlog.forget()
-            self._exporting = False
 
     # --- helpers ---------------------------------------------------------------------------------
 
@@ -490,7 +485,7 @@ class Dispatcher:
 
     def _update_gauges(self, view: capacity.SlotView, free: dict[str, int], served: set[str]) -> None:
         self.scope_watch.check(served)
-        self._exporting = True
+        self._exports.active = True
         held = self._hold.by_queue()
         self._update_autoscaling_gauges(view, free, held)
         for queue in self.queues:
@@ -513,10 +508,16 @@ class Dispatcher:
 
     def _update_autoscaling_gauges(self, view: capacity.SlotView, free: dict[str, int], held: dict[str, int]) -> None:
         """Slots, free slots, in flight, and from the last backlog reading the Store's waiting rollouts and the
-        desired slots (waiting + held + in flight), per queue (docs/operations.md, "Autoscaling signal")."""
+        desired slots per queue: in flight + waiting + held + the 1.0 line's published backlog
+        (``bridge.core.line_demand``; docs/operations.md, "Autoscaling signal")."""
         totals = view.totals()
         backlog = self._backlog.latest
         now = time.time()
+        own: dict[str, int] = {}
+        others: dict[str, dict[str, int]] = {}
+        if backlog is not None:  # this line's backlog for the other line's leader, and the other's
+            own = {queue: backlog.waiting.get(queue, 0) + held.get(queue, 0) for queue in self.queues}
+            others = self._demand.others(own)
         for queue in self.queues:
             inflight = view.inflight.get(queue, 0)
             metrics.SLOTS.labels(queue).set(totals.get(queue, 0))
@@ -527,7 +528,8 @@ class Dispatcher:
             waiting = backlog.waiting.get(queue, 0)
             metrics.STORE_WAITING.labels(queue).set(waiting)
             metrics.STORE_OLDEST_WAITING.labels(queue).set(backlog.oldest_age(queue, now))
-            metrics.DESIRED_SLOTS.labels(queue).set(waiting + held.get(queue, 0) + inflight)
+            desired = line_demand.desired_slots(inflight, own[queue], others.get(queue, {}))
+            metrics.DESIRED_SLOTS.labels(queue).set(desired)
 
 
 def _ids(rollout: AttemptedRollout) -> tuple[str, str]:

@@ -22,6 +22,7 @@ from redis.exceptions import LockError
 from redis.lock import Lock
 
 from bridge.core import keys
+from bridge.core.slot_share import V03
 from bridge.dispatch import metrics
 
 log = logging.getLogger("bridge.dispatch.dispatcher")
@@ -37,8 +38,10 @@ class LeaderLock:
     and renewed to ``LEADER_TTL_S`` on every ``ensure`` and by a renewal thread while held; the token names the
     bridge, so standbys can log who leads."""
 
-    def __init__(self, client: redis.Redis, dispatcher_id: str, *, scope: str) -> None:
+    def __init__(self, client: redis.Redis, dispatcher_id: str, *, scope: str, line: str = V03) -> None:
+        """``line``: the dispatch line whose ``agl_bridge_is_leader`` this lock sets."""
         self.redis = client
+        self._is_leader = metrics.IS_LEADER.labels(line)
         self.key = keys.bridge_leader(scope)
         self.token = f"{dispatcher_id}:{uuid.uuid4().hex[:8]}"
         # thread_local=False: CeleryRunner may take it on one thread and release it on another, and the renewal
@@ -73,7 +76,7 @@ class LeaderLock:
                     target=self._renew_while_held, args=(self._term,), name="leader-renewal", daemon=True
                 )
                 self._renewer.start()
-        metrics.IS_LEADER.set(1 if self.held else 0)
+        self._is_leader.set(1 if self.held else 0)
         if self.held and not was_held:
             log.info("this bridge now dispatches (lock %s)", self.key)
         elif was_held and not self.held:
@@ -93,7 +96,7 @@ class LeaderLock:
                 if self.held:
                     self.held = False
                     self._term += 1
-            metrics.IS_LEADER.set(0)
+            self._is_leader.set(0)
             return False
         with self._state:
             if self.held:
@@ -124,7 +127,7 @@ class LeaderLock:
                 self._lock.release()
             except (LockError, redis.RedisError):  # no longer ours, or Redis is away: it expires on its own
                 pass
-            metrics.IS_LEADER.set(0)
+            self._is_leader.set(0)
 
 
 def dispatching(client: redis.Redis, scope: str) -> bool:

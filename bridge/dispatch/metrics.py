@@ -1,25 +1,46 @@
-"""Prometheus series of the bridge, served on ``BRIDGE_METRICS_PORT`` (``python -m bridge run --metrics-port``).
+"""Prometheus series of the dispatchers, served on ``BRIDGE_METRICS_PORT`` (``python -m bridge run|v1
+--metrics-port``): the 0.3 bridge's and the 1.0 dispatcher's, one definition each.
 
-The bridge sees the path from the Store to the broker. What happens after a worker takes a message
-(dequeue-to-start latency, outcomes, episode, LLM and environment series) is measured where it happens,
-in ``workers.lifecycle.metrics``; the Grafana dashboard in deploy/grafana puts both side by side.
+A series both lines export for their own work carries ``line`` (``v03`` or ``v1``, as ``SLOT_SHARE_WEIGHTS``
+names them); the per-queue gauges describe the shared queue, whichever leader exports them, and carry none:
+aggregate those with ``max by (queue)`` (docs/operations.md, "Autoscaling signal"). The dispatchers see the path
+from the Store or gateway to the broker. What happens after a worker takes a message (dequeue-to-start latency,
+outcomes, episode, LLM and environment series) is measured where it happens, in ``workers.lifecycle.metrics``;
+the Grafana dashboard in deploy/grafana puts them side by side.
 """
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+from bridge.core.errors import ConfigError
+from bridge.core.slot_share import V1
 
 DEQUEUED = Counter("agl_bridge_dequeued_total", "Rollouts claimed from the Store")
-PUBLISHED = Counter("agl_bridge_published_total", "Rollouts published to the broker", ["queue"])
+PUBLISHED = Counter("agl_bridge_published_total", "Rollouts published to the broker", ["queue", "line"])
 HANDED_BACK = Counter("agl_bridge_handed_back_total", "Dequeued rollouts returned to the Store queue", ["reason"])
-REPUBLISHED = Counter("agl_bridge_republished_total", "Stranded attempts re-published by reconciliation")
+REPUBLISHED = Counter(
+    "agl_bridge_republished_total", "Stranded attempts re-published by reconciliation (same attempt id)", ["line"]
+)
 ORPHANS_FREED = Counter(
     "agl_bridge_orphans_freed_total", "In-flight slots freed because the attempt's executor was gone (no lease)"
 )
 STRANDED_IN_FLIGHT = Counter(
     "agl_bridge_stranded_in_flight_total",
     "In-flight entries freed by reconciliation: older than the longest queue wait, never started, no lease",
+    ["line"],
 )
+RERUNS = Counter(
+    "agl_bridge_reruns_total",
+    "1.0 rollouts run again under the next attempt id: its worker was lost (lost) or drained (handover)",
+    ["reason"],
+)
+FAILED = Counter(
+    "agl_bridge_failed_total",
+    "1.0 rollouts the dispatcher itself failed on the gateway, by failure class (the workers count theirs)",
+    ["failure_class"],
+)
+GATEWAY_ERRORS = Counter("agl_bridge_gateway_errors_total", "Failed 1.0 gateway requests", ["kind"])
 DEQUEUE_REQUESTS = Counter("agl_bridge_dequeue_requests_total", "Dequeue requests sent to the Store")
 HELD = Gauge("agl_bridge_held_rollouts", "Claimed rollouts the bridge holds until their queue has room", ["queue"])
 UNSERVED = Gauge("agl_bridge_unserved_queue", "1 when no live worker consumes the queue", ["queue"])
@@ -65,12 +86,24 @@ STORE_OLDEST_WAITING = Gauge(
     "How long the oldest rollout waiting in the Store for the queue has waited since its enqueue",
     ["queue"],
 )
-DESIRED_SLOTS = Gauge(
-    "agl_bridge_desired_slots",
-    "Slots the queue needs now: rollouts waiting in the Store + held by the bridge + in flight (scale on this)",
+GATEWAY_WAITING = Gauge(
+    "agl_bridge_gateway_waiting_rollouts",
+    "Rollouts queuing on the 1.0 gateway for the queue (read every BRIDGE_BACKLOG_INTERVAL_S, at most "
+    "BRIDGE_BACKLOG_LIST_LIMIT)",
     ["queue"],
 )
-IS_LEADER = Gauge("agl_bridge_is_leader", "1 when this bridge holds the dispatch lock")
+GATEWAY_OLDEST_WAITING = Gauge(
+    "agl_bridge_gateway_oldest_waiting_seconds",
+    "How long the oldest rollout queuing on the 1.0 gateway has waited since its creation",
+    ["queue"],
+)
+DESIRED_SLOTS = Gauge(
+    "agl_bridge_desired_slots",
+    "Slots the queue needs now: rollouts in flight + waiting in the Store + held by the 0.3 bridge + queuing on "
+    "the 1.0 gateway; every leader exports the whole figure (scale on the max of this)",
+    ["queue"],
+)
+IS_LEADER = Gauge("agl_bridge_is_leader", "1 when this dispatcher holds its line's dispatch lock", ["line"])
 DISPATCH_LATENCY = Histogram(
     "agl_bridge_dequeue_to_publish_seconds",
     "Time from the Store's attempt start (dequeue) to the publish",
@@ -90,6 +123,8 @@ LEADER_GAUGES = (
     OLDEST_IN_FLIGHT_AGE,
     STORE_WAITING,
     STORE_OLDEST_WAITING,
+    GATEWAY_WAITING,
+    GATEWAY_OLDEST_WAITING,
     DESIRED_SLOTS,
 )
 
@@ -99,7 +134,32 @@ def clear_leader_gauges() -> None:
         gauge.clear()
 
 
-# Series a dashboard alerts on are exported at zero from the start, not only after the first error.
+def serve(host: str, port: int) -> None:
+    """Serve /metrics on ``host:port`` from a thread of its own. ConfigError when the port cannot be bound (a 0.3
+    bridge and a 1.0 dispatcher on one host each need their own ``--metrics-port``)."""
+    try:
+        start_http_server(port, addr=host)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot serve metrics on {host}:{port}: {exc.strerror or exc} (is another dispatcher serving there? "
+            "give this one its own --metrics-port or BRIDGE_METRICS_PORT)"
+        ) from None
+
+
+def export_line(line: str) -> None:
+    """Export ``line``'s series a dashboard alerts on at zero from the start, not only after the first event."""
+    REPUBLISHED.labels(line)
+    STRANDED_IN_FLIGHT.labels(line)
+    IS_LEADER.labels(line)
+    if line == V1:
+        for reason in ("lost", "handover"):
+            RERUNS.labels(reason)
+        for failure_class in ("input", "infra"):
+            FAILED.labels(failure_class)
+        for kind in ("dispatch", "backlog"):
+            GATEWAY_ERRORS.labels(kind)
+
+
 for _kind in ("dequeue", "hand_back", "backlog"):
     STORE_ERRORS.labels(_kind)
 for _reason in ("publish_failed", "stranded", "no_room", "shutdown", "error"):

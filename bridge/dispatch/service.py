@@ -18,6 +18,7 @@ from bridge.core.redact import redact_url
 from bridge.core.settings import Settings
 from bridge.core.store import StoreClient
 from bridge.core.tracing import setup_process_tracing
+from bridge.dispatch import metrics
 from bridge.dispatch.dispatcher import Dispatcher, StopSignal
 from bridge.dispatch.publisher import Publisher
 
@@ -33,9 +34,7 @@ def run_bridge(settings: Settings, *, metrics_port: int | None = None) -> int:
     install_signal_handlers(stop)
     port = metrics_port if metrics_port is not None else settings.metrics_port
     if port is not None:
-        from prometheus_client import start_http_server
-
-        start_http_server(port, addr=settings.metrics_host)
+        metrics.serve(settings.metrics_host, port)
         log.info("metrics on http://%s:%d/metrics", settings.metrics_host, port)
     dispatch_until(settings, stop)
     return 0

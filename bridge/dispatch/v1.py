@@ -14,6 +14,11 @@ gets) and carries them out one by one, so one failing repair stops no other. Eve
 a dispatcher killed anywhere is restarted (or replaced by a standby) without running a rollout twice.
 Hand-overs are counted per rollout in Redis (``keys.v1_handovers``, a set of attempt ids, so counting one twice
 is impossible), which a re-run's limit subtracts from the attempts numbered so far.
+
+The leader reads the gateway's queuing rollouts on a thread of its own (``bridge.dispatch.backlog``) and exports
+them with the queue's desired slots, which count the 0.3 line's backlog too (``bridge.core.line_demand``); with
+``--metrics-port`` (or ``BRIDGE_METRICS_PORT``) it serves the dispatch series of ``bridge.dispatch.metrics`` under
+``line="v1"`` (docs/operations.md, "Autoscaling signal").
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from dataclasses import dataclass
 
 import redis
 
-from bridge.core import capacity, keys, slot_share
+from bridge.core import capacity, keys, line_demand, slot_share
 from bridge.core.agl_v1 import (
     FIRST_ATTEMPT,
     V1_TASK_NAME,
@@ -47,6 +52,9 @@ from bridge.core.message import base_app
 from bridge.core.redact import redact_url
 from bridge.core.scope_check import ScopeWatch
 from bridge.core.settings import Settings
+from bridge.dispatch import metrics
+from bridge.dispatch.backlog import LeaderExports, gateway_reader
+from bridge.dispatch.dispatcher import GAUGES_EVERY_S
 from bridge.dispatch.leader import STANDBY_RETRY_S, LeaderLock
 from bridge.dispatch.publisher import BROKER_REFUSALS, covered_timeout, retry_policy
 from bridge.dispatch.v1_repairs import (
@@ -69,6 +77,7 @@ BUSY_POLL_S = 0.2  # after a tick that published
 ERROR_WAIT_S = 5.0
 REFUSAL_BACKOFF_BASE_S = 1.0  # a refused publish is tried again after this, doubling up to the cap
 REFUSAL_BACKOFF_CAP_S = 30.0
+INPUT, INFRA = "input", "infra"  # the failure classes of the rollouts the dispatcher fails, as the workers name them
 
 
 @dataclass(frozen=True)
@@ -141,7 +150,7 @@ class V1Dispatcher:
         self.queue = settings.default_queue
         self.scope = deployment_scope(settings)  # the workers' slots: the same cluster as the 0.3 bridge
         self.app = base_app(settings, "bridge-v1")
-        self._lock = LeaderLock(client, f"{settings.dispatcher_id}-v1", scope=f"{self.scope}:v1")
+        self._lock = LeaderLock(client, f"{settings.dispatcher_id}-v1", scope=f"{self.scope}:v1", line=slot_share.V1)
         self.confirm_s = 2 * settings.heartbeat_interval_s + 5.0  # as the 0.3 bridge's reconcile
         self._next_reconcile = 0.0
         self._state_keys: dict[str, str] = {}  # attempt key -> its scoped state key (``_facts``)
@@ -152,6 +161,12 @@ class V1Dispatcher:
         # A refused re-publish of a running rollout is tried again by a later reconcile (within two scans).
         stale_after_s = settings.agl_v1_publish_give_up_s + 2 * (settings.reconcile_interval_s + self.confirm_s)
         self.refusals = PublishRefusals(settings.agl_v1_publish_give_up_s, stale_after_s)
+        # The gateway's queuing rollouts, read by the leader on a thread of its own, and the 0.3 line's backlog.
+        self._backlog = gateway_reader(gateway, settings, self.queue, leading=lambda: self._lock.held)
+        self._demand = line_demand.BacklogExchange(client, self.scope, slot_share.V1)
+        self._next_gauges = 0.0
+        self._exports = LeaderExports(self._backlog, self._demand)
+        metrics.export_line(slot_share.V1)
 
     def run(self) -> None:
         log.info(
@@ -161,31 +176,48 @@ class V1Dispatcher:
             self.queue,
             self.scope,
         )
+        self._backlog.start()
         try:
             while not self.stop.is_set():
-                try:
-                    wait = self.tick()
-                except (GatewayError, redis.RedisError) as exc:
-                    log.warning("%s; retrying in %.0fs", exc, ERROR_WAIT_S)
-                    wait = ERROR_WAIT_S
-                except Exception:
-                    log.exception("unexpected error in the 1.0 dispatch loop; going on in %.0fs", ERROR_WAIT_S)
-                    wait = ERROR_WAIT_S
-                self.stop.wait(wait)
+                self.stop.wait(self._tick_surviving())
         finally:
+            self._backlog.close()
             self._lock.release()
+            self._exports.stop()
             self.app.close()
         log.info("1.0 dispatcher stopped")
+
+    def _tick_surviving(self) -> float:
+        """``tick``; a failure is logged and counted (``agl_bridge_gateway_errors_total{kind="dispatch"}``, the broker
+        errors, the loop errors) and the loop goes on after ``ERROR_WAIT_S``."""
+        try:
+            return self.tick()
+        except GatewayError as exc:
+            metrics.GATEWAY_ERRORS.labels("dispatch").inc()
+            log.warning("%s; retrying in %.0fs", exc, ERROR_WAIT_S)
+        except redis.RedisError as exc:
+            metrics.BROKER_ERRORS.inc()
+            log.warning("%s; retrying in %.0fs", exc, ERROR_WAIT_S)
+        except Exception:
+            metrics.LOOP_ERRORS.inc()
+            log.exception("unexpected error in the 1.0 dispatch loop; going on in %.0fs", ERROR_WAIT_S)
+        return ERROR_WAIT_S
 
     def tick(self) -> float:
         """One round; returns how long to wait before the next."""
         leading, newly = self._lock.ensure()
         if not leading:
+            self._exports.stop()
             return STANDBY_RETRY_S
+        if newly:
+            self._backlog.wake()
         if newly or time.monotonic() >= self._next_reconcile:
             self.reconcile()
             self._next_reconcile = time.monotonic() + self.settings.reconcile_interval_s
         view = capacity.read_slots(self.redis, self.scope, self.settings.all_queues())
+        if time.monotonic() >= self._next_gauges:  # observability only: once a second, not every tick
+            self._next_gauges = time.monotonic() + GAUGES_EVERY_S
+            self._update_gauges(view)
         rooms = view.rooms()
         self.scope_watch.check(view.served())
         total = view.totals().get(self.queue, 0)
@@ -221,13 +253,32 @@ class V1Dispatcher:
             return 0.0
         return BUSY_POLL_S if waiting or malformed else IDLE_POLL_S
 
+    def _update_gauges(self, view: capacity.SlotView) -> None:
+        """The queue's slots and attempts in flight (every line's), and from the last gateway reading its queuing
+        rollouts, the oldest's age and the desired slots, which add the 0.3 line's published backlog
+        (``bridge.core.line_demand``)."""
+        self._exports.active = True
+        queue = self.queue
+        inflight = view.inflight.get(queue, 0)
+        metrics.IN_FLIGHT.labels(queue).set(inflight)
+        metrics.SLOTS.labels(queue).set(view.totals().get(queue, 0))
+        backlog = self._backlog.latest
+        if backlog is None:  # none read yet in this leader term: export nothing rather than a false 0
+            return
+        waiting = backlog.waiting.get(queue, 0)
+        others = self._demand.others({queue: waiting}).get(queue, {})
+        metrics.GATEWAY_WAITING.labels(queue).set(waiting)
+        metrics.GATEWAY_OLDEST_WAITING.labels(queue).set(backlog.oldest_age(queue, time.time()))
+        metrics.DESIRED_SLOTS.labels(queue).set(line_demand.desired_slots(inflight, waiting, others))
+
     # --- one rollout ---------------------------------------------------------------------------
 
     def _start(self, rollout: V1Rollout) -> None:
         """Publish a queuing rollout's first attempt and mark it running."""
         local = rollout.config.local
         if local is None or not local.agent_class:
-            self._fail(rollout.rollout_id, FIRST_ATTEMPT, "invalid rollout config: missing config.local.agent_class")
+            why = "invalid rollout config: missing config.local.agent_class"
+            self._fail(rollout.rollout_id, FIRST_ATTEMPT, why, INPUT)
             return
         if not self._publish(rollout, FIRST_ATTEMPT):
             return
@@ -267,15 +318,18 @@ class V1Dispatcher:
             if delay is not None:
                 log.warning("[v1 rollout=%s] the broker did not take it (%s); trying again in %.0fs", rid, exc, delay)
                 return False
-            self._fail(rid, attempt_id, f"the broker did not take the rollout for {refused_for:.0f}s: {exc}")
+            why = f"the broker did not take the rollout for {refused_for:.0f}s: {exc}"
+            self._fail(rid, attempt_id, why, INFRA)
             return False
         except Exception as exc:
             capacity.clear_inflight(self.redis, self.scope, self.queue, key)
             self.refusals.forget(rid)
             log.exception("[v1 rollout=%s attempt=%s] could not be published", rid, attempt_id)
-            self._fail(rid, attempt_id, f"the rollout could not be published: {type(exc).__name__}: {exc}")
+            why = f"the rollout could not be published: {type(exc).__name__}: {exc}"
+            self._fail(rid, attempt_id, why, INFRA)
             return False
         self.refusals.forget(rid)
+        metrics.PUBLISHED.labels(self.queue, slot_share.V1).inc()
         log.info("[v1 rollout=%s attempt=%s] published to %s", rid, attempt_id, self.queue)
         return True
 
@@ -289,8 +343,10 @@ class V1Dispatcher:
         config = rollout.config.model_copy(update={"timeout_seconds": int(bound)})
         return rollout.model_copy(update={"config": config})
 
-    def _fail(self, rollout_id: str, attempt_id: str, why: str) -> None:
+    def _fail(self, rollout_id: str, attempt_id: str, why: str, failure_class: str) -> None:
+        """Fail the attempt on the gateway if it is still current (``GatewayClient.finish``), counted by class."""
         if self.gateway.finish(rollout_id, attempt_id, V1State.FAILED, why):
+            metrics.FAILED.labels(failure_class).inc()
             log.warning("[v1 rollout=%s attempt=%s] failed: %s", rollout_id, attempt_id, why)
         else:
             log.info("[v1 rollout=%s attempt=%s] not failed (moved on): %s", rollout_id, attempt_id, why)
@@ -305,6 +361,7 @@ class V1Dispatcher:
             )
             return
         if failed:
+            metrics.FAILED.labels(INPUT).inc()
             log.warning("[v1 rollout=%s] failed: %s", rollout.rollout_id, rollout.reason)
         else:
             log.warning("[v1 rollout=%s] skipped, not failed (gone or unnamed): %s", rollout.rollout_id, rollout.reason)
@@ -397,11 +454,12 @@ class V1Dispatcher:
         elif isinstance(repair, Republish):
             rid, aid = repair.rollout.rollout_id, repair.attempt_id
             log.warning("[v1 rollout=%s attempt=%s] its message never started: publishing it again", rid, aid)
-            self._publish(repair.rollout, aid)
+            if self._publish(repair.rollout, aid):
+                metrics.REPUBLISHED.labels(slot_share.V1).inc()
         elif isinstance(repair, Rerun):
             self._rerun(repair)
         elif isinstance(repair, Fail):
-            self._fail(repair.rollout_id, repair.attempt_id, repair.reason)
+            self._fail(repair.rollout_id, repair.attempt_id, repair.reason, INFRA)
             capacity.clear_inflight(self.redis, self.scope, self.queue, repair.key)
             self.redis.delete(_keys_of(self._state_key(repair.key)).result)
         elif isinstance(repair, FreeSlot):
@@ -412,6 +470,7 @@ class V1Dispatcher:
             )
             capacity.clear_inflight(self.redis, self.scope, self.queue, repair.key)
             capacity.notify_freed(self.redis, self.scope, self.queue)
+            metrics.STRANDED_IN_FLIGHT.labels(slot_share.V1).inc()
 
     def _apply(self, repair: ApplyKept) -> None:
         """An outcome the worker could not send: set it now (current attempt only), then drop it."""
@@ -440,17 +499,22 @@ class V1Dispatcher:
             moved = None
         capacity.clear_inflight(self.redis, self.scope, self.queue, repair.key)
         if moved is not None:
+            metrics.RERUNS.labels("handover" if repair.handover else "lost").inc()
             self._publish(repair.rollout, new)
         self.redis.delete(_keys_of(self._state_key(repair.key)).result)
 
 
-def run_v1(settings: Settings, stop: threading.Event) -> int:
-    """The 1.0 dispatch loop until ``stop`` is set."""
+def run_v1(settings: Settings, stop: threading.Event, *, metrics_port: int | None = None) -> int:
+    """The 1.0 dispatch loop until ``stop`` is set; /metrics on ``metrics_port`` (default ``BRIDGE_METRICS_PORT``)."""
     if not settings.agl_v1_url:
         raise MissingSetting(
             "AGL_V1_SERVER_URL (or --server) must name the Agent Lightning 1.0 gateway", setting="AGL_V1_SERVER_URL"
         )
     configure_logging(settings.log_level, settings.log_json)
+    port = metrics_port if metrics_port is not None else settings.metrics_port
+    if port is not None:
+        metrics.serve(settings.metrics_host, port)
+        log.info("metrics on http://%s:%d/metrics", settings.metrics_host, port)
     gateway = GatewayClient(settings.agl_v1_url, key=settings.agl_v1_key)
     client = coordination_redis(settings)
     try:

@@ -1,11 +1,12 @@
-"""status: Store counts, broker queues, workers and their active rollouts, in-flight work, last errors.
+"""status: Store and 1.0 gateway counts, broker queues, workers and their active rollouts, in-flight work, last errors.
 
 Reads only: the Store's REST API, the broker's queues (Redis lists, or RabbitMQ depths by passive declare;
 bridge.dispatch.broker), the coordination Redis (in-flight sets and the slots the workers advertise, see
 bridge.core.capacity; only this deployment's, scoped by its Store: bridge.core.keys) and one Celery
 ``inspect active`` request, sent to those workers only, for the rollouts each is running. A part that does
 not answer is reported as such instead of failing the command, so the command is most useful exactly when
-something is broken. ``--json`` prints one object per refresh.
+something is broken. ``--json`` prints one object per refresh. With AGL_V1_SERVER_URL, two listings of the 1.0
+gateway's rollouts (queuing, running) are read too.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 import redis
 
 from bridge.core import capacity, keys, scope_check
+from bridge.core.agl_v1 import GatewayClient, GatewayError
 from bridge.core.coordination import coordination_redis, deployment_endpoint, deployment_scope
 from bridge.core.errors import StoreError
 from bridge.core.models import RolloutStatus
@@ -26,7 +28,7 @@ from bridge.core.redact import redact_text, redact_url
 from bridge.core.settings import Settings, load_settings
 from bridge.core.store import API, StoreClient
 from bridge.dispatch import broker
-from bridge.dispatch.backlog import read_backlog
+from bridge.dispatch.backlog import read_backlog, read_gateway_counts
 
 LAST_ERRORS = 5
 INSPECT_TIMEOUT_S = 1.0
@@ -60,7 +62,8 @@ def main(args: argparse.Namespace) -> int:
                 print(render(report), flush=True)
             if not args.watch:
                 store_ok = report["store"]["ok"] or store is None
-                return 0 if store_ok and report["broker"]["ok"] else 1
+                gateway_ok = report["gateway"] is None or report["gateway"]["ok"]
+                return 0 if store_ok and gateway_ok and report["broker"]["ok"] else 1
             time.sleep(max(0.2, args.interval))
     except KeyboardInterrupt:
         return 0
@@ -78,6 +81,7 @@ def collect(
     """Everything ``status`` shows, as plain JSON-able data; ``store`` None: no Store configured (1.0 only)."""
     report: dict[str, Any] = {"time": round(time.time(), 3)}
     report["store"] = _store_part(settings, store)
+    report["gateway"] = _gateway_part(settings)
     report["broker"], workers = _broker_part(settings, client)
     _add_backlog(report, settings, store)
     if inspect and report["broker"]["ok"]:
@@ -102,6 +106,26 @@ def _store_part(settings: Settings, store: StoreClient | None) -> dict[str, Any]
         part["ok"] = True
     except StoreError as exc:
         part["error"] = str(exc)
+    return part
+
+
+def _gateway_part(settings: Settings) -> dict[str, Any] | None:
+    """The 1.0 gateway's queuing and running rollouts and the oldest queuing one's age; None without a gateway."""
+    if not settings.agl_v1_url:
+        return None
+    part: dict[str, Any] = {"url": redact_url(settings.agl_v1_url), "ok": False, "error": None}
+    gateway = GatewayClient(settings.agl_v1_url, key=settings.agl_v1_key, timeout_s=5.0, retries=0)
+    try:
+        counts = read_gateway_counts(gateway, settings.default_queue, settings.backlog_list_limit)
+    except GatewayError as exc:
+        part["error"] = str(exc)
+        return part
+    finally:
+        gateway.close()
+    oldest = time.time() - counts.oldest_queuing if counts.oldest_queuing is not None else None
+    part.update(ok=True, queuing=counts.queuing, running=counts.running)
+    part.update(queuing_capped=counts.queuing_capped, running_capped=counts.running_capped)
+    part["oldest_queuing_s"] = _round(max(0.0, oldest) if oldest is not None else None)
     return part
 
 
@@ -243,6 +267,16 @@ def render(report: dict[str, Any]) -> str:
     if store["ok"]:
         counts = store["counts"]
         lines.append("  " + "  ".join(f"{name} {counts.get(name, 0)}" for name in counts))
+    gateway = report.get("gateway")
+    if gateway is not None:
+        answer = "ok" if gateway["ok"] else f"DOES NOT ANSWER: {gateway['error']}"
+        lines.append(f"Gateway {gateway['url']}  {answer} (Agent Lightning 1.0)")
+    if gateway is not None and gateway["ok"]:
+        counts = {name: f"{gateway[name]}{'+' if gateway[name + '_capped'] else ''}" for name in ("queuing", "running")}
+        lines.append(  # a count with + reached BRIDGE_BACKLOG_LIST_LIMIT: at least that many
+            f"  queuing {counts['queuing']}  running {counts['running']}"
+            f"  oldest queuing {_seconds(gateway['oldest_queuing_s'])}"
+        )
     brk = report["broker"]
     lines.append(f"Broker  {brk['url']}  {'ok' if brk['ok'] else 'DOWN: ' + str(brk['error'])}")
     if brk.get("coordination_url"):

@@ -25,7 +25,7 @@ from bridge.core.message import TASK_NAME
 from bridge.dispatch import metrics
 from bridge_lab.procs import free_port
 from bridge_lab.stack import LocalStack
-from tests.helpers import cancel_unfinished, enqueue, split_tasks, stack_for, wait_finished
+from tests.helpers import cancel_unfinished, enqueue, metric_samples, split_tasks, stack_for, wait_finished
 
 pytestmark = [pytest.mark.integration, pytest.mark.cost(20)]
 
@@ -66,17 +66,6 @@ def ops(services: LocalStack, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 def _env(stack: LocalStack) -> dict[str, str]:
     return {**os.environ, "AGENT_LIGHTNING_STORE_URL": stack.store_url, "CELERY_BROKER_URL": stack.broker_url}
-
-
-def _samples(url: str) -> dict[str, float]:
-    """Prometheus text format as {'name{labels}': value}; labels kept verbatim."""
-    text = httpx.get(url, timeout=10).text
-    samples: dict[str, float] = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            samples[name] = float(value)
-    return samples
 
 
 def _total(samples: dict[str, float], name: str, **labels: str) -> float:
@@ -146,14 +135,14 @@ def test_status_text_is_readable(ops: dict[str, object]) -> None:
 def test_bridge_metrics_expose_the_named_series(ops: dict[str, object]) -> None:
     stack = ops["stack"]
     assert isinstance(stack, LocalStack) and stack.bridge_metrics_url
-    samples = _samples(stack.bridge_metrics_url)
+    samples = metric_samples(stack.bridge_metrics_url)
     assert _total(samples, "agl_bridge_dequeued_total") >= GOOD + 1
     assert _total(samples, "agl_bridge_published_total", queue="rollouts") >= GOOD + 1
     assert _total(samples, "agl_bridge_dequeue_to_publish_seconds_count") >= GOOD + 1
     assert _total(samples, "agl_bridge_handed_back_total") == 0
     assert _total(samples, "agl_bridge_store_errors_total") == 0
     assert 'agl_bridge_store_errors_total{kind="dequeue"}' in samples
-    assert samples["agl_bridge_is_leader"] == 1
+    assert samples['agl_bridge_is_leader{line="v03"}'] == 1
     # Every rollout has finished: the bridge's next ticks (every fraction of a second) see nothing in flight and
     # nothing waiting in the broker, so each gauge settles at 0 within a few seconds.
     gauges = [
@@ -166,7 +155,7 @@ def test_bridge_metrics_expose_the_named_series(ops: dict[str, object]) -> None:
         if all(value == 0 for value in settled.values()) or time.monotonic() > deadline:
             break
         time.sleep(0.5)
-        samples = _samples(stack.bridge_metrics_url)
+        samples = metric_samples(stack.bridge_metrics_url)
     assert all(value == 0 for value in settled.values()), f"{settled}, {GAUGES_SETTLE_S:.0f} s after the last rollout"
 
 
@@ -174,7 +163,7 @@ def test_worker_metrics_expose_the_named_series(ops: dict[str, object]) -> None:
     stack = ops["stack"]
     assert isinstance(stack, LocalStack)
     [url] = stack.worker_metrics_urls.values()
-    samples = _samples(url)
+    samples = metric_samples(url)
     assert _total(samples, "agl_worker_rollouts_total", status="succeeded", failure_class="none") == GOOD
     assert _total(samples, "agl_worker_rollouts_total", status="failed", failure_class="input") == 1
     assert _total(samples, "agl_worker_episode_duration_seconds_count", status="succeeded") == GOOD
@@ -261,8 +250,8 @@ def test_the_leader_exports_the_stores_backlog_as_desired_slots_and_a_standby_ex
         assert leader['agl_bridge_total_slots{queue="rollouts"}'] == 0
         assert leader['agl_bridge_free_slots{queue="rollouts"}'] == 0
         assert leader['agl_bridge_store_oldest_waiting_seconds{queue="rollouts"}'] >= 0
-        assert leader["agl_bridge_is_leader"] == 1
-        others = _settled(f"http://127.0.0.1:{port}/metrics", lambda s: s.get("agl_bridge_is_leader"), 0)
+        assert leader['agl_bridge_is_leader{line="v03"}'] == 1
+        others = _settled(f"http://127.0.0.1:{port}/metrics", lambda s: s.get('agl_bridge_is_leader{line="v03"}'), 0)
         exported = {key.partition("{")[0] for key in others}
         leader_only = {gauge._name for gauge in metrics.LEADER_GAUGES}
         assert not exported & leader_only, exported & leader_only
@@ -276,7 +265,7 @@ def _settled(url: str, read: Callable[[dict[str, float]], float | None], want: f
     deadline = time.monotonic() + 30.0
     while True:
         try:
-            samples = _samples(url)
+            samples = metric_samples(url)
         except httpx.HTTPError:
             samples = {}
         if read(samples) == want or time.monotonic() > deadline:

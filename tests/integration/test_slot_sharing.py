@@ -1,15 +1,19 @@
 """One worker pool serving a 0.3 Store (``python -m bridge``) and a 1.0 gateway (``python -m bridge v1``) at once,
 with real parts: the session's ``agl store``, 1.0's ``agl-server`` (``bridge_lab.agl_v1_env``), both dispatchers
-and one ``celery`` worker of 4 slots, started once for the module. With both lines backlogged each holds slots in
-proportion to its weight (``bridge.core.slot_share``); a SIGKILLed leader of either line is replaced by its hot
-standby within 5 s (``bridge.dispatch.leader``). The tests run in this order: the standbys lead the second.
+(each serving /metrics) and one ``celery`` worker of 4 slots, started once for the module. Both leaders export the
+queue's desired slots as in flight + both lines' waiting + held, the same figure (``bridge.core.line_demand``), and
+``status`` reads the gateway; with both lines backlogged each holds slots in proportion to its weight
+(``bridge.core.slot_share``); a SIGKILLed leader of either line is replaced by its hot standby within 5 s
+(``bridge.dispatch.leader``). The tests run in this order: the standbys lead the third.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -29,10 +33,10 @@ from bridge.dispatch import leader
 from bridge_lab.agl_v1_env import start_gateway, start_v1_dispatcher, v1_virtualenv
 from bridge_lab.procs import ManagedProcess, StackError, free_port
 from bridge_lab.stack import LocalStack
-from tests.helpers import cancel_unfinished, enqueue, split_tasks, stack_for, wait_for
+from tests.helpers import cancel_unfinished, enqueue, metric_samples, split_tasks, stack_for, wait_for
 from tests.prerequisites import missing
 
-pytestmark = [pytest.mark.integration, pytest.mark.cost(60)]
+pytestmark = [pytest.mark.integration, pytest.mark.cost(70)]
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "agl-v1-share-key"
@@ -45,6 +49,7 @@ class Pool:
     stack: LocalStack
     gateway: GatewayClient
     client: redis.Redis
+    v1_metrics_url: str
 
     def enqueue_v1(self, count: int, sleep_s: float = 1.0) -> None:
         """SlowReward rollouts on the gateway, as 1.0's trainer enqueues them."""
@@ -77,19 +82,94 @@ def pool(services: LocalStack, tmp_path_factory: pytest.TempPathFactory) -> Iter
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
     }
     log_dir = tmp_path_factory.mktemp("slot-sharing")
-    stack = stack_for(services, log_dir, workers=1, concurrency=SLOTS, pool="threads", extra_env=env)
+    stack = stack_for(
+        services, log_dir, workers=1, concurrency=SLOTS, pool="threads", bridge_metrics_port=0, extra_env=env
+    )
     with stack:
         gateway_url = start_gateway(stack, venv, key=KEY, port=port)
-        start_v1_dispatcher(stack, gateway_url, key=KEY)
+        v1_metrics_port = free_port()
+        start_v1_dispatcher(stack, gateway_url, key=KEY, metrics_port=v1_metrics_port)
         gateway = GatewayClient(gateway_url, key=KEY)
         client = coordination_client(stack.redis_url or stack.broker_url, socket_timeout=5)
         try:
-            yield Pool(stack, gateway, client)
+            yield Pool(stack, gateway, client, f"http://127.0.0.1:{v1_metrics_port}/metrics")
         finally:
             gateway.close()
             client.close()
     while cancel_unfinished(services.store_url):  # a page at a time
         pass
+
+
+def test_both_leaders_export_in_flight_and_both_lines_waiting_once_and_status_reads_the_gateway(
+    pool: Pool, services: LocalStack
+) -> None:
+    """The pool full of 1.0 rollouts (long sleeps), two more queuing on the gateway and five 0.3 rollouts waiting in
+    the Store: desired = 4 in flight + 2 + 5 (+ 0 held) on both leaders. Without the other line's backlog the 0.3
+    bridge would say 9 and the 1.0 dispatcher 6; counting in flight per line would say 15."""
+    pool.enqueue_v1(SLOTS + 2, sleep_s=120)
+    wait_for(lambda: pool.lines_in_flight().count(slot_share.V1) == SLOTS, 60, "the pool full of 1.0 rollouts")
+    enqueue(services.store_url, split_tasks(5))
+    want = SLOTS + 2 + 5
+    bridge_url = pool.stack.bridge_metrics_url
+    assert bridge_url is not None
+    try:
+        v03 = _settled(bridge_url, want)
+        v1 = _settled(pool.v1_metrics_url, want)
+        report = _status(pool.stack.component_env())
+    finally:
+        _drain(pool, services)
+    print(f"desired slots: 0.3 bridge {v03[DESIRED]}, 1.0 dispatcher {v1[DESIRED]}")
+    assert v03['agl_bridge_store_waiting_rollouts{queue="rollouts"}'] == 5
+    assert v03['agl_bridge_held_rollouts{queue="rollouts"}'] == 0
+    assert v1['agl_bridge_gateway_waiting_rollouts{queue="rollouts"}'] == 2
+    assert v1['agl_bridge_gateway_oldest_waiting_seconds{queue="rollouts"}'] > 0
+    assert v03['agl_bridge_in_flight{queue="rollouts"}'] == v1['agl_bridge_in_flight{queue="rollouts"}'] == SLOTS
+    assert v1['agl_bridge_is_leader{line="v1"}'] == 1 and v03['agl_bridge_is_leader{line="v03"}'] == 1
+    assert v1['agl_bridge_published_total{line="v1",queue="rollouts"}'] == SLOTS
+    gateway = report["gateway"]
+    assert gateway["ok"] and gateway["queuing"] == 2 and gateway["running"] == SLOTS, gateway
+    assert gateway["oldest_queuing_s"] > 0 and not gateway["queuing_capped"], gateway
+
+    down = {**pool.stack.component_env(), "AGL_V1_SERVER_URL": f"http://127.0.0.1:{free_port()}"}
+    done = subprocess.run(
+        [sys.executable, "-m", "bridge", "status", "--no-inspect"], env=down, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 1 and "DOES NOT ANSWER" in done.stdout, done.stdout + done.stderr
+
+
+DESIRED = 'agl_bridge_desired_slots{queue="rollouts"}'
+
+
+def _settled(url: str, want: float) -> dict[str, float]:
+    """The samples at ``url`` once its desired slots read ``want`` (within 30 s)."""
+    deadline = time.monotonic() + 30.0
+    samples: dict[str, float] = {}
+    while samples.get(DESIRED) != want and time.monotonic() < deadline:
+        time.sleep(0.5)
+        samples = metric_samples(url)
+    assert samples.get(DESIRED) == want, {k: v for k, v in samples.items() if "{queue=" in k}
+    return samples
+
+
+def _status(env: dict[str, str]) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, "-m", "bridge", "status", "--json", "--no-inspect"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return dict(json.loads(done.stdout))
+
+
+def _drain(pool: Pool, services: LocalStack) -> None:
+    """Nothing left for the next test: the 0.3 rollouts cancelled, the 1.0 ones failed (their workers stop the
+    programs within a heartbeat), every slot free."""
+    cancel_unfinished(services.store_url)
+    for rollout in pool.gateway.list_rollouts(V1State.QUEUING, V1State.RUNNING):
+        pool.gateway.finish(rollout.rollout_id, rollout.status.last_attempt_id or "0", V1State.FAILED, "test over")
+    wait_for(lambda: not pool.lines_in_flight(), 60, "every slot free")
 
 
 def test_a_sigkilled_leader_of_either_line_is_replaced_within_5_s(pool: Pool, services: LocalStack) -> None:

@@ -12,12 +12,12 @@ import pytest
 import redis
 from prometheus_client import Gauge
 
-from bridge.core import capacity, keys
+from bridge.core import capacity, keys, line_demand
 from bridge.core.errors import StoreUnavailable
 from bridge.core.models import AttemptedRollout, Rollout
 from bridge.core.settings import Settings, load_settings
 from bridge.dispatch import metrics
-from bridge.dispatch.backlog import read_backlog, split
+from bridge.dispatch.backlog import gateway_backlog, read_backlog, split
 from bridge.dispatch.dispatcher import Dispatcher
 
 QUEUES = "train=rollouts-train,val=rollouts-val,test=rollouts-val"
@@ -88,13 +88,21 @@ def client(redis_client: redis.Redis) -> Iterator[redis.Redis]:
     redis_client.flushdb()
     metrics.clear_leader_gauges()
     yield redis_client
+    # A lock left held keeps its renewal thread, which clears the process-wide leader gauge once the flush below
+    # takes its key: in the middle of the next test, which then read 0 from a leader it had just made.
+    while _made:
+        _made.pop()._lock.release()
     redis_client.flushdb()
     metrics.clear_leader_gauges()
+
+
+_made: list[Dispatcher] = []
 
 
 def _dispatcher(client: redis.Redis, store: Store, settings: Settings | None = None) -> Dispatcher:
     dispatcher = Dispatcher(settings or _settings(), store, client, Publisher())  # type: ignore[arg-type]
     dispatcher._next_reconcile = float("inf")  # reconcile is tested elsewhere
+    _made.append(dispatcher)
     return dispatcher
 
 
@@ -128,6 +136,23 @@ def test_with_several_queues_the_oldest_page_is_split_exactly_and_the_rest_in_pr
     assert backlog.waiting == {"rollouts": 0, "rollouts-train": 7, "rollouts-val": 2}
 
 
+def test_the_gateways_listing_counts_every_item_and_a_full_page_is_a_lower_bound() -> None:
+    items: list[Any] = [
+        {"rollout_id": "a", "status": {"state": "queuing", "created_at": 20.5}},
+        {"rollout_id": "b", "status": {"state": "queuing", "created_at": 10}},
+        {"rollout_id": "c", "status": {"created_at": True}},  # unreadable, waits all the same
+        {"rollout_id": "d"},
+        "not a rollout",
+    ]
+    backlog = gateway_backlog(items, "rollouts", limit=1000)
+    assert backlog.waiting == {"rollouts": 5} and backlog.oldest == {"rollouts": 10.0} and backlog.exact
+    assert backlog.oldest_age("rollouts", now=25.0) == 15.0
+    full = gateway_backlog(items[:2], "rollouts", limit=2)
+    assert full.waiting == {"rollouts": 2} and not full.exact
+    empty = gateway_backlog([], "rollouts", limit=2)
+    assert empty.waiting == {"rollouts": 0} and empty.oldest == {} and empty.exact
+
+
 # --- the leader's gauges --------------------------------------------------------------------------
 
 
@@ -147,6 +172,29 @@ def test_the_leader_exports_waiting_slots_and_desired_as_waiting_plus_in_flight(
     assert _series(metrics.STORE_OLDEST_WAITING)["rollouts-train"] > 0
 
 
+def test_desired_adds_the_1_0_lines_published_backlog_and_publishes_this_lines_own(client: redis.Redis) -> None:
+    """The queue both lines share: in flight (every line's) + the Store's waiting + held + the gateway's queuing
+    as the 1.0 leader published it; this line's waiting + held go the other way, for the 1.0 leader's sum."""
+    settings = _settings(queue_by_mode="")
+    capacity.advertise(client, SCOPE, "w@test", ["rollouts"], 4)
+    capacity.mark_inflight(client, SCOPE, "rollouts", "v1-r1-0")  # a 1.0 attempt on the shared slots
+    line_demand.exchange(client, SCOPE, "v1", {"rollouts": 6})  # what the 1.0 leader publishes
+    store = Store([_waiting(n, "train", 100.0 + n) for n in range(3)], claimable=[_claimed(1)])
+    dispatcher = _dispatcher(client, store, settings)
+    dispatcher.tick()  # publishes ro-c1: in flight
+    dispatcher._backlog.read_once()
+    dispatcher._next_gauges = 0.0
+    dispatcher.tick()
+    assert _series(metrics.STORE_WAITING) == {"rollouts": 3}
+    assert _series(metrics.IN_FLIGHT) == {"rollouts": 2}
+    assert _series(metrics.DESIRED_SLOTS) == {"rollouts": 2 + 3 + 6}
+    assert client.get(keys.line_backlog(SCOPE, "rollouts", "v03")) == "3"
+    client.delete(keys.line_backlog(SCOPE, "rollouts", "v1"))  # the 1.0 line stopped: its backlog expired
+    dispatcher._next_gauges = 0.0
+    dispatcher.tick()
+    assert _series(metrics.DESIRED_SLOTS) == {"rollouts": 2 + 3}
+
+
 def test_a_standby_exports_none_and_a_leader_that_loses_the_lock_clears_them(client: redis.Redis) -> None:
     store = Store([_waiting(1, "train", 100.0)])
     client.set(keys.bridge_leader(SCOPE), "another-bridge:1")
@@ -155,7 +203,7 @@ def test_a_standby_exports_none_and_a_leader_that_loses_the_lock_clears_them(cli
     standby._backlog.read_once()  # what its thread would do: nothing, since it does not lead
     assert store.calls == [] and standby._backlog.latest is None
     assert all(not _series(gauge) for gauge in metrics.LEADER_GAUGES)
-    assert metrics.IS_LEADER._value.get() == 0
+    assert metrics.IS_LEADER.labels("v03")._value.get() == 0
 
     client.delete(keys.bridge_leader(SCOPE))
     leader = _dispatcher(client, store)
@@ -163,12 +211,12 @@ def test_a_standby_exports_none_and_a_leader_that_loses_the_lock_clears_them(cli
     leader._backlog.read_once()
     leader._next_gauges = 0.0
     leader.tick()
-    assert _series(metrics.DESIRED_SLOTS)["rollouts-train"] == 1 and metrics.IS_LEADER._value.get() == 1
+    assert _series(metrics.DESIRED_SLOTS)["rollouts-train"] == 1 and metrics.IS_LEADER.labels("v03")._value.get() == 1
 
     client.set(keys.bridge_leader(SCOPE), "another-bridge:2")  # its lock expired and another bridge took it
     leader.tick()
     assert all(not _series(gauge) for gauge in metrics.LEADER_GAUGES)
-    assert leader._backlog.latest is None and metrics.IS_LEADER._value.get() == 0
+    assert leader._backlog.latest is None and metrics.IS_LEADER.labels("v03")._value.get() == 0
 
 
 def test_a_failed_or_hanging_store_read_keeps_the_last_reading_and_never_stalls_dispatch(client: redis.Redis) -> None:

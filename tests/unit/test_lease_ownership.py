@@ -51,6 +51,21 @@ def test_a_holder_whose_lease_expired_cannot_take_the_attempt_back(redis_client:
     a.release()  # and A's release touches nothing of B's
 
 
+def test_a_renewal_in_flight_when_the_holder_releases_does_not_bring_the_lease_back(
+    redis_client: redis.Redis, attempt: str
+) -> None:
+    """The heartbeat renews from a snapshot of its watches: a renewal sent just after the attempt released its lease
+    restored it (as after Redis data loss), and the Celery retry of that very attempt found it held for a TTL."""
+    a = Lease(redis_client, attempt, 5)
+    assert a.claim(60).acquired
+    a.release()
+    assert renew_all(redis_client, [a]) == [Renewal.LOST]
+    assert redis_client.exists(keys.lease(attempt)) == 0
+    retry = Lease(redis_client, attempt, 5).claim(60)
+    assert retry.acquired and not retry.first_start  # the next delivery takes it at once, one epoch higher
+    assert not a.renew()
+
+
 def test_after_the_done_marker_no_renewal_succeeds(redis_client: redis.Redis, attempt: str) -> None:
     a, b = Lease(redis_client, attempt, TTL_S), Lease(redis_client, attempt, 5)
     assert a.claim(60).acquired

@@ -5,7 +5,8 @@ What each test proves: a rollout the models reject fails alone with the field na
 attempt id stops no other repair; a refused publish is retried with backoff without blocking the rollouts
 behind it and fails the rollout after ``AGL_V1_PUBLISH_GIVE_UP_S``; an error no retry cures fails it at once;
 time limits are clamped to the broker's redelivery window; a hand-over runs the rollout again without using a
-re-run; a kept failure names its failure class on the gateway.
+re-run; a kept failure names its failure class on the gateway; the leader exports the gateway's backlog and the
+queue's desired slots with the 0.3 line's backlog added, and its dispatch series under ``line="v1"``.
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ import pytest
 import redis
 from kombu.exceptions import EncodeError, OperationalError
 
-from bridge.core import capacity, keys
+from bridge.core import capacity, keys, line_demand
 from bridge.core.agl_v1 import GatewayClient, scoped_attempt_key
 from bridge.core.settings import Settings, load_settings
+from bridge.dispatch import metrics
 from bridge.dispatch import v1 as v1_module
 from bridge.dispatch.v1 import V1Dispatcher
 from tests.helpers import TEST_REDIS_URL
@@ -335,3 +337,41 @@ def test_a_budget_the_broker_covers_is_published_as_asked(
     dispatcher.tick()
     assert app.sent[0]["kwargs"]["rollout"]["config"]["timeout_seconds"] == 3600
     assert app.sent[0]["time_limit"] == 3600 + 30 + 60
+
+
+# --- metrics --------------------------------------------------------------------------------------------
+
+
+def _gauge(gauge: Any) -> dict[str, float]:
+    return {sample.labels["queue"]: sample.value for metric in gauge.collect() for sample in metric.samples}
+
+
+def test_the_leader_exports_the_gateways_backlog_and_the_queues_whole_demand(
+    gateway: FakeGateway, redis_client: redis.Redis, rid: str
+) -> None:
+    gateway.add(f"{rid}-bad", timeout_seconds=1.5)  # failed by the dispatcher: class input
+    for n in range(5):
+        gateway.add(f"{rid}-{n}")
+    gateway.rollouts[f"{rid}-4"]["status"]["created_at"] = time.time() - 30.0
+    dispatcher, _app = _dispatcher(gateway, redis_client, slots=2)
+    line_demand.exchange(redis_client, dispatcher.scope, "v03", {QUEUE: 4})  # what the 0.3 leader publishes
+    published = metrics.PUBLISHED.labels(QUEUE, "v1")._value.get()
+    failed = metrics.FAILED.labels("input")._value.get()
+    metrics.clear_leader_gauges()
+    dispatcher.tick()  # leads; lists two (two slots): fails the malformed one, publishes the first
+    dispatcher._backlog.read_once()  # what its thread does: four queuing
+    dispatcher._next_gauges = 0.0
+    dispatcher.tick()  # the gauges, then publishes the second
+    assert metrics.PUBLISHED.labels(QUEUE, "v1")._value.get() == published + 2
+    assert metrics.FAILED.labels("input")._value.get() == failed + 1
+    assert metrics.IS_LEADER.labels("v1")._value.get() == 1
+    assert _gauge(metrics.GATEWAY_WAITING) == {QUEUE: 4} and _gauge(metrics.IN_FLIGHT) == {QUEUE: 1}
+    assert _gauge(metrics.GATEWAY_OLDEST_WAITING)[QUEUE] >= 30.0
+    assert _gauge(metrics.DESIRED_SLOTS) == {QUEUE: 1 + 4 + 4}
+    assert redis_client.get(keys.line_backlog(dispatcher.scope, QUEUE, "v1")) == "4"  # for the 0.3 leader's sum
+
+    redis_client.set(dispatcher._lock.key, "another-dispatcher:1")  # its lock lapsed and a standby took it
+    dispatcher.tick()
+    assert all(not _gauge(gauge) for gauge in metrics.LEADER_GAUGES)
+    assert metrics.IS_LEADER.labels("v1")._value.get() == 0 and dispatcher._backlog.latest is None
+    redis_client.delete(dispatcher._lock.key)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import redis
 
-from bridge.core import keys, locks
+from bridge.core import keys
 
 # KEYS: lease, done, started, owner. ARGV: our executor token, lease ttl ms, started/owner ttl s.
 # One round trip at task start: finished already? someone else executing? the first start of the attempt?
@@ -85,6 +85,14 @@ _FREE_SLOT = """
 local holder = redis.call('get', KEYS[2])
 if holder and holder ~= ARGV[2] then return 0 end
 return redis.call('zrem', KEYS[1], ARGV[1])
+"""
+
+# KEYS: lease, owner. ARGV: our token. Drop our lease and mark the owner key released (same epoch, so the next claim
+# still goes one higher): a renewal already on its way for this lease then finds it lost instead of restoring it
+# (the restore after Redis data loss would otherwise hold a released attempt for a lease TTL).
+_RELEASE = """
+if redis.call('get', KEYS[1]) == ARGV[1] then redis.call('del', KEYS[1]) end
+if redis.call('get', KEYS[2]) == ARGV[1] then redis.call('set', KEYS[2], ARGV[1] .. ':released', 'KEEPTTL') end
 """
 
 DEFAULT_STARTED_TTL_S = 4 * 3600.0
@@ -176,8 +184,9 @@ class Lease:
         return result
 
     def release(self) -> None:
-        """Drop our lease (never another executor's); the owner key stays, so nobody older can renew."""
-        locks.release(self._client, self.key, self.token)
+        """Drop our lease (never another executor's) for good: the owner key stays, marked released, so neither an
+        older executor nor a renewal of ours already in flight can bring it back."""
+        self._client.eval(_RELEASE, 2, self.key, keys.owner(self.attempt_id), self.token)
         self.valid_until = 0.0
 
     def remaining_s(self) -> float:
