@@ -1,7 +1,9 @@
-"""``python -m bridge``: the dispatcher (``run``, the default) and the operator tools.
+"""``python -m bridge``: the dispatcher (``run``, the default), the operator commands and the lab's.
 
-The tools live in ``bridge.tools`` and are imported only when their command is given, so the dispatcher
-never loads them; a tool that cannot be imported fails with its reason instead of vanishing from --help.
+A command's module is imported only when the command is given, so the dispatcher never loads one. The operator
+commands (``bridge.ops``) need only the product's dependencies; the lab's (``bridge_lab``: the demo, benchmarks,
+chaos and cluster runs) need the ``lab`` extra, and without it fail with the install command instead of vanishing
+from --help.
 """
 
 from __future__ import annotations
@@ -30,29 +32,32 @@ Exit codes: 0 on a clean stop (SIGINT/SIGTERM), 2 on invalid configuration, 1 on
 """
 
 TOOLS: dict[str, tuple[str, str]] = {
-    "demo": ("bridge.tools.demo", "bring up a whole local stack, run rollouts through it, tear it down"),
-    "status": ("bridge.tools.status", "Store counts, broker queues, workers and in-flight rollouts"),
-    "bench": ("bridge.tools.bench.run", "measure throughput and overheads on a local stack"),
-    "bench-scale": ("bridge.tools.bench.scale_up", "a burst on a stack with no worker: how fast autoscale adds slots"),
+    "demo": ("bridge_lab.demo", "bring up a whole local stack, run rollouts through it, tear it down"),
+    "status": ("bridge.ops.status", "Store counts, broker queues, workers and in-flight rollouts"),
+    "bench": ("bridge_lab.bench.run", "measure throughput and overheads on a local stack"),
+    "bench-scale": ("bridge_lab.bench.scale_up", "a burst on a stack with no worker: how fast autoscale adds slots"),
     "bench-v1": (
-        "bridge.tools.bench.agl_v1",
+        "bridge_lab.bench.agl_v1",
         "Agent Lightning 1.0 rollouts on our workers beside 1.0's own local runner",
     ),
-    "autoscale": ("bridge.tools.autoscale", "follow agl_bridge_desired_slots: start and stop local worker processes"),
+    "autoscale": ("bridge.ops.autoscale", "follow agl_bridge_desired_slots: start and stop local worker processes"),
     "chaos": (
-        "bridge.tools.chaos.run",
+        "bridge_lab.chaos.run",
         "inject faults into a local stack; audit that no rollout was lost or run twice",
     ),
     "cluster": (
-        "bridge.tools.cluster.run",
+        "bridge_lab.cluster.run",
         "worker hosts as network namespaces (root): scale-out, host loss, partition, outages",
     ),
 }
 """Command -> (module, one-line summary). Each module exposes ``add_arguments(parser)`` and ``main(args)``."""
 
+LAB_PACKAGE = "bridge_lab"
+LAB_INSTALL = "pip install 'agl-celery-bridge[lab]' (from a clone: pip install -e '.[lab]')"
+
 
 class ToolUnavailable(RuntimeError):
-    """A tool's module failed to import (a missing optional dependency, usually)."""
+    """A command's module failed to import (for a lab command, usually the ``lab`` extra not installed)."""
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -116,11 +121,16 @@ def _interrupt_on_sigterm() -> None:
 
 
 def load_tool(name: str) -> ModuleType:
+    """The module of command ``name``; ToolUnavailable with the reason (and the install command for a lab
+    command missing a module) when it cannot be imported."""
     module_name = TOOLS[name][0]
     try:
         return importlib.import_module(module_name)
     except ImportError as exc:
-        raise ToolUnavailable(f"'python -m bridge {name}' cannot load ({module_name}): {exc}") from exc
+        message = f"'python -m bridge {name}' cannot load ({module_name}): {exc}"
+        if isinstance(exc, ModuleNotFoundError) and module_name.startswith(LAB_PACKAGE + "."):
+            message += f"; it is a lab command, which needs the lab extra: {LAB_INSTALL}"
+        raise ToolUnavailable(message) from exc
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:

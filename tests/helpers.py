@@ -33,7 +33,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 
 from bridge.core import keys
 from bridge.core.store import API
-from bridge.tools.stack import LocalStack, StackConfig
+from bridge_lab.stack import LocalStack, StackConfig
 from tests import redis_for_tests
 
 TEST_REDIS_URL = redis_for_tests.url()  # this process's own database or server (tests/redis_for_tests.py)

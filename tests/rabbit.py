@@ -14,8 +14,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from bridge.core.redact import redact_url
-from bridge.tools.rabbitmq import Vhost, amqp_answers, with_vhost
-from bridge.tools.stack import LocalStack, StackConfig
+from bridge_lab.rabbitmq import Vhost, amqp_answers, with_vhost
+from bridge_lab.stack import LocalStack, StackConfig
 from tests.prerequisites import missing
 
 RABBITMQ_URL = os.environ.get("TEST_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672//")

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from bridge.tools.procs import ManagedProcess, find_redis_server, free_port, redis_answers
+from bridge_lab.procs import ManagedProcess, find_redis_server, free_port, redis_answers
 
 DEFAULT_URL = "redis://127.0.0.1:6379/11"
 DATABASES = 16  # a stock redis-server's `databases` setting

@@ -11,6 +11,7 @@ from webshop_env.goals import SPLITS, load_tasks
 from webshop_env.session import DEFAULT_MAX_SESSIONS, DEFAULT_TTL_S
 
 logger = logging.getLogger("webshop_env.cli")
+LAB_INSTALL = "pip install 'agl-celery-bridge[lab]' (from a clone: pip install -e '.[lab]')"
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -95,11 +96,15 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _serve(args: argparse.Namespace) -> None:
-    import uvicorn
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
 
-    from webshop_env.env import EnvSettings
-    from webshop_env.server import ServerConfig, create_app
+        from webshop_env.env import EnvSettings
+        from webshop_env.server import ServerConfig, create_app
+    except ModuleNotFoundError as exc:  # its HTTP and search libraries are the project's `lab` extra
+        print(f"webshop_env: cannot serve ({exc}): the server needs the lab extra: {LAB_INSTALL}", file=sys.stderr)
+        return 1
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = ServerConfig(
@@ -115,14 +120,14 @@ def _serve(args: argparse.Namespace) -> None:
     )
     app = create_app(config)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=args.access_log)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit code."""
     args = _build_parser().parse_args(argv)
     if args.command == "serve":
-        _serve(args)
-        return 0
+        return _serve(args)
     json.dump(load_tasks(args.split, args.limit, args.seed), sys.stdout, indent=1, ensure_ascii=False)
     sys.stdout.write("\n")
     return 0

@@ -58,7 +58,7 @@ _STOP_WORDS_TEXT = """a an the and or of for with to in on at by from that this 
 STOP_WORDS = frozenset(_STOP_WORDS_TEXT.split())
 
 DEFAULT_MAX_STEPS = 15  # ReAct-style harness cap; the prompt's "Step k of N" overrides it
-# Tuned on the val split (bridge/tools/bench/policy_score.py numbers): the search engine's own order is a
+# Tuned on the val split (bridge_lab/bench/policy_score.py numbers): the search engine's own order is a
 # stronger signal than title overlap, so rank drops 0.05 per position; opening up to 5 items to
 # find one offering the requested options pays for the extra steps.
 MAX_ITEM_VISITS = 5

@@ -91,7 +91,7 @@ def capacity_nodes(scope: str, queue: str) -> str:
 
 
 def worker_capacity_pattern(scope: str, worker: str) -> str:
-    """Every queue's slot key of one worker node: it has started once one exists (``bridge.tools.stack``)."""
+    """Every queue's slot key of one worker node: it has started once one exists (``bridge_lab.stack``)."""
     return f"{PREFIX}:capacity:{scope}:*:{worker}"
 
 

@@ -4,7 +4,7 @@ Variable names follow Agent Lightning's reference runner (``AGENT_LIGHTNING_STOR
 ``OPENAI_API_BASE``, ...) so a user can switch executors without touching their environment. Each field reads
 the variable named by its ``validation_alias`` (keyword arguments may use the field's name instead) and is
 documented by the string below it; ``.env.example`` and docs/configuration.md are generated from the fields
-(``python -m bridge.tools.configdoc --write``). Everything is validated when a process starts: a bad value
+(``python -m bridge_lab.configdoc --write``). Everything is validated when a process starts: a bad value
 raises ``ConfigError`` with one readable line naming the variable, which entry points turn into exit code 2.
 """
 

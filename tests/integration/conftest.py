@@ -15,8 +15,8 @@ import pytest
 import redis
 
 from bridge.core.store import API
-from bridge.tools.procs import redis_answers
-from bridge.tools.stack import LocalStack, StackConfig
+from bridge_lab.procs import redis_answers
+from bridge_lab.stack import LocalStack, StackConfig
 from tests.helpers import TEST_REDIS_URL, cancel_unfinished
 
 

@@ -1,6 +1,6 @@
 """Agent Lightning 1.0 on the Celery cluster (``python -m bridge v1``, ``workers.v1.attempt``), with real parts: 1.0's
 own gateway (``agl-server``) and trainer client (``AglRolloutManager``) in a Python 3.12 virtualenv built by
-``bridge.tools.agl_v1_env``, our dispatcher, real ``celery`` workers and the LLM stand-in (which returns token
+``bridge_lab.agl_v1_env``, our dispatcher, real ``celery`` workers and the LLM stand-in (which returns token
 ids). The agent programs are ``tests/agl_v1_agents.py``. The dispatcher and the workers run as a 1.0-only
 deployment: no AGENT_LIGHTNING_STORE_URL, their Redis keys scoped by the gateway's URL (docs/agl-v1.md, "Without a
 Store").
@@ -26,9 +26,9 @@ from celery import Celery
 from bridge.core import keys
 from bridge.core.agl_v1 import V1_TASK_NAME, GatewayClient, V1State, attempt_key
 from bridge.core.coordination import coordination_client
-from bridge.tools.agl_v1_env import start_gateway, start_v1_dispatcher, train, v1_virtualenv
-from bridge.tools.procs import ManagedProcess, StackError, free_port
-from bridge.tools.stack import LocalStack
+from bridge_lab.agl_v1_env import start_gateway, start_v1_dispatcher, train, v1_virtualenv
+from bridge_lab.procs import ManagedProcess, StackError, free_port
+from bridge_lab.stack import LocalStack
 from tests.helpers import process_alive, split_tasks, stack_for, wait_for
 from tests.prerequisites import missing
 from workers.agents import webshop_program

@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from bridge.core.store import API
-from bridge.tools.stack import LocalStack, StackConfig
+from bridge_lab.stack import LocalStack, StackConfig
 from tests.helpers import split_tasks, wait_finished
 
 pytestmark = [pytest.mark.integration, pytest.mark.cost(75)]

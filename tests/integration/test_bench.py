@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from bridge.tools.stack import LocalStack
+from bridge_lab.stack import LocalStack
 from tests.helpers import cancel_unfinished
 
 pytestmark = [pytest.mark.integration, pytest.mark.cost(48)]

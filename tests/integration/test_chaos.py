@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from bridge.tools.chaos import run as chaos
-from bridge.tools.stack import LocalStack, StackConfig
+from bridge_lab.chaos import run as chaos
+from bridge_lab.stack import LocalStack, StackConfig
 from tests.helpers import cancel_unfinished, split_tasks
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]

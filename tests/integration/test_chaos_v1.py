@@ -1,4 +1,4 @@
-"""The Agent Lightning 1.0 chaos scenarios (``python -m bridge chaos --agl v1``, ``bridge.tools.chaos.v1``) on a real
+"""The Agent Lightning 1.0 chaos scenarios (``python -m bridge chaos --agl v1``, ``bridge_lab.chaos.v1``) on a real
 ``agl-server`` 1.0, our dispatcher and real worker nodes: one stack for the module, one test per scenario of the
 registry, each with the smallest counts that still land its fault while programs run.
 
@@ -13,11 +13,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from bridge.tools.chaos import v1 as chaos
-from bridge.tools.chaos.audit import format_table
-from bridge.tools.chaos.state import ScenarioResult
-from bridge.tools.procs import StackError
-from bridge.tools.stack import LocalStack
+from bridge_lab.chaos import v1 as chaos
+from bridge_lab.chaos.audit import format_table
+from bridge_lab.chaos.state import ScenarioResult
+from bridge_lab.procs import StackError
+from bridge_lab.stack import LocalStack
 from tests.prerequisites import missing
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos, pytest.mark.cost(150)]

@@ -1,4 +1,4 @@
-"""Several worker hosts on one machine (``bridge.tools.cluster``): scale-out, host loss, partition.
+"""Several worker hosts on one machine (``bridge_lab.cluster``): scale-out, host loss, partition.
 
 Each worker host is a Linux network namespace with its own host name, reaching Redis, the Store, the
 WebShop server and the LLM stand-in over a veth link to a private subnet, as a worker machine reaches them
@@ -19,12 +19,12 @@ from typing import Any
 import pytest
 
 from bridge.core.redact import redact_url
-from bridge.tools.chaos.audit import format_table
-from bridge.tools.cluster import scenarios
-from bridge.tools.cluster.bed import BedConfig, ClusterResult, TestBed
-from bridge.tools.cluster.netns import Cluster, remove_leftovers, unavailable_reason
-from bridge.tools.cluster.run import figures_table
-from bridge.tools.rabbitmq import amqp_answers
+from bridge_lab.chaos.audit import format_table
+from bridge_lab.cluster import scenarios
+from bridge_lab.cluster.bed import BedConfig, ClusterResult, TestBed
+from bridge_lab.cluster.netns import Cluster, remove_leftovers, unavailable_reason
+from bridge_lab.cluster.run import figures_table
+from bridge_lab.rabbitmq import amqp_answers
 from tests.helpers import split_tasks
 from tests.prerequisites import missing, require
 from tests.rabbit import RABBITMQ_URL

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from bridge.core.settings import load_settings
-from bridge.tools.stack import LocalStack, StackConfig
+from bridge_lab.stack import LocalStack, StackConfig
 from tests.helpers import attempts, enqueue, rollout, silent_llm_url, wait_finished
 
 pytestmark = pytest.mark.cost(19)

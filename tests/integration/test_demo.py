@@ -3,7 +3,7 @@
 The demo is pointed at the session's broker, Store, WebShop server and LLM stand-in (it uses configured
 services that answer), so it starts only its own workers and bridge here; the fresh-machine path that
 starts everything is what the README's first command exercises. ``--agl v1`` runs the WebShop agent as an
-Agent Lightning 1.0 program through 1.0's own gateway (its virtualenv built by ``bridge.tools.agl_v1_env``).
+Agent Lightning 1.0 program through 1.0's own gateway (its virtualenv built by ``bridge_lab.agl_v1_env``).
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ import httpx
 import pytest
 
 from bridge.core.store import API
-from bridge.tools.agl_v1_env import v1_virtualenv
-from bridge.tools.procs import StackError, http_ok
-from bridge.tools.stack import LocalStack
+from bridge_lab.agl_v1_env import v1_virtualenv
+from bridge_lab.procs import StackError, http_ok
+from bridge_lab.stack import LocalStack
 from tests.helpers import cancel_unfinished
 from tests.prerequisites import missing
 

@@ -22,7 +22,7 @@ from bridge.core.settings import load_settings
 from bridge.core.store import API, StoreClient
 from bridge.dispatch.dispatcher import Dispatcher
 from bridge.dispatch.publisher import Publisher
-from bridge.tools.stack import LocalStack
+from bridge_lab.stack import LocalStack
 from tests.helpers import attempts, enqueue, rollout, split_tasks, stack_for, wait_finished
 
 pytestmark = [pytest.mark.integration, pytest.mark.cost(56)]

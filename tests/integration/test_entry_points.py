@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from bridge.cli import build_parser
-from bridge.tools.procs import find_executable
+from bridge_lab.procs import find_executable
 
 pytestmark = pytest.mark.cost(10)
 

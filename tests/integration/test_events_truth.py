@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from bridge.tools.stack import LocalStack
+from bridge_lab.stack import LocalStack
 from tests.helpers import enqueue, split_tasks, stack_for, wait_finished
 
 pytestmark = [pytest.mark.integration, pytest.mark.cost(31)]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge.tools.stack import LocalStack
+from bridge_lab.stack import LocalStack
 from tests.helpers import attempts, enqueue, purchases, split_tasks, stack_for, wait_finished
 
 pytestmark = [pytest.mark.integration, pytest.mark.cost(31)]

@@ -26,8 +26,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from bridge.tools.procs import ManagedProcess, free_port, http_ok
-from bridge.tools.stack import LocalStack, StackConfig
+from bridge_lab.procs import ManagedProcess, free_port, http_ok
+from bridge_lab.stack import LocalStack, StackConfig
 from tests.helpers import attempts, cancel_unfinished, enqueue, wait_finished
 
 pytestmark = [pytest.mark.integration, pytest.mark.cost(9)]

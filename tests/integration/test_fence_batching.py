@@ -21,8 +21,8 @@ import httpx
 import pytest
 
 from bridge.core.store import API
-from bridge.tools.bench.metrics import store_requests
-from bridge.tools.stack import LocalStack
+from bridge_lab.bench.metrics import store_requests
+from bridge_lab.stack import LocalStack
 from tests.helpers import attempts, enqueue, rollout, slow_episode_stack, split_tasks, wait_finished
 
 pytestmark = [pytest.mark.integration, pytest.mark.cost(110)]

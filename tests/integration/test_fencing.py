@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from bridge.core.store import API
-from bridge.tools.stack import LocalStack
+from bridge_lab.stack import LocalStack
 from tests.helpers import attempts, enqueue, rollout, slow_episode_stack, split_tasks
 
 pytestmark = [pytest.mark.integration, pytest.mark.cost(17)]

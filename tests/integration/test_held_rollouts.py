@@ -18,8 +18,8 @@ from bridge.core import handback
 from bridge.core.coordination import coordination_client
 from bridge.core.settings import load_settings
 from bridge.core.store import API, StoreClient
-from bridge.tools import status
-from bridge.tools.stack import LocalStack
+from bridge.ops import status
+from bridge_lab.stack import LocalStack
 from tests.helpers import attempts, enqueue, rollout, stack_for, wait_finished, wait_for
 from workers.lifecycle.signals import hand_back_expired
 

@@ -22,7 +22,7 @@ from celery import Celery
 from bridge.core import capacity, keys
 from bridge.core.coordination import coordination_client
 from bridge.core.message import TASK_NAME
-from bridge.tools.stack import LocalStack
+from bridge_lab.stack import LocalStack
 from tests.helpers import attempts, enqueue, rollout, slow_episode_stack, split_tasks, wait_finished
 
 pytestmark = [pytest.mark.integration, pytest.mark.cost(14)]

@@ -24,7 +24,7 @@ from bridge.core.coordination import coordination_client
 from bridge.core.message import TASK_NAME, task_kwargs
 from bridge.core.settings import load_settings
 from bridge.core.store import StoreClient
-from bridge.tools.stack import LocalStack
+from bridge_lab.stack import LocalStack
 from tests.helpers import attempts, cancel_unfinished, enqueue, spans, stack_for, wait_finished
 
 pytestmark = [pytest.mark.integration, pytest.mark.cost(300)]

@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from bridge.tools.procs import PYTHON, free_port, serving
+from bridge_lab.procs import PYTHON, free_port, serving
 from webshop_env.policy import STANDIN_MODEL
 
 INSTRUCTION = "i need a 120 ml hair mask treatment, and price lower than 130.00 dollars"

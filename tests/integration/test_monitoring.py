@@ -23,8 +23,8 @@ import pytest
 
 from bridge.core.message import TASK_NAME
 from bridge.dispatch import metrics
-from bridge.tools.procs import free_port
-from bridge.tools.stack import LocalStack
+from bridge_lab.procs import free_port
+from bridge_lab.stack import LocalStack
 from tests.helpers import cancel_unfinished, enqueue, metric_samples, split_tasks, stack_for, wait_finished
 
 pytestmark = [pytest.mark.integration, pytest.mark.cost(20)]

@@ -27,9 +27,9 @@ from bridge.core.message import TASK_NAME, base_app, task_kwargs
 from bridge.core.settings import load_settings
 from bridge.core.store import StoreClient
 from bridge.dispatch.broker import AmqpQueues
-from bridge.tools.chaos import run as chaos
-from bridge.tools.rabbitmq import PrivateRabbitMQ, server_version
-from bridge.tools.stack import LocalStack
+from bridge_lab.chaos import run as chaos
+from bridge_lab.rabbitmq import PrivateRabbitMQ, server_version
+from bridge_lab.stack import LocalStack
 from tests.helpers import cancel_unfinished, enqueue, purchases, rollout, split_tasks, wait_finished
 from tests.prerequisites import require
 from tests.rabbit import amqp_services, over, private_vhost

@@ -36,8 +36,8 @@ from bridge.core import keys
 from bridge.core.coordination import coordination_client
 from bridge.core.message import TASK_NAME, task_kwargs
 from bridge.core.store import StoreClient
-from bridge.tools.procs import ManagedProcess
-from bridge.tools.stack import LocalStack, StackConfig
+from bridge_lab.procs import ManagedProcess
+from bridge_lab.stack import LocalStack, StackConfig
 from tests.helpers import attempts, enqueue, reward_value, rollout, spans, split_tasks, wait_finished
 
 pytestmark = [pytest.mark.integration, pytest.mark.cost(165)]

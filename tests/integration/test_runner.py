@@ -21,8 +21,8 @@ from agentlightning.execution.events import ThreadingEvent
 from bridge.core import keys
 from bridge.core.coordination import coordination_client
 from bridge.runner import AgentMismatchError, CeleryRunner, RolloutFailedError
-from bridge.tools.procs import free_port
-from bridge.tools.stack import LocalStack, StackConfig
+from bridge_lab.procs import free_port
+from bridge_lab.stack import LocalStack, StackConfig
 from tests.helpers import attempts, cancel_unfinished, stack_for
 from tests.integration.test_runner_agents import AGENT_PATH, OtherAgent, ScoredAgent
 

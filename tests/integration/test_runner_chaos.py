@@ -15,8 +15,8 @@ import pytest
 
 from bridge.core.models import AttemptedRollout
 from bridge.core.store import StoreClient
-from bridge.tools.chaos import run as chaos
-from bridge.tools.stack import LocalStack
+from bridge_lab.chaos import run as chaos
+from bridge_lab.stack import LocalStack
 from tests.helpers import cancel_unfinished, split_tasks
 from tests.integration.test_runner_agents import expected_reward
 

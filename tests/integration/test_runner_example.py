@@ -26,7 +26,7 @@ from bridge.core.coordination import coordination_client
 from bridge.core.settings import Settings, env_name
 from bridge.core.store import API
 from bridge.runner import CeleryRunner
-from bridge.tools.stack import LocalStack
+from bridge_lab.stack import LocalStack
 from tests.helpers import attempts, cancel_unfinished, stack_for, wait_for
 from tests.integration.test_runner import ROOT, _spans, llm
 

@@ -29,8 +29,8 @@ import pytest
 import redis
 
 from bridge.core import keys
-from bridge.tools.procs import ManagedProcess, find_redis_server, free_port, redis_answers
-from bridge.tools.stack import LocalStack, StackConfig
+from bridge_lab.procs import ManagedProcess, find_redis_server, free_port, redis_answers
+from bridge_lab.stack import LocalStack, StackConfig
 from tests.helpers import attempts, cancel_unfinished, enqueue, spans, split_tasks, wait_finished
 from tests.prerequisites import missing
 from workers.agents.ratelimit import LLMRateLimiter, RateLimit

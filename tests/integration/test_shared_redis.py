@@ -22,7 +22,7 @@ import redis
 
 from bridge.core import capacity, keys
 from bridge.core.coordination import coordination_client
-from bridge.tools.stack import LocalStack, StackConfig
+from bridge_lab.stack import LocalStack, StackConfig
 from tests.helpers import attempts, enqueue, split_tasks, wait_finished, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.cost(60)]

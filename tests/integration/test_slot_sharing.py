@@ -1,5 +1,5 @@
 """One worker pool serving a 0.3 Store (``python -m bridge``) and a 1.0 gateway (``python -m bridge v1``) at once,
-with real parts: the session's ``agl store``, 1.0's ``agl-server`` (``bridge.tools.agl_v1_env``), both dispatchers
+with real parts: the session's ``agl store``, 1.0's ``agl-server`` (``bridge_lab.agl_v1_env``), both dispatchers
 (each serving /metrics) and one ``celery`` worker of 4 slots, started once for the module. Both leaders export the
 queue's desired slots as in flight + both lines' waiting + held, the same figure (``bridge.core.line_demand``), and
 ``status`` reads the gateway; with both lines backlogged each holds slots in proportion to its weight
@@ -30,9 +30,9 @@ from bridge.core.agl_v1 import GatewayClient, V1State
 from bridge.core.coordination import coordination_client
 from bridge.core.store import API
 from bridge.dispatch import leader
-from bridge.tools.agl_v1_env import start_gateway, start_v1_dispatcher, v1_virtualenv
-from bridge.tools.procs import ManagedProcess, StackError, free_port
-from bridge.tools.stack import LocalStack
+from bridge_lab.agl_v1_env import start_gateway, start_v1_dispatcher, v1_virtualenv
+from bridge_lab.procs import ManagedProcess, StackError, free_port
+from bridge_lab.stack import LocalStack
 from tests.helpers import cancel_unfinished, enqueue, metric_samples, split_tasks, stack_for, wait_for
 from tests.prerequisites import missing
 

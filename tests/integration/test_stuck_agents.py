@@ -20,8 +20,8 @@ from bridge.core import capacity, keys
 from bridge.core.coordination import coordination_client
 from bridge.core.settings import load_settings
 from bridge.core.store import StoreClient
-from bridge.tools import status
-from bridge.tools.stack import LocalStack
+from bridge.ops import status
+from bridge_lab.stack import LocalStack
 from tests.helpers import attempts, cancel_unfinished, enqueue, rollout, stack_for, wait_finished, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.cost(70)]

@@ -21,7 +21,7 @@ import pytest
 import redis
 
 from bridge.core.store import API
-from bridge.tools.stack import LocalStack
+from bridge_lab.stack import LocalStack
 from tests.helpers import (
     CollectedSpan,
     OtlpCollector,

@@ -15,7 +15,7 @@ import pytest
 
 from bridge.core.errors import TelemetryError
 from bridge.core.store import API, StoreClient
-from bridge.tools.stack import LocalStack
+from bridge_lab.stack import LocalStack
 from tests.helpers import (
     OtlpCollector,
     cancel_unfinished,

@@ -65,8 +65,8 @@ if __name__ == "__main__":
 
 # The tests' imports: the script above must not pay for them.
 from bridge.core.store import API, TRACES  # noqa: E402
-from bridge.tools.procs import PYTHON, ManagedProcess, free_port  # noqa: E402
-from bridge.tools.stack import LocalStack  # noqa: E402
+from bridge_lab.procs import PYTHON, ManagedProcess, free_port  # noqa: E402
+from bridge_lab.stack import LocalStack  # noqa: E402
 from tests.helpers import (  # noqa: E402
     cancel_unfinished,
     enqueue,

@@ -15,9 +15,9 @@ import pytest
 import redis
 
 from bridge.core import keys
-from bridge.tools.bench import metrics
-from bridge.tools.procs import ManagedProcess, StackError, free_port, http_ok, serving
-from bridge.tools.stack import LocalStack, StackConfig
+from bridge_lab.bench import metrics
+from bridge_lab.procs import ManagedProcess, StackError, free_port, http_ok, serving
+from bridge_lab.stack import LocalStack, StackConfig
 from tests.helpers import TEST_REDIS_URL
 
 STORE_URL = "http://store.test:4747"  # never contacted: it only names the stacks' deployment (their key scope)

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bridge.tools.procs import PYTHON, free_port, serving
+from bridge_lab.procs import PYTHON, free_port, serving
 
 ROOT = Path(__file__).resolve().parents[2]
 MAX_SESSIONS = 40

@@ -23,7 +23,7 @@ import pytest
 
 from bridge.core import capacity, keys
 from bridge.core.coordination import coordination_client
-from bridge.tools.stack import LocalStack
+from bridge_lab.stack import LocalStack
 from tests.helpers import attempts, enqueue, rollout, stack_for, wait_finished, wait_for
 from tests.prerequisites import require
 from workers.lifecycle import drain

@@ -2,8 +2,10 @@
 
 Why these rules: the bridge publishes by task name and must start without the worker stack (agent, LLM
 client, telemetry); workers and the dispatcher share only ``bridge.core``; the offline WebShop server and
-LLM stand-in run without either. ``bridge.cli`` reaches the operator tools by name through ``importlib``,
-which is the one allowed way into ``bridge.tools`` and is invisible here on purpose.
+LLM stand-in run without either. The product (``bridge``, ``workers``) never imports the lab (``bridge_lab``, the
+WebShop stand-in), whose dependencies are the ``lab`` extra's: ``bridge.cli`` reaches a lab command by name through
+``importlib``, which is the one allowed way in and is invisible here on purpose (tests/unit/test_lean_product.py
+imports every product module without the extra).
 """
 
 from __future__ import annotations
@@ -16,17 +18,20 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("bridge", "workers", "webshop_env")
+PACKAGES = ("bridge", "bridge_lab", "workers", "webshop_env")
 
 # importer prefix -> prefixes it must never import (at any level: lazy imports count too)
 FORBIDDEN = {
-    "bridge.core": ("bridge.dispatch", "bridge.tools", "bridge.cli", "bridge.runner", "workers"),
-    "bridge.dispatch": ("workers", "bridge.tools", "bridge.runner"),
-    "workers": ("bridge.dispatch", "bridge.tools", "bridge.cli", "bridge.runner"),
+    # The product never needs the lab extra: no lab module, no WebShop stand-in.
+    "bridge": ("bridge_lab", "webshop_env"),
+    "bridge.core": ("bridge.dispatch", "bridge.ops", "bridge.cli", "bridge.runner", "workers"),
+    "bridge.dispatch": ("workers", "bridge.ops", "bridge.runner"),
+    "bridge.ops": ("workers", "bridge.cli", "bridge.runner"),
+    "workers": ("bridge.dispatch", "bridge.ops", "bridge.cli", "bridge.runner", "bridge_lab", "webshop_env"),
     # The trainer-side runner runs the dispatcher in the trainer's process: never the worker stack.
-    "bridge.runner": ("workers", "bridge.tools", "bridge.cli"),
-    "bridge.runner_support": ("workers", "bridge.tools", "bridge.cli"),
-    "webshop_env": ("bridge", "workers"),
+    "bridge.runner": ("workers", "bridge.ops", "bridge.cli"),
+    "bridge.runner_support": ("workers", "bridge.ops", "bridge.cli"),
+    "webshop_env": ("bridge", "bridge_lab", "workers"),
     # The attempt protocol both lines share knows no agent, no line's attempt and no Celery task: each line's
     # attempt (workers.execution, workers.v1) supplies how its agent starts and stops and how it reports.
     "workers.protocol": (

@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
 from bridge.dispatch import metrics
-from bridge.tools.autoscale import DESIRED, Policy, desired_slots
+from bridge.ops.autoscale import DESIRED, Policy, desired_slots
 
 
 def policy(**overrides: float) -> Policy:

@@ -1,10 +1,10 @@
-"""The 1.0 side-by-side benchmark's arithmetic (``bridge.tools.bench.agl_v1.figures``) on the trainer client's rows."""
+"""The 1.0 side-by-side benchmark's arithmetic (``bridge_lab.bench.agl_v1.figures``) on the trainer client's rows."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from bridge.tools.bench.agl_v1 import figures
+from bridge_lab.bench.agl_v1 import figures
 
 
 def row(

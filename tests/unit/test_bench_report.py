@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from bridge.tools.bench.report import cpu_ratio, print_table
-from bridge.tools.bench.run import executor_figures
+from bridge_lab.bench.report import cpu_ratio, print_table
+from bridge_lab.bench.run import executor_figures
 
 
 class _Figures(dict[str, Any]):

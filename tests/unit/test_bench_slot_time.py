@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from bridge.tools.bench import metrics as bm
+from bridge_lab.bench import metrics as bm
 
 LATENCY_S = 2.0
 

@@ -3,7 +3,7 @@ saying what proves its fault happened (tests/integration/test_chaos.py)."""
 
 from __future__ import annotations
 
-from bridge.tools.chaos.scenarios import SCENARIOS
+from bridge_lab.chaos.scenarios import SCENARIOS
 from tests.integration import test_chaos
 
 

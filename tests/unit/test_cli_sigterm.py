@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from bridge.tools.procs import ManagedProcess
+from bridge_lab.procs import ManagedProcess
 
 
 def add_arguments(parser):

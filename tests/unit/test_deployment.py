@@ -20,8 +20,9 @@ import yaml
 
 from bridge.cli import build_parser
 from bridge.core.settings import Settings, env_name
-from bridge.tools.flower import login_problem
+from bridge.ops.flower import login_problem
 from tests.compose import ComposeError, interpolate, load, read_env_file
+from tests.images import IMAGES, LAB_SOURCES, command_argv, extras_needed, image_name, stages, target_for
 
 ROOT = Path(__file__).resolve().parents[2]
 BRIDGE_COMMANDS = sorted(build_parser()._subparsers._group_actions[0].choices)  # type: ignore[union-attr,arg-type]
@@ -149,7 +150,7 @@ def test_compose_refuses_the_example_env_and_flower_refuses_its_placeholder() ->
         load(COMPOSE, example)
     (placeholder,) = re.findall(r"^# FLOWER_BASIC_AUTH=(.*)$", (ROOT / ".env.example").read_text(), flags=re.M)
     flower = load(COMPOSE, {**example, "FLOWER_BASIC_AUTH": placeholder})["flower"]
-    assert _argv(flower["command"])[:3] == ["python", "-m", "bridge.tools.flower"]
+    assert _argv(flower["command"])[:3] == ["python", "-m", "bridge.ops.flower"]
     assert login_problem(flower["environment"]) is not None
     flower = load(COMPOSE, {**example, **LOGIN})["flower"]
     assert login_problem(flower["environment"]) is None
@@ -191,6 +192,56 @@ def test_dockerfile_copies_what_exists() -> None:
         if line.startswith("COPY "):
             for source in line.split()[1:-1]:
                 assert (ROOT / source).exists(), f"Dockerfile copies missing {source}"
+
+
+def test_the_default_target_is_the_lean_runtime() -> None:
+    """``docker build .`` gives the workers' and the bridge's image: the product alone, no extra, no lab source."""
+    found = stages(ROOT / "Dockerfile")
+    runtime = found["runtime"]
+    assert list(found)[-1] == "runtime" and runtime.installs
+    assert runtime.extras == set() and not runtime.copies & LAB_SOURCES, runtime
+    assert {"bridge", "workers"} <= runtime.copies
+    assert found["lab"].extras == {"store", "lab"} and found["lab"].copies >= LAB_SOURCES
+    assert found["flower"].extras == {"flower"}
+
+
+def test_each_compose_service_runs_from_the_leanest_target_that_has_what_its_commands_need() -> None:
+    """The workers and the bridge from ``runtime``, Flower from ``flower``, the Store and the stand-ins from
+    ``lab``; each service built here names its target, and its image name is that target's."""
+    found = stages(ROOT / "Dockerfile")
+    targets: dict[str, str] = {}
+    for name, service in _compose()["services"].items():
+        if "build" not in service:
+            assert not str(service["image"]).startswith("agl-celery-bridge"), name
+            continue
+        target = service["build"]["target"]
+        assert service["build"]["context"] == "." and IMAGES[image_name(service["image"])] == target, name
+        assert target_for(command_argv(service["command"]), found) == target, name
+        health = service.get("healthcheck", {}).get("test", [])
+        if health[:1] == ["CMD"]:  # the health check runs in the same image
+            assert extras_needed(command_argv(health[1:])) <= found[target].extras, name
+        targets[name] = target
+    assert targets == {
+        "store": "lab",
+        "webshop": "lab",
+        "policy": "lab",
+        "worker": "runtime",
+        "bridge": "runtime",
+        "flower": "flower",
+    }
+
+
+def test_target_for_picks_the_leanest_image_that_runs_a_command() -> None:
+    found = stages(ROOT / "Dockerfile")
+    assert target_for(["celery", "-A", "workers", "worker", "-c", "8"], found) == "runtime"
+    assert target_for(["python", "-m", "bridge", "v1"], found) == "runtime"
+    assert target_for(["python", "-m", "bridge", "demo"], found) == "lab"
+    assert target_for(["python", "-m", "bridge.ops.flower", "--port=5555"], found) == "flower"
+    assert target_for(["agl", "store", "--port", "4747"], found) == "lab"
+    assert target_for(["python", "-m", "webshop_env.policy"], found) == "lab"
+    found["lab"].extras.discard("store")  # a lab image without the Store: nothing runs `agl store`
+    with pytest.raises(AssertionError, match="no Dockerfile target installs"):
+        target_for(["agl", "store"], found)
 
 
 def test_grafana_dashboard_uses_exported_series() -> None:

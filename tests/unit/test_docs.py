@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bridge.core.settings import SECTION, Settings, env_name
-from bridge.tools import configdoc
+from bridge_lab import configdoc
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE_DIRS = ("bridge", "workers", "webshop_env", "tests")

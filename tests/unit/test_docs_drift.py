@@ -17,7 +17,7 @@ from celery.bin.celery import celery as celery_cli
 
 from bridge import cli
 from bridge.core.settings import Settings, env_name
-from bridge.tools import configdoc
+from bridge_lab import configdoc
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = sorted(
@@ -26,7 +26,7 @@ PAGES = sorted(
 EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
 MAX_CELL = 300
 GENERATED = ROOT / "docs" / "configuration.md"
-"""Generated from the settings' descriptions (bridge/tools/configdoc.py): its cells are those descriptions."""
+"""Generated from the settings' descriptions (bridge_lab/configdoc.py): its cells are those descriptions."""
 TOC_OVER_LINES = 200
 
 FOREIGN_VARIABLES: dict[str, set[str]] = {
@@ -72,7 +72,7 @@ FOREIGN_VARIABLES: dict[str, set[str]] = {
     },
 }
 """Variables the docs may name that another program reads, not ``bridge/core/settings.py``, by owner. The
-variables of docker compose, Flower and prometheus_client are ``FOREIGN`` in bridge/tools/configdoc.py."""
+variables of docker compose, Flower and prometheus_client are ``FOREIGN`` in bridge_lab/configdoc.py."""
 
 NOT_VARIABLES = {"PR_SET_PDEATHSIG", "CAP_NET_ADMIN", "SO_LINGER", "PRECONDITION_FAILED", "BYPASS_S", "KEEPALIVE_S"}
 """ALL_CAPS names in the docs that are no environment variable: constants of Linux, AMQP and this code."""

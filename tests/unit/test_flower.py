@@ -1,4 +1,4 @@
-"""`python -m bridge.tools.flower`, Flower as compose and Kubernetes start it: no Flower without a login of the
+"""`python -m bridge.ops.flower`, Flower as compose and Kubernetes start it: no Flower without a login of the
 operator's own, since its API reaches every worker."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge.tools import flower
+from bridge.ops import flower
 
 ROOT = Path(__file__).resolve().parents[2]
 GOOD = "ops:a-long-password-of-ours"
@@ -46,7 +46,7 @@ def test_an_own_login_passes_and_an_unauthenticated_api_does_not() -> None:
 def test_the_placeholder_stops_the_process_with_exit_2_and_one_line() -> None:
     env = {**os.environ, "FLOWER_BASIC_AUTH": "admin:change-me"}
     done = subprocess.run(
-        [sys.executable, "-m", "bridge.tools.flower", "--port=5555"],
+        [sys.executable, "-m", "bridge.ops.flower", "--port=5555"],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -76,12 +76,12 @@ def test_read_only_is_refused_on_a_flower_that_would_ignore_it(monkeypatch: pyte
     """Flower skips FLOWER_* variables it has no option for, so an older Flower would run with its API writable."""
     from flower import options as flower_options
 
-    assert flower.read_only_problem({"FLOWER_READ_ONLY": "true"}) is None  # the installed Flower has it
-    assert flower.read_only_problem({"FLOWER_READ_ONLY": "false"}) is None
+    assert flower.installed_flower_problem({"FLOWER_READ_ONLY": "true"}) is None  # the installed Flower has it
+    assert flower.installed_flower_problem({"FLOWER_READ_ONLY": "false"}) is None
 
     class Older:
         pass
 
     monkeypatch.setattr(flower_options, "default_options", Older())
-    problem = flower.read_only_problem({"FLOWER_READ_ONLY": "true"})
+    problem = flower.installed_flower_problem({"FLOWER_READ_ONLY": "true"})
     assert problem is not None and "read_only" in problem

@@ -26,7 +26,8 @@ import yaml
 
 from bridge.core.settings import Settings, env_name, load_settings
 from bridge.dispatch import metrics
-from bridge.tools.flower import login_problem
+from bridge.ops.flower import login_problem
+from tests.images import IMAGES, command_argv, image_name, stages, target_for
 from tests.kustomize import Manifest, Unsupported, load_documents, merge, render
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -258,6 +259,33 @@ def test_commands_exist_in_the_project(rendered: dict[str, list[Manifest]]) -> N
                     assert argv[1:3] == ["-A", "workers"] and argv[3] in {"worker", "flower"}, shlex.join(argv)
 
 
+def test_each_container_runs_the_leanest_image_that_has_what_its_command_needs(
+    rendered: dict[str, list[Manifest]],
+) -> None:
+    """The workers and the bridge run the Dockerfile's ``runtime`` target (the product alone), Flower its
+    ``flower`` target and the WebShop server its ``lab`` target, each under that target's image name
+    (``tests/images.py``), renamed by the overlay to the registry's."""
+    found = stages(ROOT / "Dockerfile")
+    for overlay, manifests in rendered.items():
+        images: dict[str, str] = {}
+        for manifest in manifests:
+            if manifest["kind"] not in {"Deployment", "StatefulSet"}:
+                continue
+            for item in manifest["spec"]["template"]["spec"]["containers"]:
+                if item["image"].startswith("redis:"):
+                    continue
+                assert item["image"].startswith("registry.example.com/"), (overlay, item["image"])
+                target = IMAGES[image_name(item["image"])]
+                assert target_for(command_argv(item.get("command") or item.get("args")), found) == target, item
+                images[manifest["metadata"]["name"]] = target
+        assert {images["agl-worker"], images["agl-bridge"], images["agl-flower"], images["agl-webshop"]} == {
+            "runtime",
+            "flower",
+            "lab",
+        }
+        assert images["agl-worker"] == images["agl-bridge"] == "runtime", (overlay, images)
+
+
 def test_every_yaml_file_is_rendered_or_documented() -> None:
     """Each manifest file belongs to a kustomization (the adapter rules are a config file, said so)."""
     listed: set[Path] = set()
@@ -464,7 +492,7 @@ def flower_findings(manifests: list[Manifest]) -> list[str]:
     flower = container(manifests, "agl-flower")
     env = {e["name"]: e for e in flower.get("env", [])}
     found = []
-    if flower["command"][:3] != ["python", "-m", "bridge.tools.flower"]:
+    if flower["command"][:3] != ["python", "-m", "bridge.ops.flower"]:
         found.append("Flower starts without the login check")
     if str(env.get("FLOWER_READ_ONLY", {}).get("value", "")).lower() != "true":
         found.append("Flower's API can send tasks (FLOWER_READ_ONLY is not true)")
@@ -533,7 +561,7 @@ def test_the_safe_default_checks_bite(rendered: dict[str, list[Manifest]]) -> No
 
 
 def test_the_example_flower_login_is_refused_until_replaced(rendered: dict[str, list[Manifest]]) -> None:
-    """The overlays' placeholder login is what `python -m bridge.tools.flower` refuses (tests/unit/test_flower.py)."""
+    """The overlays' placeholder login is what `python -m bridge.ops.flower` refuses (tests/unit/test_flower.py)."""
     for overlay, manifests in rendered.items():
         login = find(manifests, "Secret", "agl-flower-auth")["stringData"]["FLOWER_BASIC_AUTH"]
         assert login_problem({"FLOWER_BASIC_AUTH": login}), overlay

@@ -222,7 +222,7 @@ def test_the_stop_signal_follows_the_trainers_multiprocessing_event_and_a_cancel
 
 @pytest.mark.parametrize("package", ["bridge.runner", "bridge.runner_support"])
 def test_the_runner_imports_neither_the_worker_stack_nor_the_tools(package: str) -> None:
-    banned = ("workers", "bridge.tools", "bridge.cli")
+    banned = ("workers", "bridge_lab", "bridge.ops", "bridge.cli")
     violations = [
         f"{name} imports {imp.target}"
         for name, imports in IMPORTS.items()

@@ -64,7 +64,7 @@ def test_status_exits_2_when_nothing_names_the_deployment(
 
 
 def test_status_without_a_store_shows_the_rest() -> None:
-    from bridge.tools import status
+    from bridge.ops import status
 
     settings = load_settings(agl_v1_url=GATEWAY, broker_url="redis://127.0.0.1:9/0")
     part = status._store_part(settings, None)
@@ -76,7 +76,7 @@ _down = {"url": "redis://127.0.0.1:9/0", "ok": False, "error": "down", "queues":
 
 
 def test_status_says_when_the_gateway_does_not_answer_and_shows_its_counts_when_it_does() -> None:
-    from bridge.tools import status
+    from bridge.ops import status
 
     settings = load_settings(agl_v1_url="http://127.0.0.1:9", broker_url="redis://127.0.0.1:9/0")  # nothing listens
     part = status._gateway_part(settings)

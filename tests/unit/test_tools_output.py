@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from bridge.core.models import Attempt
-from bridge.tools import demo
-from bridge.tools.chaos.audit import _episode_roots, format_table
-from bridge.tools.chaos.state import FinalReport, ScenarioResult
-from bridge.tools.render import console, key_value_table, to_text
+from bridge_lab import demo
+from bridge_lab.chaos.audit import _episode_roots, format_table
+from bridge_lab.chaos.state import FinalReport, ScenarioResult
+from bridge_lab.render import console, key_value_table, to_text
 
 SUMMARY: dict[str, Any] = {
     "rollouts": 10,

@@ -8,8 +8,8 @@ from collections.abc import Mapping
 
 import pytest
 
-from bridge.tools import rollouts
-from bridge.tools.stats import mean, percentile, rounded
+from bridge_lab import rollouts
+from bridge_lab.stats import mean, percentile, rounded
 
 
 def _nearest_rank(values: list[float], q: float) -> float:

@@ -1,11 +1,11 @@
-"""``python -m bridge.tools.bench.wake_cost`` runs and prints both tables, every row measured (no timing
+"""``python -m bridge_lab.bench.wake_cost`` runs and prints both tables, every row measured (no timing
 is asserted: the figures belong to the machine)."""
 
 from __future__ import annotations
 
 import pytest
 
-from bridge.tools.bench import wake_cost
+from bridge_lab.bench import wake_cost
 
 
 def test_both_tables_have_a_measured_row_per_pause_and_thread_count(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,0 +1,225 @@
+"""Agent Lightning 1.0 rollouts on our workers, side by side with 1.0's own `runner_type=local`
+
+One local stack (Redis, the WebShop server, the LLM stand-in with --llm-latency-ms per call) and one real
+`agl-server` gateway from the 1.0 virtualenv. The same workload, --rollouts WebShop episodes as 1.0 agent
+programs (workers.agents.webshop_program), is enqueued by 1.0's own trainer client and run by:
+
+  celery  `python -m bridge v1` and one `celery -A workers worker -P threads -c SLOTS`;
+  local   1.0's `agl-controller runner_type=local`, SLOTS subprocesses, polling every --local-poll-s.
+
+With --restart, each runs the workload again with its controller (our dispatcher; 1.0's controller) stopped
+with --restart-signal once a third of the rollouts finished, and started again: what each does with the
+rollouts that were running. Figures: seconds from the first enqueue to the last finish (the gateway's times),
+throughput, peak RSS of the executor's process tree (agent programs included; the gateway is shared and not
+counted), its CPU per rollout, and the failures by message. Needs Python >= 3.12 (exit 2 without). Figures
+and what they mean: docs/agl-v1.md, "Beside 1.0's local runner".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bridge.core.agl_v1 import GatewayClient, V1State
+from bridge_lab.agl_v1_env import (
+    start_gateway,
+    start_local_controller,
+    start_v1_dispatcher,
+    train,
+    v1_project_virtualenv,
+)
+from bridge_lab.bench import metrics as bm
+from bridge_lab.bench.run import load_inputs
+from bridge_lab.procs import ManagedProcess, StackError, free_port
+from bridge_lab.render import rows_table, show
+from bridge_lab.stack import LocalStack, StackConfig
+from workers.agents import webshop_program
+
+KEY = "bench-v1"
+EXECUTORS = ("celery", "local")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = __doc__
+    add = parser.add_argument
+    add("--rollouts", type=int, default=40, help="WebShop rollouts per run (default 40)")
+    add("--slots", type=int, default=8, help="execution slots of each executor (default 8)")
+    add("--llm-latency-ms", type=float, default=300.0, help="stand-in latency per LLM call (default 300)")
+    add("--local-poll-s", type=float, default=1.0, help="1.0 controller's poll interval (its default is 10; ours 1)")
+    add("--restart", action="store_true", help="also a run per executor with its controller restarted mid-run")
+    add("--restart-signal", choices=["TERM", "KILL"], default="TERM", help="how the controller stops (default TERM)")
+    add("--split", default="train", help="WebShop task split (default train)")
+    add("--timeout-s", type=float, default=600.0, help="give up a run after this long (default 600)")
+    add("--log-dir", type=Path, default=None, help="where component logs go (default: a temp dir)")
+    add("--json", action="store_true", help="print the figures as one JSON object on the last line")
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.rollouts < 3 or args.slots < 1:
+        print("error: --rollouts must be at least 3 and --slots at least 1", file=sys.stderr)
+        return 2
+    try:
+        venv = v1_project_virtualenv()
+    except StackError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    port = free_port()
+    env = {"AGL_V1_SERVER_URL": f"http://127.0.0.1:{port}", "AGL_V1_KEY": KEY, "LOG_LEVEL": "INFO"}
+    env["AGL_V1_PASS_ENV"] = webshop_program.PASS_ENV  # what the WebShop program reads of the worker's settings
+    config = StackConfig(
+        store=False,
+        workers=0,
+        concurrency=args.slots,
+        pool="threads",
+        bridge=False,
+        policy_latency_ms=args.llm_latency_ms,
+        log_dir=args.log_dir,
+        extra_env=env,
+    )
+    results: list[dict[str, Any]] = []
+    with LocalStack(config) as stack:
+        gateway = start_gateway(stack, venv, key=KEY, port=port)
+        print(f"logs of every process: {stack.log_dir}", file=sys.stderr)
+        bench = Bench(stack, venv, gateway, args)
+        restarts = [False, True] if args.restart else [False]
+        for executor in EXECUTORS:
+            for restart in restarts:
+                results.append(bench.run(executor, restart))
+                print(f"{results[-1]['run']}: {results[-1]['seconds']} s", file=sys.stderr)
+    show(rows_table(results, COLUMNS), sys.stdout)
+    if args.json:
+        print(json.dumps({"runs": results}))
+    steady = [r for r in results if not r["restarted"]]
+    return 0 if all(r["succeeded"] == r["rollouts"] for r in steady) else 1
+
+
+COLUMNS = {
+    "run": "run",
+    "rollouts": "rollouts",
+    "succeeded": "ok",
+    "failed": "failed",
+    "seconds": "seconds",
+    "throughput_per_s": "rollouts/s",
+    "peak_rss_mb": "peak RSS MB",
+    "cpu_ms_per_rollout": "CPU ms/rollout",
+    "mean_reward": "mean reward",
+    "failures": "failures",
+}
+
+
+class Bench:
+    def __init__(self, stack: LocalStack, venv: Path, gateway: str, args: argparse.Namespace) -> None:
+        self.stack, self.venv, self.gateway, self.args = stack, venv, gateway, args
+        self.inputs = load_inputs(args.split, args.rollouts)
+
+    def run(self, executor: str, restart: bool) -> dict[str, Any]:
+        """One run of the workload by ``executor``, its controller restarted mid-run if asked; stopped after."""
+        controller, roots = self._start(executor)
+        sampler = bm.MemorySampler({executor: roots}).start()
+        watch = bm.Stopwatch({executor: roots})
+        thread = threading.Thread(target=self._restart, args=(executor, controller, roots), daemon=True)
+        if restart:
+            thread.start()
+        try:
+            done = train(self.venv, self._spec(), timeout_s=self.args.timeout_s)
+        finally:
+            if restart:
+                thread.join(120)
+            cpu = watch.cpu()[executor]
+            sampler.stop()
+            self._stop(executor)
+        name = f"{executor} (controller SIG{self.args.restart_signal} mid-run)" if restart else executor
+        # A restarted controller's own CPU leaves with it: CPU is given for the steady runs only.
+        return figures(name, executor, restart, done, sampler.peak_total[executor], None if restart else cpu)
+
+    def _spec(self) -> dict[str, Any]:
+        return {
+            "gateway": self.gateway,
+            "key": KEY,
+            "model_endpoint": self.stack.llm_base_url,
+            "agent_class": webshop_program.AGENT_CLASS,
+            "env_map": webshop_program.ENV_MAP,
+            "timeout_s": 300,
+            "tasks": self.inputs,
+        }
+
+    def _start(self, executor: str) -> tuple[Callable[[], ManagedProcess], list[int]]:
+        """The executor's processes; returns how to start its controller again and its process roots."""
+        if executor == "celery":
+            worker = self.stack.add_worker()
+
+            def controller() -> ManagedProcess:
+                return start_v1_dispatcher(self.stack, self.gateway, key=KEY)
+        else:
+            worker = None
+
+            def controller() -> ManagedProcess:
+                return start_local_controller(
+                    self.stack, self.venv, self.gateway, key=KEY, slots=self.args.slots, poll_s=self.args.local_poll_s
+                )
+
+        started = controller()
+        return controller, [p.pid or 0 for p in (worker, started) if p is not None]
+
+    def _restart(self, executor: str, controller: Callable[[], ManagedProcess], roots: list[int]) -> None:
+        """Once a third of the rollouts finished: stop the controller with the signal asked for, start it again."""
+        gateway = GatewayClient(self.gateway, key=KEY)
+        try:
+            deadline = time.monotonic() + self.args.timeout_s
+            while time.monotonic() < deadline:
+                unfinished = len(gateway.list_rollouts(V1State.QUEUING, V1State.RUNNING))
+                if unfinished and self.args.rollouts - unfinished >= self.args.rollouts // 3:
+                    break
+                time.sleep(0.2)
+        finally:
+            gateway.close()
+        old = self.stack.process(_controller_name(executor))
+        old.signal(getattr(signal, f"SIG{self.args.restart_signal}"))
+        if old.proc is not None:
+            old.proc.wait(30)
+        roots.append(controller().pid or 0)
+
+    def _stop(self, executor: str) -> None:
+        self.stack.process(_controller_name(executor)).stop()
+        for worker in list(self.stack.workers):
+            worker.stop()
+            self.stack.workers.remove(worker)
+
+
+def figures(
+    name: str, executor: str, restarted: bool, done: list[dict[str, Any]], peak_mb: float, cpu_s: float | None
+) -> dict[str, Any]:
+    """One run's row from the trainer client's finished rollouts (``bridge_lab.agl_v1_trainer``): time from
+    the first enqueue to the last finish by the gateway's clock, throughput, failures grouped by first line."""
+    finished = [r["finished_at"] for r in done if r.get("finished_at")]
+    enqueued = [r["enqueued_at"] for r in done if r.get("enqueued_at")]
+    seconds = max(finished) - min(enqueued) if finished and enqueued else None
+    ok = [r for r in done if r["state"] == V1State.SUCCEEDED]
+    rewards = [float(r["reward"] or 0.0) for r in ok]
+    failed = [str(r["error"] or "(no error)").splitlines()[0][:80] for r in done if r["state"] != V1State.SUCCEEDED]
+    return {
+        "run": name,
+        "executor": executor,
+        "restarted": restarted,
+        "rollouts": len(done),
+        "succeeded": len(ok),
+        "failed": len(failed),
+        "seconds": round(seconds, 2) if seconds else None,
+        "throughput_per_s": round(len(done) / seconds, 3) if seconds else None,
+        "peak_rss_mb": round(peak_mb, 1),
+        "cpu_ms_per_rollout": None if cpu_s is None else round(1000 * cpu_s / max(1, len(done)), 1),
+        "mean_reward": round(sum(rewards) / len(rewards), 3) if rewards else None,
+        "failures": "; ".join(f"{n} x {message}" for message, n in Counter(failed).most_common()) or "-",
+    }
+
+
+def _controller_name(executor: str) -> str:
+    return "v1-dispatcher" if executor == "celery" else "agl-controller"

@@ -1,0 +1,40 @@
+"""The Agent Lightning 1.0 program the 1.0 chaos scenarios run (``bridge_lab.chaos.v1``): its reward is known
+from its input, so the audit can tell a wrong one.
+
+``ChaosProgram.run()`` posts a ``chaos.start`` event naming this execution (a fresh id, its pid and its parent's,
+the worker process that started it), sleeps ``CHAOS_SLEEP`` seconds, then posts ``CHAOS_REWARD`` as its reward.
+Each post is one request with a long timeout and no retry: a retried post whose first try landed would be a
+second event, which the audit counts as a second execution.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from typing import Any
+
+import httpx
+
+POST_TIMEOUT_S = 120.0  # longer than any gateway pause a scenario injects
+START_EVENT = "chaos.start"
+
+
+def _post(event_type: str, data: dict[str, Any]) -> None:
+    response = httpx.post(
+        os.environ["AGL_EVENT_URL"],
+        json={"event_type": event_type, "data": data},
+        headers={"Authorization": f"Bearer {os.environ['AGL_KEY']}"},
+        timeout=POST_TIMEOUT_S,
+    )
+    response.raise_for_status()
+
+
+class ChaosProgram:
+    """Start event, sleep, reward: long enough for a fault to land while it runs."""
+
+    def run(self) -> None:
+        _post(START_EVENT, {"execution": uuid.uuid4().hex, "pid": os.getpid(), "ppid": os.getppid()})
+        time.sleep(float(os.environ["CHAOS_SLEEP"]))
+        _post("reward", {"value": float(json.loads(os.environ["CHAOS_REWARD"]))})
