@@ -182,7 +182,7 @@ def test_the_dispatcher_refuses_a_key_on_its_command_line(capsys: pytest.Capture
 def test_the_dispatcher_reads_its_key_from_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[Settings] = []
 
-    def run_v1(settings: Settings, stop: object) -> int:
+    def run_v1(settings: Settings, stop: object, **_: object) -> int:
         seen.append(settings)
         return 0
 
