@@ -34,7 +34,7 @@ def test_steady_state_is_the_median_after_the_first_llm_answer() -> None:
     program.first_answer_at = 3.0
     figures = program.figures()
     assert figures["exit_code"] == 0 and figures["samples"] == 6
-    assert (figures["steady_rss_mb"], figures["steady_pss_mb"], figures["steady_uss_mb"]) == (90.0, 74.0, 72.0)
-    assert (figures["peak_rss_mb"], figures["peak_pss_mb"], figures["peak_uss_mb"]) == (95.0, 76.0, 73.0)
+    assert (figures["steady_rss_mib"], figures["steady_pss_mib"], figures["steady_uss_mib"]) == (90.0, 74.0, 72.0)
+    assert (figures["peak_rss_mib"], figures["peak_pss_mib"], figures["peak_uss_mib"]) == (95.0, 76.0, 73.0)
     program.first_answer_at = None  # no answer seen: the second half of its samples
-    assert program.figures()["steady_rss_mb"] == 90.0
+    assert program.figures()["steady_rss_mib"] == 90.0

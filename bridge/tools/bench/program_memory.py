@@ -9,7 +9,7 @@ worker's own command line (``workers.v1.attempt.RUNNER``) and environment (``pro
 ``worker-agl-v1`` image runs programs under). Every --sample-s each live program's
 ``/proc/<pid>/smaps_rollup`` is read: RSS, PSS (shared pages divided among the processes sharing them) and
 USS (private pages). Printed per program: the peak and the steady state (the median of the samples after the
-first LLM answer, i.e. once the program imported what it imports and plays), in MB.
+first LLM answer, i.e. once the program imported what it imports and plays), in MiB.
 
     python -m bridge.tools.bench.program_memory                  # 8 programs, this interpreter
     python -m bridge.tools.bench.program_memory --python v1      # under the 1.0 virtualenv's Python 3.12
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from bridge.core.agl_v1 import GatewayClient, V1Rollout, V1State
-from bridge.core.settings import load_settings
+from bridge.core.settings import Settings, load_settings
 from bridge.tools.agl_v1_env import start_gateway, v1_project_virtualenv, v1_virtualenv
 from bridge.tools.bench.run import load_inputs
 from bridge.tools.render import rows_table, show
@@ -78,11 +78,11 @@ class Program:
     def figures(self) -> dict[str, Any]:
         steady = [s for t, s in self.samples if self.first_answer_at is not None and t >= self.first_answer_at]
         steady = steady or [s for _, s in self.samples[len(self.samples) // 2 :]]
-        mb = 1024.0
+        mib = 1024.0
         out: dict[str, Any] = {"exit_code": self.process.returncode, "samples": len(self.samples)}
         for key in ("rss", "pss", "uss"):
-            out[f"peak_{key}_mb"] = round(max((s[key] for _, s in self.samples), default=0) / mb, 1)
-            out[f"steady_{key}_mb"] = round(statistics.median(s[key] for s in steady) / mb, 1) if steady else 0.0
+            out[f"peak_{key}_mib"] = round(max((s[key] for _, s in self.samples), default=0) / mib, 1)
+            out[f"steady_{key}_mib"] = round(statistics.median(s[key] for s in steady) / mib, 1) if steady else 0.0
         return out
 
 
@@ -92,10 +92,11 @@ def _interpreter(choice: str) -> str:
     return choice
 
 
-def _start(gateway: GatewayClient, rollout: V1Rollout, python: str, worker_env: dict[str, str]) -> Program:
+def _start(
+    gateway: GatewayClient, rollout: V1Rollout, python: str, settings: Settings, worker_env: dict[str, str]
+) -> Program:
     """Mark ``rollout`` running under attempt 0 and start its program as the worker does."""
     gateway.patch_status(rollout.rollout_id, state=V1State.RUNNING.value, last_attempt_id="0")
-    settings = load_settings(agl_v1_pass_env=webshop_program.PASS_ENV)
     env = program_environment(rollout, "0", settings, worker_env=worker_env)
     process = subprocess.Popen(
         [python, "-c", RUNNER, webshop_program.AGENT_CLASS, str(os.getpid())],
@@ -120,10 +121,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             for item in load_inputs("train", args.programs)
         ]
         rollouts = gateway.create_rollouts(batch)
+        settings = load_settings(agl_v1_url=url, agl_v1_key=KEY, agl_v1_pass_env=webshop_program.PASS_ENV)
         worker_env = {name: os.environ[name] for name in ("PATH", "HOME", "LANG") if name in os.environ}
-        worker_env |= {"WEBSHOP_URL": stack.webshop_url, "AGL_V1_SERVER_URL": url, "AGL_V1_KEY": KEY}
-        os.environ.update(AGL_V1_SERVER_URL=url, AGL_V1_KEY=KEY)  # what load_settings gives program_environment
-        programs = [_start(gateway, rollout, python, worker_env) for rollout in rollouts]
+        worker_env["WEBSHOP_URL"] = stack.webshop_url
+        programs = [_start(gateway, rollout, python, settings, worker_env) for rollout in rollouts]
         deadline = time.monotonic() + args.timeout_s
         try:
             _sample(programs, gateway, args.sample_s, deadline)
@@ -133,14 +134,14 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                     program.process.kill()
                     program.process.wait()
         each = [program.figures() for program in programs]
-    summary = {key: round(statistics.mean(f[key] for f in each), 1) for key in each[0] if key.endswith("_mb")}
+    summary = {key: round(statistics.mean(f[key] for f in each), 1) for key in each[0] if key.endswith("_mib")}
     return {
         "python": python,
         "version": subprocess.run([python, "-V"], capture_output=True, text=True).stdout.strip(),
         "programs": len(programs),
         "succeeded": sum(1 for f in each if f["exit_code"] == 0),
         "mean": summary,
-        "max_peak_rss_mb": max(f["peak_rss_mb"] for f in each),
+        "max_peak_rss_mib": max(f["peak_rss_mib"] for f in each),
         "each": each,
     }
 
@@ -170,12 +171,12 @@ def main(args: argparse.Namespace) -> int:
     mean = result["mean"]
     print(f"{result['programs']} programs ({result['succeeded']} exited 0) under {result['version']}:")
     rows = [
-        {"kind": kind.upper(), "steady": f"{mean[f'steady_{kind}_mb']:.1f}", "peak": f"{mean[f'peak_{kind}_mb']:.1f}"}
+        {"kind": kind.upper(), "steady": f"{mean[f'steady_{kind}_mib']:.1f}", "peak": f"{mean[f'peak_{kind}_mib']:.1f}"}
         for kind in ("rss", "pss", "uss")
     ]
-    columns = {"kind": "per program (MB)", "steady": "steady state, mean", "peak": "peak, mean"}
+    columns = {"kind": "per program (MiB)", "steady": "steady state, mean", "peak": "peak, mean"}
     show(rows_table(rows, columns), sys.stdout)
-    print(f"largest peak RSS of one program: {result['max_peak_rss_mb']:.1f} MB")
+    print(f"largest peak RSS of one program: {result['max_peak_rss_mib']:.1f} MiB")
     return 0 if result["succeeded"] == result["programs"] else 1
 
 
