@@ -250,7 +250,7 @@ def test_every_build_target_is_a_dockerfile_stage_and_the_default_build_is_the_g
     assert not set(targets.values()) - set(stages)
     images = set(re.findall(r"image: (agl-celery-bridge[\w.-]*)", _kubernetes_text()))
     images |= set(re.findall(r"- name: (agl-celery-bridge[\w.-]*)", _kubernetes_text()))
-    assert images == {"agl-celery-bridge", "agl-celery-bridge-worker-agl-v1"}
+    assert {"agl-celery-bridge", "agl-celery-bridge-worker-agl-v1"} <= images
     for image in images - {"agl-celery-bridge"}:
         assert image.removeprefix("agl-celery-bridge-") in stages, image
     stage = stages["worker-agl-v1"]
