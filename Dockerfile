@@ -5,6 +5,8 @@
 #            (docker build --target flower -t agl-celery-bridge-flower .)
 #   lab      the compose stack's stand-ins: the Store (agl store), the WebShop server, the LLM stand-in
 #            (docker build --target lab -t agl-celery-bridge-lab .)
+#   worker-agl-v1  workers whose Agent Lightning 1.0 programs need Python >= 3.12 and agentlightning 1.0
+#            (docker build --target worker-agl-v1 -t agl-celery-bridge-worker-agl-v1 .)
 # Their installed sizes: docs/performance.md, "Installed size".
 FROM python:3.11-slim AS base
 
@@ -40,6 +42,30 @@ RUN pip install ".[store,lab]"
 USER agl
 EXPOSE 4747 3000 8000
 CMD ["python", "-m", "webshop_env", "serve", "--host", "0.0.0.0", "--port", "3000"]
+
+# Workers whose Agent Lightning 1.0 programs need Python >= 3.12 and agentlightning 1.0 (docs/agl-v1.md,
+# "Deploying it"). The worker and `python -m bridge v1` run this project on the image's Python 3.12 (pyproject allows
+# < 3.13); the agent programs run under /opt/agent/bin/python (AGL_V1_AGENT_PYTHON), a virtualenv of their own with
+# agentlightning 1.0 and this project (the built-in WebShop program), so programs' packages never pin the worker's.
+# Add your agent package there: FROM this image, `RUN /opt/agent/bin/pip install my-agents` as root.
+# It also holds 1.0's gateway, /opt/agent/bin/agl-server (docker-compose.yml, profile agl-v1-gateway).
+FROM python:3.12-slim AS worker-agl-v1
+ENV PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    LITELLM_LOCAL_MODEL_COST_MAP=True \
+    AGL_V1_AGENT_PYTHON=/opt/agent/bin/python
+RUN apt-get update && apt-get install -y --no-install-recommends tini && rm -rf /var/lib/apt/lists/* \
+    && useradd --create-home --uid 1000 agl
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY bridge ./bridge
+COPY workers ./workers
+RUN pip install . && python -m venv /opt/agent && /opt/agent/bin/pip install "agentlightning==1.0.0" .
+USER agl
+EXPOSE 9101 9102 8080
+ENTRYPOINT ["tini", "-s", "--"]
+CMD ["celery", "-A", "workers", "worker", "-n", "worker@%h", "-l", "INFO", "-P", "threads", "-c", "16"]
 
 # Last, so that a plain `docker build .` builds it.
 FROM product AS runtime

@@ -121,6 +121,17 @@ FOREIGN: dict[str, tuple[Variable, ...]] = {
             "BRIDGE_METRICS_PUBLISH_PORT", "Port on 127.0.0.1 where compose publishes the bridge's metrics.", "9100"
         ),
         Variable(
+            "V1_METRICS_PUBLISH_PORT",
+            "Port on 127.0.0.1 where compose publishes the 1.0 dispatcher's metrics (profile `agl-v1`).",
+            "9102",
+        ),
+        Variable(
+            "GATEWAY_PUBLISH_PORT",
+            "Port on 127.0.0.1 where compose publishes 1.0's gateway, `agl-server` (profile `agl-v1-gateway`; its "
+            "key is AGL_V1_KEY, required).",
+            "8080",
+        ),
+        Variable(
             "GRAFANA_ADMIN_PASSWORD",
             "Grafana's admin password (profile `monitoring`; user admin, on http://127.0.0.1:3001, no anonymous "
             "access).",

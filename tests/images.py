@@ -17,6 +17,9 @@ from pathlib import Path
 from bridge.cli import LAB_PACKAGE, TOOLS
 
 IMAGES = {"agl-celery-bridge": "runtime", "agl-celery-bridge-flower": "flower", "agl-celery-bridge-lab": "lab"}
+# Images chosen for their interpreter rather than their extras: the 1.0 workers (and 1.0's gateway) whose agent
+# programs need Python >= 3.12 with agentlightning 1.0. The leanest-image rule does not apply to them.
+INTERPRETER_IMAGES = {"agl-celery-bridge-worker-agl-v1": "worker-agl-v1"}
 LAB_SOURCES = {LAB_PACKAGE, "webshop_env"}  # the repository's packages that are not the product
 PIP_INSTALL = re.compile(r"pip install (?:-\S+ )*[\"']?\.(?:\[(?P<extras>[^\]]*)\])?[\"']?(?:\s|$)")
 

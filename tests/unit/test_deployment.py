@@ -21,8 +21,25 @@ import yaml
 from bridge.cli import build_parser
 from bridge.core.settings import Settings, env_name
 from bridge.ops.flower import login_problem
-from tests.compose import ComposeError, interpolate, load, read_env_file
-from tests.images import IMAGES, LAB_SOURCES, command_argv, extras_needed, image_name, stages, target_for
+from tests.compose import (
+    ComposeError,
+    build_targets,
+    dockerfile_stages,
+    interpolate,
+    load,
+    read_env_file,
+    v1_worker_memory_mib,
+)
+from tests.images import (
+    IMAGES,
+    INTERPRETER_IMAGES,
+    LAB_SOURCES,
+    command_argv,
+    extras_needed,
+    image_name,
+    stages,
+    target_for,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 BRIDGE_COMMANDS = sorted(build_parser()._subparsers._group_actions[0].choices)  # type: ignore[union-attr,arg-type]
@@ -77,6 +94,8 @@ def test_compose_commands_exist_in_the_project() -> None:
                 assert {"--metrics-port"} <= set(argv) or argv[3] != "run"
         elif argv[0] == "celery":
             assert argv[1:3] == ["-A", "workers"] and argv[3] in {"worker", "flower"}, (name, argv)
+        elif argv[0] == "/opt/agent/bin/agl-server":  # 1.0's gateway, in the image that installs it there
+            assert service["build"]["target"] == "worker-agl-v1", name
         else:
             assert argv[0] == "agl" and argv[1] == "store", (name, argv)
     for name in ("worker", "bridge", "flower", "store", "webshop", "redis"):
@@ -126,20 +145,31 @@ def test_every_port_binds_loopback_unless_told_and_grafana_needs_a_login() -> No
 
 COMPOSE = ROOT / "docker-compose.yml"
 LOGIN = {"FLOWER_BASIC_AUTH": "ops:a-long-password-of-ours"}
-PROFILES = ("standin", "monitoring", "rabbitmq")
+PROFILES = ("standin", "monitoring", "rabbitmq", "agl-v1", "agl-v1-gateway")
 
 
-@pytest.mark.parametrize("profiles", [(), ("standin",), ("monitoring",), ("rabbitmq",), PROFILES])
+@pytest.mark.parametrize(
+    "profiles",
+    [(), ("standin",), ("monitoring",), ("rabbitmq",), ("agl-v1",), ("agl-v1", "agl-v1-gateway"), PROFILES],
+)
 def test_compose_config_validates(profiles: tuple[str, ...]) -> None:
     """`docker compose [--profile P] config` with a login set: the file is valid and runs the expected services."""
     services = load(COMPOSE, LOGIN, profiles)
     assert {"redis", "store", "webshop", "worker", "bridge", "flower"} <= set(services)
-    assert {"policy", "prometheus", "grafana", "rabbitmq"} & set(services) == {
-        name for name in ("policy", "prometheus", "grafana", "rabbitmq") if _COMPOSE_PROFILE[name] in profiles
+    assert set(_COMPOSE_PROFILE) & set(services) == {
+        name for name, profile in _COMPOSE_PROFILE.items() if profile in profiles
     }
 
 
-_COMPOSE_PROFILE = {"policy": "standin", "prometheus": "monitoring", "grafana": "monitoring", "rabbitmq": "rabbitmq"}
+_COMPOSE_PROFILE = {
+    "policy": "standin",
+    "prometheus": "monitoring",
+    "grafana": "monitoring",
+    "rabbitmq": "rabbitmq",
+    "dispatcher-v1": "agl-v1",
+    "worker-agl-v1": "agl-v1",
+    "agl-gateway": "agl-v1-gateway",
+}
 
 
 def test_compose_refuses_the_example_env_and_flower_refuses_its_placeholder() -> None:
@@ -215,6 +245,10 @@ def test_each_compose_service_runs_from_the_leanest_target_that_has_what_its_com
             assert not str(service["image"]).startswith("agl-celery-bridge"), name
             continue
         target = service["build"]["target"]
+        if image_name(service["image"]) in INTERPRETER_IMAGES:  # for its Python 3.12 and agentlightning 1.0
+            assert INTERPRETER_IMAGES[image_name(service["image"])] == target, name
+            assert name in {"worker-agl-v1", "agl-gateway"}, name
+            continue
         assert service["build"]["context"] == "." and IMAGES[image_name(service["image"])] == target, name
         assert target_for(command_argv(service["command"]), found) == target, name
         health = service.get("healthcheck", {}).get("test", [])
@@ -227,6 +261,7 @@ def test_each_compose_service_runs_from_the_leanest_target_that_has_what_its_com
         "policy": "lab",
         "worker": "runtime",
         "bridge": "runtime",
+        "dispatcher-v1": "runtime",
         "flower": "flower",
     }
 
@@ -262,3 +297,77 @@ def test_grafana_dashboard_uses_exported_series() -> None:
         for name in re.findall(r"agl_[a-z_]+", target["expr"])
     }
     assert used and not used - exported, sorted(used - exported)
+
+
+# --- Agent Lightning 1.0 (profile agl-v1) and the Dockerfile's build targets ------------------------------------
+
+DOCKERFILE = ROOT / "Dockerfile"
+
+
+def test_every_build_target_is_a_dockerfile_stage_and_the_default_build_is_the_general_image() -> None:
+    """Compose's `build.target`s and the image names deploy/kubernetes pulls (`agl-celery-bridge` built without a
+    target, `agl-celery-bridge-<stage>` with one) name stages of the Dockerfile; `docker build .` without
+    --target (the last stage) builds the general image, not a target's."""
+    stages = dockerfile_stages(DOCKERFILE)
+    assert "worker-agl-v1" in stages and list(stages)[-1] != "worker-agl-v1"
+    targets = build_targets(load(COMPOSE, LOGIN, PROFILES))
+    assert targets["worker-agl-v1"] == targets["agl-gateway"] == "worker-agl-v1"
+    assert not set(targets.values()) - set(stages)
+    images = set(re.findall(r"image: (agl-celery-bridge[\w.-]*)", _kubernetes_text()))
+    images |= set(re.findall(r"- name: (agl-celery-bridge[\w.-]*)", _kubernetes_text()))
+    assert {"agl-celery-bridge", "agl-celery-bridge-worker-agl-v1"} <= images
+    for image in images - {"agl-celery-bridge"}:
+        assert image.removeprefix("agl-celery-bridge-") in stages, image
+    stage = stages["worker-agl-v1"]
+    assert re.search(r"FROM python:3\.1[2-9]", stage), "1.0 programs need Python >= 3.12"
+    assert "ENV" in stage and "AGL_V1_AGENT_PYTHON=/opt/agent/bin/python" in stage
+    assert "python -m venv /opt/agent" in stage and '/opt/agent/bin/pip install "agentlightning==1.0.0" .' in stage
+    assert re.search(r"^USER agl$", stage, flags=re.M), "the worker runs as the image's non-root user"
+
+
+def _kubernetes_text() -> str:
+    return "\n".join(path.read_text() for path in sorted((ROOT / "deploy/kubernetes").rglob("*.yaml")))
+
+
+def test_compose_runs_the_1_0_dispatcher_with_its_key_from_the_environment() -> None:
+    """Profile agl-v1: `python -m bridge v1` with its metrics on 9102 (published on loopback, scraped by the
+    monitoring profile), the gateway's key only from .env (never on a command line, not even the gateway's own),
+    and every 1.0 service on the same gateway URL and queue."""
+    key = "a-gateway-key-of-ours"
+    services = load(COMPOSE, {**LOGIN, "AGL_V1_KEY": key}, PROFILES)
+    dispatcher = services["dispatcher-v1"]
+    argv = _argv(dispatcher["command"])
+    assert argv[:4] == ["python", "-m", "bridge", "v1"] and "--key" not in argv
+    port = argv[argv.index("--metrics-port") + 1]
+    assert port == "9102" and dispatcher["ports"] == [f"127.0.0.1:9102:{port}"]
+    assert port in str(dispatcher["healthcheck"]["test"])
+    assert dispatcher["depends_on"]["redis"]["condition"] == "service_healthy"
+    assert {"path": ".env", "required": False} in dispatcher["env_file"]
+    for name, service in services.items():
+        assert key not in json.dumps(service), f"{name} carries the key in its definition"
+    gateway = _argv(services["agl-gateway"]["command"])
+    assert "key=${oc.env:AGL_V1_KEY}" in gateway  # Hydra reads it from the environment
+    worker = services["worker-agl-v1"]
+    worker_argv = _argv(worker["command"])
+    queue = worker_argv[worker_argv.index("-Q") + 1]
+    for name in ("dispatcher-v1", "worker-agl-v1"):
+        environment = services[name]["environment"]
+        assert environment["AGL_V1_SERVER_URL"] == "http://agl-gateway:8080", name
+        assert environment["CELERY_DEFAULT_QUEUE"] == queue == "rollouts-v1", name
+    scraped = yaml.safe_load((ROOT / "deploy/prometheus.yml").read_text())["scrape_configs"]
+    targets = [t for job in scraped for c in job.get("static_configs", []) for t in c["targets"]]
+    assert f"dispatcher-v1:{port}" in targets
+    assert ["worker-agl-v1"] in [c["names"] for job in scraped for c in job.get("dns_sd_configs", [])]
+    outside = load(COMPOSE, {**LOGIN, "AGL_V1_SERVER_URL": "http://gateway.example:8080"}, ("agl-v1",))
+    assert outside["dispatcher-v1"]["environment"]["AGL_V1_SERVER_URL"] == "http://gateway.example:8080"
+
+
+def test_compose_sizes_the_1_0_worker_by_the_documented_rule() -> None:
+    """worker-agl-v1's mem_limit holds its -c slots of 1.0 programs by docs/performance.md's rule and figures."""
+    worker = load(COMPOSE, LOGIN, ("agl-v1",))["worker-agl-v1"]
+    argv = _argv(worker["command"])
+    slots = int(argv[argv.index("-c") + 1])
+    number, unit = re.fullmatch(r"(\d+)([kmg])", worker["mem_limit"]).groups()  # type: ignore[union-attr]
+    limit_mib = int(number) * {"k": 1 / 1024, "m": 1, "g": 1024}[unit]
+    assert limit_mib >= v1_worker_memory_mib(slots, ROOT / "docs/performance.md")
+    assert limit_mib < v1_worker_memory_mib(2 * slots, ROOT / "docs/performance.md")  # and not slots twice over

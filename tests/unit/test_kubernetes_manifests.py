@@ -27,8 +27,10 @@ import yaml
 from bridge.core.settings import Settings, env_name, load_settings
 from bridge.dispatch import metrics
 from bridge.ops.flower import login_problem
-from tests.images import IMAGES, command_argv, image_name, stages, target_for
+from tests.compose import v1_worker_memory_mib
+from tests.images import IMAGES, INTERPRETER_IMAGES, command_argv, image_name, stages, target_for
 from tests.kustomize import Manifest, Unsupported, load_documents, merge, render
+from workers.agents import webshop_program
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy/kubernetes"
@@ -97,7 +99,7 @@ def container(manifests: list[Manifest], name: str) -> Manifest:
 
 
 def test_every_overlay_renders_to_valid_manifests(rendered: dict[str, list[Manifest]]) -> None:
-    assert {"example", "external-broker"} <= set(rendered)
+    assert {"example", "external-broker", "agl-v1"} <= set(rendered)
     for overlay, manifests in rendered.items():
         assert manifests, overlay
         for manifest in manifests:
@@ -275,15 +277,16 @@ def test_each_container_runs_the_leanest_image_that_has_what_its_command_needs(
                 if item["image"].startswith("redis:"):
                     continue
                 assert item["image"].startswith("registry.example.com/"), (overlay, item["image"])
+                if image_name(item["image"]) in INTERPRETER_IMAGES:  # the 1.0 workers: Python 3.12, agentlightning 1.0
+                    assert manifest["metadata"]["name"] == "agl-worker" and overlay == "agl-v1", (overlay, item)
+                    images["agl-worker"] = INTERPRETER_IMAGES[image_name(item["image"])]
+                    continue
                 target = IMAGES[image_name(item["image"])]
                 assert target_for(command_argv(item.get("command") or item.get("args")), found) == target, item
                 images[manifest["metadata"]["name"]] = target
-        assert {images["agl-worker"], images["agl-bridge"], images["agl-flower"], images["agl-webshop"]} == {
-            "runtime",
-            "flower",
-            "lab",
-        }
-        assert images["agl-worker"] == images["agl-bridge"] == "runtime", (overlay, images)
+        worker = "worker-agl-v1" if overlay == "agl-v1" else "runtime"
+        assert images["agl-worker"] == worker and images["agl-bridge"] == "runtime", (overlay, images)
+        assert (images["agl-flower"], images["agl-webshop"]) == ("flower", "lab"), (overlay, images)
 
 
 def test_every_yaml_file_is_rendered_or_documented() -> None:
@@ -323,15 +326,20 @@ def test_the_autoscalers_comments_state_the_workers_grace_period(rendered: dict[
         assert stated == [str(grace)], f"{name} states a grace period of {stated}, the workers have {grace} s"
 
 
+@pytest.mark.parametrize(
+    ("base_overlay", "scraped"),
+    [("example", ["agl-bridge", "agl-worker"]), ("agl-v1", ["agl-bridge", "agl-dispatcher-v1", "agl-worker"])],
+)
 def test_the_optional_pod_monitor_scrapes_the_bridge_and_worker_pods(
-    rendered: dict[str, list[Manifest]], tmp_path: Path
+    base_overlay: str, scraped: list[str], rendered: dict[str, list[Manifest]], tmp_path: Path
 ) -> None:
-    """components/podmonitor, added to an overlay, selects the bridge and worker pods and scrapes the port they
-    name ``metrics`` at /metrics (kube-prometheus-stack ignores the ``prometheus.io/*`` annotations)."""
+    """components/podmonitor, added to an overlay, selects the bridge (and 1.0 dispatcher) and worker pods and
+    scrapes the port they name ``metrics`` at /metrics (kube-prometheus-stack ignores the ``prometheus.io/*``
+    annotations)."""
     overlay = tmp_path / "monitored"
     overlay.mkdir()
     base, component = (
-        os.path.relpath(K8S / "overlays/example", overlay),
+        os.path.relpath(K8S / "overlays" / base_overlay, overlay),
         os.path.relpath(K8S / "components/podmonitor", overlay),
     )
     (overlay / "kustomization.yaml").write_text(
@@ -357,7 +365,7 @@ def test_the_optional_pod_monitor_scrapes_the_bridge_and_worker_pods(
                 p.get("name") for c in deployment["spec"]["template"]["spec"]["containers"] for p in c.get("ports", [])
             }
             assert endpoint["port"] in ports, f"{deployment['metadata']['name']} has no port {endpoint['port']!r}"
-    assert sorted(selected) == ["agl-bridge", "agl-worker"]
+    assert sorted(selected) == scraped
     assert not any(m["kind"] == "PodMonitor" for overlay_manifests in rendered.values() for m in overlay_manifests)
 
 
@@ -459,7 +467,14 @@ def network_findings(manifests: list[Manifest]) -> list[str]:
                     for m in _workloads(manifests)
                     if _selects(peer["podSelector"], m["spec"]["template"]["metadata"]["labels"])
                 }
-    return [] if admitted == {"bridge", "worker", "flower"} else [f"Redis admits {sorted(admitted)}"]
+    clients = {
+        m["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"] for m in _workloads(manifests)
+    }
+    expected = clients & REDIS_CLIENTS
+    return [] if admitted == expected else [f"Redis admits {sorted(admitted)}, not {sorted(expected)}"]
+
+
+REDIS_CLIENTS = {"bridge", "dispatcher-v1", "worker", "flower"}  # the components that use the broker or Redis
 
 
 def filesystem_findings(manifests: list[Manifest]) -> list[str]:
@@ -540,7 +555,21 @@ def test_the_safe_default_checks_bite(rendered: dict[str, list[Manifest]]) -> No
     open_to_all = _mutated(
         m, "NetworkPolicy", "agl-redis", lambda p: p["spec"]["ingress"][0]["from"][0].update(podSelector={})
     )
-    assert network_findings(open_to_all) == ["Redis admits ['bridge', 'flower', 'redis', 'webshop', 'worker']"]
+    assert network_findings(open_to_all) == [
+        "Redis admits ['bridge', 'flower', 'redis', 'webshop', 'worker'], not ['bridge', 'flower', 'worker']"
+    ]
+    v1 = rendered["agl-v1"]
+    shut_out = _mutated(
+        v1,
+        "NetworkPolicy",
+        "agl-redis",
+        lambda p: p["spec"]["ingress"][0]["from"][0]["podSelector"]["matchExpressions"][1].update(
+            values=["bridge", "worker", "flower"]
+        ),
+    )
+    assert network_findings(shut_out) == [
+        "Redis admits ['bridge', 'flower', 'worker'], not ['bridge', 'dispatcher-v1', 'flower', 'worker']"
+    ]
     assert network_findings([x for x in m if x["kind"] != "NetworkPolicy"]) == ["no NetworkPolicy selects Redis"]
 
     def writable(d: Manifest) -> None:
@@ -565,3 +594,86 @@ def test_the_example_flower_login_is_refused_until_replaced(rendered: dict[str, 
     for overlay, manifests in rendered.items():
         login = find(manifests, "Secret", "agl-flower-auth")["stringData"]["FLOWER_BASIC_AUTH"]
         assert login_problem({"FLOWER_BASIC_AUTH": login}), overlay
+
+
+# --- Agent Lightning 1.0: overlays/agl-v1 and components/agl-v1 --------------------------------------------------
+
+
+def test_each_overlays_autoscaler_targets_its_worker_pods_slots(rendered: dict[str, list[Manifest]]) -> None:
+    """Wherever an overlay changes the workers' -c, its autoscaler's per-pod target follows."""
+    for overlay, manifests in rendered.items():
+        worker = container(manifests, "agl-worker")
+        argv = worker["command"] + worker["args"]
+        slots = argv[argv.index("-c") + 1]
+        for scaled in (m for m in manifests if m["kind"] == "ScaledObject"):
+            assert [t["metadata"]["threshold"] for t in scaled["spec"]["triggers"]] == [slots], overlay
+        for hpa in (m for m in manifests if m["kind"] == "HorizontalPodAutoscaler"):
+            assert [m["external"]["target"]["averageValue"] for m in hpa["spec"]["metrics"]] == [slots], overlay
+
+
+def test_the_1_0_dispatcher_runs_leader_and_standby_with_its_key_from_a_secret(
+    rendered: dict[str, list[Manifest]],
+) -> None:
+    """Two replicas behind a budget of one, scraped on the port its command names, the gateway's key a file of
+    the Secret agl-v1-key (never an argument or variable of its own; the workers read the same Secret), and the
+    gateway's URL in the ConfigMap both read."""
+    manifests = rendered["agl-v1"]
+    deployment = find(manifests, "Deployment", "agl-dispatcher-v1")
+    assert deployment["spec"]["replicas"] == 2
+    template = deployment["spec"]["template"]
+    pod = template["spec"]
+    (dispatcher,) = pod["containers"]
+    argv = dispatcher["command"]
+    assert argv[:4] == ["python", "-m", "bridge", "v1"] and "--key" not in argv and "args" not in dispatcher
+    port = argv[argv.index("--metrics-port") + 1]
+    annotations = template["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true" and annotations["prometheus.io/port"] == port
+    assert dispatcher["ports"] == [{"name": "metrics", "containerPort": int(port)}]
+    assert dispatcher["readinessProbe"]["httpGet"]["port"] == dispatcher["livenessProbe"]["httpGet"]["port"]
+    key_file = Path(argv[argv.index("--key-file") + 1])
+    (mount,) = [m for m in dispatcher["volumeMounts"] if key_file.is_relative_to(m["mountPath"])]
+    assert mount.get("readOnly") is True
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    (item,) = volume["secret"]["items"]
+    assert key_file == Path(mount["mountPath"]) / item["path"]
+    assert volume["secret"]["defaultMode"] & 0o007 == 0, "the key file is not world-readable"
+    key = _secret_value(manifests, {"name": volume["secret"]["secretName"], "key": item["key"]})
+    assert "AGL_V1_KEY" not in {e["name"] for e in dispatcher.get("env", [])}
+    assert not [s for s in dispatcher.get("envFrom", []) if "secretRef" in s], "it loads no Secret whole"
+    worker = container(manifests, "agl-worker")
+    (worker_key,) = [e for e in worker["env"] if e["name"] == "AGL_V1_KEY"]
+    assert worker_key["valueFrom"]["secretKeyRef"] == {"name": volume["secret"]["secretName"], "key": item["key"]}
+    for workload in _workloads(manifests):
+        for item_ in workload["spec"]["template"]["spec"]["containers"]:
+            assert key not in json.dumps([item_.get("command"), item_.get("args")]), workload["metadata"]["name"]
+    labels = template["metadata"]["labels"]
+    (budget,) = [m for m in manifests if m["kind"] == "PodDisruptionBudget" and _selects(m["spec"]["selector"], labels)]
+    assert budget["spec"] == {"minAvailable": 1, "selector": budget["spec"]["selector"]}
+    bridge_labels = find(manifests, "Deployment", "agl-bridge")["spec"]["template"]["metadata"]["labels"]
+    assert not _selects(deployment["spec"]["selector"], bridge_labels), "two Deployments would own one pod"
+    config = find(manifests, "ConfigMap", "agl-config")["data"]
+    assert config["AGL_V1_SERVER_URL"].startswith("http")
+    assert set(webshop_program.PASS_ENV.split(",")) >= set(config["AGL_V1_PASS_ENV"].split(","))
+
+
+def test_the_1_0_workers_run_the_1_0_image_sized_by_the_documented_rule(rendered: dict[str, list[Manifest]]) -> None:
+    """overlays/agl-v1's workers: the worker-agl-v1 image, and a memory limit that holds -c programs by the rule
+    and figures of docs/performance.md, as the manifest's comment states it."""
+    worker = container(rendered["agl-v1"], "agl-worker")
+    assert worker["image"].rsplit(":", 1)[0].endswith("/agl-celery-bridge-worker-agl-v1")
+    argv = worker["command"] + worker["args"]
+    slots = int(argv[argv.index("-c") + 1])
+    limit_mib = parse_quantity(worker["resources"]["limits"]["memory"]) / 1024**2
+    needed = v1_worker_memory_mib(slots, ROOT / "docs/performance.md")
+    assert needed <= limit_mib < v1_worker_memory_mib(2 * slots, ROOT / "docs/performance.md")
+    stated = re.search(r"= (\d+) MiB -> (\S+) for -c (\d+)", (K8S / "overlays/agl-v1/workers.yaml").read_text())
+    assert stated is not None and stated.groups() == (
+        str(math.ceil(needed)),
+        worker["resources"]["limits"]["memory"],
+        str(slots),
+    )
+    assert parse_quantity(worker["resources"]["requests"]["memory"]) <= parse_quantity(
+        worker["resources"]["limits"]["memory"]
+    )
+    base = container(rendered["example"], "agl-worker")
+    assert base["image"].rsplit(":", 1)[0].endswith("/agl-celery-bridge")
