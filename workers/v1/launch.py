@@ -185,6 +185,7 @@ class ProgramServer:
         self._stopping = threading.Event()
         self._first: list[str | None] = []
         self._first_ready = threading.Event()
+        self.ready = threading.Event()  # a server answers (in the process that started it)
         self._thread = threading.Thread(target=self._supervise, name="agl-program-server", daemon=True)
 
     def start(self) -> None:
@@ -220,7 +221,9 @@ class ProgramServer:
                 if error is not None:
                     return
             if error is None and self.process is not None:
+                self.ready.set()
                 code = self.process.wait()
+                self.ready.clear()
                 if self._stopping.is_set():
                     return
                 log.error(
@@ -291,55 +294,61 @@ class ProgramServer:
         return None
 
     def start_program(self, agent_class: str, env: dict[str, str]) -> WarmProgram | None:
-        """Ask the server to fork ``agent_class`` with ``env``; None when no server answers within
-        ``CONNECT_WAIT_S`` (nothing was asked: the caller starts it cold). ProgramLost when the server took the
-        request and then died or did not answer (the program may have started: never start it again here)."""
-        sock = self._connect()
-        if sock is None:
-            return None
-        read_fd, write_fd = os.pipe()
-        try:
-            request = {"agent_class": agent_class, "env": env, "cwd": os.getcwd(), "worker_pid": os.getpid()}
-            socket.send_fds(sock, [json.dumps(request).encode() + b"\n"], [write_fd])
-            os.close(write_fd)
-            write_fd = -1
-            sock.settimeout(REPLY_TIMEOUT_S)
-            reply = b""
-            while not reply.endswith(b"\n"):
-                chunk = sock.recv(4096)
-                if not chunk:
-                    raise ProgramLost("the program server died before it started the program")
-                reply += chunk
-            answer = json.loads(reply)
-            if "error" in answer:
-                raise ProgramLost(f"the program server refused it: {answer['error']}")
-            sock.settimeout(None)
-            return WarmProgram(sock, int(answer["pid"]), read_fd)
-        except (OSError, ValueError, KeyError) as exc:
-            sock.close()
-            os.close(read_fd)
-            raise ProgramLost(f"the program server did not start it: {exc!r}") from exc
-        except ProgramLost:
-            sock.close()
-            os.close(read_fd)
-            raise
-        finally:
-            if write_fd >= 0:
-                os.close(write_fd)
+        """``request_program`` of this node's server."""
+        return request_program(self.socket_path, agent_class, env)
 
-    def _connect(self) -> socket.socket | None:
-        deadline = time.monotonic() + CONNECT_WAIT_S
-        while True:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                sock.connect(self.socket_path)
-                return sock
-            except OSError as exc:
-                sock.close()
-                if exc.errno not in (errno.ENOENT, errno.ECONNREFUSED) or time.monotonic() >= deadline:
-                    log.warning("no 1.0 program server at %s (%s): the program starts cold", self.socket_path, exc)
-                    return None
-            time.sleep(0.1)
+
+def request_program(socket_path: str, agent_class: str, env: dict[str, str]) -> WarmProgram | None:
+    """Ask the server at ``socket_path`` to fork ``agent_class`` with ``env``; None when no server answers within
+    ``CONNECT_WAIT_S`` (nothing was asked: the caller starts it cold). ProgramLost when the server took the
+    request and then died or did not answer (the program may have started: never start it again here)."""
+    sock = _connect(socket_path)
+    if sock is None:
+        return None
+    read_fd, write_fd = os.pipe()
+    try:
+        request = {"agent_class": agent_class, "env": env, "cwd": os.getcwd(), "worker_pid": os.getpid()}
+        socket.send_fds(sock, [json.dumps(request).encode() + b"\n"], [write_fd])
+        os.close(write_fd)
+        write_fd = -1
+        sock.settimeout(REPLY_TIMEOUT_S)
+        reply = b""
+        while not reply.endswith(b"\n"):
+            chunk = sock.recv(4096)
+            if not chunk:
+                raise ProgramLost("the program server died before it started the program")
+            reply += chunk
+        answer = json.loads(reply)
+        if "error" in answer:
+            raise ProgramLost(f"the program server refused it: {answer['error']}")
+        sock.settimeout(None)
+        return WarmProgram(sock, int(answer["pid"]), read_fd)
+    except (OSError, ValueError, KeyError) as exc:
+        sock.close()
+        os.close(read_fd)
+        raise ProgramLost(f"the program server did not start it: {exc!r}") from exc
+    except ProgramLost:
+        sock.close()
+        os.close(read_fd)
+        raise
+    finally:
+        if write_fd >= 0:
+            os.close(write_fd)
+
+
+def _connect(socket_path: str) -> socket.socket | None:
+    deadline = time.monotonic() + CONNECT_WAIT_S
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(socket_path)
+            return sock
+        except OSError as exc:
+            sock.close()
+            if exc.errno not in (errno.ENOENT, errno.ECONNREFUSED) or time.monotonic() >= deadline:
+                log.warning("no 1.0 program server at %s (%s): the program starts cold", socket_path, exc)
+                return None
+        time.sleep(0.1)
 
 
 _server_lock = threading.Lock()
