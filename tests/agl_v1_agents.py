@@ -119,7 +119,13 @@ class Facts:
                 continue
             handlers[int(signum)] = getattr(handler, "__name__", repr(handler))
         streams = {
-            name: [stream.encoding, stream.errors, stream.line_buffering, stream.write_through, stream.fileno()]
+            name: [
+                stream.encoding,
+                stream.errors,
+                stream.line_buffering,
+                getattr(stream, "write_through", None),
+                stream.fileno(),
+            ]
             for name, stream in (("stdin", sys.stdin), ("stdout", sys.stdout), ("stderr", sys.stderr))
         }
         facts = {

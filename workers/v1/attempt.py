@@ -184,7 +184,7 @@ class V1Attempt:
         reader = threading.Thread(target=self._read_output, args=(program, tail), daemon=True)
         try:
             reader.start()
-            log.info("%s started %s (pid %d)", self.tag, local.agent_class, program.pid)
+            log.info("%s started %s (pid %d, %s start)", self.tag, local.agent_class, program.pid, program.start)
             ended = self._supervise(program)
         finally:
             # Every way out: children the program left behind at its exit, an exception, Celery's time limit.

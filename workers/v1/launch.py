@@ -42,6 +42,7 @@ from typing import Any, Protocol
 from bridge.core.errors import ConfigError
 from bridge.core.settings import Settings
 from workers.v1.environment import base_environment
+from workers.v1.program_server import SERVER_MARKER
 
 log = logging.getLogger("workers.v1.launch")
 
@@ -71,6 +72,7 @@ class ProgramLost(RuntimeError):
 
 
 class Program(Protocol):
+    start: str  # "warm" or "cold"
     pid: int
     output_fd: int
 
@@ -81,6 +83,8 @@ class Program(Protocol):
 
 class ColdProgram:
     """A program in a fresh interpreter, the worker's own child."""
+
+    start = "cold"
 
     def __init__(self, python: str, agent_class: str, env: dict[str, str]) -> None:
         self.process = subprocess.Popen(
@@ -110,6 +114,8 @@ class ColdProgram:
 
 class WarmProgram:
     """A program forked by the node's server: its connection carries the exit code and the kill."""
+
+    start = "warm"
 
     def __init__(self, sock: socket.socket, pid: int, output_fd: int) -> None:
         self.sock, self.pid, self.output_fd = sock, pid, output_fd
@@ -242,7 +248,7 @@ class ProgramServer:
         """Start a server and wait for its ready line; the reason it is not ready, or None."""
         ready_r, ready_w = os.pipe()
         config = {
-            "marker": "agl-program-server",
+            "marker": SERVER_MARKER,
             "socket": self.socket_path,
             "ready_fd": ready_w,
             "preload": self.required,

@@ -4,15 +4,18 @@ One local stack (Redis, the WebShop server, the LLM stand-in with --llm-latency-
 `agl-server` gateway from the 1.0 virtualenv. The same workload, --rollouts WebShop episodes as 1.0 agent
 programs (workers.agents.webshop_program), is enqueued by 1.0's own trainer client and run by:
 
-  celery  `python -m bridge v1` and one `celery -A workers worker -P threads -c SLOTS`;
+  celery  `python -m bridge v1` and one `celery -A workers worker -P threads -c SLOTS`, its programs started
+          as --program-start says (warm: forked from the node's program server; cold: `python -c`);
   local   1.0's `agl-controller runner_type=local`, SLOTS subprocesses, polling every --local-poll-s.
 
 With --restart, each runs the workload again with its controller (our dispatcher; 1.0's controller) stopped
 with --restart-signal once a third of the rollouts finished, and started again: what each does with the
 rollouts that were running. Figures: seconds from the first enqueue to the last finish (the gateway's times),
-throughput, peak RSS of the executor's process tree (agent programs included; the gateway is shared and not
-counted), its CPU per rollout, and the failures by message. Needs Python >= 3.12 (exit 2 without). Figures
-and what they mean: docs/agl-v1.md, "Beside 1.0's local runner".
+throughput, peak RSS of the executor's process tree (agent programs included, a page shared by several
+counted in each; the gateway is shared and not counted), its CPU per rollout, the memory of one agent program
+(RSS and PSS, medians of samples of the programs running; PSS splits a warm program's pages shared with its
+server), and the failures by message. Needs Python >= 3.12 (exit 2 without). Figures and what they mean:
+docs/agl-v1.md, "Beside 1.0's local runner", and docs/performance.md.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import signal
+import statistics
 import sys
 import threading
 import time
@@ -27,6 +31,8 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from bridge.core.agl_v1 import GatewayClient, V1State
 from bridge.tools.agl_v1_env import (
@@ -42,6 +48,7 @@ from bridge.tools.procs import ManagedProcess, StackError, free_port
 from bridge.tools.render import rows_table, show
 from bridge.tools.stack import LocalStack, StackConfig
 from workers.agents import webshop_program
+from workers.v1.program_server import SERVER_MARKER
 
 KEY = "bench-v1"
 EXECUTORS = ("celery", "local")
@@ -56,6 +63,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--local-poll-s", type=float, default=1.0, help="1.0 controller's poll interval (its default is 10; ours 1)")
     add("--restart", action="store_true", help="also a run per executor with its controller restarted mid-run")
     add("--restart-signal", choices=["TERM", "KILL"], default="TERM", help="how the controller stops (default TERM)")
+    add("--program-start", choices=["warm", "cold"], default="warm", help="how ours starts programs (default warm)")
+    add(
+        "--preload-agent",
+        action="store_true",
+        help="ours: also import the WebShop program's module in the program server (AGL_V1_PRELOAD_AGENTS)",
+    )
     add("--split", default="train", help="WebShop task split (default train)")
     add("--timeout-s", type=float, default=600.0, help="give up a run after this long (default 600)")
     add("--log-dir", type=Path, default=None, help="where component logs go (default: a temp dir)")
@@ -74,6 +87,9 @@ def main(args: argparse.Namespace) -> int:
     port = free_port()
     env = {"AGL_V1_SERVER_URL": f"http://127.0.0.1:{port}", "AGL_V1_KEY": KEY, "LOG_LEVEL": "INFO"}
     env["AGL_V1_PASS_ENV"] = webshop_program.PASS_ENV  # what the WebShop program reads of the worker's settings
+    env["AGL_V1_WARM_START"] = str(args.program_start == "warm").lower()
+    if args.preload_agent:
+        env.update(AGL_V1_AGENT_MODULES=webshop_program.AGENT_CLASS.partition(":")[0], AGL_V1_PRELOAD_AGENTS="true")
     config = StackConfig(
         store=False,
         workers=0,
@@ -110,6 +126,8 @@ COLUMNS = {
     "throughput_per_s": "rollouts/s",
     "peak_rss_mb": "peak RSS MB",
     "cpu_ms_per_rollout": "CPU ms/rollout",
+    "program_rss_mb": "program RSS MB",
+    "program_pss_mb": "program PSS MB",
     "mean_reward": "mean reward",
     "failures": "failures",
 }
@@ -124,6 +142,7 @@ class Bench:
         """One run of the workload by ``executor``, its controller restarted mid-run if asked; stopped after."""
         controller, roots = self._start(executor)
         sampler = bm.MemorySampler({executor: roots}).start()
+        programs = ProgramMemory(roots).start()
         watch = bm.Stopwatch({executor: roots})
         thread = threading.Thread(target=self._restart, args=(executor, controller, roots), daemon=True)
         if restart:
@@ -135,10 +154,14 @@ class Bench:
                 thread.join(120)
             cpu = watch.cpu()[executor]
             sampler.stop()
+            programs.stop()
             self._stop(executor)
         name = f"{executor} (controller SIG{self.args.restart_signal} mid-run)" if restart else executor
+        if executor == "celery":
+            name += f", {self.args.program_start}" + (" + agent preloaded" if self.args.preload_agent else "")
         # A restarted controller's own CPU leaves with it: CPU is given for the steady runs only.
-        return figures(name, executor, restart, done, sampler.peak_total[executor], None if restart else cpu)
+        row = figures(name, executor, restart, done, sampler.peak_total[executor], None if restart else cpu)
+        return {**row, **programs.figures()}
 
     def _spec(self) -> dict[str, Any]:
         return {
@@ -219,6 +242,60 @@ def figures(
         "mean_reward": round(sum(rewards) / len(rewards), 3) if rewards else None,
         "failures": "; ".join(f"{n} x {message}" for message, n in Counter(failed).most_common()) or "-",
     }
+
+
+class ProgramMemory:
+    """Samples the memory of the agent programs in a process tree every second: a process whose command line
+    names the WebShop program (a cold start, 1.0's local runner), or a child of a program server (a warm start;
+    a fork keeps its server's command line)."""
+
+    def __init__(self, roots: list[int], interval_s: float = 1.0) -> None:
+        self.roots, self.interval_s = roots, interval_s
+        self.rss: list[float] = []
+        self.pss: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="bench-programs", daemon=True)
+
+    def start(self) -> ProgramMemory:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            for process in self.programs():
+                try:
+                    info = process.memory_full_info()
+                except psutil.Error:
+                    continue
+                self.rss.append(info.rss / 2**20)
+                self.pss.append(info.pss / 2**20)
+
+    def programs(self) -> list[psutil.Process]:
+        found = []
+        for pid in bm.tree(self.roots):
+            try:
+                process = psutil.Process(pid)
+                command = " ".join(process.cmdline())
+                parent = process.parent()
+                parent_command = " ".join(parent.cmdline()) if parent is not None else ""
+            except psutil.Error:
+                continue
+            if SERVER_MARKER in parent_command or (
+                webshop_program.AGENT_CLASS in command and SERVER_MARKER not in command
+            ):
+                found.append(process)
+        return found
+
+    def figures(self) -> dict[str, float | None]:
+        return {
+            "program_rss_mb": round(statistics.median(self.rss), 1) if self.rss else None,
+            "program_pss_mb": round(statistics.median(self.pss), 1) if self.pss else None,
+            "program_samples": len(self.rss),
+        }
 
 
 def _controller_name(executor: str) -> str:
