@@ -145,6 +145,7 @@ class Facts:
             "executable": sys.executable,
             "flags": list(sys.flags),
             "main_thread_only": __import__("threading").active_count() == 1,
+            "gc_enabled": __import__("gc").isenabled(),
             "random": random.random(),
         }
         with open(os.environ["FACTS_FILE"], "w") as out:

@@ -20,14 +20,16 @@ The server's protocol, one Unix stream connection per program (the socket lies i
 A forked program starts as a cold one does: it leads a new session, dies with its parent (PR_SET_PDEATHSIG),
 has fd 0 on /dev/null, 1 and 2 on the output pipe and nothing else open, exactly the attempt's environment (plus
 what the interpreter adds at its start, as it adds it to a cold program's), the worker's cwd, the cold argv and
-``sys.path``, the signal dispositions and mask the server started with, and fresh ``sys.std*`` streams; it ends
-as an interpreter does (non-daemon threads joined, atexit handlers run, streams flushed).
+``sys.path``, the signal dispositions and mask the server started with, fresh ``sys.std*`` streams and the
+garbage collector on (the server's objects frozen out of it); it ends as an interpreter does (non-daemon threads
+joined, atexit handlers run, streams flushed).
 """
 
 from __future__ import annotations
 
 import asyncio
 import ctypes
+import gc
 import importlib
 import inspect
 import io
@@ -218,6 +220,7 @@ class Server:
         output = connection.fds.pop()
         for stream in (sys.stdout, sys.stderr):  # nothing buffered here may be written twice
             stream.flush()
+        gc.freeze()  # the program's collections never touch (and so never copy) the server's objects
         pid = os.fork()
         if pid == 0:
             try:
@@ -232,6 +235,7 @@ class Server:
         _send(connection.sock, {"pid": pid})
 
     def _child(self, output: int, agent_class: str, env: dict[str, str], cwd: str, worker_pid: int) -> None:
+        gc.enable()
         os.setsid()
         die_with_parent(self.pid)
         signal.set_wakeup_fd(-1)
@@ -390,6 +394,7 @@ def server_main() -> None:
     ready (or why not) on the ready fd, serve until SIGTERM or its parent's death."""
     config = json.loads(sys.argv[1])
     initial = Initial.capture(config["given"])
+    gc.disable()  # no collections leaving holes in the pages the programs share (Python's gc.freeze recipe)
     ready = os.fdopen(int(config["ready_fd"]), "w")
     try:
         die_with_parent(int(config["worker_pid"]))
