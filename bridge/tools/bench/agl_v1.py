@@ -4,18 +4,19 @@ One local stack (Redis, the WebShop server, the LLM stand-in with --llm-latency-
 `agl-server` gateway from the 1.0 virtualenv. The same workload, --rollouts WebShop episodes as 1.0 agent
 programs (workers.agents.webshop_program), is enqueued by 1.0's own trainer client and run by:
 
-  celery  `python -m bridge v1` and one `celery -A workers worker -P threads -c SLOTS`, its programs started
-          as --program-start says (warm: forked from the node's program server; cold: `python -c`);
+  celery  `python -m bridge v1` and one `celery -A workers worker -P threads -c SLOTS`, once for each start of
+          --program-start: warm (forked from the node's program server), warm-agent (the same, the program's
+          own module preloaded too: AGL_V1_PRELOAD_AGENTS), cold (`python -c`);
   local   1.0's `agl-controller runner_type=local`, SLOTS subprocesses, polling every --local-poll-s.
 
 With --restart, each runs the workload again with its controller (our dispatcher; 1.0's controller) stopped
 with --restart-signal once a third of the rollouts finished, and started again: what each does with the
 rollouts that were running. Figures: seconds from the first enqueue to the last finish (the gateway's times),
 throughput, peak RSS of the executor's process tree (agent programs included, a page shared by several
-counted in each; the gateway is shared and not counted), its CPU per rollout, the memory of one agent program
-(RSS and PSS, medians of samples of the programs running; PSS splits a warm program's pages shared with its
-server), and the failures by message. Needs Python >= 3.12 (exit 2 without). Figures and what they mean:
-docs/agl-v1.md, "Beside 1.0's local runner", and docs/performance.md.
+counted in each; the gateway is shared and not counted) and its peak PSS (shared pages split: what the tree
+holds), its CPU per rollout, the memory of one agent program (RSS and PSS, medians of samples of the programs
+running) and of the program server, and the failures by message. Needs Python >= 3.12 (exit 2 without).
+Figures and what they mean: docs/agl-v1.md, "Beside 1.0's local runner", and docs/performance.md.
 """
 
 from __future__ import annotations
@@ -51,7 +52,12 @@ from workers.agents import webshop_program
 from workers.v1.program_server import SERVER_MARKER
 
 KEY = "bench-v1"
-EXECUTORS = ("celery", "local")
+AGENT_MODULE = webshop_program.AGENT_CLASS.partition(":")[0]
+STARTS: dict[str, dict[str, str]] = {  # the worker's settings for each way ours starts programs
+    "warm": {"AGL_V1_WARM_START": "true", "AGL_V1_PRELOAD_AGENTS": "false", "AGL_V1_AGENT_MODULES": ""},
+    "warm-agent": {"AGL_V1_WARM_START": "true", "AGL_V1_PRELOAD_AGENTS": "true", "AGL_V1_AGENT_MODULES": AGENT_MODULE},
+    "cold": {"AGL_V1_WARM_START": "false", "AGL_V1_PRELOAD_AGENTS": "false", "AGL_V1_AGENT_MODULES": ""},
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -63,11 +69,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--local-poll-s", type=float, default=1.0, help="1.0 controller's poll interval (its default is 10; ours 1)")
     add("--restart", action="store_true", help="also a run per executor with its controller restarted mid-run")
     add("--restart-signal", choices=["TERM", "KILL"], default="TERM", help="how the controller stops (default TERM)")
-    add("--program-start", choices=["warm", "cold"], default="warm", help="how ours starts programs (default warm)")
     add(
-        "--preload-agent",
-        action="store_true",
-        help="ours: also import the WebShop program's module in the program server (AGL_V1_PRELOAD_AGENTS)",
+        "--program-start",
+        nargs="+",
+        choices=list(STARTS),
+        default=["warm"],
+        help="ours: a run for each way to start programs listed (default warm)",
     )
     add("--split", default="train", help="WebShop task split (default train)")
     add("--timeout-s", type=float, default=600.0, help="give up a run after this long (default 600)")
@@ -87,9 +94,6 @@ def main(args: argparse.Namespace) -> int:
     port = free_port()
     env = {"AGL_V1_SERVER_URL": f"http://127.0.0.1:{port}", "AGL_V1_KEY": KEY, "LOG_LEVEL": "INFO"}
     env["AGL_V1_PASS_ENV"] = webshop_program.PASS_ENV  # what the WebShop program reads of the worker's settings
-    env["AGL_V1_WARM_START"] = str(args.program_start == "warm").lower()
-    if args.preload_agent:
-        env.update(AGL_V1_AGENT_MODULES=webshop_program.AGENT_CLASS.partition(":")[0], AGL_V1_PRELOAD_AGENTS="true")
     config = StackConfig(
         store=False,
         workers=0,
@@ -106,9 +110,11 @@ def main(args: argparse.Namespace) -> int:
         print(f"logs of every process: {stack.log_dir}", file=sys.stderr)
         bench = Bench(stack, venv, gateway, args)
         restarts = [False, True] if args.restart else [False]
-        for executor in EXECUTORS:
+        runs = [("celery", start) for start in dict.fromkeys(args.program_start)] + [("local", "")]
+        for executor, start in runs:
             for restart in restarts:
-                results.append(bench.run(executor, restart))
+                stack.config.extra_env.update(STARTS.get(start, {}))
+                results.append(bench.run(executor, restart, start))
                 print(f"{results[-1]['run']}: {results[-1]['seconds']} s", file=sys.stderr)
     show(rows_table(results, COLUMNS), sys.stdout)
     if args.json:
@@ -125,9 +131,11 @@ COLUMNS = {
     "seconds": "seconds",
     "throughput_per_s": "rollouts/s",
     "peak_rss_mb": "peak RSS MB",
+    "peak_pss_mb": "peak PSS MB",
     "cpu_ms_per_rollout": "CPU ms/rollout",
     "program_rss_mb": "program RSS MB",
     "program_pss_mb": "program PSS MB",
+    "server_rss_mb": "server RSS MB",
     "mean_reward": "mean reward",
     "failures": "failures",
 }
@@ -138,7 +146,7 @@ class Bench:
         self.stack, self.venv, self.gateway, self.args = stack, venv, gateway, args
         self.inputs = load_inputs(args.split, args.rollouts)
 
-    def run(self, executor: str, restart: bool) -> dict[str, Any]:
+    def run(self, executor: str, restart: bool, start: str = "") -> dict[str, Any]:
         """One run of the workload by ``executor``, its controller restarted mid-run if asked; stopped after."""
         controller, roots = self._start(executor)
         sampler = bm.MemorySampler({executor: roots}).start()
@@ -157,8 +165,7 @@ class Bench:
             programs.stop()
             self._stop(executor)
         name = f"{executor} (controller SIG{self.args.restart_signal} mid-run)" if restart else executor
-        if executor == "celery":
-            name += f", {self.args.program_start}" + (" + agent preloaded" if self.args.preload_agent else "")
+        name += f", {start}" if start else ""
         # A restarted controller's own CPU leaves with it: CPU is given for the steady runs only.
         row = figures(name, executor, restart, done, sampler.peak_total[executor], None if restart else cpu)
         return {**row, **programs.figures()}
@@ -245,14 +252,17 @@ def figures(
 
 
 class ProgramMemory:
-    """Samples the memory of the agent programs in a process tree every second: a process whose command line
-    names the WebShop program (a cold start, 1.0's local runner), or a child of a program server (a warm start;
-    a fork keeps its server's command line)."""
+    """Samples memory in a process tree every second: of each agent program (a process whose command line names
+    the WebShop program: a cold start, 1.0's local runner; or a child of a program server: a warm start, whose
+    fork keeps its server's command line), of the program server, and the tree's PSS (shared pages split among
+    the processes that share them: what the tree really holds)."""
 
     def __init__(self, roots: list[int], interval_s: float = 1.0) -> None:
         self.roots, self.interval_s = roots, interval_s
         self.rss: list[float] = []
         self.pss: list[float] = []
+        self.server_rss = 0.0
+        self.peak_pss = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="bench-programs", daemon=True)
 
@@ -266,34 +276,35 @@ class ProgramMemory:
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
-            for process in self.programs():
+            total = 0.0
+            for pid in bm.tree(self.roots):
                 try:
+                    process = psutil.Process(pid)
+                    kind = self._kind(process)
                     info = process.memory_full_info()
                 except psutil.Error:
                     continue
-                self.rss.append(info.rss / 2**20)
-                self.pss.append(info.pss / 2**20)
+                total += info.pss / 2**20
+                if kind == "program":
+                    self.rss.append(info.rss / 2**20)
+                    self.pss.append(info.pss / 2**20)
+                elif kind == "server":
+                    self.server_rss = max(self.server_rss, info.rss / 2**20)
+            self.peak_pss = max(self.peak_pss, total)
 
-    def programs(self) -> list[psutil.Process]:
-        found = []
-        for pid in bm.tree(self.roots):
-            try:
-                process = psutil.Process(pid)
-                command = " ".join(process.cmdline())
-                parent = process.parent()
-                parent_command = " ".join(parent.cmdline()) if parent is not None else ""
-            except psutil.Error:
-                continue
-            if SERVER_MARKER in parent_command or (
-                webshop_program.AGENT_CLASS in command and SERVER_MARKER not in command
-            ):
-                found.append(process)
-        return found
+    @staticmethod
+    def _kind(process: psutil.Process) -> str | None:
+        command = " ".join(process.cmdline())
+        if SERVER_MARKER in command:
+            return "server" if SERVER_MARKER not in " ".join(process.parent().cmdline()) else "program"
+        return "program" if webshop_program.AGENT_CLASS in command else None
 
     def figures(self) -> dict[str, float | None]:
         return {
+            "peak_pss_mb": round(self.peak_pss, 1),
             "program_rss_mb": round(statistics.median(self.rss), 1) if self.rss else None,
             "program_pss_mb": round(statistics.median(self.pss), 1) if self.pss else None,
+            "server_rss_mb": round(self.server_rss, 1) if self.server_rss else None,
             "program_samples": len(self.rss),
         }
 
