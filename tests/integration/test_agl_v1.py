@@ -36,7 +36,7 @@ from workers.agents import webshop_program
 from workers.v1.environment import AGL_NAMES, BASE_NAMES, BASE_PREFIXES
 from workers.v1.program_server import SERVER_MARKER
 
-pytestmark = [pytest.mark.integration, pytest.mark.cost(90)]
+pytestmark = [pytest.mark.integration, pytest.mark.cost(110)]
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "agl-v1-test-key"

@@ -14,9 +14,9 @@ with --restart-signal once a third of the rollouts finished, and started again: 
 rollouts that were running. Figures: seconds from the first enqueue to the last finish (the gateway's times),
 throughput, peak RSS of the executor's process tree (agent programs included, a page shared by several
 counted in each; the gateway is shared and not counted) and its peak PSS (shared pages split: what the tree
-holds), its CPU per rollout, the memory of one agent program (RSS and PSS, medians of samples of the programs
-running) and of the program server, and the failures by message. Needs Python >= 3.12 (exit 2 without).
-Figures and what they mean: docs/agl-v1.md, "Beside 1.0's local runner", and docs/performance.md.
+holds), its CPU per rollout, the memory of one agent program (RSS, PSS and USS: its own pages; medians of
+samples of the programs running) and of the program server, and the failures by message. Needs Python >= 3.12
+(exit 2 without). Figures and what they mean: docs/agl-v1.md, "Beside 1.0's local runner", and docs/performance.md.
 """
 
 from __future__ import annotations
@@ -135,6 +135,7 @@ COLUMNS = {
     "cpu_ms_per_rollout": "CPU ms/rollout",
     "program_rss_mb": "program RSS MB",
     "program_pss_mb": "program PSS MB",
+    "program_uss_mb": "program USS MB",
     "server_rss_mb": "server RSS MB",
     "mean_reward": "mean reward",
     "failures": "failures",
@@ -261,6 +262,7 @@ class ProgramMemory:
         self.roots, self.interval_s = roots, interval_s
         self.rss: list[float] = []
         self.pss: list[float] = []
+        self.uss: list[float] = []
         self.server_rss = 0.0
         self.peak_pss = 0.0
         self._stop = threading.Event()
@@ -288,6 +290,7 @@ class ProgramMemory:
                 if kind == "program":
                     self.rss.append(info.rss / 2**20)
                     self.pss.append(info.pss / 2**20)
+                    self.uss.append(info.uss / 2**20)
                 elif kind == "server":
                     self.server_rss = max(self.server_rss, info.rss / 2**20)
             self.peak_pss = max(self.peak_pss, total)
@@ -304,6 +307,7 @@ class ProgramMemory:
             "peak_pss_mb": round(self.peak_pss, 1),
             "program_rss_mb": round(statistics.median(self.rss), 1) if self.rss else None,
             "program_pss_mb": round(statistics.median(self.pss), 1) if self.pss else None,
+            "program_uss_mb": round(statistics.median(self.uss), 1) if self.uss else None,
             "server_rss_mb": round(self.server_rss, 1) if self.server_rss else None,
             "program_samples": len(self.rss),
         }
