@@ -15,8 +15,9 @@ rollouts that were running. Figures: seconds from the first enqueue to the last 
 throughput, peak RSS of the executor's process tree (agent programs included, a page shared by several
 counted in each; the gateway is shared and not counted) and its peak PSS (shared pages split: what the tree
 holds), its CPU per rollout, the memory of one agent program (RSS, PSS and USS: its own pages; medians of
-samples of the programs running) and of the program server, and the failures by message. Needs Python >= 3.12
-(exit 2 without). Figures and what they mean: docs/agl-v1.md, "Beside 1.0's local runner", and docs/performance.md.
+samples of the programs running), the program server's RSS and own CPU per rollout (what a fork costs it),
+and the failures by message. Needs Python >= 3.12 (exit 2 without). Figures and what they mean:
+docs/agl-v1.md, "Beside 1.0's local runner", and docs/performance.md.
 """
 
 from __future__ import annotations
@@ -137,6 +138,7 @@ COLUMNS = {
     "program_pss_mb": "program PSS MB",
     "program_uss_mb": "program USS MB",
     "server_rss_mb": "server RSS MB",
+    "server_cpu_ms_per_rollout": "server CPU ms/rollout",
     "mean_reward": "mean reward",
     "failures": "failures",
 }
@@ -169,7 +171,10 @@ class Bench:
         name += f", {start}" if start else ""
         # A restarted controller's own CPU leaves with it: CPU is given for the steady runs only.
         row = figures(name, executor, restart, done, sampler.peak_total[executor], None if restart else cpu)
-        return {**row, **programs.figures()}
+        memory = programs.figures()
+        server_cpu_s = memory.pop("server_cpu_s") or 0.0
+        per_fork = round(1000 * server_cpu_s / len(done), 2) if server_cpu_s and done else None
+        return {**row, **memory, "server_cpu_ms_per_rollout": per_fork}
 
     def _spec(self) -> dict[str, Any]:
         return {
@@ -264,6 +269,7 @@ class ProgramMemory:
         self.pss: list[float] = []
         self.uss: list[float] = []
         self.server_rss = 0.0
+        self.server_cpu: dict[int, tuple[float, float]] = {}  # pid -> its own CPU (children not) first, last seen
         self.peak_pss = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="bench-programs", daemon=True)
@@ -293,6 +299,9 @@ class ProgramMemory:
                     self.uss.append(info.uss / 2**20)
                 elif kind == "server":
                     self.server_rss = max(self.server_rss, info.rss / 2**20)
+                    times = process.cpu_times()
+                    first = self.server_cpu.get(pid, (times.user + times.system, 0.0))[0]
+                    self.server_cpu[pid] = (first, times.user + times.system)
             self.peak_pss = max(self.peak_pss, total)
 
     @staticmethod
@@ -309,6 +318,7 @@ class ProgramMemory:
             "program_pss_mb": round(statistics.median(self.pss), 1) if self.pss else None,
             "program_uss_mb": round(statistics.median(self.uss), 1) if self.uss else None,
             "server_rss_mb": round(self.server_rss, 1) if self.server_rss else None,
+            "server_cpu_s": round(sum(last - first for first, last in self.server_cpu.values()), 3),
             "program_samples": len(self.rss),
         }
 
