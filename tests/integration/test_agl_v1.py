@@ -344,7 +344,13 @@ def test_a_drained_worker_hands_over_and_the_rollout_succeeds_under_the_next_att
 
 def _program_server(worker: ManagedProcess) -> psutil.Process | None:
     """The worker node's program server (a child of its main process), or None while there is none."""
-    servers = [p for p in psutil.Process(worker.pid or 0).children() if SERVER_MARKER in " ".join(p.cmdline())]
+    servers = []
+    for child in psutil.Process(worker.pid or 0).children():
+        try:
+            if SERVER_MARKER in " ".join(child.cmdline()) and child.status() != psutil.STATUS_ZOMBIE:
+                servers.append(child)
+        except psutil.Error:  # gone, or a zombie not reaped yet
+            continue
     assert len(servers) <= 1, servers
     return servers[0] if servers else None
 

@@ -308,7 +308,8 @@ class ProgramMemory:
     def _kind(process: psutil.Process) -> str | None:
         command = " ".join(process.cmdline())
         if SERVER_MARKER in command:
-            return "server" if SERVER_MARKER not in " ".join(process.parent().cmdline()) else "program"
+            parent = process.parent()
+            return "program" if parent is not None and SERVER_MARKER in " ".join(parent.cmdline()) else "server"
         return "program" if webshop_program.AGENT_CLASS in command else None
 
     def figures(self) -> dict[str, float | None]:
