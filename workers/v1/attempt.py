@@ -190,17 +190,17 @@ class V1Attempt:
             # Every way out: children the program left behind at its exit, an exception, Celery's time limit.
             program.kill()
             reader.join(2.0)
+        if isinstance(ended, V1Outcome):
+            return ended
+        if ended == 0:
+            return V1Outcome(V1State.SUCCEEDED, "the agent exited with code 0")
         last = output_redactor(self.settings)(tail.text()) or "(no output)"
-        if isinstance(ended, ProgramLost):
+        if isinstance(ended, ProgramLost):  # a lost program: reported, never run again as a lost worker's
             return V1Outcome(
                 V1State.FAILED,
                 f"the agent's program server died under it (the agent was killed with it):\n{last}",
                 FailureClass.INFRA,
             )
-        if isinstance(ended, V1Outcome):
-            return ended
-        if ended == 0:
-            return V1Outcome(V1State.SUCCEEDED, "the agent exited with code 0")
         return V1Outcome(V1State.FAILED, f"the agent exited with code {ended}:\n{last}", FailureClass.AGENT)
 
     def _supervise(self, program: Program) -> V1Outcome | ProgramLost | int:
