@@ -1,10 +1,12 @@
 """The 1.0 program server and both starts of a program (``workers.v1.launch``), with real processes and no
 Celery: what a warm program sees against a cold one, exit codes and output, the group kill, a server SIGKILLed
-under its programs, a requesting process that dies, concurrent requests from threads, and the protocol's refusals.
+under its programs or hung, a requesting process that dies, concurrent requests from threads, and the protocol's
+refusals.
 The same guarantees under Celery's pools: tests/integration/test_agl_v1.py."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -252,3 +254,21 @@ def test_with_warm_start_off_a_program_starts_cold(settings: Settings, monkeypat
     program = launch.start_program(cold_settings, f"{AGENTS}:Quick", env_for(cold_settings))
     assert isinstance(program, ColdProgram) and launch._server is None
     assert run(program) == (0, "quick\n") and time.monotonic() - started < 60
+
+
+def test_a_server_that_hangs_is_killed_at_the_reply_timeout_and_replaced(
+    server: ProgramServer, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(launch, "REPLY_TIMEOUT_S", 2.0)
+    wait_for(lambda: server.ready.is_set(), 60, "a server")
+    assert server.process is not None
+    hung = server.process.pid
+    os.kill(hung, signal.SIGSTOP)
+    try:
+        with pytest.raises(ProgramLost, match="did not answer within 2s"):
+            server.start_program(f"{AGENTS}:Quick", env_for(settings))
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(hung, signal.SIGCONT)
+    wait_for(lambda: server.ready.is_set() and getattr(server.process, "pid", hung) != hung, 60, "a new server")
+    assert run(warm(server, "Quick", env_for(settings))) == (0, "quick\n")

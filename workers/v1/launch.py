@@ -11,9 +11,10 @@ Contract, the same for both starts (``workers.v1.program_server`` runs in the pr
 * ``wait`` returns the exit code (``Popen.returncode``) or None; ``kill`` kills the whole process group and reaps
   the leader, and is safe to repeat; the group is killed at the leader's exit too (its children with it);
 * warm: ``ProgramLost`` from ``wait`` when the server died under the program (the program died with it; ``kill``
-  then kills the rest of its group). The node's ``ProgramServer`` is started once per worker node, before a
-  prefork pool forks (``node_server``); a supervisor thread replaces a server that dies, and while none answers a
-  program starts cold.
+  then kills the rest of its group), or from the start when the server died or hung with the request (a server
+  that does not answer within ``REPLY_TIMEOUT_S`` is killed, to be replaced). The node's ``ProgramServer`` is
+  started once per worker node, before a prefork pool forks (``node_server``); a supervisor thread replaces a
+  server that dies, and while none answers a program starts cold.
 
 The server's channel is one Unix stream connection per program, its socket in a 0700 directory of its own: no
 state is shared between the threads of a ``-P threads`` worker or the processes of a prefork one.
@@ -31,6 +32,7 @@ import select
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -322,7 +324,11 @@ def request_program(socket_path: str, agent_class: str, env: dict[str, str]) -> 
         sock.settimeout(REPLY_TIMEOUT_S)
         reply = b""
         while not reply.endswith(b"\n"):
-            chunk = sock.recv(4096)
+            try:
+                chunk = sock.recv(4096)
+            except TimeoutError:
+                _kill_hung_server(sock)
+                raise ProgramLost(f"the program server did not answer within {REPLY_TIMEOUT_S:.0f}s") from None
             if not chunk:
                 raise ProgramLost("the program server died before it started the program")
             reply += chunk
@@ -342,6 +348,17 @@ def request_program(socket_path: str, agent_class: str, env: dict[str, str]) -> 
     finally:
         if write_fd >= 0:
             os.close(write_fd)
+
+
+def _kill_hung_server(sock: socket.socket) -> None:
+    """SIGKILL the server at the other end of ``sock`` (the kernel's word for its pid, ``SO_PEERCRED``): the
+    node's supervisor starts another, and the programs it held die with it."""
+    try:
+        pid, _, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+        log.error("the 1.0 program server (pid %d) did not answer within %.0fs: killed", pid, REPLY_TIMEOUT_S)
+        os.kill(pid, signal.SIGKILL)
+    except (OSError, struct.error) as exc:
+        log.error("could not kill the 1.0 program server that did not answer: %r", exc)
 
 
 def _connect(socket_path: str) -> socket.socket | None:
