@@ -96,3 +96,67 @@ class LongLine:
         sys.stdout.write("x" * (2 * 1024 * 1024))
         sys.stdout.flush()
         raise SystemExit(3)
+
+
+class Facts:
+    """Writes what its process looks like from inside as JSON to ``FACTS_FILE`` (environment, cwd, argv, open
+    files, session, signals, streams...), writes a line to stdout and one to stderr, and exits 0: a warm
+    start's program must look like a cold start's."""
+
+    def run(self) -> None:
+        import random
+        import signal
+
+        fds = sorted(os.listdir("/proc/self/fd"))
+        fds = [fd for fd in fds if os.path.exists(f"/proc/self/fd/{fd}")]  # the listing's own fd is gone now
+        handlers = {}
+        for signum in sorted(signal.valid_signals()):
+            if signum in (signal.SIGKILL, signal.SIGSTOP):
+                continue
+            try:
+                handler = signal.getsignal(signum)
+            except (OSError, ValueError):
+                continue
+            handlers[int(signum)] = getattr(handler, "__name__", repr(handler))
+        streams = {
+            name: [
+                stream.encoding,
+                stream.errors,
+                stream.line_buffering,
+                getattr(stream, "write_through", None),
+                stream.fileno(),
+            ]
+            for name, stream in (("stdin", sys.stdin), ("stdout", sys.stdout), ("stderr", sys.stderr))
+        }
+        facts = {
+            "env": dict(os.environ),
+            "cwd": os.getcwd(),
+            "argv": sys.argv,
+            "path": sys.path,
+            "fds": {fd: os.readlink(f"/proc/self/fd/{fd}").split(":")[0] for fd in fds},
+            "session_leader": os.getsid(0) == os.getpid(),
+            "group_leader": os.getpgid(0) == os.getpid(),
+            "signals": handlers,
+            "blocked": sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])),
+            "streams": streams,
+            "stdout_isatty": sys.stdout.isatty(),
+            "stdin_empty": sys.stdin.read() == "",
+            "umask": os.umask(0o022),
+            "executable": sys.executable,
+            "flags": list(sys.flags),
+            "main_thread_only": __import__("threading").active_count() == 1,
+            "gc_enabled": __import__("gc").isenabled(),
+            "random": random.random(),
+        }
+        with open(os.environ["FACTS_FILE"], "w") as out:
+            json.dump(facts, out)
+        print("to stdout")
+        print("to stderr", file=sys.stderr)
+
+
+class ExitWith:
+    """Exits with the code ``EXIT_CODE`` names, after a short sleep (to overlap with others)."""
+
+    def run(self) -> None:
+        time.sleep(0.2)
+        sys.exit(int(os.environ["EXIT_CODE"]))

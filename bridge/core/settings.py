@@ -76,6 +76,20 @@ class Settings(BaseSettings):
     )
     """The modules 1.0 agent programs may be imported from (comma-separated module prefixes: `myagents` allows
     `myagents:A` and `myagents.sub:B`). Empty (default): any; a rollout naming another fails without starting."""
+    agl_v1_warm_start: bool = Field(default=True, validation_alias="AGL_V1_WARM_START")
+    """How 1.0 agent programs start. True (default): forked from the worker node's program server, an interpreter
+    of AGL_V1_AGENT_PYTHON with the common modules already imported, at a fraction of the CPU; the program sees
+    what a cold start gives it (docs/agl-v1.md, "Warm starts"). False: a fresh interpreter per program
+    (`python -c`), as 1.0's `local` runner starts them."""
+    agl_v1_preload: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, validation_alias="AGL_V1_PRELOAD", examples=["numpy,tiktoken"]
+    )
+    """Modules the program server imports at its start beside its defaults (openai, httpx, pydantic, when
+    installed): comma-separated module names. One that does not import stops the worker at start-up."""
+    agl_v1_preload_agents: bool = Field(default=False, validation_alias="AGL_V1_PRELOAD_AGENTS")
+    """Also import the modules of AGL_V1_AGENT_MODULES (which must be set) in the program server at its start:
+    the agents' own imports are then paid once per node. Only for agent modules that read no per-rollout variable
+    and start no thread at import (docs/agl-v1.md, "Warm starts")."""
     agl_v1_publish_give_up_s: float = Field(default=600.0, gt=0, validation_alias="AGL_V1_PUBLISH_GIVE_UP_S")
     """How long `python -m bridge v1` keeps retrying (with backoff) a 1.0 rollout the broker will not take before it
     fails the rollout with the broker's error; meanwhile the rollouts behind it go on. An error that no retry can
@@ -361,6 +375,20 @@ class Settings(BaseSettings):
     @classmethod
     def _parse_agent_modules(cls, value: Any) -> Any:
         return _module_prefix_list(value)
+
+    @field_validator("agl_v1_preload", mode="before")
+    @classmethod
+    def _parse_preload(cls, value: Any) -> Any:
+        return _module_prefix_list(value)
+
+    @model_validator(mode="after")
+    def _check_preload_agents(self) -> Settings:
+        if self.agl_v1_preload_agents and not self.agl_v1_agent_modules:
+            raise ValueError(
+                "AGL_V1_PRELOAD_AGENTS needs AGL_V1_AGENT_MODULES: only modules the operator allows agents to come "
+                "from are imported into the program server, which every later program of the node is forked from"
+            )
+        return self
 
     @field_validator("llm_key_hosts", mode="before")
     @classmethod

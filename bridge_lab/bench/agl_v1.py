@@ -4,15 +4,20 @@ One local stack (Redis, the WebShop server, the LLM stand-in with --llm-latency-
 `agl-server` gateway from the 1.0 virtualenv. The same workload, --rollouts WebShop episodes as 1.0 agent
 programs (workers.agents.webshop_program), is enqueued by 1.0's own trainer client and run by:
 
-  celery  `python -m bridge v1` and one `celery -A workers worker -P threads -c SLOTS`;
+  celery  `python -m bridge v1` and one `celery -A workers worker -P threads -c SLOTS`, once for each start of
+          --program-start: warm (forked from the node's program server), warm-agent (the same, the program's
+          own module preloaded too: AGL_V1_PRELOAD_AGENTS), cold (`python -c`);
   local   1.0's `agl-controller runner_type=local`, SLOTS subprocesses, polling every --local-poll-s.
 
 With --restart, each runs the workload again with its controller (our dispatcher; 1.0's controller) stopped
 with --restart-signal once a third of the rollouts finished, and started again: what each does with the
 rollouts that were running. Figures: seconds from the first enqueue to the last finish (the gateway's times),
-throughput, peak RSS of the executor's process tree (agent programs included; the gateway is shared and not
-counted), its CPU per rollout, and the failures by message. Needs Python >= 3.12 (exit 2 without). Figures
-and what they mean: docs/agl-v1.md, "Beside 1.0's local runner".
+throughput, peak RSS of the executor's process tree (agent programs included, a page shared by several
+counted in each; the gateway is shared and not counted) and its peak PSS (shared pages split: what the tree
+holds), its CPU per rollout, the memory of one agent program (RSS, PSS and USS: its own pages; medians of
+samples of the programs running), the program server's RSS and own CPU per rollout (what a fork costs it),
+and the failures by message. Needs Python >= 3.12 (exit 2 without). Figures and what they mean:
+docs/agl-v1.md, "Beside 1.0's local runner", and docs/performance.md.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import signal
+import statistics
 import sys
 import threading
 import time
@@ -27,6 +33,8 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from bridge.core.agl_v1 import GatewayClient, V1State
 from bridge_lab.agl_v1_env import (
@@ -42,9 +50,15 @@ from bridge_lab.procs import ManagedProcess, StackError, free_port
 from bridge_lab.render import rows_table, show
 from bridge_lab.stack import LocalStack, StackConfig
 from workers.agents import webshop_program
+from workers.v1.program_server import SERVER_MARKER
 
 KEY = "bench-v1"
-EXECUTORS = ("celery", "local")
+AGENT_MODULE = webshop_program.AGENT_CLASS.partition(":")[0]
+STARTS: dict[str, dict[str, str]] = {  # the worker's settings for each way ours starts programs
+    "warm": {"AGL_V1_WARM_START": "true", "AGL_V1_PRELOAD_AGENTS": "false", "AGL_V1_AGENT_MODULES": ""},
+    "warm-agent": {"AGL_V1_WARM_START": "true", "AGL_V1_PRELOAD_AGENTS": "true", "AGL_V1_AGENT_MODULES": AGENT_MODULE},
+    "cold": {"AGL_V1_WARM_START": "false", "AGL_V1_PRELOAD_AGENTS": "false", "AGL_V1_AGENT_MODULES": ""},
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,6 +70,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--local-poll-s", type=float, default=1.0, help="1.0 controller's poll interval (its default is 10; ours 1)")
     add("--restart", action="store_true", help="also a run per executor with its controller restarted mid-run")
     add("--restart-signal", choices=["TERM", "KILL"], default="TERM", help="how the controller stops (default TERM)")
+    add(
+        "--program-start",
+        nargs="+",
+        choices=list(STARTS),
+        default=["warm"],
+        help="ours: a run for each way to start programs listed (default warm)",
+    )
     add("--split", default="train", help="WebShop task split (default train)")
     add("--timeout-s", type=float, default=600.0, help="give up a run after this long (default 600)")
     add("--log-dir", type=Path, default=None, help="where component logs go (default: a temp dir)")
@@ -90,9 +111,11 @@ def main(args: argparse.Namespace) -> int:
         print(f"logs of every process: {stack.log_dir}", file=sys.stderr)
         bench = Bench(stack, venv, gateway, args)
         restarts = [False, True] if args.restart else [False]
-        for executor in EXECUTORS:
+        runs = [("celery", start) for start in dict.fromkeys(args.program_start)] + [("local", "")]
+        for executor, start in runs:
             for restart in restarts:
-                results.append(bench.run(executor, restart))
+                stack.config.extra_env.update(STARTS.get(start, {}))
+                results.append(bench.run(executor, restart, start))
                 print(f"{results[-1]['run']}: {results[-1]['seconds']} s", file=sys.stderr)
     show(rows_table(results, COLUMNS), sys.stdout)
     if args.json:
@@ -109,7 +132,13 @@ COLUMNS = {
     "seconds": "seconds",
     "throughput_per_s": "rollouts/s",
     "peak_rss_mb": "peak RSS MB",
+    "peak_pss_mb": "peak PSS MB",
     "cpu_ms_per_rollout": "CPU ms/rollout",
+    "program_rss_mb": "program RSS MB",
+    "program_pss_mb": "program PSS MB",
+    "program_uss_mb": "program USS MB",
+    "server_rss_mb": "server RSS MB",
+    "server_cpu_ms_per_rollout": "server CPU ms/rollout",
     "mean_reward": "mean reward",
     "failures": "failures",
 }
@@ -120,10 +149,11 @@ class Bench:
         self.stack, self.venv, self.gateway, self.args = stack, venv, gateway, args
         self.inputs = load_inputs(args.split, args.rollouts)
 
-    def run(self, executor: str, restart: bool) -> dict[str, Any]:
+    def run(self, executor: str, restart: bool, start: str = "") -> dict[str, Any]:
         """One run of the workload by ``executor``, its controller restarted mid-run if asked; stopped after."""
         controller, roots = self._start(executor)
         sampler = bm.MemorySampler({executor: roots}).start()
+        programs = ProgramMemory(roots).start()
         watch = bm.Stopwatch({executor: roots})
         thread = threading.Thread(target=self._restart, args=(executor, controller, roots), daemon=True)
         if restart:
@@ -135,10 +165,16 @@ class Bench:
                 thread.join(120)
             cpu = watch.cpu()[executor]
             sampler.stop()
+            programs.stop()
             self._stop(executor)
         name = f"{executor} (controller SIG{self.args.restart_signal} mid-run)" if restart else executor
+        name += f", {start}" if start else ""
         # A restarted controller's own CPU leaves with it: CPU is given for the steady runs only.
-        return figures(name, executor, restart, done, sampler.peak_total[executor], None if restart else cpu)
+        row = figures(name, executor, restart, done, sampler.peak_total[executor], None if restart else cpu)
+        memory = programs.figures()
+        server_cpu_s = memory.pop("server_cpu_s") or 0.0
+        per_fork = round(1000 * server_cpu_s / len(done), 2) if server_cpu_s and done else None
+        return {**row, **memory, "server_cpu_ms_per_rollout": per_fork}
 
     def _spec(self) -> dict[str, Any]:
         return {
@@ -219,6 +255,73 @@ def figures(
         "mean_reward": round(sum(rewards) / len(rewards), 3) if rewards else None,
         "failures": "; ".join(f"{n} x {message}" for message, n in Counter(failed).most_common()) or "-",
     }
+
+
+class ProgramMemory:
+    """Samples memory in a process tree every second: of each agent program (a process whose command line names
+    the WebShop program: a cold start, 1.0's local runner; or a child of a program server: a warm start, whose
+    fork keeps its server's command line), of the program server, and the tree's PSS (shared pages split among
+    the processes that share them: what the tree really holds)."""
+
+    def __init__(self, roots: list[int], interval_s: float = 1.0) -> None:
+        self.roots, self.interval_s = roots, interval_s
+        self.rss: list[float] = []
+        self.pss: list[float] = []
+        self.uss: list[float] = []
+        self.server_rss = 0.0
+        self.server_cpu: dict[int, tuple[float, float]] = {}  # pid -> its own CPU (children not) first, last seen
+        self.peak_pss = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="bench-programs", daemon=True)
+
+    def start(self) -> ProgramMemory:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            total = 0.0
+            for pid in bm.tree(self.roots):
+                try:
+                    process = psutil.Process(pid)
+                    kind = self._kind(process)
+                    info = process.memory_full_info()
+                except psutil.Error:
+                    continue
+                total += info.pss / 2**20
+                if kind == "program":
+                    self.rss.append(info.rss / 2**20)
+                    self.pss.append(info.pss / 2**20)
+                    self.uss.append(info.uss / 2**20)
+                elif kind == "server":
+                    self.server_rss = max(self.server_rss, info.rss / 2**20)
+                    times = process.cpu_times()
+                    first = self.server_cpu.get(pid, (times.user + times.system, 0.0))[0]
+                    self.server_cpu[pid] = (first, times.user + times.system)
+            self.peak_pss = max(self.peak_pss, total)
+
+    @staticmethod
+    def _kind(process: psutil.Process) -> str | None:
+        command = " ".join(process.cmdline())
+        if SERVER_MARKER in command:
+            parent = process.parent()
+            return "program" if parent is not None and SERVER_MARKER in " ".join(parent.cmdline()) else "server"
+        return "program" if webshop_program.AGENT_CLASS in command else None
+
+    def figures(self) -> dict[str, float | None]:
+        return {
+            "peak_pss_mb": round(self.peak_pss, 1),
+            "program_rss_mb": round(statistics.median(self.rss), 1) if self.rss else None,
+            "program_pss_mb": round(statistics.median(self.pss), 1) if self.pss else None,
+            "program_uss_mb": round(statistics.median(self.uss), 1) if self.uss else None,
+            "server_rss_mb": round(self.server_rss, 1) if self.server_rss else None,
+            "server_cpu_s": round(sum(last - first for first, last in self.server_cpu.values()), 3),
+            "program_samples": len(self.rss),
+        }
 
 
 def _controller_name(executor: str) -> str:

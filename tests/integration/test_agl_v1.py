@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 from celery import Celery
 
@@ -33,8 +34,9 @@ from tests.helpers import process_alive, split_tasks, stack_for, wait_for
 from tests.prerequisites import missing
 from workers.agents import webshop_program
 from workers.v1.environment import AGL_NAMES, BASE_NAMES, BASE_PREFIXES
+from workers.v1.program_server import SERVER_MARKER
 
-pytestmark = [pytest.mark.integration, pytest.mark.cost(90)]
+pytestmark = [pytest.mark.integration, pytest.mark.cost(110)]
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "agl-v1-test-key"
@@ -335,3 +337,83 @@ def test_a_drained_worker_hands_over_and_the_rollout_succeeds_under_the_next_att
         config.extra_env.update(saved)
         v1.stack.process("v1-dispatcher").stop()
         start_v1_dispatcher(v1.stack, v1.gateway, key=KEY)
+
+
+# --- warm starts (workers/v1/launch.py): the node's program server under both pools -------------------------
+
+
+def _program_server(worker: ManagedProcess) -> psutil.Process | None:
+    """The worker node's program server (a child of its main process), or None while there is none."""
+    servers = []
+    for child in psutil.Process(worker.pid or 0).children():
+        try:
+            if SERVER_MARKER in " ".join(child.cmdline()) and child.status() != psutil.STATUS_ZOMBIE:
+                servers.append(child)
+        except psutil.Error:  # gone, or a zombie not reaped yet
+            continue
+    assert len(servers) <= 1, servers
+    return servers[0] if servers else None
+
+
+def test_a_program_server_killed_mid_run_fails_its_rollout_as_a_lost_program_and_a_new_server_runs_the_next(
+    v1: V1Stack,
+) -> None:
+    [worker] = v1.stack.workers
+    assert "1.0 program server ready" in worker.log_path.read_text(errors="replace")  # the threads pool starts warm
+    old = _program_server(worker)
+    assert old is not None
+
+    def kill_server_when_running() -> None:
+        _wait_for_more(worker.log_path, "started tests.agl_v1_agents:SlowReward", 1, "the program running")
+        old.send_signal(signal.SIGKILL)
+
+    [lost] = v1.train_during(kill_server_when_running, "SlowReward", [{"sleep": 8.0, "reward": 0.5}])
+    assert lost["state"] == "failed" and lost["reward"] is None, lost
+    assert "program server died" in lost["error"] and "[failure class: infra]" in lost["error"], lost
+    assert v1.started_lines(lost["rollout_id"]) == 1  # a lost program is reported, never re-run as a lost worker
+    assert process_alive(worker.pid or 0)
+    wait_for(lambda: getattr(_program_server(worker), "pid", old.pid) != old.pid, 60, "a new program server")
+    [ok] = v1.train("AskAndReward", [{"question": "q", "reward": 0.5}], ASK)
+    assert ok["state"] == "succeeded" and ok["reward"] == 0.5, ok
+    assert "started tests.agl_v1_agents:AskAndReward (pid" in worker.log_path.read_text(errors="replace")
+    assert "cold start)" not in worker.log_path.read_text(errors="replace")
+
+
+def test_under_prefork_warm_programs_crash_time_out_with_their_group_and_see_the_clean_environment(
+    v1: V1Stack, tmp_path: Path
+) -> None:
+    """Pool processes connect to the one server their main process started: a crashing program's output, a
+    sleeping program killed at its deadline with its child, and the environment a program sees."""
+    for old in list(v1.stack.workers):
+        old.stop()
+        v1.stack.workers.remove(old)
+    worker = v1.stack.add_worker(pool="prefork", concurrency=2)
+    try:
+        assert "1.0 program server ready" in worker.log_path.read_text(errors="replace")
+        server = _program_server(worker)
+        assert server is not None
+        [crashed] = v1.train("Crashing", [{"question": "q", "reward": 1.0}], ASK)
+        assert crashed["state"] == "failed" and "exited with code 1" in crashed["error"], crashed
+        assert "about to fail" in crashed["error"] and "the agent broke on purpose" in crashed["error"]
+        pid_file = tmp_path / "pids"
+        [slept] = v1.train("Sleeping", [{"pid_file": str(pid_file)}], {"PID_FILE": "input.pid_file"}, timeout_s=8)
+        assert slept["state"] == "failed" and "timed out after 8s" in slept["error"], slept
+        pids = [int(p) for p in pid_file.read_text().split()]
+        wait_for(lambda: not any(process_alive(pid) for pid in pids), 10, "the agent's processes gone")
+        dump = tmp_path / "env.json"
+        [dumped] = v1.train(
+            "DumpEnv", [{"path": str(dump), "reward": 0.25}], {"DUMP_FILE": "input.path", "TASK_REWARD": "input.reward"}
+        )
+        assert dumped["state"] == "succeeded", dumped
+        seen = json.loads(dump.read_text())
+        worker_env = worker.env or {}
+        passed = {"PYTHONPATH", *webshop_program.PASS_ENV.split(",")}
+        allowed = {n for n in worker_env if n in BASE_NAMES or n.startswith(BASE_PREFIXES) or n in passed}
+        assert set(seen) - {"LC_CTYPE"} == (allowed | AGL_NAMES | {"DUMP_FILE", "TASK_REWARD"}) - {"LC_CTYPE"}
+        assert getattr(_program_server(worker), "pid", None) == server.pid  # one server served every pool process
+        log = worker.log_path.read_text(errors="replace")
+        assert log.count("warm start)") == 3 and "cold start)" not in log
+    finally:
+        worker.stop()
+        v1.stack.workers.remove(worker)
+        v1.stack.add_worker()

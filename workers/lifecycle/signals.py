@@ -1,7 +1,8 @@
 """Per-process set-up of a worker, hooked on Celery's own signals.
 
 * ``worker_init`` (before the pool forks): logging and tracing, the deployment's key scope and the configured
-  LitAgent (``AGENT``; exit code 2 when either is not), the Store clock offset (``workers.protocol.clock``; none without
+  LitAgent (``AGENT``; exit code 2 when either is not), the node's 1.0 program server (``workers.v1.launch``;
+  exit code 2 when it cannot start), the Store clock offset (``workers.protocol.clock``; none without
   AGENT_LIGHTNING_STORE_URL: 1.0 rollouts only) and the Prometheus exporter;
   ``worker_process_init`` does the per-process part in each prefork child;
 * ``worker_ready``/``worker_shutting_down``: advertise and withdraw this node's slots and agent under its
@@ -37,6 +38,7 @@ from workers.lifecycle import drain, stuck
 from workers.lifecycle import metrics as worker_metrics
 from workers.protocol import clock
 from workers.protocol.lease import free_slot
+from workers.v1 import launch
 
 log = logging.getLogger("workers.lifecycle.signals")
 
@@ -187,6 +189,8 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
         scope = deployment_scope(settings)  # nothing names this deployment's keys: exit 2 (docs/agl-v1.md)
         agent_loading.check_tracer_pool(settings, _pool_name(sender), int(getattr(sender, "concurrency", 1) or 1))
         _load_agent(settings)
+        if settings.agl_v1_url and settings.agl_v1_warm_start:  # before the pool forks: one per node
+            launch.node_server(settings)
     except ConfigError as error:  # Celery logs and ignores an Exception from a signal handler: exit here
         print(f"error: {error.message}", file=sys.stderr)
         log.critical("%s", error.message)

@@ -1,5 +1,5 @@
-"""One Agent Lightning 1.0 attempt on this worker: the rollout's agent program in a subprocess, as 1.0's own
-``local`` runner starts it, held by a Redis lease and reported to the gateway (docs/agl-v1.md).
+"""One Agent Lightning 1.0 attempt on this worker: the rollout's agent program in a process of its own, held by a
+Redis lease and reported to the gateway (docs/agl-v1.md).
 
 The attempt protocol (lease, heartbeat, kept result, done marker, drain hand-over, slot release) is the one the
 0.3 attempt uses (``workers.protocol.held``); this module supplies what differs: how the program starts and stops, and
@@ -9,11 +9,13 @@ Contract:
 * At most one executor per attempt: its Redis state is named by ``scoped_attempt_key`` (deployment scope and the
   rollout's creation time), a done marker drops a delivery of a finished attempt, and the owner/epoch lease one
   that another executor holds. The lease is renewed by the process's heartbeat thread, never by a gateway read.
-* The program runs in a session of its own with the environment ``workers.v1.environment`` builds (never the
-  worker's secrets) and the gateway's copy of the rollout's config, never the message's; at the rollout's
+* The program runs in a session of its own (started cold or warm by ``workers.v1.launch``) with the environment
+  ``workers.v1.environment`` builds (never the worker's secrets) and the gateway's copy of the rollout's config,
+  never the message's; at the rollout's
   ``timeout_seconds``, when the gateway shows the rollout moved on (finished, deleted, another attempt), when
   the lease is lost, or when the node drains, its whole process group is killed, and on every other way out too;
-  the program also dies with the worker process (``PR_SET_PDEATHSIG``).
+  the program also dies with the worker process (``PR_SET_PDEATHSIG``). A warm program whose server died
+  under it is a lost program: the attempt is reported failed (class ``infra``), never re-run as a lost worker.
 * The outcome (exit code 0: succeeded; else failed with the last lines the program wrote) carries a failure class
   (``workers.protocol.failures``) and is kept in Redis with the done marker before it is sent, so the dispatcher
   applies it if the gateway could not be told. A drain keeps a hand-over record instead and reports nothing.
@@ -24,9 +26,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -50,40 +49,14 @@ from workers.protocol.heartbeat import HEARTBEAT_TIMEOUT_S, TICK_S, HeartbeatMon
 from workers.protocol.held import HeldAttempt, KeptResult
 from workers.protocol.outcome import Outcome, OutcomeStatus
 from workers.v1.environment import output_redactor, program_environment
+from workers.v1.launch import Program, ProgramLost, WarmProgram, start_program
 
 log = logging.getLogger("workers.v1")
 
 OUTPUT_LINES = 20  # the program's last lines kept for a failed attempt's error
 OUTPUT_TAIL_BYTES = 16 * 1024  # at most this much of the program's output is held, however long its lines
 OUTPUT_CHUNK_BYTES = 4096
-KILL_WAIT_S = 5.0
 RESULT_TTL_S = 24 * 3600
-
-# The program's entry point, run with ``python -c``: import the class named on the command line, call
-# ``run()`` (awaiting it when it is a coroutine); exit 0 on return, 1 with the traceback on an exception.
-# Set up in the child itself: a ``preexec_fn`` is unsafe in a threaded worker.
-RUNNER = """
-import asyncio, importlib, inspect, os, sys, traceback
-try:  # Linux: SIGKILL when the worker that started this dies (PR_SET_PDEATHSIG), or at once if it already did
-    import ctypes
-    ctypes.CDLL(None, use_errno=True).prctl(1, 9)
-    if os.getppid() != int(sys.argv[2]):
-        sys.exit(1)
-except (OSError, AttributeError):
-    pass
-path = sys.argv[1]
-try:
-    module, _, name = path.partition(":") if ":" in path else path.rpartition(".")
-    cls = getattr(importlib.import_module(module), name)
-    if not isinstance(cls, type):
-        raise TypeError(f"{path} is not a class")
-    result = cls().run()
-    if inspect.isawaitable(result):
-        asyncio.run(result)
-except Exception:
-    traceback.print_exc()
-    sys.exit(1)
-"""
 
 
 @dataclass(frozen=True)
@@ -203,45 +176,47 @@ class V1Attempt:
         stopped = self._stopped()
         if stopped is not None:  # the node drains, or the lease went, before the program started
             return stopped
-        python = self.settings.agl_v1_agent_python or sys.executable
-        process = subprocess.Popen(
-            [python, "-c", RUNNER, local.agent_class, str(os.getpid())],
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        try:
+            program = start_program(self.settings, local.agent_class, env)
+        except ProgramLost as exc:  # the server took the request and died: it may have started, never run it twice
+            return V1Outcome(V1State.FAILED, f"the agent's program server failed: {exc}", FailureClass.INFRA)
         tail = OutputTail()
-        reader = threading.Thread(target=self._read_output, args=(process, tail), daemon=True)
+        reader = threading.Thread(target=self._read_output, args=(program, tail), daemon=True)
         try:
             reader.start()
-            log.info("%s started %s (pid %d)", self.tag, local.agent_class, process.pid)
-            ended = self._supervise(process)
+            log.info("%s started %s (pid %d, %s start)", self.tag, local.agent_class, program.pid, program.start)
+            ended = self._supervise(program)
         finally:
             # Every way out: children the program left behind at its exit, an exception, Celery's time limit.
-            _kill_group(process)
+            program.kill()
             reader.join(2.0)
         if isinstance(ended, V1Outcome):
             return ended
         if ended == 0:
             return V1Outcome(V1State.SUCCEEDED, "the agent exited with code 0")
         last = output_redactor(self.settings)(tail.text()) or "(no output)"
+        if isinstance(ended, ProgramLost):  # a lost program: reported, never run again as a lost worker's
+            return V1Outcome(
+                V1State.FAILED,
+                f"the agent's program server died under it (the agent was killed with it):\n{last}",
+                FailureClass.INFRA,
+            )
         return V1Outcome(V1State.FAILED, f"the agent exited with code {ended}:\n{last}", FailureClass.AGENT)
 
-    def _supervise(self, process: subprocess.Popen[bytes]) -> V1Outcome | int:
+    def _supervise(self, program: Program) -> V1Outcome | ProgramLost | int:
         """Wait for the program: its exit code, or why it was stopped (its timeout, a stop of the protocol, the
-        rollout moving on)."""
+        rollout moving on), or ProgramLost when its server died under it."""
         timeout_s = float(self.rollout.config.timeout_seconds)
         deadline = time.monotonic() + timeout_s
         interval = self.settings.heartbeat_interval_s
         next_read = time.monotonic() + interval
         while True:
             try:
-                code = process.wait(timeout=max(0.0, min(TICK_S, deadline - time.monotonic())))
+                code = program.wait(max(0.0, min(TICK_S, deadline - time.monotonic())))
+            except ProgramLost as exc:
+                return exc
+            if code is not None:
                 break
-            except subprocess.TimeoutExpired:
-                pass
             if time.monotonic() >= deadline:
                 return V1Outcome(
                     V1State.FAILED,
@@ -267,11 +242,11 @@ class V1Attempt:
             return V1Outcome(None, reason, FailureClass.SHUTDOWN, handover=True)
         return V1Outcome(None, f"{reason}: stopped", FailureClass.CANCELLED)
 
-    def _read_output(self, process: subprocess.Popen[bytes], tail: OutputTail) -> None:
-        assert process.stdout is not None
-        fd = process.stdout.fileno()
-        while chunk := os.read(fd, OUTPUT_CHUNK_BYTES):  # whatever is there, never a whole line
+    def _read_output(self, program: Program, tail: OutputTail) -> None:
+        while chunk := os.read(program.output_fd, OUTPUT_CHUNK_BYTES):  # whatever is there, never a whole line
             tail.feed(chunk)
+        if isinstance(program, WarmProgram):  # ours to close (a cold one's is the Popen's)
+            os.close(program.output_fd)
 
     def _moved_on(self) -> str | None:
         """Why the program must stop because of the gateway (the rollout finished, deleted, re-run), or None."""
@@ -323,15 +298,3 @@ class V1Attempt:
             result_ttl_s=RESULT_TTL_S,
             done_ttl_s=self.settings.done_marker_ttl_s,
         )
-
-
-def _kill_group(process: subprocess.Popen[bytes]) -> None:
-    """SIGKILL the program's process group (it leads its own session) and reap it; safe to repeat."""
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        process.wait(KILL_WAIT_S)
-    except subprocess.TimeoutExpired:
-        log.warning("agent process %d did not exit within %.0fs of SIGKILL", process.pid, KILL_WAIT_S)

@@ -116,14 +116,21 @@ def program_environment(
         why = denied_reason(name, passed=passed)
         if why is not None:
             raise ProgramRefused(f"invalid rollout config (input): config.local.env_map may not set {name}: {why}")
+    env = base_environment(settings, worker_env)
+    env.update(agent_environment(rollout, attempt_id, agent_url=settings.agl_v1_url, key=settings.agl_v1_key))
+    return env
+
+
+def base_environment(settings: Settings, worker_env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """What every program gets of the worker's environment (``worker_env``: default os.environ): the names of
+    ``BASE_NAMES`` / ``BASE_PREFIXES`` and of ``AGL_V1_PASS_ENV`` it has; the program server's whole environment."""
     source = os.environ if worker_env is None else worker_env
-    env = {
+    passed = frozenset(settings.agl_v1_pass_env)
+    return {
         name: value
         for name, value in source.items()
         if name in BASE_NAMES or name.startswith(BASE_PREFIXES) or name in passed
     }
-    env.update(agent_environment(rollout, attempt_id, agent_url=settings.agl_v1_url, key=settings.agl_v1_key))
-    return env
 
 
 def worker_secrets(settings: Settings, worker_env: Mapping[str, str] | None = None) -> set[str]:

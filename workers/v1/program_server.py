@@ -1,0 +1,416 @@
+"""What runs in an agent program's own process, cold or warm: the program itself, and the node's program server
+that forks one program per attempt (docs/agl-v1.md, "Warm starts"; the worker's side is ``workers.v1.launch``).
+
+Standard library only, never imported by the worker: the interpreter that runs it (``AGL_V1_AGENT_PYTHON``) may
+be another virtualenv without this project. ``launch`` runs this file's source with ``python -c``:
+
+* cold: ``cold_main``, with ``sys.argv`` ``['-c', agent_class, worker_pid]``, as 1.0's ``local`` runner starts a
+  program;
+* warm: ``server_main`` with one JSON argument (socket path, ready fd, modules to import, the environment names it
+  was given, the worker's pid).
+
+The server's protocol, one Unix stream connection per program (the socket lies in a 0700 directory):
+
+* request: one JSON line ``{"agent_class", "env", "cwd", "worker_pid"}`` sent with one file descriptor
+  (SCM_RIGHTS), the write end of the pipe the program's output goes to;
+* replies, JSON lines: ``{"pid": N}`` once forked (or ``{"error": "..."}``), then ``{"exit": code}`` once the
+  program ended (as ``Popen.returncode``: negative for a signal) and its whole process group was killed;
+* the worker may send ``{"kill": true}``; a connection closed before the exit kills the program's group too.
+
+A forked program starts as a cold one does: it leads a new session, dies with its parent (PR_SET_PDEATHSIG),
+has fd 0 on /dev/null, 1 and 2 on the output pipe and nothing else open, exactly the attempt's environment (plus
+what the interpreter adds at its start, as it adds it to a cold program's), the worker's cwd, the cold argv and
+``sys.path``, the signal dispositions and mask the server started with, fresh ``sys.std*`` streams and the
+garbage collector on (the server's objects frozen out of it); it ends as an interpreter does (non-daemon threads
+joined, atexit handlers run, streams flushed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import gc
+import importlib
+import inspect
+import io
+import json
+import os
+import selectors
+import signal
+import socket
+import sys
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+PR_SET_PDEATHSIG = 1
+MAX_REQUEST_BYTES = 8 * 2**20
+RECV_BYTES = 65536
+SERVER_MARKER = "agl-program-server"  # in the server's argument: how tools find a node's server among processes
+
+# --- the program: shared by both starts ----------------------------------------------------------------
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """SIGKILL this process when its parent dies (Linux ``PR_SET_PDEATHSIG``), or exit now if it already did."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
+def run_program(path: str) -> int:
+    """Import the class ``path`` names (``module:Class`` or ``module.Class``), call ``run()`` (awaiting it when it
+    is a coroutine) and return the exit code an interpreter would: 0 on return, 1 with the traceback on an
+    exception, a ``SystemExit``'s own code."""
+    try:
+        module, _, name = path.partition(":") if ":" in path else path.rpartition(".")
+        cls = getattr(importlib.import_module(module), name)
+        if not isinstance(cls, type):
+            raise TypeError(f"{path} is not a class")
+        result = cls().run()
+        if inspect.isawaitable(result):
+            asyncio.run(result)  # type: ignore[arg-type]
+    except SystemExit as exc:
+        return _exit_code(exc)
+    except BaseException:
+        traceback.print_exc()
+        return 1
+    return 0
+
+
+def _exit_code(exc: SystemExit) -> int:
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code & 0xFF
+    print(exc.code, file=sys.stderr)
+    return 1
+
+
+def cold_main() -> None:
+    """A cold start: ``python -c`` with argv ``[agent_class, worker_pid]``."""
+    die_with_parent(int(sys.argv[2]))
+    sys.exit(run_program(sys.argv[1]))
+
+
+# --- the server ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Initial:
+    """What the server's interpreter was like at its start, before it imported anything: each program is reset
+    to it."""
+
+    added_env: dict[str, str]  # what the interpreter itself set (PEP 538's LC_CTYPE), as it sets it in a cold one
+    handlers: dict[int, Any]
+    mask: set[int]
+    path: list[str]
+
+    @classmethod
+    def capture(cls, given: list[str]) -> Initial:
+        handlers = {}
+        for signum in signal.valid_signals():
+            if signum in (signal.SIGKILL, signal.SIGSTOP):
+                continue
+            try:
+                handlers[int(signum)] = signal.getsignal(signum)
+            except (OSError, ValueError):
+                continue
+        added = {k: v for k, v in os.environ.items() if k not in set(given)}
+        return cls(added, handlers, set(signal.pthread_sigmask(signal.SIG_BLOCK, [])), list(sys.path))
+
+
+@dataclass
+class Connection:
+    sock: socket.socket
+    buffer: bytearray = field(default_factory=bytearray)
+    fds: list[int] = field(default_factory=list)
+    pid: int | None = None
+
+
+class Server:
+    """Single-threaded: one selector over the listening socket, the connections and a SIGCHLD wake-up pipe;
+    forking from one thread is what keeps the programs' start safe."""
+
+    def __init__(self, listener: socket.socket, initial: Initial) -> None:
+        self.listener, self.initial, self.pid = listener, initial, os.getpid()
+        self.selector = selectors.DefaultSelector()
+        self.connections: dict[int, Connection] = {}  # by the socket's fd
+        self.children: dict[int, Connection | None] = {}  # pid -> its connection (None once that closed)
+        self.stopping = False
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_r, False)
+        os.set_blocking(self.wake_w, False)
+        signal.set_wakeup_fd(self.wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.signal(signal.SIGTERM, self._stop)
+        signal.signal(signal.SIGINT, self._stop)
+        listener.setblocking(False)
+        self.selector.register(listener, selectors.EVENT_READ, "accept")
+        self.selector.register(self.wake_r, selectors.EVENT_READ, "wake")
+
+    def _stop(self, *_: Any) -> None:
+        self.stopping = True
+
+    def serve(self) -> None:
+        while not self.stopping:
+            for key, _ in self.selector.select(timeout=1.0):
+                if key.data == "accept":
+                    self._accept()
+                elif key.data == "wake":
+                    _drain(self.wake_r)
+                else:
+                    self._on_readable(key.data)
+            self._reap()
+        for pid in list(self.children):
+            _kill_group(pid)
+        while self.children:
+            try:
+                pid, status = os.waitpid(-1, 0)
+            except ChildProcessError:
+                return
+            self._ended(pid, status)
+
+    def _accept(self) -> None:
+        try:
+            sock, _ = self.listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        sock.setblocking(False)
+        connection = Connection(sock)
+        self.connections[sock.fileno()] = connection
+        self.selector.register(sock, selectors.EVENT_READ, connection)
+
+    def _on_readable(self, connection: Connection) -> None:
+        try:
+            data, fds, _, _ = socket.recv_fds(connection.sock, RECV_BYTES, 4)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data, fds = b"", []
+        connection.fds += fds
+        if not data:
+            self._close(connection)
+            return
+        connection.buffer += data
+        while b"\n" in connection.buffer:
+            line, _, rest = bytes(connection.buffer).partition(b"\n")
+            connection.buffer = bytearray(rest)
+            if connection.pid is None:
+                self._start(connection, line)
+            elif json.loads(line).get("kill") and connection.pid in self.children:
+                _kill_group(connection.pid)
+        if connection.pid is None and len(connection.buffer) > MAX_REQUEST_BYTES:
+            self._refuse(connection, f"request over {MAX_REQUEST_BYTES} bytes")
+
+    def _start(self, connection: Connection, line: bytes) -> None:
+        try:
+            request = json.loads(line)
+            agent_class, env = str(request["agent_class"]), {str(k): str(v) for k, v in request["env"].items()}
+            cwd, worker_pid = str(request["cwd"]), int(request["worker_pid"])
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            self._refuse(connection, f"malformed request: {exc!r}")
+            return
+        if len(connection.fds) != 1:
+            self._refuse(connection, f"expected the output pipe with the request, got {len(connection.fds)} fds")
+            return
+        output = connection.fds.pop()
+        for stream in (sys.stdout, sys.stderr):  # nothing buffered here may be written twice
+            stream.flush()
+        gc.freeze()  # the program's collections never touch (and so never copy) the server's objects
+        pid = os.fork()
+        if pid == 0:
+            try:
+                self._child(output, agent_class, env, cwd, worker_pid)
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                os._exit(127)
+        os.close(output)
+        connection.pid = pid
+        self.children[pid] = connection
+        _send(connection.sock, {"pid": pid})
+
+    def _child(self, output: int, agent_class: str, env: dict[str, str], cwd: str, worker_pid: int) -> None:
+        gc.enable()
+        os.setsid()
+        die_with_parent(self.pid)
+        signal.set_wakeup_fd(-1)
+        for signum, handler in self.initial.handlers.items():
+            if handler is None:  # set outside Python: neither changed here nor restorable
+                continue
+            try:
+                signal.signal(signum, handler)
+            except (OSError, ValueError, TypeError):
+                pass
+        signal.pthread_sigmask(signal.SIG_SETMASK, self.initial.mask)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.dup2(output, 1)
+        os.dup2(output, 2)
+        os.closerange(3, os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 65536)
+        os.environ.clear()
+        os.environ.update({**self.initial.added_env, **env})
+        os.chdir(cwd)
+        sys.argv = ["-c", agent_class, str(worker_pid)]
+        sys.path[:] = self.initial.path
+        _fresh_stdio()
+        code = run_program(agent_class)
+        _finalize()
+        os._exit(code)
+
+    def _refuse(self, connection: Connection, why: str) -> None:
+        _send(connection.sock, {"error": why})
+        self._close(connection)
+
+    def _close(self, connection: Connection) -> None:
+        """The worker closed (or lost) the connection: a program it still had is killed with its group."""
+        if connection.pid is not None and self.children.get(connection.pid) is connection:
+            _kill_group(connection.pid)
+            self.children[connection.pid] = None
+        for fd in connection.fds:
+            os.close(fd)
+        connection.fds.clear()
+        self.connections.pop(connection.sock.fileno(), None)
+        try:
+            self.selector.unregister(connection.sock)
+        except (KeyError, ValueError):
+            pass
+        connection.sock.close()
+
+    def _reap(self) -> None:
+        """Each program that ended: kill what is left of its group while its pid is still held (not reaped, so
+        the group's id cannot be reused), then reap it and tell its worker."""
+        while True:
+            try:
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                return
+            if info is None or info.si_pid == 0:
+                return
+            _kill_group(info.si_pid)
+            _, status = os.waitpid(info.si_pid, 0)
+            self._ended(info.si_pid, status)
+
+    def _ended(self, pid: int, status: int) -> None:
+        connection = self.children.pop(pid, None)
+        if connection is not None:
+            _send(connection.sock, {"exit": os.waitstatus_to_exitcode(status)})
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _send(sock: socket.socket, message: dict[str, Any]) -> None:
+    try:
+        sock.setblocking(True)
+        sock.settimeout(5.0)
+        sock.sendall(json.dumps(message).encode() + b"\n")
+    except OSError:
+        pass  # the worker went: its connection's close kills the program
+    finally:
+        try:
+            sock.setblocking(False)
+        except OSError:
+            pass
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 4096):
+            pass
+    except (BlockingIOError, InterruptedError):
+        pass
+
+
+def _fresh_stdio() -> None:
+    """``sys.stdin/stdout/stderr`` as a starting interpreter makes them for fds 0-2 (CPython's ``create_stdio``):
+    stdout block-buffered on a pipe, stderr line-buffered with ``backslashreplace``, unbuffered under ``-u``."""
+    encoding = sys.stdout.encoding if sys.stdout is not None else "utf-8"
+    errors = sys.stdout.errors if sys.stdout is not None else "strict"
+    unbuffered = bool(getattr(sys.__stdout__, "write_through", False))  # -u or PYTHONUNBUFFERED
+    streams = []
+    for fd, write in ((0, False), (1, True), (2, True)):
+        raw_only = write and unbuffered
+        buffer = open(fd, "wb" if write else "rb", buffering=0 if raw_only else -1, closefd=False)  # noqa: SIM115
+        raw = buffer if raw_only else buffer.raw  # type: ignore[attr-defined]
+        line = not unbuffered and (raw.isatty() or fd == 2)
+        text = io.TextIOWrapper(
+            buffer,
+            encoding=encoding,
+            errors="backslashreplace" if fd == 2 else errors,
+            newline="\n" if write else None,
+            line_buffering=line,
+            write_through=raw_only,
+        )
+        streams.append(text)
+    sys.stdin, sys.stdout, sys.stderr = streams
+    sys.__stdin__, sys.__stdout__, sys.__stderr__ = streams  # type: ignore[misc]
+
+
+def _finalize() -> None:
+    """What an interpreter does at its end before the process exits: join non-daemon threads, run atexit."""
+    threading = sys.modules.get("threading")
+    if threading is not None:
+        try:
+            threading._shutdown()
+        except Exception:
+            traceback.print_exc()
+    import atexit
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+
+
+def preload(required: list[str], optional: list[str]) -> tuple[list[str], dict[str, str]]:
+    """Import the modules; a required one that fails raises, an optional one is skipped with the reason."""
+    loaded, skipped = [], {}
+    for name in required:
+        importlib.import_module(name)
+        loaded.append(name)
+    for name in optional:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:
+            skipped[name] = f"{type(exc).__name__}: {exc}"
+        else:
+            loaded.append(name)
+    return loaded, skipped
+
+
+def server_main() -> None:
+    """The node's program server: capture the interpreter's initial state, import the modules, listen, report
+    ready (or why not) on the ready fd, serve until SIGTERM or its parent's death."""
+    config = json.loads(sys.argv[1])
+    initial = Initial.capture(config["given"])
+    gc.disable()  # no collections leaving holes in the pages the programs share (Python's gc.freeze recipe)
+    ready = os.fdopen(int(config["ready_fd"]), "w")
+    try:
+        die_with_parent(int(config["worker_pid"]))
+        loaded, skipped = preload(config["preload"], config["optional"])
+        path = config["socket"]
+        if os.path.exists(path):
+            os.unlink(path)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(path)
+        os.chmod(path, 0o600)
+        listener.listen(128)
+    except BaseException as exc:
+        ready.write(json.dumps({"error": f"{type(exc).__name__}: {exc}"}) + "\n")
+        ready.close()
+        sys.exit(2)
+    threads = sys.modules["threading"].active_count() if "threading" in sys.modules else 1
+    ready.write(json.dumps({"loaded": loaded, "skipped": skipped, "threads": threads}) + "\n")
+    ready.close()
+    Server(listener, initial).serve()
