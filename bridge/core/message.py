@@ -14,6 +14,7 @@ from celery import Celery
 
 from bridge.core import tls
 from bridge.core.models import AttemptedRollout
+from bridge.core.patches import kombu_redis_client
 from bridge.core.settings import Settings
 
 TASK_NAME = "workers.run_rollout"
@@ -56,6 +57,8 @@ def base_app(settings: Settings, main: str, include: tuple[str, ...] = ()) -> Ce
         # a third of the bridge's CPU); Flower lists a task from the worker's own events once it is received.
         task_send_sent_event=False,
     )
+    if settings.broker_url.startswith(("redis://", "rediss://")):
+        app.conf.update(broker_transport=kombu_redis_client.TRANSPORT)  # one Redis client per channel, not per call
     use_ssl = tls.broker_use_ssl(settings)
     if use_ssl is not None:  # rediss:// / amqps://: certificates checked unless BROKER_TLS_INSECURE (warned here)
         app.conf.update(broker_use_ssl=use_ssl)

@@ -38,6 +38,14 @@ PATCHES = (
         "wait (python -m bridge bench) on a newer Celery before widening",
     ),
     Patch(
+        "kombu_redis_client",
+        "kombu",
+        "5.6",
+        "5.7",
+        "a kombu whose Redis channel reuses its client in conn_or_acquire; until then re-check that every "
+        "conn_or_acquire caller only runs commands, pipelines and transactions on the client before widening",
+    ),
+    Patch(
         "httpcore_pool_expiry",
         "httpcore",
         "1.0",
