@@ -15,8 +15,11 @@ The Store is read anyway on a takeover (another executor started the attempt), w
 and whenever the Store's watchdog could have acted on the attempt since (the only thing besides people
 that changes an attempt behind its executor's back, and deterministic: ``watchdog_may_act``).
 
-The parts: ``workers.protocol.attempt`` describes the attempt (built once, immutable), ``workers.protocol.fencing``
-decides whether a write may go out, ``workers.protocol.reporting`` decides and delivers the report; this module runs it.
+The parts: ``workers.protocol.attempt`` describes the attempt (built once, immutable); ``workers.protocol.held``
+holds it, as it holds a 1.0 attempt: the lease, claimed before any Store read and released after the final report,
+and the heartbeat watch, which this module builds (Store-fenced, with the attempt's telemetry) once the run starts;
+``workers.protocol.fencing`` decides whether a write may go out; ``workers.protocol.reporting`` decides and delivers
+the report (0.3's own, kept under ``keys.pending_report``); this module runs it. The task frees the slot.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ from workers.protocol.failures import FailureClass, classify
 from workers.protocol.fence_board import fence
 from workers.protocol.fencing import WriteGuard
 from workers.protocol.heartbeat import AttemptWatch, span_flush_interval
+from workers.protocol.held import HeldAttempt, release_slot
 from workers.protocol.lease import Lease, mark_done
 from workers.protocol.outcome import Outcome, OutcomeStatus, skipped
 from workers.protocol.reporting import AttemptReporter, ReportPending, RunResult
@@ -68,9 +72,7 @@ log = logging.getLogger("workers.execution")
 class Delivery:
     """One delivery of ``workers.run_rollout``: its payload read once, then run (or reported, if rejected).
 
-    ``lease_token`` is the token of this delivery's lease (None when the payload was rejected): the task
-    frees the attempt's slot with it. A token that never won a claim matches no lease in Redis, so it frees
-    the slot exactly when no token would.
+    The task frees the attempt's slot with ``release_slot`` once no retry of the message follows.
     """
 
     def __init__(self, payload: Any, *, celery_task_id: str, expected_agent: str | None, res: WorkerResources) -> None:
@@ -78,9 +80,14 @@ class Delivery:
         self._work: AttemptRun | Rejected = AttemptRun(read, res) if isinstance(read, Attempt) else read
         self._res = res
 
-    @property
-    def lease_token(self) -> str | None:
-        return self._work.lease.token if isinstance(self._work, AttemptRun) else None
+    def release_slot(self, scope: str, queue: str) -> None:
+        """Free the attempt's slot (its in-flight entry, the task id) unless another executor holds the attempt;
+        a rejected payload was never leased."""
+        work = self._work
+        if isinstance(work, AttemptRun):
+            work.held.release_slot(scope, queue, work.attempt.celery_task_id)
+        else:
+            release_slot(self._res.redis, scope, queue, work.celery_task_id, None)
 
     def execute(self) -> Outcome:
         if isinstance(self._work, Rejected):
@@ -104,8 +111,8 @@ def report_rejected(rejected: Rejected, res: WorkerResources) -> Outcome:
 class AttemptRun:
     """Executes one attempt under its lease: claim, fence, run the agent; the report is the reporter's.
 
-    Built once per delivery with its collaborators: the ``Lease`` on the attempt, the ``WriteGuard`` that
-    proves it before any write, and the ``AttemptReporter`` that ends the attempt.
+    Built once per delivery with its collaborators: the ``HeldAttempt`` (the lease on the attempt and its watch),
+    the ``WriteGuard`` that proves the lease before any write, and the ``AttemptReporter`` that ends the attempt.
     """
 
     def __init__(self, attempt: Attempt, res: WorkerResources) -> None:
@@ -116,16 +123,28 @@ class AttemptRun:
         self.res = res
         self.settings = res.settings
         self.log = attempt.log
-        self.lease = Lease(res.redis, attempt.attempt_id, self.settings.lease_ttl_s)
+        self.held = HeldAttempt(
+            res.redis,
+            res.monitor,
+            attempt.attempt_id,
+            rollout_id=attempt.rollout_id,
+            ttl_s=self.settings.lease_ttl_s,
+            interval_s=self._heartbeat_interval(),
+        )
         self.guard = WriteGuard(attempt, self.lease, self.settings)
         self.reporter = AttemptReporter(attempt, res, self.guard)
+
+    @property
+    def lease(self) -> Lease:
+        return self.held.lease
 
     # --- entry point -------------------------------------------------------------------------
 
     def execute(self) -> Outcome:
         lease = self.lease
-        # The started marker must outlive any redelivery of this message.
-        claim = lease.claim(started_ttl_s=2 * self.settings.visibility_timeout_s)
+        # The started marker must outlive any redelivery of this message. The watch comes with the run (``_watch``):
+        # Store-fenced, with the attempt's telemetry.
+        claim = self.held.claim(2 * self.settings.visibility_timeout_s, watch=False)
         if claim.done_status is not None:
             return skipped(self.log, f"attempt already finished here ({claim.done_status}); duplicate delivery ignored")
         if not claim.acquired:
@@ -153,10 +172,7 @@ class AttemptRun:
             self.reporter.discard_kept()  # if delivering it raised, the failure must not re-deliver it
             return self.reporter.failure(classify(exc), error)
         finally:
-            try:
-                lease.release()
-            except redis.RedisError as exc:
-                self.log.warning("could not release lease (it will expire): %r", exc)
+            self.held.release()  # after the final report; the run's watch was unwatched at its end already
 
     # --- phases ------------------------------------------------------------------------------
 
@@ -287,7 +303,7 @@ class AttemptRun:
                 return self._hand_over(watch)
             return self.reporter.success(result, telemetry)
         finally:
-            self.res.monitor.unwatch(watch)
+            self.held.unwatch()
             telemetry.close()
 
     def _hand_over(self, watch: AttemptWatch) -> Outcome:
@@ -327,7 +343,7 @@ class AttemptRun:
         return Outcome(OutcomeStatus.SKIPPED, f"{reason}; handed back", FailureClass.SHUTDOWN)
 
     def _watch(self, telemetry: AttemptTelemetry) -> AttemptWatch:
-        """The attempt's heartbeat, lease and fence watch, registered with the process's monitor."""
+        """The attempt's heartbeat, lease and fence watch, registered with the monitor by ``HeldAttempt.follow``."""
         interval = self._heartbeat_interval()
         watch = AttemptWatch(
             self.attempt.rollout_id,
@@ -347,7 +363,7 @@ class AttemptRun:
             alive_at=self.attempt.dequeued_at,
             interruptible=stuck.pool.prefork,
         )
-        self.res.monitor.watch(watch)
+        self.held.follow(watch)
         return watch
 
     def _run_litagent(self, configured: ConfiguredAgent) -> Outcome:

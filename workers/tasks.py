@@ -64,9 +64,8 @@ def run_rollout(
             raise self.retry(exc=exc, countdown=countdown) from exc
         raise
     finally:
-        if final:
-            scope = deployment_scope(res.settings)
-            _release_slot(res.redis, scope, queue or res.settings.default_queue, task_id, delivery.lease_token)
+        if final:  # after the attempt released its lease (``Delivery.execute``)
+            delivery.release_slot(deployment_scope(res.settings), queue or res.settings.default_queue)
 
 
 def _draining(client: redis.Redis, scope: str, node: str | None) -> bool:
@@ -88,10 +87,5 @@ def _refuse_without_store(
     )
     log.error("%s", reason)
     _, client = get_coordination()
-    _release_slot(client, deployment_scope(settings), queue or settings.default_queue, task_id, None)
+    protocol.release_slot(client, deployment_scope(settings), queue or settings.default_queue, task_id, None)
     return Outcome(OutcomeStatus.SKIPPED, reason).as_dict()
-
-
-def _release_slot(client: redis.Redis, scope: str, queue: str, task_id: str, token: str | None) -> None:
-    """Free the attempt's slot unless another executor holds it (``workers.protocol.held.release_slot``)."""
-    protocol.release_slot(client, scope, queue, task_id, token)

@@ -1,12 +1,16 @@
 """The attempt protocol both lines share: what makes one delivery of an attempt safe to run on this worker,
-whatever runs the episode (0.3's ``workers.execution``, 1.0's ``workers.v1.attempt``).
+whatever runs the episode (0.3's ``workers.execution``, 1.0's ``workers.v1.attempt``); both hold their attempt here.
 
 * ``draining``: a node that drains (``WORKER_SHUTDOWN_GRACE_S``) starts nothing new; the task hands the message
   back to the broker.
 * ``HeldAttempt``: the owner/epoch lease of ``workers.protocol.lease``, renewed by the process's heartbeat monitor
   (``workers.protocol.heartbeat``) in a thread of its own, so no read of the Store or the gateway, however slow, lets it
-  lapse; the monitor also stops the attempt at the node's drain. ``keep`` writes the kept result and the done
-  marker in one transaction; ``close`` stops the renewals, drops the lease and frees the slot.
+  lapse; the monitor also stops the attempt at the node's drain. The watch is the protocol's own (lease and drain,
+  registered at the claim: 1.0) or one the line built and registers with ``follow`` (0.3's Store-fenced watch with
+  the attempt's telemetry). ``keep`` writes the kept result and the done marker in one transaction (1.0; 0.3 keeps
+  its Store report in ``workers.protocol.reporting``); ``release`` stops the renewals and drops the lease;
+  ``release_slot`` frees the slot; ``close`` does both (1.0; 0.3's task frees the slot itself, as only it knows
+  whether Celery retries the message).
 * ``KeptResult``: the record a 1.0 attempt keeps for its dispatcher (``keys.v1_result``), including the drain's
   hand-over (``state`` None, ``handover`` true, class ``shutdown``).
 * ``release_slot``: free the attempt's in-flight entry unless another executor holds it, and wake the bridge.
@@ -95,7 +99,12 @@ class KeptResult:
 
 
 class HeldAttempt:
-    """One delivery's hold on an attempt: its lease (under ``lease_id``), renewed by ``monitor`` while held."""
+    """One delivery's hold on an attempt: its lease (under ``lease_id``), renewed by ``monitor`` while watched.
+
+    Order of use: ``claim``; ``follow`` (a line's own watch, when the claim registered none); ``keep`` (1.0);
+    ``release`` once the final report is out, then ``release_slot`` (or ``close`` for both). Renewals stop before the
+    lease is dropped, and a dropped lease stays dropped (``Lease.release``).
+    """
 
     def __init__(
         self,
@@ -109,16 +118,39 @@ class HeldAttempt:
     ) -> None:
         self.redis, self.monitor, self.lease_id = client, monitor, lease_id
         self.lease = Lease(client, lease_id, ttl_s)
+        # The protocol's own watch: lease renewals and the node's drain, no Store (``follow`` replaces it).
         self.watch = AttemptWatch(rollout_id, lease_id, self.lease, None, interval_s, math.inf, store_fenced=False)
         self.held = False
 
-    def claim(self, started_ttl_s: float) -> Claim:
-        """Take the lease (``Lease.claim``); once taken, the monitor renews it until ``close``."""
+    def claim(self, started_ttl_s: float, *, watch: bool = True) -> Claim:
+        """Take the lease (``Lease.claim``: ``done_status`` when the attempt was finished already, ``first_start``
+        unless another executor started it before). Once taken, the monitor renews it through the protocol's own
+        watch until ``release``; with ``watch`` False, from ``follow`` on (the lease is not renewed before)."""
         claim = self.lease.claim(started_ttl_s)
         if claim.acquired:
             self.held = True
-            self.monitor.watch(self.watch)
+            if watch:
+                self.monitor.watch(self.watch)
         return claim
+
+    def follow(self, watch: AttemptWatch) -> None:
+        """Register ``watch``, built by the line on this attempt's lease, with the monitor in place of the protocol's
+        own watch: from now on it renews the lease, carries the stop reasons and is the one ``keep`` and ``release``
+        act on. Raises ``RuntimeError`` unless the lease is held (a watch nobody holds would renew a lease nobody
+        runs) and ``ValueError`` for a watch on another lease."""
+        if not self.held:
+            raise RuntimeError(f"no lease held on {self.lease_id}: claim it before watching it")
+        if watch.lease is not self.lease:
+            raise ValueError(f"the watch of {watch.attempt_id} renews another lease than {self.lease_id}'s")
+        previous = self.watch
+        self.monitor.watch(watch)
+        self.watch = watch
+        if previous is not watch:
+            self.monitor.unwatch(previous)
+
+    def unwatch(self) -> None:
+        """Stop the renewals and the monitor's checks (safe to repeat): the lease lapses unless released first."""
+        self.monitor.unwatch(self.watch)
 
     @property
     def stop_reason(self) -> str | None:
@@ -140,14 +172,23 @@ class HeldAttempt:
         pipe.set(keys.done(self.lease_id), done, ex=max(1, int(done_ttl_s)))
         pipe.execute()
 
-    def close(self, scope: str, queue: str, inflight_id: str) -> None:
-        """Stop renewing, drop the lease (if ours) and free the slot ``inflight_id`` holds, unless another executor
-        holds the attempt (a duplicate delivery frees the slot of a finished attempt, never of a live one)."""
-        self.monitor.unwatch(self.watch)
+    def release(self) -> None:
+        """Stop renewing, then drop the lease if ours (never another executor's); a Redis error only logs it, the
+        lease then expires."""
+        self.unwatch()
         if self.held:
             try:
                 self.lease.release()
             except redis.RedisError as exc:
                 log.warning("could not release the lease of %s (it expires): %r", self.lease_id, exc)
+
+    def release_slot(self, scope: str, queue: str, inflight_id: str) -> None:
+        """Free the slot ``inflight_id`` holds (``release_slot``), unless another executor holds the attempt: a
+        duplicate delivery frees the slot of a finished attempt, never of a live one."""
         token = self.lease.token if self.held else None
         release_slot(self.redis, scope, queue, inflight_id, token, lease_id=self.lease_id)
+
+    def close(self, scope: str, queue: str, inflight_id: str) -> None:
+        """``release``, then ``release_slot``: the end of a delivery whose slot no retry of the message needs."""
+        self.release()
+        self.release_slot(scope, queue, inflight_id)
