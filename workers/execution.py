@@ -142,9 +142,8 @@ class AttemptRun:
 
     def execute(self) -> Outcome:
         lease = self.lease
-        # The started marker must outlive any redelivery of this message. The watch comes with the run (``_watch``):
-        # Store-fenced, with the attempt's telemetry.
-        claim = self.held.claim(2 * self.settings.visibility_timeout_s, watch=False)
+        # The started marker must outlive any redelivery of this message.
+        claim = self.held.claim(2 * self.settings.visibility_timeout_s, renew=False)
         if claim.done_status is not None:
             return skipped(self.log, f"attempt already finished here ({claim.done_status}); duplicate delivery ignored")
         if not claim.acquired:
@@ -153,6 +152,9 @@ class AttemptRun:
                 f"another executor holds the lease ({lease.holder()})", retry_in_s=lease.remaining_s()
             )
         try:
+            # Renewed from here on, so no Store read before the run (a takeover's fence read, the resources), however
+            # slow, lets the lease lapse; the run's Store-fenced watch, with its telemetry, replaces this one (_watch).
+            self.held.start_renewing()
             kept = None if claim.first_start else self.reporter.pending()
             if kept is not None:  # the episode ran in an earlier delivery: deliver its report, nothing else
                 return self.reporter.deliver_kept(kept)

@@ -62,9 +62,11 @@ def test_a_watch_the_line_built_renews_the_lease_until_release(
     held = _held(redis_client, monitor, attempt_id)
     with pytest.raises(RuntimeError):
         held.follow(_line_watch(held))  # nothing held yet: nothing to renew
-    claim = held.claim(60.0, watch=False)
+    claim = held.claim(60.0)
     assert claim.acquired and claim.first_start and claim.done_status is None
-    assert monitor._snapshot() == []  # the line registers its own watch later
+    assert monitor._snapshot() == [held.watch]  # the protocol's own watch, until the line's replaces it
+    time.sleep(2 * LEASE_TTL_S)  # the line reads the Store before it runs (a fence read, its resources), slowly
+    assert redis_client.get(keys.lease(attempt_id)) == held.lease.token and held.stop_reason is None
     with pytest.raises(ValueError):
         held.follow(_line_watch(_held(redis_client, monitor, attempt_id)))  # a watch on another Lease object
     watch = _line_watch(held)
@@ -112,8 +114,8 @@ def test_a_duplicates_slot_release_leaves_the_live_executions_slot_counted(
     redis_client.zadd(inflight, {attempt_id: time.time()})
     live, duplicate = _held(redis_client, monitor, attempt_id), _held(redis_client, monitor, attempt_id)
     try:
-        assert live.claim(60.0, watch=False).acquired
-        assert not duplicate.claim(60.0, watch=False).acquired
+        assert live.claim(60.0, renew=False).acquired
+        assert not duplicate.claim(60.0).acquired
         duplicate.release()
         duplicate.release_slot(scope, queue, attempt_id)
         assert redis_client.zscore(inflight, attempt_id) is not None  # the live execution still runs in it

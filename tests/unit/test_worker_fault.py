@@ -83,7 +83,8 @@ def test_an_unexpected_error_is_reported_as_a_failed_attempt_not_left_to_reconci
         assert any("unexpected error in the worker" in r.getMessage() for r in caplog.records)
         assert any(rid in path for path in store.paths)  # it did try to report (its fence read comes first)
     finally:
-        redis_client.delete(*(k for k in redis_client.scan_iter(f"*{aid}*")))
+        for key in redis_client.scan_iter(f"*{aid}*"):
+            redis_client.delete(key)
         res.monitor.close()
         res.store.close()
 
@@ -114,7 +115,8 @@ def test_an_attempt_whose_watch_cannot_start_leaves_nothing_counted_or_watched(
         kept = json.loads(redis_client.get(keys.pending_report(aid)) or "{}")
         assert kept["status"] == "failed" and "can't start new thread" in kept["metadata"]["error"]
     finally:
-        redis_client.delete(*(k for k in redis_client.scan_iter(f"*{aid}*")))
+        for key in redis_client.scan_iter(f"*{aid}*"):
+            redis_client.delete(key)
         res.store.close()
 
 
@@ -144,6 +146,44 @@ def test_a_duplicate_that_comes_after_the_attempts_markers_expired_stops_at_the_
         assert outcome.status is OutcomeStatus.SKIPPED and outcome.reason == "not running: rollout is succeeded"
         assert seen == [("GET", f"/v1/agl/rollouts/{rid}")]  # no spans, no report
     finally:
-        redis_client.delete(*(k for k in redis_client.scan_iter(f"*{aid}*")))
+        for key in redis_client.scan_iter(f"*{aid}*"):
+            redis_client.delete(key)
         res.store.close()
+        server.close()
+
+
+def test_the_lease_stays_held_through_a_store_read_before_the_run_slower_than_its_ttl(
+    redis_client: redis.Redis,
+) -> None:
+    """A delivery that must read the rollout before it runs (a takeover, or a dequeue too old to trust) held its
+    lease unrenewed until the run began: a Store answer slower than LEASE_TTL_S let it lapse, and a duplicate
+    delivery could claim the attempt meanwhile. Now the lease is renewed from the claim on."""
+    rid, aid, payload = _attempt()
+    payload["start_time"] = payload["attempt"]["start_time"] = time.time() - 3600  # type: ignore[index]
+    stored = {**payload, "status": "succeeded"}
+    stored["attempt"] = {**payload["attempt"], "status": "succeeded", "end_time": time.time()}  # type: ignore[dict-item]
+    held_during_read: list[bool] = []
+
+    def answer(method: str, path: str) -> tuple[int, dict[str, str], bytes]:
+        if method == "GET" and path == f"/v1/agl/rollouts/{rid}":
+            time.sleep(3 * 1.5)  # three lease TTLs
+            held_during_read.append(redis_client.exists(keys.lease(aid)) == 1)
+            return 200, {"Content-Type": "application/json"}, json.dumps(stored).encode()
+        return 500, {}, b""
+
+    server = LoopbackServer(answer)
+    settings = load_settings(store_url=server.url, store_retries=0, lease_ttl_s=1.5, heartbeat_interval_s=0.5)
+    client = StoreClient(server.url, retries=0, timeout_s=10)
+    monitor = HeartbeatMonitor(client, redis_client)
+    res = WorkerResources(settings, client, redis_client, None, monitor, TraceCourier(client), 0)  # type: ignore[arg-type]
+    try:
+        outcome = Delivery(payload, celery_task_id=aid, expected_agent=None, res=res).execute()
+        assert outcome.status is OutcomeStatus.SKIPPED and outcome.reason == "not running: rollout is succeeded"
+        assert held_during_read == [True]
+        assert monitor._snapshot() == [] and redis_client.exists(keys.lease(aid)) == 0  # released at the end
+    finally:
+        for key in redis_client.scan_iter(f"*{aid}*"):
+            redis_client.delete(key)
+        monitor.close()
+        client.close()
         server.close()

@@ -122,16 +122,21 @@ class HeldAttempt:
         self.watch = AttemptWatch(rollout_id, lease_id, self.lease, None, interval_s, math.inf, store_fenced=False)
         self.held = False
 
-    def claim(self, started_ttl_s: float, *, watch: bool = True) -> Claim:
+    def claim(self, started_ttl_s: float, *, renew: bool = True) -> Claim:
         """Take the lease (``Lease.claim``: ``done_status`` when the attempt was finished already, ``first_start``
-        unless another executor started it before). Once taken, the monitor renews it through the protocol's own
-        watch until ``release``; with ``watch`` False, from ``follow`` on (the lease is not renewed before)."""
+        unless another executor started it before) and, once taken, ``start_renewing`` (with ``renew`` False the
+        line calls it itself, where a failure to start the monitor is its to report)."""
         claim = self.lease.claim(started_ttl_s)
         if claim.acquired:
             self.held = True
-            if watch:
-                self.monitor.watch(self.watch)
+            if renew:
+                self.start_renewing()
         return claim
+
+    def start_renewing(self) -> None:
+        """Have the monitor renew the held lease through the protocol's own watch, or the one the line gives
+        ``follow``, until ``release``: no read the line makes, however slow, lets it lapse."""
+        self.monitor.watch(self.watch)
 
     def follow(self, watch: AttemptWatch) -> None:
         """Register ``watch``, built by the line on this attempt's lease, with the monitor in place of the protocol's
