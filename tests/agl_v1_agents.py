@@ -10,7 +10,6 @@ import sys
 import time
 
 import httpx
-from openai import OpenAI
 
 
 def _post_reward(value: float) -> None:
@@ -27,6 +26,8 @@ class AskAndReward:
     """Asks the LLM the task's question through the gateway's proxy, then posts the task's reward."""
 
     def run(self) -> None:
+        from openai import OpenAI  # here: the other agents also run under interpreters without openai
+
         client = OpenAI(base_url=os.environ["AGL_OPENAI_BASE_URL"], api_key=os.environ["AGL_KEY"] or "none")
         client.chat.completions.create(model="any", messages=[{"role": "user", "content": os.environ["TASK_QUESTION"]}])
         _post_reward(float(json.loads(os.environ["TASK_REWARD"])))
@@ -143,6 +144,7 @@ class Facts:
             "stdin_empty": sys.stdin.read() == "",
             "umask": os.umask(0o022),
             "executable": sys.executable,
+            "version": list(sys.version_info[:2]),
             "flags": list(sys.flags),
             "main_thread_only": __import__("threading").active_count() == 1,
             "gc_enabled": __import__("gc").isenabled(),

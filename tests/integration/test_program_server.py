@@ -23,6 +23,7 @@ import pytest
 
 from bridge.core.errors import ConfigError
 from bridge.core.settings import Settings, load_settings
+from bridge_lab.agl_v1_env import v1_virtualenv
 from tests.helpers import process_alive, wait_for
 from workers.v1 import launch
 from workers.v1.environment import base_environment
@@ -272,3 +273,29 @@ def test_a_server_that_hangs_is_killed_at_the_reply_timeout_and_replaced(
             os.kill(hung, signal.SIGCONT)
     wait_for(lambda: server.ready.is_set() and getattr(server.process, "pid", hung) != hung, 60, "a new server")
     assert run(warm(server, "Quick", env_for(settings))) == (0, "quick\n")
+
+
+def test_programs_run_under_agl_v1_agent_python_warm_and_cold(tmp_path: Path) -> None:
+    """AGL_V1_AGENT_PYTHON, what the worker-agl-v1 image sets: the server and cold programs run under that
+    interpreter (here the 1.0 virtualenv's Python 3.12, without this project), not the worker's."""
+    python = str(v1_virtualenv() / "bin/python")
+    other = load_settings(agl_v1_pass_env="PYTHONPATH", agl_v1_agent_python=python)
+    env = env_for(other, FACTS_FILE=str(tmp_path / "facts"))
+    started = ProgramServer(other)
+    started.start()
+    facts = {}
+    try:
+        for start in ("warm", "cold"):
+            if start == "warm":
+                program: Program = warm(started, "Facts", env)
+            else:
+                program = launch.ColdProgram(python, f"{AGENTS}:Facts", env)
+            code, out = run(program)
+            assert code == 0, out
+            facts[start] = json.loads((tmp_path / "facts").read_text())
+    finally:
+        started.stop()
+    for seen in facts.values():
+        assert seen["executable"] == python and seen["version"] >= [3, 12]
+    facts["warm"].pop("random"), facts["cold"].pop("random")
+    assert facts["warm"] == facts["cold"]
