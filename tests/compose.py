@@ -212,36 +212,6 @@ def load(
     return {name: services[name] for name in services if name in active}
 
 
-def dockerfile_stages(path: Path) -> dict[str | None, str]:
-    """The build stages of a Dockerfile, in order, by their ``FROM ... AS name`` (None for an unnamed one), each
-    with its text from its FROM line to the next; a name used twice raises ComposeError, as docker build does.
-    Without --target, docker builds the last one."""
-    stages: dict[str | None, str] = {}
-    name: str | None = None
-    lines: list[str] = []
-    seen = False
-    for line in [*path.read_text(encoding="utf-8").splitlines(), "FROM end"]:
-        match = re.match(r"FROM\s+\S+(?:\s+AS\s+(\S+))?\s*$", line, flags=re.I)
-        if match:
-            if seen:
-                if name is not None and name in stages:
-                    raise ComposeError(f"{path}: duplicate stage name {name!r}")
-                stages[name] = "\n".join(lines)
-            name, lines, seen = (match[1].lower() if match[1] else None), [], True
-        lines.append(line)
-    return stages
-
-
-def build_targets(services: Mapping[str, Any]) -> dict[str, str | None]:
-    """The build target of each service that builds an image (None: the Dockerfile's last stage)."""
-    found: dict[str, str | None] = {}
-    for name, service in services.items():
-        build = service.get("build")
-        if build is not None:
-            found[name] = build.get("target") if isinstance(build, dict) else None
-    return found
-
-
 SIZING = re.compile(
     r"\*\*Sizing figures:\*\* worker base (?P<base>\d+) MiB, per program (?P<program>\d+) MiB \(cold start\), "
     r"margin (?P<margin>\d+) %"

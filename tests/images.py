@@ -31,6 +31,7 @@ class Stage:
     copies: set[str] = field(default_factory=set)  # sources copied in this stage and its parents
     extras: set[str] = field(default_factory=set)  # extras installed in this stage and its parents
     installs: bool = False  # the project is pip-installed in this stage or a parent
+    text: str = ""  # the stage's own lines, from its FROM on (continuations joined)
 
 
 def stages(dockerfile: Path) -> dict[str, Stage]:
@@ -44,6 +45,7 @@ def stages(dockerfile: Path) -> dict[str, Stage]:
         instruction = words[0].upper()
         if instruction == "FROM":
             assert len(words) == 4 and words[2].upper() == "AS", f"every stage is named: {line!r}"
+            assert words[3] not in found, f"a stage name used twice (docker build refuses it): {words[3]!r}"
             parent = found.get(words[1])
             current = Stage(words[3], words[1] if parent else None)
             if parent is not None:
@@ -53,9 +55,10 @@ def stages(dockerfile: Path) -> dict[str, Stage]:
                     parent.installs,
                 )
             found[current.name] = current
-        elif current is None:
+        if current is None:
             continue
-        elif instruction == "COPY":
+        current.text += line + "\n"
+        if instruction == "COPY":
             current.copies.update(source.rstrip("/") for source in words[1:-1] if not source.startswith("--"))
         elif instruction == "RUN":
             for match in PIP_INSTALL.finditer(line):

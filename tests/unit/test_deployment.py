@@ -21,15 +21,7 @@ import yaml
 from bridge.cli import build_parser
 from bridge.core.settings import Settings, env_name
 from bridge.ops.flower import login_problem
-from tests.compose import (
-    ComposeError,
-    build_targets,
-    dockerfile_stages,
-    interpolate,
-    load,
-    read_env_file,
-    v1_worker_memory_mib,
-)
+from tests.compose import ComposeError, interpolate, load, read_env_file, v1_worker_memory_mib
 from tests.images import (
     IMAGES,
     INTERPRETER_IMAGES,
@@ -308,17 +300,18 @@ def test_every_build_target_is_a_dockerfile_stage_and_the_default_build_is_the_g
     """Compose's `build.target`s and the image names deploy/kubernetes pulls (`agl-celery-bridge` built without a
     target, `agl-celery-bridge-<stage>` with one) name stages of the Dockerfile; `docker build .` without
     --target (the last stage) builds the general image, not a target's."""
-    stages = dockerfile_stages(DOCKERFILE)
-    assert "worker-agl-v1" in stages and list(stages)[-1] != "worker-agl-v1"
-    targets = build_targets(load(COMPOSE, LOGIN, PROFILES))
+    found = stages(DOCKERFILE)
+    assert "worker-agl-v1" in found and list(found)[-1] != "worker-agl-v1"
+    services = load(COMPOSE, LOGIN, PROFILES)
+    targets = {name: service["build"].get("target") for name, service in services.items() if "build" in service}
     assert targets["worker-agl-v1"] == targets["agl-gateway"] == "worker-agl-v1"
-    assert not set(targets.values()) - set(stages)
+    assert not set(targets.values()) - set(found)
     images = set(re.findall(r"image: (agl-celery-bridge[\w.-]*)", _kubernetes_text()))
     images |= set(re.findall(r"- name: (agl-celery-bridge[\w.-]*)", _kubernetes_text()))
     assert {"agl-celery-bridge", "agl-celery-bridge-worker-agl-v1"} <= images
     for image in images - {"agl-celery-bridge"}:
-        assert image.removeprefix("agl-celery-bridge-") in stages, image
-    stage = stages["worker-agl-v1"]
+        assert image.removeprefix("agl-celery-bridge-") in found, image
+    stage = found["worker-agl-v1"].text
     assert re.search(r"FROM python:3\.1[2-9]", stage), "1.0 programs need Python >= 3.12"
     assert "ENV" in stage and "AGL_V1_AGENT_PYTHON=/opt/agent/bin/python" in stage
     assert "python -m venv /opt/agent" in stage and '/opt/agent/bin/pip install "agentlightning==1.0.0" .' in stage
