@@ -99,12 +99,18 @@ class ChaosRun:
         self.stop = threading.Event()
         self.notes: list[str] = []
         self._celery: Celery | None = None
+        self._observing = threading.Lock()  # one observation at a time: see observe_once
 
     # --- observing ---------------------------------------------------------------------------------
 
     def observe_once(self) -> None:
-        """One look at every rollout of the run: first finished status, flips, and each report's first form."""
-        with contextlib.suppress(Exception):  # the Store may be paused on purpose: try again next round
+        """One look at every rollout of the run: first finished status, flips, and each report's first form.
+
+        Several threads observe (the observer's loop, a scenario's ``wait_recovered``, the audit's last look), so a
+        read and its bookkeeping are one step: a read answered before a report but counted after a later read
+        that saw the report would record a flip the Store never made (docs/cluster.md, "Two flips of the observer").
+        """
+        with self._observing, contextlib.suppress(Exception):  # the Store may be paused on purpose: try again
             rollouts, _ = self.store.list_rollouts(rollout_ids=self.rollout_ids)
             for item in rollouts:
                 if isinstance(item, AttemptedRollout):

@@ -177,6 +177,7 @@ class V1ChaosRun:
         self.flipped: set[str] = set()
         self.notes: list[str] = []
         self.stop = threading.Event()
+        self._observing = threading.Lock()
 
     def note(self, text: str) -> None:
         self.notes.append(text)
@@ -186,6 +187,12 @@ class V1ChaosRun:
         return len(self.first_final) == len(self.rollout_ids)
 
     def observe_once(self) -> None:
+        """One look at every rollout; a read and its bookkeeping are one step, as in ``ChaosRun.observe_once``
+        (the run's last look overlaps the observer's loop)."""
+        with self._observing:
+            self._observe_unlocked()
+
+    def _observe_unlocked(self) -> None:
         for rid in self.rollout_ids:
             try:
                 current = self.gateway.get_rollout(rid)

@@ -1,6 +1,6 @@
-"""The final report never races a heartbeat (``AttemptWatch.begin_reporting``): the Store updates an attempt by
-reading and writing it whole, so a heartbeat written after the report would put the attempt back to ``running``
-(docs/architecture.md, "Heartbeats and the report")."""
+"""The final report never races a heartbeat (``AttemptWatch.begin_reporting``): it waits for one in flight, and
+none starts once it is under way, so the report is the executor's last write (docs/architecture.md, "Heartbeats
+and the report")."""
 
 from __future__ import annotations
 

@@ -79,9 +79,8 @@ class AttemptWatch:
     def begin_reporting(self) -> bool:
         """The final report goes next: no heartbeat or drain interrupt from now on, none in flight when this returns.
 
-        The Store updates an attempt by reading it whole and writing it back, unlocked: a heartbeat read before
-        the report landed and written after it would put the attempt, and the rollout with it, back to
-        ``running`` (observed once in a multi-host run; docs/architecture.md, "Heartbeats and the report").
+        The report is then the last write this executor sends for the attempt (docs/architecture.md, "Heartbeats
+        and the report"; the Store itself serializes updates, and a late heartbeat changes no finished status).
         Returns False when the drain interrupted the agent first (``interrupt``): its interrupt is taken here, if it
         has not been yet, and the caller must not report the run's result but hand the attempt over."""
         with self.state:
