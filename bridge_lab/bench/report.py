@@ -159,6 +159,10 @@ def _executor_rows(result: dict[str, Any], kind: str, worker: str) -> list[tuple
         (f"{kind} Store requests/rollout", figure("store_requests_per_rollout")),
         (f"{kind} {worker} CPU ms/rollout", figure("cpu_ms_per_rollout")),
         (f"worker CPU ratio vs {kind} (ours / {kind}'s)", result.get(f"worker_cpu_ratio_vs_{kind}")),
+        (
+            f"{kind} env, LLM stand-in CPU ms/rollout",
+            f"{figure('env_cpu_ms_per_rollout')}, {figure('llm_stand_in_cpu_ms_per_rollout')}",
+        ),
         (f"{kind} Store CPU ms/rollout", figure("store_cpu_ms_per_rollout")),
         (f"{kind} Store ceiling rollouts/s (one core)", figure("store_ceiling_rollouts_per_s")),
         (f"{kind} CPU ms/rollout in all", figure("cpu_ms_per_rollout_total")),

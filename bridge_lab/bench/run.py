@@ -233,6 +233,10 @@ def executor_figures(
         "rollout_duration_p50_ms": summary["rollout_duration_p50_ms"],
         "stored_spans_per_rollout": summary["stored_spans_per_rollout"],
         "stored_token_ids_per_rollout": summary["stored_token_ids_per_rollout"],
+        # The same work whichever executor runs: a change between the phases is the machine's drift, or the load
+        # the executor's layout puts on the stand-ins (connections, context switches).
+        "env_cpu_ms_per_rollout": summary.get("env_cpu_ms_per_rollout"),
+        "llm_stand_in_cpu_ms_per_rollout": summary.get("llm_stand_in_cpu_ms_per_rollout"),
     }
     return {f"{kind}_{key}": value for key, value in figures.items()} | {
         f"ratio_vs_{kind}": round(ours_rps / rate, 3) if ours_rps and rate else None,

@@ -56,6 +56,8 @@ PEER = {
     "peer_store_ceiling_rollouts_per_s",
     "peer_cpu_ms_per_rollout_total",
     "worker_cpu_ratio_vs_peer",
+    "peer_env_cpu_ms_per_rollout",
+    "peer_llm_stand_in_cpu_ms_per_rollout",
 }
 FLOOR = {key.replace("peer_", "floor_").replace("vs_peer", "vs_floor") for key in PEER} | {"ratio_floor_vs_peer"}
 CPU_FIGURES = ("Store CPU ms/rollout", "Store ceiling rollouts/s (one core)", "CPU ms/rollout in all")

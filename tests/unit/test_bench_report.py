@@ -62,3 +62,11 @@ def test_the_summary_prints_the_ratio_beside_both_cpu_figures(capsys: pytest.Cap
     assert len(ratio) == 1, lines
     assert ratio[0].split()[-1] == "0.768", ratio
     assert any("peer worker (runner) CPU ms/rollout" in line and "53.4" in line for line in lines), lines
+
+
+def test_each_phase_shows_what_the_stand_ins_cost_in_it() -> None:
+    """The stand-ins do the same work whichever executor runs: their CPU in each phase shows how far the machine
+    drifted between the phases, beside the ratio it moves."""
+    summary = _peer_summary(80.0) | {"env_cpu_ms_per_rollout": 12.0, "llm_stand_in_cpu_ms_per_rollout": 24.0}
+    figures = executor_figures("peer", summary, ours_rps=2.0, ours_worker_cpu_ms=22.0)
+    assert figures["peer_env_cpu_ms_per_rollout"] == 12.0 and figures["peer_llm_stand_in_cpu_ms_per_rollout"] == 24.0
