@@ -156,25 +156,28 @@ def test_a_program_dies_with_the_worker_process_that_asked_for_it(
 
 
 def test_a_node_that_dies_takes_its_server_and_programs_with_it(settings: Settings, tmp_path: Path) -> None:
-    """The worker's main process SIGKILLed: its server dies (PR_SET_PDEATHSIG on the supervisor thread), and
-    the program with the server."""
+    """The worker's main process SIGKILLed: its server dies (PR_SET_PDEATHSIG on the supervisor thread), the
+    program with the server, and the server's socket directory goes with them (nothing left in TMPDIR)."""
     pid_file = tmp_path / "pids"
     script = (
         "import json, sys, time; from bridge.core.settings import load_settings; from workers.v1 import launch; "
         "s = load_settings(agl_v1_pass_env='PYTHONPATH'); server = launch.node_server(s); "
         f"p = server.start_program('{AGENTS}:Sleeping', json.loads(sys.argv[1])); "
-        "print(server.process.pid, flush=True); time.sleep(600)"
+        "print(server.process.pid, server.directory, flush=True); time.sleep(600)"
     )
     env = json.dumps(env_for(settings, PID_FILE=str(pid_file)))
     node = subprocess.Popen([sys.executable, "-c", script, env], stdout=subprocess.PIPE, cwd=ROOT)
     try:
         assert node.stdout is not None
-        server_pid = int(node.stdout.readline())
+        pid_text, directory = node.stdout.readline().decode().split()
+        server_pid = int(pid_text)
+        assert os.path.isdir(directory) and Path(directory).name.startswith("agl-v1-programs-")
         wait_for(lambda: pid_file.exists() and len(pid_file.read_text().split()) == 2, 30, "both pids")
         program_pid = int(pid_file.read_text().split()[0])
         node.kill()
         node.wait(10)
         wait_for(lambda: not process_alive(server_pid) and not process_alive(program_pid), 10, "server, program gone")
+        wait_for(lambda: not os.path.exists(directory), 10, "the server's socket directory removed")
     finally:
         node.kill()
         node.wait(10)

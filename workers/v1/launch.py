@@ -5,9 +5,9 @@ Contract, the same for both starts (``workers.v1.program_server`` runs in the pr
 
 * the program leads its own session, with exactly the environment it is given, the worker's cwd, stdin on
   /dev/null and its stdout and stderr on one pipe, ``output_fd``, read by the attempt in bounded chunks;
-* it dies with the worker: cold, by ``PR_SET_PDEATHSIG`` on the worker; warm, on its server, which dies with the
-  node's main process the same way, and the server kills the program's group when the worker process that asked
-  for it closes its connection (it died);
+* it dies with the worker: cold, by ``PR_SET_PDEATHSIG`` on the worker; warm, on its server, which stops with the
+  node's main process the same way (SIGTERM: it kills its programs and removes its socket's directory), and the
+  server kills the program's group when the worker process that asked for it closes its connection (it died);
 * ``wait`` returns the exit code (``Popen.returncode``) or None; ``kill`` kills the whole process group and reaps
   the leader, and is safe to repeat; the group is killed at the leader's exit too (its children with it);
 * warm: ``ProgramLost`` from ``wait`` when the server died under the program (the program died with it; ``kill``
