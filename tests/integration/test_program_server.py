@@ -208,6 +208,23 @@ def test_a_server_killed_under_its_program_loses_it_and_a_new_server_serves_the_
     assert server.restarts >= 1
 
 
+def test_a_server_stopped_while_its_worker_lives_is_replaced_in_its_directory_made_again(
+    server: ProgramServer, settings: Settings
+) -> None:
+    """SIGTERM (not the worker's stop): the server removes its directory on the way out, as at its worker's death;
+    the supervisor makes it again, private, for the next server."""
+    wait_for(lambda: server.ready.is_set(), 60, "a server")
+    assert server.process is not None
+    old = server.process.pid
+    os.kill(old, signal.SIGTERM)
+    wait_for(lambda: not process_alive(old), 10, "the server gone")
+    wait_for(
+        lambda: server.ready.is_set() and server.process is not None and server.process.pid != old, 60, "a new one"
+    )
+    assert stat.S_IMODE(os.stat(server.directory).st_mode) == 0o700
+    assert run(warm(server, "Quick", env_for(settings))) == (0, "quick\n")
+
+
 def test_requests_from_many_threads_each_get_their_own_program(server: ProgramServer, settings: Settings) -> None:
     """The ``-P threads`` case: one connection per program, nothing shared between the threads' requests."""
     codes: dict[int, int | None] = {}

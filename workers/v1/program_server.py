@@ -397,16 +397,15 @@ def server_main() -> None:
     """The node's program server: capture the interpreter's initial state, import the modules, listen, report
     ready (or why not) on the ready fd, serve until SIGTERM or its parent's death.
 
-    Its parent, the worker, dying sends it SIGTERM: it kills its programs' groups, and, its worker gone (no one
-    will start another server there), removes its socket's directory, whatever stopped it."""
+    Its parent, the worker, dying sends it SIGTERM (as ``ProgramServer.stop`` does): it kills its programs'
+    groups. Whatever ends it short of SIGKILL, it removes its socket's directory on the way out, so a worker killed
+    leaves nothing in TMPDIR; the worker's supervisor makes the directory again for the server it starts next."""
     config = json.loads(sys.argv[1])
     initial = Initial.capture(config["given"])
-    worker_pid = int(config["worker_pid"])
     try:
-        _serve(config, initial, worker_pid)
+        _serve(config, initial, int(config["worker_pid"]))
     finally:
-        if os.getppid() != worker_pid:
-            shutil.rmtree(os.path.dirname(config["socket"]), ignore_errors=True)
+        shutil.rmtree(os.path.dirname(config["socket"]), ignore_errors=True)
 
 
 def _terminate(*_: Any) -> None:
