@@ -7,11 +7,11 @@ import json
 import logging
 import sys
 
+from webshop_env import needs_lab_extra
 from webshop_env.goals import SPLITS, load_tasks
 from webshop_env.session import DEFAULT_MAX_SESSIONS, DEFAULT_TTL_S
 
 logger = logging.getLogger("webshop_env.cli")
-LAB_INSTALL = "pip install 'agl-celery-bridge[lab]' (from a clone: pip install -e '.[lab]')"
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -103,7 +103,7 @@ def _serve(args: argparse.Namespace) -> int:
         from webshop_env.env import EnvSettings
         from webshop_env.server import ServerConfig, create_app
     except ModuleNotFoundError as exc:  # its HTTP and search libraries are the project's `lab` extra
-        print(f"webshop_env: cannot serve ({exc}): the server needs the lab extra: {LAB_INSTALL}", file=sys.stderr)
+        print(needs_lab_extra("webshop_env", "the server", exc), file=sys.stderr)
         return 1
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")

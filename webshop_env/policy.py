@@ -18,6 +18,7 @@ import json
 import logging
 import random
 import re
+import sys
 import time
 import uuid
 import zlib
@@ -25,13 +26,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import uvicorn
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse
-from starlette.routing import Route
+from webshop_env import needs_lab_extra
 
-from webshop_env.heuristic import DEFAULT_MAX_STEPS, Decision, decide
+try:  # the lab extra's libraries (HTTP; rapidfuzz for the heuristic)
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    from webshop_env.heuristic import DEFAULT_MAX_STEPS, Decision, decide
+except ModuleNotFoundError as exc:
+    if __name__ != "__main__":
+        raise
+    # Run as a program without them: one line naming the pip command, as every lab command does.
+    print(needs_lab_extra("webshop_env.policy", "the LLM stand-in", exc), file=sys.stderr)
+    raise SystemExit(1) from None
 
 STANDIN_MODEL = "webshop-heuristic-standin"
 VOCAB_SIZE = 32000

@@ -1,6 +1,10 @@
 """Prometheus series of the dispatchers, served on ``BRIDGE_METRICS_PORT`` (``python -m bridge run|v1
 --metrics-port``): the 0.3 bridge's and the 1.0 dispatcher's, one definition each.
 
+A dispatcher exports only the series its line sets: those one line alone sets (``LINE_ONLY``) leave the registry
+at import, and ``export_line`` registers them in the process that runs that line; so a 1.0 dispatcher never
+serves the 0.3 bridge's Store series as zeros it never measured, nor the bridge the gateway's.
+
 A series both lines export for their own work carries ``line`` (``v03`` or ``v1``, as ``SLOT_SHARE_WEIGHTS``
 names them); the per-queue gauges describe the shared queue, whichever leader exports them, and carry none:
 aggregate those with ``max by (queue)`` (docs/operations.md, "Autoscaling signal"). The dispatchers see the path
@@ -11,10 +15,13 @@ the Grafana dashboard in deploy/grafana puts them side by side.
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram, start_http_server
+import threading
+
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.registry import Collector
 
 from bridge.core.errors import ConfigError
-from bridge.core.slot_share import V1
+from bridge.core.slot_share import V03, V1
 
 DEQUEUED = Counter("agl_bridge_dequeued_total", "Rollouts claimed from the Store")
 PUBLISHED = Counter("agl_bridge_published_total", "Rollouts published to the broker", ["queue", "line"])
@@ -129,6 +136,34 @@ LEADER_GAUGES = (
 )
 
 
+# The series one line alone sets: out of the registry until ``export_line`` registers them for that line.
+LINE_ONLY: dict[str, tuple[Collector, ...]] = {
+    V03: (
+        DEQUEUED,
+        DEQUEUE_REQUESTS,
+        HANDED_BACK,
+        HAND_BACKS_WITHHELD,
+        ORPHANS_FREED,
+        STORE_ERRORS,
+        DISPATCH_LATENCY,
+        HELD,
+        UNSERVED,
+        FREE_SLOTS,
+        QUEUE_DEPTH,
+        OLDEST_QUEUED_AGE,
+        OLDEST_IN_FLIGHT_AGE,
+        STORE_WAITING,
+        STORE_OLDEST_WAITING,
+    ),
+    V1: (RERUNS, FAILED, GATEWAY_ERRORS, GATEWAY_WAITING, GATEWAY_OLDEST_WAITING),
+}
+_exported: set[str] = set()
+_export_lock = threading.Lock()
+for _collectors in LINE_ONLY.values():
+    for _collector in _collectors:
+        REGISTRY.unregister(_collector)
+
+
 def clear_leader_gauges() -> None:
     for gauge in LEADER_GAUGES:
         gauge.clear()
@@ -147,7 +182,13 @@ def serve(host: str, port: int) -> None:
 
 
 def export_line(line: str) -> None:
-    """Export ``line``'s series a dashboard alerts on at zero from the start, not only after the first event."""
+    """Export ``line``'s series in this process: register the ones only it sets (once), and create those a
+    dashboard alerts on at zero from the start, not only after the first event."""
+    with _export_lock:
+        if line not in _exported:
+            for collector in LINE_ONLY.get(line, ()):
+                REGISTRY.register(collector)
+            _exported.add(line)
     REPUBLISHED.labels(line)
     STRANDED_IN_FLIGHT.labels(line)
     IS_LEADER.labels(line)
@@ -158,9 +199,8 @@ def export_line(line: str) -> None:
             FAILED.labels(failure_class)
         for kind in ("dispatch", "backlog"):
             GATEWAY_ERRORS.labels(kind)
-
-
-for _kind in ("dequeue", "hand_back", "backlog"):
-    STORE_ERRORS.labels(_kind)
-for _reason in ("publish_failed", "stranded", "no_room", "shutdown", "error"):
-    HANDED_BACK.labels(_reason)
+    if line == V03:
+        for kind in ("dequeue", "hand_back", "backlog"):
+            STORE_ERRORS.labels(kind)
+        for reason in ("publish_failed", "stranded", "no_room", "shutdown", "error"):
+            HANDED_BACK.labels(reason)

@@ -156,25 +156,28 @@ def test_a_program_dies_with_the_worker_process_that_asked_for_it(
 
 
 def test_a_node_that_dies_takes_its_server_and_programs_with_it(settings: Settings, tmp_path: Path) -> None:
-    """The worker's main process SIGKILLed: its server dies (PR_SET_PDEATHSIG on the supervisor thread), and
-    the program with the server."""
+    """The worker's main process SIGKILLed: its server dies (PR_SET_PDEATHSIG on the supervisor thread), the
+    program with the server, and the server's socket directory goes with them (nothing left in TMPDIR)."""
     pid_file = tmp_path / "pids"
     script = (
         "import json, sys, time; from bridge.core.settings import load_settings; from workers.v1 import launch; "
         "s = load_settings(agl_v1_pass_env='PYTHONPATH'); server = launch.node_server(s); "
         f"p = server.start_program('{AGENTS}:Sleeping', json.loads(sys.argv[1])); "
-        "print(server.process.pid, flush=True); time.sleep(600)"
+        "print(server.process.pid, server.directory, flush=True); time.sleep(600)"
     )
     env = json.dumps(env_for(settings, PID_FILE=str(pid_file)))
     node = subprocess.Popen([sys.executable, "-c", script, env], stdout=subprocess.PIPE, cwd=ROOT)
     try:
         assert node.stdout is not None
-        server_pid = int(node.stdout.readline())
+        pid_text, directory = node.stdout.readline().decode().split()
+        server_pid = int(pid_text)
+        assert os.path.isdir(directory) and Path(directory).name.startswith("agl-v1-programs-")
         wait_for(lambda: pid_file.exists() and len(pid_file.read_text().split()) == 2, 30, "both pids")
         program_pid = int(pid_file.read_text().split()[0])
         node.kill()
         node.wait(10)
         wait_for(lambda: not process_alive(server_pid) and not process_alive(program_pid), 10, "server, program gone")
+        wait_for(lambda: not os.path.exists(directory), 10, "the server's socket directory removed")
     finally:
         node.kill()
         node.wait(10)
@@ -203,6 +206,23 @@ def test_a_server_killed_under_its_program_loses_it_and_a_new_server_serves_the_
     code, out = run(warm(server, "Quick", env_for(settings)))
     assert code == 0 and out == "quick\n"
     assert server.restarts >= 1
+
+
+def test_a_server_stopped_while_its_worker_lives_is_replaced_in_its_directory_made_again(
+    server: ProgramServer, settings: Settings
+) -> None:
+    """SIGTERM (not the worker's stop): the server removes its directory on the way out, as at its worker's death;
+    the supervisor makes it again, private, for the next server."""
+    wait_for(lambda: server.ready.is_set(), 60, "a server")
+    assert server.process is not None
+    old = server.process.pid
+    os.kill(old, signal.SIGTERM)
+    wait_for(lambda: not process_alive(old), 10, "the server gone")
+    wait_for(
+        lambda: server.ready.is_set() and server.process is not None and server.process.pid != old, 60, "a new one"
+    )
+    assert stat.S_IMODE(os.stat(server.directory).st_mode) == 0o700
+    assert run(warm(server, "Quick", env_for(settings))) == (0, "quick\n")
 
 
 def test_requests_from_many_threads_each_get_their_own_program(server: ProgramServer, settings: Settings) -> None:

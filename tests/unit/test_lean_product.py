@@ -231,3 +231,15 @@ def test_the_webshop_server_without_the_lab_extra_names_the_install_command() ->
     assert done.returncode == 1, done.stderr
     assert "cannot serve (No module named" in done.stderr and "agl-celery-bridge[lab]" in done.stderr, done.stderr
     assert done.stderr.count("\n") == 1, done.stderr
+
+
+def test_the_llm_stand_in_without_the_lab_extra_names_the_install_command() -> None:
+    """``python -m webshop_env.policy`` (run as ``-m`` does, through runpy) without uvicorn and starlette."""
+    body = (
+        "import runpy; sys.argv = ['policy', '--port', '1']\n"
+        "runpy.run_module('webshop_env.policy', run_name='__main__', alter_sys=True)"
+    )
+    done = child(body, missing_without(RUNTIME, "webshop_env"), None)
+    assert done.returncode == 1, done.stderr
+    assert "cannot serve (No module named" in done.stderr and "agl-celery-bridge[lab]" in done.stderr, done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr

@@ -12,6 +12,9 @@ queue's desired slots with the 0.3 line's backlog added, and its dispatch series
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -375,3 +378,64 @@ def test_the_leader_exports_the_gateways_backlog_and_the_queues_whole_demand(
     assert all(not _gauge(gauge) for gauge in metrics.LEADER_GAUGES)
     assert metrics.IS_LEADER.labels("v1")._value.get() == 0 and dispatcher._backlog.latest is None
     redis_client.delete(dispatcher._lock.key)
+
+
+# Every agl_bridge_* series the 1.0 dispatcher sets (bridge/dispatch/v1.py and what it calls: the leader lock,
+# the gateway's backlog reader, the publisher's timeout clamp), and so may export.
+V1_SETS = {
+    "agl_bridge_published_total",
+    "agl_bridge_republished_total",
+    "agl_bridge_stranded_in_flight_total",
+    "agl_bridge_is_leader",
+    "agl_bridge_reruns_total",
+    "agl_bridge_failed_total",
+    "agl_bridge_gateway_errors_total",
+    "agl_bridge_loop_errors_total",
+    "agl_bridge_broker_errors_total",
+    "agl_bridge_timeouts_clamped_total",
+    "agl_bridge_in_flight",
+    "agl_bridge_total_slots",
+    "agl_bridge_desired_slots",
+    "agl_bridge_gateway_waiting_rollouts",
+    "agl_bridge_gateway_oldest_waiting_seconds",
+}
+
+# A process of its own, as ``python -m bridge v1`` is (no 0.3 bridge ever ran in it): a leading dispatcher that
+# published, failed one rollout and read the backlog; its answer is what its /metrics serves, by series name.
+SCRAPE_V1 = """
+import json, uuid
+from prometheus_client import REGISTRY, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+import bridge.cli, bridge.dispatch.v1  # what the 1.0 dispatcher's process imports
+from bridge.core.coordination import coordination_client
+from tests.helpers import TEST_REDIS_URL
+from tests.unit.test_v1_dispatch import FakeGateway, _dispatcher
+gateway, rid = FakeGateway(), f"m{uuid.uuid4().hex[:8]}"
+gateway.add(f"{rid}-bad", timeout_seconds=1.5)
+for n in range(3):
+    gateway.add(f"{rid}-{n}")
+dispatcher, _app = _dispatcher(gateway, coordination_client(TEST_REDIS_URL, socket_timeout=5), slots=2)
+dispatcher.tick()
+dispatcher._backlog.read_once()
+dispatcher._next_gauges = 0.0
+dispatcher.tick()
+names = set()
+for family in text_string_to_metric_families(generate_latest(REGISTRY).decode()):
+    suffix = "_total" if family.type == "counter" else ""
+    names |= {family.name + suffix for sample in family.samples if not sample.name.endswith("_created")}
+print(json.dumps(sorted(name for name in names if name.startswith("agl_bridge_"))))
+"""
+
+
+def test_the_1_0_dispatchers_metrics_export_only_series_it_sets() -> None:
+    """No 0.3 bridge series (dequeued, handed back, Store errors, the dequeue-to-publish histogram...) served as
+    zeros the 1.0 dispatcher never measured."""
+    env = {**os.environ, "TEST_REDIS_URL": TEST_REDIS_URL, "PYTEST_XDIST_WORKER": "gw0"}
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    done = subprocess.run(
+        [sys.executable, "-c", SCRAPE_V1], cwd=root, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    exported = set(json.loads(done.stdout.strip().splitlines()[-1]))
+    assert exported <= V1_SETS, sorted(exported - V1_SETS)
+    assert {"agl_bridge_published_total", "agl_bridge_failed_total", "agl_bridge_desired_slots"} <= exported

@@ -5,9 +5,9 @@ Contract, the same for both starts (``workers.v1.program_server`` runs in the pr
 
 * the program leads its own session, with exactly the environment it is given, the worker's cwd, stdin on
   /dev/null and its stdout and stderr on one pipe, ``output_fd``, read by the attempt in bounded chunks;
-* it dies with the worker: cold, by ``PR_SET_PDEATHSIG`` on the worker; warm, on its server, which dies with the
-  node's main process the same way, and the server kills the program's group when the worker process that asked
-  for it closes its connection (it died);
+* it dies with the worker: cold, by ``PR_SET_PDEATHSIG`` on the worker; warm, on its server, which stops with the
+  node's main process the same way (SIGTERM: it kills its programs and removes its socket's directory), and the
+  server kills the program's group when the worker process that asked for it closes its connection (it died);
 * ``wait`` returns the exit code (``Popen.returncode``) or None; ``kill`` kills the whole process group and reaps
   the leader, and is safe to repeat; the group is killed at the leader's exit too (its children with it);
 * warm: ``ProgramLost`` from ``wait`` when the server died under the program (the program died with it; ``kill``
@@ -32,6 +32,7 @@ import select
 import shutil
 import signal
 import socket
+import stat
 import struct
 import subprocess
 import sys
@@ -250,6 +251,9 @@ class ProgramServer:
 
     def _spawn(self) -> str | None:
         """Start a server and wait for its ready line; the reason it is not ready, or None."""
+        refused = self._make_directory()
+        if refused is not None:
+            return refused
         ready_r, ready_w = os.pipe()
         config = {
             "marker": SERVER_MARKER,
@@ -301,6 +305,19 @@ class ProgramServer:
             self.python,
             ", ".join(answer.get("loaded", [])) or "nothing",
         )
+        return None
+
+    def _make_directory(self) -> str | None:
+        """The socket's directory as ``mkdtemp`` made it (the last server removed it at its exit): made again with
+        mode 0700, or found as this user's own with no access for others; else the reason it is not used."""
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(self.directory, 0o700)
+        try:
+            found = os.lstat(self.directory)
+        except OSError as exc:
+            return f"{self.directory}: {exc}"
+        if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid() or found.st_mode & 0o077:
+            return f"{self.directory} is not a private directory of this user: not used for the server's socket"
         return None
 
     def start_program(self, agent_class: str, env: dict[str, str]) -> WarmProgram | None:

@@ -28,6 +28,7 @@ joined, atexit handlers run, streams flushed).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import gc
 import importlib
@@ -36,6 +37,7 @@ import io
 import json
 import os
 import selectors
+import shutil
 import signal
 import socket
 import sys
@@ -51,14 +53,14 @@ SERVER_MARKER = "agl-program-server"  # in the server's argument: how tools find
 # --- the program: shared by both starts ----------------------------------------------------------------
 
 
-def die_with_parent(parent_pid: int) -> None:
-    """SIGKILL this process when its parent dies (Linux ``PR_SET_PDEATHSIG``), or exit now if it already did."""
+def die_with_parent(parent_pid: int, signum: int = signal.SIGKILL) -> bool:
+    """Have ``signum`` (SIGKILL unless told) sent to this process when its parent dies (Linux
+    ``PR_SET_PDEATHSIG``); False when the parent already did (the caller exits)."""
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signum)
     except (OSError, AttributeError):
-        return
-    if os.getppid() != parent_pid:
-        os._exit(1)
+        return True
+    return os.getppid() == parent_pid
 
 
 def run_program(path: str) -> int:
@@ -92,7 +94,8 @@ def _exit_code(exc: SystemExit) -> int:
 
 def cold_main() -> None:
     """A cold start: ``python -c`` with argv ``[agent_class, worker_pid]``."""
-    die_with_parent(int(sys.argv[2]))
+    if not die_with_parent(int(sys.argv[2])):
+        os._exit(1)
     sys.exit(run_program(sys.argv[1]))
 
 
@@ -237,7 +240,8 @@ class Server:
     def _child(self, output: int, agent_class: str, env: dict[str, str], cwd: str, worker_pid: int) -> None:
         gc.enable()
         os.setsid()
-        die_with_parent(self.pid)
+        if not die_with_parent(self.pid):
+            os._exit(1)
         signal.set_wakeup_fd(-1)
         for signum, handler in self.initial.handlers.items():
             if handler is None:  # set outside Python: neither changed here nor restorable
@@ -391,13 +395,30 @@ def preload(required: list[str], optional: list[str]) -> tuple[list[str], dict[s
 
 def server_main() -> None:
     """The node's program server: capture the interpreter's initial state, import the modules, listen, report
-    ready (or why not) on the ready fd, serve until SIGTERM or its parent's death."""
+    ready (or why not) on the ready fd, serve until SIGTERM or its parent's death.
+
+    Its parent, the worker, dying sends it SIGTERM (as ``ProgramServer.stop`` does): it kills its programs'
+    groups. Whatever ends it short of SIGKILL, it removes its socket's directory on the way out, so a worker killed
+    leaves nothing in TMPDIR; the worker's supervisor makes the directory again for the server it starts next."""
     config = json.loads(sys.argv[1])
     initial = Initial.capture(config["given"])
+    try:
+        _serve(config, initial, int(config["worker_pid"]))
+    finally:
+        shutil.rmtree(os.path.dirname(config["socket"]), ignore_errors=True)
+
+
+def _terminate(*_: Any) -> None:
+    raise SystemExit(143)  # SIGTERM before the server serves (its imports): exit through the cleanup
+
+
+def _serve(config: dict[str, Any], initial: Initial, worker_pid: int) -> None:
     gc.disable()  # no collections leaving holes in the pages the programs share (Python's gc.freeze recipe)
     ready = os.fdopen(int(config["ready_fd"]), "w")
+    signal.signal(signal.SIGTERM, _terminate)
     try:
-        die_with_parent(int(config["worker_pid"]))
+        if not die_with_parent(worker_pid, signal.SIGTERM):
+            raise SystemExit(1)
         loaded, skipped = preload(config["preload"], config["optional"])
         path = config["socket"]
         if os.path.exists(path):
@@ -407,8 +428,9 @@ def server_main() -> None:
         os.chmod(path, 0o600)
         listener.listen(128)
     except BaseException as exc:
-        ready.write(json.dumps({"error": f"{type(exc).__name__}: {exc}"}) + "\n")
-        ready.close()
+        with contextlib.suppress(OSError):  # the worker may be gone
+            ready.write(json.dumps({"error": f"{type(exc).__name__}: {exc}"}) + "\n")
+            ready.close()
         sys.exit(2)
     threads = sys.modules["threading"].active_count() if "threading" in sys.modules else 1
     ready.write(json.dumps({"loaded": loaded, "skipped": skipped, "threads": threads}) + "\n")
