@@ -48,6 +48,11 @@ HAND_BACKS_WITHHELD = Counter(
     "agl_bridge_hand_backs_withheld_total",
     "Hand-backs not made because the Store had moved on (cancelled, finished, started or superseded)",
 )
+SETTLED = Counter(
+    "agl_bridge_rollouts_settled_total",
+    "Rollouts reconciliation found active with a finished latest attempt and no lease, by the status it wrote",
+    ["status"],
+)
 TIMEOUTS_CLAMPED = Counter(
     "agl_bridge_timeouts_clamped_total",
     "Rollouts whose timeout_seconds was lowered to what the broker's visibility timeout covers",
@@ -160,7 +165,8 @@ def export_line(line: str) -> None:
             GATEWAY_ERRORS.labels(kind)
 
 
-for _kind in ("dequeue", "hand_back", "backlog"):
+for _kind in ("dequeue", "hand_back", "backlog", "settle"):
     STORE_ERRORS.labels(_kind)
 for _reason in ("publish_failed", "stranded", "no_room", "shutdown", "error"):
     HANDED_BACK.labels(_reason)
+SETTLED.labels("requeuing")
