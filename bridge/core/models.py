@@ -31,6 +31,8 @@ class RolloutStatus(StrEnum):
 
 
 ACTIVE_ATTEMPT = frozenset({AttemptStatus.PREPARING, AttemptStatus.RUNNING})
+# Ended for good: a span revives an ``unresponsive`` attempt to ``running``, never one of these.
+FINISHED_ATTEMPT = frozenset({AttemptStatus.SUCCEEDED, AttemptStatus.FAILED, AttemptStatus.TIMEOUT})
 ACTIVE_ROLLOUT = frozenset({RolloutStatus.PREPARING, RolloutStatus.RUNNING})
 FINISHED_ROLLOUT = frozenset({RolloutStatus.SUCCEEDED, RolloutStatus.FAILED, RolloutStatus.CANCELLED})
 

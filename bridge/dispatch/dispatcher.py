@@ -16,7 +16,8 @@ refuses it after retries it is handed back to the Store queue (``requeuing``). W
 done (a claim never published, an in-flight entry no message carries, the slot of a worker that died with
 its messages unacknowledged) is repaired by ``reconcile``, on start, every ``BRIDGE_RECONCILE_INTERVAL_S``
 and sooner when asked: it reads the facts and applies the repairs ``bridge.dispatch.reconcile`` plans
-from them (re-publish under the same task id, hand back, free a slot, drop a held rollout). Workers do not
+from them (re-publish under the same task id, hand back, free a slot, drop a held rollout, settle a rollout
+a late span revived with no live attempt). Workers do not
 mark attempts ``running`` (their first span does), so the lease is what tells a started attempt from a
 stranded one; nothing but a drop is repaired before it looked so on two scans ``confirm_s`` apart.
 
@@ -58,8 +59,11 @@ from bridge.dispatch.reconcile import (
     FreeOrphan,
     HandBack,
     Republish,
+    Settle,
     active_attempts,
+    dead_ends,
     plan_repairs,
+    why_not_settle,
 )
 
 log = logging.getLogger("bridge.dispatch.dispatcher")
@@ -366,7 +370,7 @@ class Dispatcher:
 
     def reconcile(self) -> int:
         """One scan: read the facts, plan (``bridge.dispatch.reconcile``), apply the plan; returns how many
-        attempts were re-published or handed back.
+        attempts were re-published or handed back, plus the dead-end rollouts it settled or tried to.
 
         The scan answers every earlier request for one: the next is due after ``reconcile_interval_s``, or
         sooner where the plan asks (a suspect to confirm, a young in-flight entry to look at again); 10 s
@@ -392,7 +396,9 @@ class Dispatcher:
             self._free_slot(free)
         for restart in plan.restarts:
             self._restart(restart)
-        return len(plan.restarts)
+        for settle in plan.settles:
+            self._settle(settle)
+        return len(plan.restarts) + len(plan.settles)
 
     def _reconcile_facts(self) -> Facts:
         """What a scan plans from; stale in-flight entries (older than any task could live) are pruned first."""
@@ -402,10 +408,11 @@ class Dispatcher:
             capacity.prune_stale(self.redis, self.scope, queue, self.settings.redelivery_timeout_s)
             inflight[queue] = capacity.inflight_entries(self.redis, self.scope, queue)
         active = active_attempts(rollouts)
+        ended = dead_ends(rollouts)
         return Facts(
             active=active,
             inflight=inflight,
-            executions=capacity.executions(self.redis, set(active).union(*inflight.values())),
+            executions=capacity.executions(self.redis, set(active).union(ended, *inflight.values())),
             held=frozenset(self._hold.attempt_ids()),
             suspects=dict(self._suspects),
             now=time.time(),
@@ -413,6 +420,7 @@ class Dispatcher:
             dispatcher_id=self.settings.dispatcher_id,
             max_queue_wait_s=self.settings.max_queue_wait_s,
             confirm_s=self.confirm_s,
+            dead_ends=ended,
         )
 
     def _drop_moved_on(self, drops: tuple[DropHeld, ...]) -> None:
@@ -449,6 +457,35 @@ class Dispatcher:
                 *_ids(restart.rollout),
                 "its executor died" if restart.executor_died else "bridge crash or broker loss",
             )
+
+    def _settle(self, settle: Settle) -> None:
+        """Write the status the Store's retry policy gives a dead-end rollout, if a re-read still shows it so
+        (a cancelled, finished, requeued or superseded one is left alone). Errors wait for the next scan."""
+        rid, aid = _ids(settle.rollout)
+        try:
+            current = self.store.get_rollout(rid)
+            why_not = why_not_settle(current, settle)
+            if why_not is None:
+                self.store.update_rollout(rid, status=settle.status)
+        except UnknownIdError:
+            return
+        except Exception as exc:  # a StoreError, or anything else: the next scan sees it again
+            metrics.STORE_ERRORS.labels("settle").inc()
+            log.error("[rollout=%s attempt=%s] could not settle (%s); reconciliation will retry", rid, aid, exc)
+            return
+        if why_not is not None:
+            log.info("[rollout=%s attempt=%s] not settled: %s", rid, aid, why_not)
+            return
+        metrics.SETTLED.labels(settle.status).inc()
+        log.warning(
+            "[rollout=%s attempt=%s] was %s with its latest attempt %s and no lease (a span after the report?);"
+            " set to %s, as the Store's retry policy would",
+            rid,
+            aid,
+            settle.rollout.status,
+            settle.rollout.attempt.status,
+            settle.status,
+        )
 
     def _reconcile_by(self, when: float) -> None:
         """The next reconcile is due no later than ``when`` (monotonic); the earliest request wins."""

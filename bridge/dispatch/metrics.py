@@ -55,6 +55,11 @@ HAND_BACKS_WITHHELD = Counter(
     "agl_bridge_hand_backs_withheld_total",
     "Hand-backs not made because the Store had moved on (cancelled, finished, started or superseded)",
 )
+SETTLED = Counter(
+    "agl_bridge_rollouts_settled_total",
+    "Rollouts reconciliation found active with a finished latest attempt and no lease, by the status it wrote",
+    ["status"],
+)
 TIMEOUTS_CLAMPED = Counter(
     "agl_bridge_timeouts_clamped_total",
     "Rollouts whose timeout_seconds was lowered to what the broker's visibility timeout covers",
@@ -144,6 +149,7 @@ LINE_ONLY: dict[str, tuple[Collector, ...]] = {
         HANDED_BACK,
         HAND_BACKS_WITHHELD,
         ORPHANS_FREED,
+        SETTLED,
         STORE_ERRORS,
         DISPATCH_LATENCY,
         HELD,
@@ -200,7 +206,8 @@ def export_line(line: str) -> None:
         for kind in ("dispatch", "backlog"):
             GATEWAY_ERRORS.labels(kind)
     if line == V03:
-        for kind in ("dequeue", "hand_back", "backlog"):
+        for kind in ("dequeue", "hand_back", "backlog", "settle"):
             STORE_ERRORS.labels(kind)
         for reason in ("publish_failed", "stranded", "no_room", "shutdown", "error"):
             HANDED_BACK.labels(reason)
+        SETTLED.labels("requeuing")

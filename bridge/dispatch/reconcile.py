@@ -2,8 +2,9 @@
 
 The Dispatcher reads the facts (the Store's active attempts, its in-flight entries, the executions' Redis
 markers, its held rollouts, the clocks), plans, and applies the plan in order: first ``drops``, then
-``frees``, then ``restarts``. Nothing here does I/O. The hazards are those of docs/architecture.md,
-"Guarantees" (bridge crash or Redis data loss, dead worker host, a cancelled held rollout):
+``frees``, then ``restarts``, then ``settles``. Nothing here does I/O. The hazards are those of docs/architecture.md,
+"Guarantees" (bridge crash or Redis data loss, dead worker host, a cancelled held rollout, a rollout revived
+with no live attempt):
 
 * stranded: an active attempt this dispatcher claimed (or an executor started) that no in-flight entry
   carries and no executor holds or finished: published again under the same task id, or handed back when
@@ -17,19 +18,37 @@ markers, its held rollouts, the clocks), plans, and applies the plan in order: f
 * moved on: a held rollout whose Store record is no longer a ``preparing`` rollout with our attempt
   ``preparing``: dropped from the hold, never published or handed back. Held rollouts the Store still
   shows as claimed are not stranded: they wait for room on purpose.
+* dead end: a rollout the Store shows ``preparing`` or ``running`` whose latest attempt has finished
+  (``failed``, ``timeout``, ``succeeded``; not ``unresponsive``, which a span revives) and that no executor
+  holds a lease on. The Store leaves one so when a span batch for a ``failed`` attempt lands after the
+  report requeued the rollout: the rollout turns ``running``, the attempt stays ``failed``, and the queued
+  retry is skipped on dequeue. It is settled to the status the Store's retry policy derives from that
+  attempt (``requeuing`` while ``retry_condition`` and ``max_attempts`` allow a retry, else ``failed``;
+  ``succeeded`` for a succeeded one) if a re-read right before the write still shows it so
+  (``why_not_settle``). Whoever claimed it: the repair is the Store's own decision, written again.
 
 Only the drops are immediate. Everything else is repaired once it looked so on two scans at least
 ``confirm_s`` apart, since a Redis restart without persistence loses leases until their holders renew
-them on the next heartbeat.
+them on the next heartbeat; for a dead end the wait also lets writes still on their way to the Store (a
+trainer's cancel, another writer's repair) land before the bridge writes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from bridge.core.capacity import Execution
-from bridge.core.models import ACTIVE_ATTEMPT, AttemptedRollout, AttemptStatus, Rollout, RolloutStatus
+from bridge.core.models import (
+    ACTIVE_ATTEMPT,
+    ACTIVE_ROLLOUT,
+    FINISHED_ATTEMPT,
+    AttemptedRollout,
+    AttemptStatus,
+    Rollout,
+    RolloutConfig,
+    RolloutStatus,
+)
 
 # An attempt Redis holds no marker of: no lease, never started, never reported.
 NO_TRACE = Execution(leased=False, started=False, reported=None)
@@ -57,6 +76,8 @@ class Facts:
     dispatcher_id: str  # the worker id this bridge claims rollouts under
     max_queue_wait_s: float
     confirm_s: float
+    # attempt id -> its rollout, for active rollouts whose latest attempt has finished (``dead_ends``)
+    dead_ends: Mapping[str, AttemptedRollout] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -100,6 +121,15 @@ class HandBack:
 
 
 @dataclass(frozen=True)
+class Settle:
+    """Write ``status`` (what the Store's retry policy derives from the finished latest attempt) on a rollout
+    the Store left active with no live attempt, if a re-read still shows it so (``why_not_settle``)."""
+
+    rollout: AttemptedRollout
+    status: str
+
+
+@dataclass(frozen=True)
 class Plan:
     """The repairs of one scan, each group sorted by attempt id, and what the next scan needs."""
 
@@ -108,6 +138,7 @@ class Plan:
     restarts: tuple[Republish | HandBack, ...]
     suspects: Mapping[str, float]  # the next scan's ``Facts.suspects``: seen now, not confirmed yet
     rescan_by: float | None  # monotonic: the next scan is due no later than this (None: the usual interval)
+    settles: tuple[Settle, ...] = ()  # dead ends, settled as the Store's retry policy would have
 
 
 def active_attempts(rollouts: Iterable[Rollout]) -> dict[str, AttemptedRollout]:
@@ -117,6 +148,41 @@ def active_attempts(rollouts: Iterable[Rollout]) -> dict[str, AttemptedRollout]:
         for r in rollouts
         if isinstance(r, AttemptedRollout) and r.attempt.status in ACTIVE_ATTEMPT
     }
+
+
+def dead_ends(rollouts: Iterable[Rollout]) -> dict[str, AttemptedRollout]:
+    """Attempt id -> rollout, for the rollouts the Store shows ``preparing`` or ``running`` whose latest
+    attempt is finished (``FINISHED_ATTEMPT``): no attempt of theirs can finish them. An ``unresponsive``
+    latest attempt is not one: a span from it revives it."""
+    return {
+        r.attempt.attempt_id: r
+        for r in rollouts
+        if isinstance(r, AttemptedRollout) and r.status in ACTIVE_ROLLOUT and r.attempt.status in FINISHED_ATTEMPT
+    }
+
+
+def settled_status(attempt_status: str, sequence_id: int, config: RolloutConfig) -> str:
+    """The rollout status the Store's retry policy gives a rollout whose latest attempt ended ``attempt_status``:
+    ``succeeded`` for a succeeded one; ``requeuing`` when the status is in ``retry_condition`` and the attempt's
+    ``sequence_id`` is below ``max_attempts``; ``failed`` otherwise (docs/store-protocol.md 6.2)."""
+    if attempt_status == AttemptStatus.SUCCEEDED:
+        return RolloutStatus.SUCCEEDED
+    retry_allowed = attempt_status in config.retry_condition and sequence_id < config.max_attempts
+    return RolloutStatus.REQUEUING if retry_allowed else RolloutStatus.FAILED
+
+
+def why_not_settle(current: object, settle: Settle) -> str | None:
+    """Why the rollout re-read as ``current`` must not be settled; None while it is still the dead end planned:
+    active, with the same latest attempt in the same finished status. A rollout cancelled (or finished, or
+    requeued) since the scan is left as it is; so is one with a newer attempt."""
+    status = getattr(current, "status", None)
+    if status not in ACTIVE_ROLLOUT:
+        return f"the rollout is {status}"
+    if not isinstance(current, AttemptedRollout) or current.attempt.attempt_id != settle.rollout.attempt.attempt_id:
+        return "a later attempt superseded it"
+    if current.attempt.status != settle.rollout.attempt.status:
+        return f"its attempt is {current.attempt.status}"
+    return None
 
 
 def plan_repairs(facts: Facts) -> Plan:
@@ -140,8 +206,10 @@ def plan_repairs(facts: Facts) -> Plan:
     stranded -= facts.held - {drop.attempt_id for drop in drops}  # held on purpose, not stranded
     unstarted = {aid for aid in queue_of if not (marks(aid).leased or marks(aid).started or marks(aid).done)}
     lost = {aid for aid in unstarted if facts.now - recorded[aid] > facts.max_queue_wait_s}
+    dead = {aid for aid in facts.dead_ends if not marks(aid).leased}  # a leased one: its executor is still at it
 
-    confirmed, suspects = confirm_suspects(orphans | stranded | lost, facts.suspects, facts.monotonic, facts.confirm_s)
+    seen = orphans | stranded | lost | dead
+    confirmed, suspects = confirm_suspects(seen, facts.suspects, facts.monotonic, facts.confirm_s)
 
     frees: list[FreeLost | FreeOrphan] = []
     for aid in sorted(confirmed & lost):
@@ -153,12 +221,13 @@ def plan_repairs(facts: Facts) -> Plan:
         if aid in facts.active and not marks(aid).done:
             stranded.add(aid)
     restarts = tuple(_restart(facts.active[aid], marks(aid), facts) for aid in sorted(confirmed & stranded))
+    settles = tuple(_settle(facts.dead_ends[aid]) for aid in sorted(confirmed & dead))
 
     due = [first + facts.confirm_s + CONFIRM_MARGIN_S for first in suspects.values()]
     waits = [recorded[aid] + facts.max_queue_wait_s + LOST_MARGIN_S - facts.now for aid in unstarted - lost]
     if waits:
         due.append(facts.monotonic + max(RESCAN_FLOOR_S, min(waits)))
-    return Plan(tuple(drops), tuple(frees), restarts, suspects, min(due, default=None))
+    return Plan(tuple(drops), tuple(frees), restarts, suspects, min(due, default=None), settles)
 
 
 def confirm_suspects(
@@ -199,3 +268,7 @@ def _restart(rollout: AttemptedRollout, marks: Execution, facts: Facts) -> Repub
     if age > facts.max_queue_wait_s and rollout.attempt.status == AttemptStatus.PREPARING:
         return HandBack(rollout)
     return Republish(rollout, executor_died=marks.started)
+
+
+def _settle(rollout: AttemptedRollout) -> Settle:
+    return Settle(rollout, settled_status(rollout.attempt.status, rollout.attempt.sequence_id, rollout.config))

@@ -1,6 +1,7 @@
 """The bridge process on its own: backpressure, clean SIGTERM, repair of rollouts stranded by a crash
-(between dequeue and publish, or between recording the slot and the broker taking the message), and
-time limits the broker's visibility timeout can cover."""
+(between dequeue and publish, or between recording the slot and the broker taking the message) or left
+``running`` with no live attempt by a span batch the Store took after a ``failed`` report, and time limits
+the broker's visibility timeout can cover."""
 
 from __future__ import annotations
 
@@ -24,8 +25,9 @@ from bridge.dispatch.dispatcher import Dispatcher
 from bridge.dispatch.publisher import Publisher
 from bridge_lab.stack import LocalStack
 from tests.helpers import attempts, enqueue, rollout, split_tasks, stack_for, wait_finished
+from workers.telemetry.spans import AttemptTelemetry
 
-pytestmark = [pytest.mark.integration, pytest.mark.cost(56)]
+pytestmark = [pytest.mark.integration, pytest.mark.cost(76)]
 
 
 def _count(store_url: str, status: str) -> int:
@@ -153,6 +155,106 @@ def test_reconcile_frees_in_flight_entries_no_message_carries_and_hands_their_at
         client.delete(keys.lease(running.attempt.attempt_id), keys.started(running.attempt.attempt_id))
         client.close()
         store.close()
+
+
+RETRIES = {"max_attempts": 3, "retry_condition": ["failed"]}
+
+
+def _post_span(store: StoreClient, claimed: AttemptedRollout, name: str) -> None:
+    """One OTLP/HTTP span batch for ``claimed``'s attempt, encoded as the workers encode theirs."""
+    telemetry = AttemptTelemetry(
+        store, rollout_id=claimed.rollout_id, attempt_id=claimed.attempt.attempt_id, service_name="test"
+    )
+    try:
+        with telemetry.span(name):
+            pass
+        telemetry.flush()
+    finally:
+        telemetry.close()
+
+
+def _revive_after_failed_report(store: StoreClient, claimed: AttemptedRollout) -> None:
+    """The hazard: a worker's span, its ``failed`` report (the retry policy requeues the rollout), then a span
+    batch for the same attempt that the Store takes late (one the worker gave up on after a timeout)."""
+    rid, aid = claimed.rollout_id, claimed.attempt.attempt_id
+    _post_span(store, claimed, "step")
+    store.update_attempt(rid, aid, status="failed")
+    assert rollout(store.base_url, rid)["status"] == "requeuing"
+    _post_span(store, claimed, "late")
+    view = rollout(store.base_url, rid)
+    assert (view["status"], view["attempt"]["attempt_id"], view["attempt"]["status"]) == ("running", aid, "failed")
+
+
+def test_the_store_strands_a_rollout_a_late_span_revives_after_its_failed_report(clean_store: LocalStack) -> None:
+    """The Store's side alone (docs/store-protocol.md 6.5): the late span makes the rollout ``running`` while its
+    only attempt stays ``failed``, and no dequeue ever returns it; nothing in the Store finishes it."""
+    store = StoreClient(clean_store.store_url)
+    try:
+        [rid] = enqueue(clean_store.store_url, [{"instruction": "x"}], config=RETRIES)
+        [claimed] = store.dequeue(1, "some-worker")
+        _revive_after_failed_report(store, claimed)
+        assert store.dequeue(10, "some-worker") == []
+        assert [a.status for a in store.list_attempts(rid)] == ["failed"]
+        assert rollout(clean_store.store_url, rid)["status"] == "running"
+    finally:
+        store.close()
+
+
+def test_reconcile_requeues_a_rollout_a_late_span_revived_and_spares_leased_and_cancelled_ones(
+    clean_store: LocalStack,
+) -> None:
+    """Three rollouts revived by a late span: one nobody holds goes back to ``requeuing`` (what the retry policy
+    had decided) once two scans saw it, and is dequeued for its second attempt; one whose attempt an executor
+    still leases is left alone; one the trainer cancels between the scans stays cancelled."""
+    settings = load_settings(store_url=clean_store.store_url, broker_url=clean_store.broker_url)
+    client = coordination_client(clean_store.broker_url)
+    store = StoreClient(clean_store.store_url)
+    enqueue(clean_store.store_url, [{"instruction": str(n)} for n in range(3)], config=RETRIES)
+    revived, leased, cancelled = store.dequeue(3, "some-worker")
+    for claimed in (revived, leased, cancelled):
+        _revive_after_failed_report(store, claimed)
+    client.set(keys.lease(leased.attempt.attempt_id), "some-executor", px=60_000)
+    publisher = _RecordingPublisher()
+    dispatcher = Dispatcher(settings, store, client, publisher)  # type: ignore[arg-type]
+    dispatcher.confirm_s = 1.0
+    try:
+        assert dispatcher.reconcile() == 0  # first sight: only suspected
+        assert rollout(clean_store.store_url, revived.rollout_id)["status"] == "running"
+        store.update_rollout(cancelled.rollout_id, status="cancelled")
+        time.sleep(1.2)
+        assert dispatcher.reconcile() == 1
+        assert rollout(clean_store.store_url, revived.rollout_id)["status"] == "requeuing"
+        assert rollout(clean_store.store_url, leased.rollout_id)["status"] == "running"
+        assert rollout(clean_store.store_url, cancelled.rollout_id)["status"] == "cancelled"
+        assert publisher.published == []
+        [retry] = store.dequeue(10, "some-worker")
+        assert retry.rollout_id == revived.rollout_id and retry.attempt.sequence_id == 2
+    finally:
+        client.delete(keys.lease(leased.attempt.attempt_id))
+        client.close()
+        store.close()
+
+
+def test_the_bridge_process_recovers_a_rollout_a_late_span_revived_and_a_worker_runs_its_retry(
+    clean_store: LocalStack, tmp_path: Path
+) -> None:
+    """End to end: the hazard made against the real Store, then a bridge and a worker started; the bridge's
+    reconcile requeues the rollout and the worker runs its second attempt to the end."""
+    store = StoreClient(clean_store.store_url)
+    try:
+        [rid] = enqueue(clean_store.store_url, split_tasks(1), config=RETRIES)
+        [claimed] = store.dequeue(1, "some-worker")
+        _revive_after_failed_report(store, claimed)
+    finally:
+        store.close()
+    # Heartbeats every second: reconcile confirms after two heartbeats and 5 s.
+    stack = stack_for(clean_store, tmp_path, workers=1, concurrency=2, extra_env={"HEARTBEAT_INTERVAL_S": "1"})
+    with stack:
+        view = wait_finished(clean_store.store_url, [rid], timeout_s=90)[rid]
+        bridge_log = stack.process("bridge").log_path.read_text()
+    assert view["status"] == "succeeded", view
+    assert [a["status"] for a in attempts(clean_store.store_url, rid)] == ["failed", "succeeded"]
+    assert "as the Store's retry policy would" in bridge_log
 
 
 def test_a_timeout_the_broker_cannot_cover_is_clamped_at_publish(clean_store: LocalStack) -> None:

@@ -16,8 +16,8 @@ import pytest
 import redis
 
 from bridge.core.capacity import Execution
-from bridge.core.errors import StoreError
-from bridge.core.models import AttemptedRollout, Rollout
+from bridge.core.errors import StoreError, UnknownIdError
+from bridge.core.models import AttemptedRollout, Rollout, RolloutConfig
 from bridge.core.settings import load_settings
 from bridge.dispatch.dispatcher import Dispatcher
 from bridge.dispatch.reconcile import (
@@ -28,8 +28,12 @@ from bridge.dispatch.reconcile import (
     HandBack,
     Plan,
     Republish,
+    Settle,
     active_attempts,
+    dead_ends,
     plan_repairs,
+    settled_status,
+    why_not_settle,
 )
 
 US = "celery-bridge"  # the dispatcher id this bridge claims under
@@ -78,13 +82,13 @@ def _facts(*rollouts: AttemptedRollout, **fields: Any) -> Facts:
 
 
 def _nothing_done(plan: Plan) -> bool:
-    return not (plan.drops or plan.frees or plan.restarts)
+    return not (plan.drops or plan.frees or plan.restarts or plan.settles)
 
 
 def _confirmed(facts: Facts) -> Plan:
     """The second of two scans ``confirm_s`` apart that read the same facts; the first repairs nothing."""
     first = plan_repairs(facts)
-    assert not (first.frees or first.restarts), first
+    assert not (first.frees or first.restarts or first.settles), first
     return plan_repairs(dataclasses.replace(facts, suspects=first.suspects, monotonic=MONO + CONFIRM))
 
 
@@ -310,6 +314,94 @@ def test_only_latest_attempts_preparing_or_running_are_active() -> None:
     assert active_attempts([queuing, preparing, running, finished]) == {"at-1": preparing, "at-2": running}
 
 
+# --- dead ends: active rollouts whose latest attempt finished -------------------------------------------------
+
+
+def _dead_end(
+    n: int, *, status: str = "running", attempt_status: str = "failed", sequence_id: int = 1, **config: Any
+) -> AttemptedRollout:
+    """A rollout the Store shows ``status`` with its latest attempt ``attempt_status`` (a late span's doing)."""
+    rollout = _rollout(n, status=status, attempt_status=attempt_status)
+    attempt = rollout.attempt.model_copy(update={"sequence_id": sequence_id})
+    retries = RolloutConfig.model_validate({"max_attempts": 3, "retry_condition": ["failed", "timeout"], **config})
+    return rollout.model_copy(update={"attempt": attempt, "config": retries})
+
+
+def _dead_facts(*rollouts: AttemptedRollout, **fields: Any) -> Facts:
+    return _facts(active={}, dead_ends={r.attempt.attempt_id: r for r in rollouts}, **fields)
+
+
+def test_a_rollout_a_late_span_revived_after_its_failed_report_requeued_it_is_requeued_again() -> None:
+    """A span batch for a ``failed`` attempt that the Store took after the report had requeued the rollout made
+    it ``running`` again with no live attempt: confirmed over two scans, put back to ``requeuing``."""
+    revived = _dead_end(1)
+    first = plan_repairs(_dead_facts(revived))
+    assert _nothing_done(first) and first.suspects == {"at-1": MONO}
+    assert first.rescan_by == MONO + CONFIRM + 0.5
+    plan = _confirmed(_dead_facts(revived))
+    assert plan.settles == (Settle(revived, "requeuing"),)
+    assert not (plan.drops or plan.frees or plan.restarts) and plan.suspects == {}
+
+
+def test_a_dead_end_whose_attempt_an_executor_still_leases_is_never_touched() -> None:
+    plan = _confirmed(_dead_facts(_dead_end(1), executions={"at-1": LEASED}))
+    assert _nothing_done(plan) and plan.suspects == {}
+
+
+def test_a_dead_end_that_settles_before_the_confirming_scan_is_forgotten() -> None:
+    first = plan_repairs(_dead_facts(_dead_end(1)))
+    later = plan_repairs(_facts(suspects=first.suspects, monotonic=MONO + CONFIRM))
+    assert _nothing_done(later) and later.suspects == {}
+
+
+@pytest.mark.parametrize(
+    ("attempt_status", "sequence_id", "config", "expected"),
+    [
+        ("failed", 1, {}, "requeuing"),
+        ("timeout", 2, {}, "requeuing"),
+        ("failed", 3, {}, "failed"),  # no attempt left
+        ("failed", 1, {"retry_condition": ["timeout"]}, "failed"),  # not a status the trainer retries
+        ("failed", 1, {"max_attempts": 1, "retry_condition": []}, "failed"),  # the Store's defaults
+        ("succeeded", 1, {}, "succeeded"),
+    ],
+)
+def test_a_dead_end_is_settled_as_the_stores_retry_policy_would(
+    attempt_status: str, sequence_id: int, config: dict[str, Any], expected: str
+) -> None:
+    rollout = _dead_end(1, attempt_status=attempt_status, sequence_id=sequence_id, **config)
+    assert settled_status(attempt_status, sequence_id, rollout.config) == expected
+    assert _confirmed(_dead_facts(rollout)).settles == (Settle(rollout, expected),)
+
+
+def test_which_rollouts_are_dead_ends() -> None:
+    revived = _dead_end(1)
+    preparing_failed = _dead_end(2, status="preparing")
+    timed_out = _dead_end(3, attempt_status="timeout")
+    unresponsive = _dead_end(4, attempt_status="unresponsive")  # a span from it revives it: not ended
+    live = _rollout(5, status="running", attempt_status="running")
+    requeued = _dead_end(6, status="requeuing")
+    cancelled = _dead_end(7, status="cancelled")
+    finished = _rollout(8, status="succeeded", attempt_status="succeeded")
+    queuing = Rollout.model_validate({"rollout_id": "ro-0", "status": "queuing"})
+    listed = [revived, preparing_failed, timed_out, unresponsive, live, requeued, cancelled, finished, queuing]
+    found = dead_ends(listed)
+    assert found == {"at-1": revived, "at-2": preparing_failed, "at-3": timed_out}
+
+
+def test_a_dead_end_is_settled_only_while_a_re_read_still_shows_it() -> None:
+    """Right before the write the Dispatcher reads the rollout again: a cancel, a retry or a newer attempt
+    since the scan leaves it alone."""
+    settle = Settle(_dead_end(1), "requeuing")
+    assert why_not_settle(_dead_end(1), settle) is None
+    assert why_not_settle(_dead_end(1, status="cancelled"), settle) == "the rollout is cancelled"
+    assert why_not_settle(_dead_end(1, status="requeuing"), settle) == "the rollout is requeuing"
+    newer = _rollout(1, status="running", attempt_status="running")
+    newer = newer.model_copy(update={"attempt": newer.attempt.model_copy(update={"attempt_id": "at-1b"})})
+    assert why_not_settle(newer, settle) == "a later attempt superseded it"
+    assert why_not_settle(_dead_end(1, attempt_status="timeout"), settle) == "its attempt is timeout"
+    assert why_not_settle(Rollout.model_validate({"rollout_id": "ro-1", "status": "running"}), settle) is not None
+
+
 # --- the Dispatcher's schedule --------------------------------------------------------------------------
 
 
@@ -341,3 +433,36 @@ def test_a_scan_that_cannot_read_its_facts_answers_earlier_requests_and_tries_ag
     assert dispatcher.reconcile() == 0
     assert dispatcher._next_reconcile == pytest.approx(time.monotonic() + 10.0, abs=1.0)
     assert dispatcher._suspects == {"at-1": 1.0}  # nothing seen: nothing forgotten
+
+
+class _SettleStore:
+    """Answers the re-read with ``current`` (or raises it) and records the writes."""
+
+    def __init__(self, current: object) -> None:
+        self.current = current
+        self.writes: list[tuple[str, dict[str, Any]]] = []
+
+    def get_rollout(self, rollout_id: str) -> object:
+        if isinstance(self.current, Exception):
+            raise self.current
+        return self.current
+
+    def update_rollout(self, rollout_id: str, **fields: Any) -> None:
+        self.writes.append((rollout_id, fields))
+
+
+@pytest.mark.parametrize(
+    ("current", "writes"),
+    [
+        (_dead_end(1), [("ro-1", {"status": "requeuing"})]),
+        (_dead_end(1, status="cancelled"), []),  # cancelled since the scan: stays cancelled
+        (StoreError("the Store is down"), []),  # the next scan sees it again
+        (UnknownIdError("gone", path="/rollouts/ro-1"), []),
+    ],
+)
+def test_the_dispatcher_settles_a_dead_end_only_after_a_re_read_and_never_raises(
+    current: object, writes: list[tuple[str, dict[str, Any]]]
+) -> None:
+    store = _SettleStore(current)
+    _dispatcher(store)._settle(Settle(_dead_end(1), "requeuing"))
+    assert store.writes == writes
