@@ -19,7 +19,7 @@ import redis
 from bridge.core import capacity, keys
 from bridge.core.coordination import coordination_client
 from bridge.core.models import AttemptedRollout
-from bridge.core.settings import load_settings
+from bridge.core.settings import Settings, load_settings
 from bridge.core.store import API, StoreClient
 from bridge.dispatch.dispatcher import Dispatcher
 from bridge.dispatch.publisher import Publisher
@@ -93,6 +93,16 @@ class _RecordingPublisher:
         self.published.append(rollout.attempt.attempt_id)
 
 
+def _quick_dispatcher(
+    settings: Settings, store: StoreClient, client: redis.Redis
+) -> tuple[Dispatcher, _RecordingPublisher]:
+    """A dispatcher publishing to a recorder, confirming a suspect on a second scan 1 s after the first."""
+    publisher = _RecordingPublisher()
+    dispatcher = Dispatcher(settings, store, client, publisher)  # type: ignore[arg-type]
+    dispatcher.confirm_s = 1.0
+    return dispatcher, publisher
+
+
 def test_reconcile_spares_leased_attempts_and_repairs_the_rest_only_when_confirmed(clean_store: LocalStack) -> None:
     """No `running` mark is sent by workers: a `preparing` attempt an executor holds the lease of is running."""
     settings = load_settings(store_url=clean_store.store_url, broker_url=clean_store.broker_url)
@@ -102,9 +112,7 @@ def test_reconcile_spares_leased_attempts_and_repairs_the_rest_only_when_confirm
     claimed = store.dequeue(2, settings.dispatcher_id)
     running, stranded = (rollout.attempt.attempt_id for rollout in claimed)
     client.set(keys.lease(running), "some-executor", px=60_000)  # executing, no message in flight
-    publisher = _RecordingPublisher()
-    dispatcher = Dispatcher(settings, store, client, publisher)  # type: ignore[arg-type]
-    dispatcher.confirm_s = 1.0
+    dispatcher, publisher = _quick_dispatcher(settings, store, client)
     try:
         assert dispatcher.reconcile() == 0  # first sight: only suspected
         assert publisher.published == []
@@ -134,9 +142,7 @@ def test_reconcile_frees_in_flight_entries_no_message_carries_and_hands_their_at
         client.zadd(keys.inflight(clean_store.scope, queue), {item.attempt.attempt_id: recorded})
     client.set(keys.started(running.attempt.attempt_id), "1", px=60_000)
     client.set(keys.lease(running.attempt.attempt_id), "some-executor", px=60_000)
-    publisher = _RecordingPublisher()
-    dispatcher = Dispatcher(settings, store, client, publisher)  # type: ignore[arg-type]
-    dispatcher.confirm_s = 1.0
+    dispatcher, publisher = _quick_dispatcher(settings, store, client)
     try:
         assert dispatcher.reconcile() == 0  # first sight: only suspected
         time.sleep(1.2)
@@ -214,9 +220,7 @@ def test_reconcile_requeues_a_rollout_a_late_span_revived_and_spares_leased_and_
     for claimed in (revived, leased, cancelled):
         _revive_after_failed_report(store, claimed)
     client.set(keys.lease(leased.attempt.attempt_id), "some-executor", px=60_000)
-    publisher = _RecordingPublisher()
-    dispatcher = Dispatcher(settings, store, client, publisher)  # type: ignore[arg-type]
-    dispatcher.confirm_s = 1.0
+    dispatcher, publisher = _quick_dispatcher(settings, store, client)
     try:
         assert dispatcher.reconcile() == 0  # first sight: only suspected
         assert rollout(clean_store.store_url, revived.rollout_id)["status"] == "running"
