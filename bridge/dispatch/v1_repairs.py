@@ -22,6 +22,9 @@ As in the 0.3 reconcile (``bridge.dispatch.reconcile``), what is repaired becaus
 (never started, lost worker) is repaired only once it looked so on two scans ``confirm_s`` apart: a Redis
 restart loses leases and markers until their holders renew them. Kept records and stale entries are acted on at
 once (the record is the worker's own word; a stale entry frees only a slot).
+
+The 0.3 reconcile's dead end has no counterpart here: the gateway never moves a rollout out of ``succeeded`` or
+``failed``, retries nothing, takes no spans, and a late event changes no status (docs/agl-v1.md, "Guarantees").
 """
 
 from __future__ import annotations
