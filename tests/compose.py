@@ -9,7 +9,8 @@ then the checks compose makes before it starts anything: known top-level and ser
 is an error), an image or a build per service, environment and env_file forms (a required env_file must
 exist), port syntax with a valid host address, ``depends_on`` naming services that are active with the same
 profiles and conditions compose knows, health check forms and durations, named volumes declared and bind
-mounts that exist. It raises ``ComposeError`` at the first problem and returns the services that would run.
+mounts that exist. It raises ``ComposeError`` at the first problem and returns the services that would run, each
+environment as its container gets it (a name without a value: the variable's value, or left out when unset).
 """
 
 from __future__ import annotations
@@ -209,7 +210,27 @@ def load(
     volumes = resolved.get("volumes") or {}
     for name in sorted(active):
         _service(name, services[name], project_dir or path.parent, active, volumes)
+        if "environment" in services[name]:
+            services[name]["environment"] = _passed_through(services[name]["environment"], env)
     return {name: services[name] for name in services if name in active}
+
+
+def _passed_through(environment: dict[str, Any] | list[str], env: Mapping[str, str]) -> dict[str, str]:
+    """A service's environment as its container gets it: a name without a value takes the variable's value from
+    ``env`` (the shell and .env), and is left out of the container when ``env`` does not set it."""
+    items = (
+        [(key, value) for key, value in environment.items()]
+        if isinstance(environment, dict)
+        else [(item.partition("=")[0], item.partition("=")[2] if "=" in item else None) for item in environment]
+    )
+    resolved: dict[str, str] = {}
+    for key, value in items:
+        if value is None:
+            if key in env:
+                resolved[key] = env[key]
+        else:
+            resolved[key] = str(value)
+    return resolved
 
 
 SIZING = re.compile(

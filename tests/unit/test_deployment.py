@@ -195,7 +195,14 @@ def test_the_compose_checker_bites(tmp_path: Path) -> None:
         "condition": (text.replace("condition: service_healthy", "condition: healthy", 1), "unknown condition"),
         "interpolation": (text.replace("${STORE_PORT:-4747}", "${STORE PORT}", 1), "invalid interpolation"),
         "top level": (text + "\nvolume:\n  extra:\n", "at top level"),
-        "env_file": (text.replace("      required: false", "      required: true", 1), ".env not found"),
+        "env_file": (
+            text.replace(
+                '    command: ["python", "-m", "bridge", "run"',
+                '    env_file: [{path: .env, required: true}]\n    command: ["python", "-m", "bridge", "run"',
+                1,
+            ),
+            ".env not found",
+        ),
     }
     for why, (variant, message) in broken.items():
         assert variant != text, why
@@ -324,7 +331,8 @@ def _kubernetes_text() -> str:
 
 def test_compose_runs_the_1_0_dispatcher_with_its_key_from_the_environment() -> None:
     """Profile agl-v1: `python -m bridge v1` with its metrics on 9102 (published on loopback, scraped by the
-    monitoring profile), the gateway's key only from .env (never on a command line, not even the gateway's own),
+    monitoring profile), the gateway's key only from .env into its environment (never on a command line, not even the
+    gateway's own),
     and every 1.0 service on the same gateway URL and queue."""
     key = "a-gateway-key-of-ours"
     services = load(COMPOSE, {**LOGIN, "AGL_V1_KEY": key}, PROFILES)
@@ -335,9 +343,10 @@ def test_compose_runs_the_1_0_dispatcher_with_its_key_from_the_environment() -> 
     assert port == "9102" and dispatcher["ports"] == [f"127.0.0.1:9102:{port}"]
     assert port in str(dispatcher["healthcheck"]["test"])
     assert dispatcher["depends_on"]["redis"]["condition"] == "service_healthy"
-    assert {"path": ".env", "required": False} in dispatcher["env_file"]
+    assert dispatcher["environment"]["AGL_V1_KEY"] == key and "env_file" not in dispatcher
     for name, service in services.items():
-        assert key not in json.dumps(service), f"{name} carries the key in its definition"
+        outside = {k: v for k, v in service.items() if k != "environment"}
+        assert key not in json.dumps(outside), f"{name} carries the key outside its environment"
     gateway = _argv(services["agl-gateway"]["command"])
     assert "key=${oc.env:AGL_V1_KEY}" in gateway  # Hydra reads it from the environment
     worker = services["worker-agl-v1"]
