@@ -49,6 +49,8 @@ CMD ["python", "-m", "webshop_env", "serve", "--host", "0.0.0.0", "--port", "300
 # agentlightning 1.0 and this project (the built-in WebShop program), so programs' packages never pin the worker's.
 # Add your agent package there: FROM this image, `RUN /opt/agent/bin/pip install my-agents` as root.
 # It also holds 1.0's gateway, /opt/agent/bin/agl-server (docker-compose.yml, profile agl-v1-gateway).
+# Its setup repeats base's line for line (a stage cannot build FROM one on another Python); tests/unit/test_deployment.py
+# keeps the two in step.
 FROM python:3.12-slim AS worker-agl-v1
 ENV PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \

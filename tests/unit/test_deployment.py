@@ -325,6 +325,26 @@ def test_every_build_target_is_a_dockerfile_stage_and_the_default_build_is_the_g
     assert re.search(r"^USER agl$", stage, flags=re.M), "the worker runs as the image's non-root user"
 
 
+def test_the_1_0_stage_repeats_the_base_stage_line_for_line() -> None:
+    """The 1.0 stage cannot build FROM ``base`` (Python 3.12 against 3.11), so it repeats base's setup: the same
+    ENV, init, user, WORKDIR, copies and ENTRYPOINT, plus only its own. A change to one that misses the other fails
+    here instead of shipping two images that behave differently."""
+    found = stages(DOCKERFILE)
+
+    def instructions(stage: str) -> list[str]:
+        lines = [" ".join(line.split()) for line in found[stage].text.splitlines()]
+        return [line for line in lines if line.split()[0] in ("ENV", "RUN", "WORKDIR", "COPY", "ENTRYPOINT", "USER")]
+
+    def env(stage: str) -> set[str]:
+        return {word for line in instructions(stage) if line.startswith("ENV ") for word in line.split()[1:]}
+
+    base, v1 = instructions("base"), instructions("worker-agl-v1")
+    assert env("base") and env("base") <= env("worker-agl-v1"), env("base") - env("worker-agl-v1")
+    assert env("worker-agl-v1") - env("base") == {"AGL_V1_AGENT_PYTHON=/opt/agent/bin/python"}
+    shared = [line for line in base if not line.startswith("ENV ")]
+    assert shared and [line for line in v1 if line in shared] == shared, "base's setup, in base's order"
+
+
 def _kubernetes_text() -> str:
     return "\n".join(path.read_text() for path in sorted((ROOT / "deploy/kubernetes").rglob("*.yaml")))
 
