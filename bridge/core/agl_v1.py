@@ -304,6 +304,40 @@ class GatewayClient:
         except GatewayConflict:
             return False
 
+    def supersede(self, rollout_id: str, attempt_id: str, next_attempt_id: str) -> V1Rollout | None:
+        """Make ``next_attempt_id`` the current attempt of the rollout, if it is still ``running`` on ``attempt_id``;
+        the rollout as moved, None when it is gone, GatewayConflict (nothing moved) when it finished or is on
+        another attempt.
+
+        The gateway takes a ``last_attempt_id`` without a ``state`` even on a finished rollout, refuses ``state:
+        running`` on a running one (not a transition), and has no conditional update; so: one read, the write of
+        ``last_attempt_id`` alone, and the write's answer (the rollout as that write left it) checked. A rollout
+        that finished between the read and the write gets ``attempt_id`` written back at once, before this returns
+        (docs/agl-v1.md, "The window that remains")."""
+        current = self.get_rollout(rollout_id)
+        if current is None:
+            return None
+        state, named = current.status.state, current.status.last_attempt_id or FIRST_ATTEMPT
+        if state != V1State.RUNNING or named != attempt_id:
+            why = f"rollout {rollout_id} is {state.value} on attempt {named}, not running on {attempt_id}"
+            raise GatewayConflict(why)
+        moved = self.patch_status(rollout_id, last_attempt_id=next_attempt_id)
+        if moved is None or moved.status.state == V1State.RUNNING:
+            return moved
+        try:
+            if self.patch_status(rollout_id, last_attempt_id=attempt_id) is None:
+                return None
+        except GatewayError as exc:
+            raise GatewayError(
+                f"rollout {rollout_id} finished ({moved.status.state.value}) before attempt {next_attempt_id} was "
+                f"named, and writing attempt {attempt_id} back failed: the trainer reads attempt "
+                f"{next_attempt_id}'s events ({exc})"
+            ) from exc
+        raise GatewayConflict(
+            f"rollout {rollout_id} finished ({moved.status.state.value}) before attempt {next_attempt_id} was named: "
+            f"attempt {attempt_id} written back"
+        )
+
     def _send(
         self, method: str, path: str, *, allow: tuple[int, ...] = (), retries: int | None = None, **kwargs: Any
     ) -> httpx.Response:

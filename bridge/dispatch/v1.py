@@ -483,7 +483,9 @@ class V1Dispatcher:
         self.redis.delete(_keys_of(self._state_key(repair.key)).result)
 
     def _rerun(self, repair: Rerun) -> None:
-        """Name the next attempt on the gateway, then publish it: a late report of the old one is refused."""
+        """Name the next attempt on the gateway, then publish it: a late report of the old one is refused. A
+        rollout that finished (or moved on, or is gone) since the listing keeps its attempt and nothing is
+        published (``GatewayClient.supersede``)."""
         rid, old, new = repair.rollout.rollout_id, repair.attempt_id, repair.next_attempt_id
         if repair.handover:  # counted before the gateway moves on, so a crash in between cannot lose it
             counted = keys.v1_handovers(self.scope, rid)
@@ -493,9 +495,11 @@ class V1Dispatcher:
         else:
             log.warning("[v1 rollout=%s] the worker running attempt %s was lost: running it again as %s", rid, old, new)
         try:
-            moved = self.gateway.patch_status(rid, last_attempt_id=new)
+            moved = self.gateway.supersede(rid, old, new)
+            if moved is None:
+                log.info("[v1 rollout=%s] not run again: the gateway no longer has it", rid)
         except GatewayConflict as exc:
-            log.info("[v1 rollout=%s] not run again: %s", rid, exc)
+            log.info("[v1 rollout=%s] not run again, nothing to re-run: %s", rid, exc)
             moved = None
         capacity.clear_inflight(self.redis, self.scope, self.queue, repair.key)
         if moved is not None:

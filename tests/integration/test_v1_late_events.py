@@ -8,14 +8,22 @@ only by a ``PATCH`` and never leaves ``succeeded`` or ``failed``; a late event o
 its attempt and changes no status field; there is no span ingestion at all. A gateway version that changes any
 of this fails here. The reports are made as our workers and dispatcher make them (``GatewayClient``), the late
 traffic as an agent program sends it (``AGL_EVENT_URL``, ``AGL_OPENAI_BASE_URL``), against an in-process model
-endpoint. No Redis, broker or worker is involved.
+endpoint. No broker or worker is involved.
+
+The gateway also takes a ``last_attempt_id`` write without a ``state`` on a finished rollout, refuses ``state:
+running`` on a running one, and has no conditional update (recorded here too), so no single write names a re-run's
+attempt on a running rollout only, and a re-run the dispatcher planned from a listing could move a rollout
+finished since onto an attempt with no events. So the dispatcher's reconcile runs here too (with this test's Redis
+database and a broker that records) against a rollout the trainer or a report finishes right after the listing,
+or right after the re-run's own read: it keeps its attempt and events and nothing is published.
 """
 
 from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -23,11 +31,17 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
 
-from bridge.core.agl_v1 import GatewayClient, GatewayConflict, V1Rollout, V1State
+from bridge.core import capacity, keys
+from bridge.core.agl_v1 import GatewayClient, GatewayConflict, Malformed, V1Rollout, V1State, scoped_attempt_key
+from bridge.core.coordination import coordination_client
+from bridge.core.settings import load_settings
+from bridge.dispatch.v1 import V1Dispatcher
 from bridge.dispatch.v1_repairs import Republish, V1Facts, current_key, plan_v1_repairs
 from bridge_lab.agl_v1_env import v1_virtualenv
 from bridge_lab.procs import StackError, free_port, serving
+from tests.helpers import TEST_REDIS_URL
 from tests.prerequisites import missing
 
 pytestmark = [pytest.mark.integration, pytest.mark.cost(5)]
@@ -159,7 +173,7 @@ def test_what_arrives_for_an_attempt_a_re_run_superseded_leaves_the_rollout_on_i
     gateway: Gateway,
 ) -> None:
     rid = gateway.started().rollout_id
-    assert gateway.client.patch_status(rid, last_attempt_id="1")  # the dispatcher's re-run after a lost worker
+    assert gateway.client.supersede(rid, "0", "1")  # the dispatcher's re-run after a lost worker
     moved = gateway.detail(rid)["rollout"]["status"]
 
     assert gateway.late_traffic(rid, "0") == {"event": 200, "llm": 200, "spans": 404}
@@ -189,3 +203,145 @@ def test_what_arrives_for_an_attempt_a_re_run_superseded_leaves_the_rollout_on_i
 
     assert gateway.client.finish(rid, "1", V1State.SUCCEEDED, "")
     assert gateway.detail(rid)["rollout"]["status"]["state"] == V1State.SUCCEEDED
+
+
+def test_no_write_names_a_new_attempt_on_a_running_rollout_only(gateway: Gateway) -> None:
+    """Why the re-run cannot refuse a finished rollout in one write (``GatewayClient.supersede``): the gateway
+    guards ``state`` only, ``running`` is no transition from ``running``, and no write is conditional."""
+    running = gateway.started().rollout_id
+    before = gateway.detail(running)["rollout"]["status"]
+    rerun = {"status": {"state": "running", "last_attempt_id": "1"}}
+    assert gateway.http.patch(f"/api/rollouts/{running}", json=rerun).status_code == 409  # a running one too
+    assert gateway.detail(running)["rollout"]["status"] == before  # version and updated_at included
+    stale = {"status": {"last_attempt_id": "1", "version": before["version"] - 1}}
+    assert gateway.http.patch(f"/api/rollouts/{running}", json=stale).status_code == 422  # no such field
+    match = gateway.http.patch(
+        f"/api/rollouts/{running}", json={"status": {"last_attempt_id": "1"}}, headers={"If-Match": '"0"'}
+    )
+    assert match.status_code == 200 and "etag" not in match.headers  # the condition is ignored
+    assert gateway.detail(running)["rollout"]["status"]["last_attempt_id"] == "1"
+
+    finished = gateway.started().rollout_id
+    assert gateway.client.finish(finished, "0", V1State.FAILED, "")
+    before = gateway.detail(finished)["rollout"]["status"]
+    assert gateway.http.patch(f"/api/rollouts/{finished}", json=rerun).status_code == 409
+    assert gateway.detail(finished)["rollout"]["status"] == before
+    moved = gateway.http.patch(f"/api/rollouts/{finished}", json={"status": {"last_attempt_id": "1"}})
+    assert moved.status_code == 200  # taken, and its answer shows the state the write found
+    assert (moved.json()["status"]["state"], moved.json()["status"]["last_attempt_id"]) == ("failed", "1")
+
+
+class _Meanwhile(GatewayClient):
+    """The dispatcher's gateway client, with ``then`` run once right after its next listing (``list``) or read of
+    one rollout (``read``): a trainer or a worker writing between the dispatcher's calls."""
+
+    def __init__(self, url: str, *, key: str) -> None:
+        super().__init__(url, key=key, retries=0)
+        self.then: dict[str, Callable[[], None]] = {}
+
+    def list_checked(self, *states: V1State, limit: int = 500) -> tuple[list[V1Rollout], list[Malformed]]:
+        answer = super().list_checked(*states, limit=limit)
+        self._then("list")
+        return answer
+
+    def get_rollout(self, rollout_id: str) -> V1Rollout | None:
+        answer = super().get_rollout(rollout_id)
+        self._then("read")
+        return answer
+
+    def _then(self, kind: str) -> None:
+        hook = self.then.pop(kind, None)
+        if hook is not None:
+            hook()
+
+
+class _Broker:
+    """The dispatcher's Celery app: ``send_task`` records the task ids."""
+
+    def __init__(self) -> None:
+        self.task_ids: list[str] = []
+
+    def send_task(self, name: str, **options: Any) -> None:
+        self.task_ids.append(options["task_id"])
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("window", "final"), [("list", V1State.FAILED), ("read", V1State.FAILED), ("read", V1State.SUCCEEDED)]
+)
+def test_a_rollout_finished_after_the_listing_keeps_its_attempt_and_its_re_run_publishes_nothing(
+    gateway: Gateway, window: str, final: V1State
+) -> None:
+    """Its worker lost (started, no lease), the rollout is finished (the trainer fails it, or the worker's report
+    lands) right after the dispatcher's listing or right after the re-run's read of it."""
+    client = coordination_client(TEST_REDIS_URL, socket_timeout=5)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        missing(f"Redis at the test database: {exc}")
+    settings = load_settings(
+        agl_v1_url=gateway.url, broker_url=TEST_REDIS_URL, redis_key_scope=f"v1r-{uuid.uuid4().hex[:8]}"
+    )
+    watched = _Meanwhile(gateway.url, key=KEY)
+    dispatcher = V1Dispatcher(settings, watched, client, threading.Event())
+    dispatcher.app.close()
+    broker = _Broker()
+    dispatcher.app = broker
+    dispatcher.confirm_s = 0.0  # one scan confirms a lost worker: the two-scan rule is the planner's
+    rollout = gateway.started()
+    rid = rollout.rollout_id
+    lost = scoped_attempt_key(dispatcher.scope, rollout, "0")
+    reward = gateway.http.post(
+        f"/api/rollouts/{rid}/attempt/0/events", json={"event_type": "reward", "data": {"value": 1.0}}
+    )
+    assert reward.status_code == 200  # what the episode earned before its worker went silent
+    client.set(keys.started(lost), "x")
+    capacity.mark_inflight(client, dispatcher.scope, settings.default_queue, f"v1-{rid}-0")
+
+    finished_at: list[int] = []  # the status version the finish left
+
+    def finish() -> None:
+        if final == V1State.FAILED:  # the trainer gives up on it
+            gateway.http.patch(f"/api/rollouts/{rid}", json={"status": {"state": "failed"}}).raise_for_status()
+        else:  # the worker's report lands after all
+            assert gateway.client.finish(rid, "0", final, "")
+        finished_at.append(gateway.detail(rid)["rollout"]["status"]["version"])
+
+    watched.then[window] = finish
+    try:
+        dispatcher.reconcile()
+        status = gateway.detail(rid)["rollout"]["status"]
+        assert (status["state"], status["last_attempt_id"]) == (final, "0")
+        # Seen by the re-run's read: nothing written. Seen only in the write's answer: attempt 1 was named, and
+        # attempt 0 written back at once (the window that remains, docs/agl-v1.md).
+        assert status["version"] - finished_at[0] == (0 if window == "list" else 2)
+        assert [e["event_type"] for e in gateway.client.events(rid)] == ["reward"]  # the trainer keeps the reward
+        assert not [task for task in broker.task_ids if rid in task]
+        assert f"v1-{rid}-0" not in capacity.inflight_entries(client, dispatcher.scope, settings.default_queue)
+    finally:
+        client.delete(keys.started(lost), keys.inflight(dispatcher.scope, settings.default_queue))
+        watched.close()
+        client.close()
+
+
+def test_a_report_read_before_a_re_run_named_the_next_attempt_finishes_the_rollout_on_the_reported_one(
+    gateway: Gateway,
+) -> None:
+    """The other side of the same window: a worker's report whose read came just before the re-run's write. Its
+    write carries its attempt id with the final state, so the rollout ends on the reported attempt, whose events the
+    trainer reads; the re-run's worker then finds the rollout finished and runs nothing."""
+    rid = gateway.started().rollout_id
+    reporter = _Meanwhile(gateway.url, key=KEY)
+
+    def rerun() -> None:
+        assert gateway.client.supersede(rid, "0", "1") is not None
+
+    reporter.then["read"] = rerun
+    try:
+        assert reporter.finish(rid, "0", V1State.SUCCEEDED, "")
+    finally:
+        reporter.close()
+    status = gateway.detail(rid)["rollout"]["status"]
+    assert (status["state"], status["last_attempt_id"]) == (V1State.SUCCEEDED, "0")

@@ -5,8 +5,10 @@ What each test proves: a rollout the models reject fails alone with the field na
 attempt id stops no other repair; a refused publish is retried with backoff without blocking the rollouts
 behind it and fails the rollout after ``AGL_V1_PUBLISH_GIVE_UP_S``; an error no retry cures fails it at once;
 time limits are clamped to the broker's redelivery window; a hand-over runs the rollout again without using a
-re-run; a kept failure names its failure class on the gateway; the leader exports the gateway's backlog and the
-queue's desired slots with the 0.3 line's backlog added, and its dispatch series under ``line="v1"``.
+re-run; a rollout finished or deleted between the listing and its re-run keeps its attempt and is not published
+(the fake refuses a write that is no state transition, and takes the other fields on a finished rollout, as
+``agl-server`` does); a kept failure names its failure class on the gateway; the leader exports the gateway's
+backlog and the queue's desired slots with the 0.3 line's backlog added, and its dispatch series under ``line="v1"``.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -41,10 +43,16 @@ ALLOWED = {("queuing", "running"), ("queuing", "failed"), ("running", "succeeded
 
 class FakeGateway:
     """The gateway's controller API on a dict of raw rollouts: listing by state (in insertion order), reading one,
-    and PATCHing status fields with its state machine (an invalid change answers 409)."""
+    and PATCHing status fields as ``agl-server`` 1.0 does: a ``state`` that is no transition (the same state too)
+    answers 409 and changes nothing; the other fields are written whatever the state, a finished one's too.
+
+    ``meanwhile[kind]`` (``list``, ``read``): run once, right after the next answer of that kind, as a trainer or
+    worker writing between the dispatcher's calls."""
 
     def __init__(self) -> None:
         self.rollouts: dict[str, dict[str, Any]] = {}
+        self.meanwhile: dict[str, Callable[[], None]] = {}
+        self.writes: list[tuple[str, dict[str, Any]]] = []  # the PATCHes it took: rollout id, status fields
 
     def add(self, rollout_id: str, *, state: str = "queuing", attempt: str | None = None, **config: Any) -> None:
         self.rollouts[rollout_id] = {
@@ -63,19 +71,26 @@ class FakeGateway:
             states = request.url.params.get_list("state_in")
             limit = int(request.url.params["limit"])
             found = [r for r in self.rollouts.values() if r["status"]["state"] in states]
-            return httpx.Response(200, json=found[:limit])
+            return self._then("list", httpx.Response(200, json=found[:limit]))
         rid = path.rsplit("/", 1)[-1]
         if rid not in self.rollouts:
             return httpx.Response(404, json={"detail": "not found"})
         rollout = self.rollouts[rid]
         if request.method == "GET":
-            return httpx.Response(200, json={"rollout": rollout})
+            return self._then("read", httpx.Response(200, json={"rollout": rollout}))
         fields = json.loads(request.content)["status"]
-        now, new = rollout["status"]["state"], fields.get("state", rollout["status"]["state"])
-        if new != now and (now, new) not in ALLOWED:
-            return httpx.Response(409, json={"detail": f"{now} -> {new}"})
+        now = rollout["status"]["state"]
+        if "state" in fields and (now, fields["state"]) not in ALLOWED:
+            return httpx.Response(409, json={"detail": f"cannot transition {now} -> {fields['state']}"})
         rollout["status"].update(fields)
+        self.writes.append((rid, fields))
         return httpx.Response(200, json=rollout)
+
+    def _then(self, kind: str, answer: httpx.Response) -> httpx.Response:
+        hook = self.meanwhile.pop(kind, None)
+        if hook is not None:
+            hook()
+        return answer
 
 
 class FakeApp:
@@ -240,6 +255,57 @@ def test_a_hand_over_runs_the_rollout_again_without_using_a_rerun(
     status = gateway.status(rid)
     assert status["state"] == "failed" and "AGL_V1_MAX_RERUNS=1" in status["error_message"]
     redis_client.delete(keys.v1_handovers(dispatcher.scope, rid))
+
+
+@pytest.mark.parametrize(
+    ("window", "final", "writes"),
+    [
+        ("list", "failed", []),  # seen by the re-run's own read: nothing written
+        ("read", "succeeded", [{"last_attempt_id": "1"}, {"last_attempt_id": "0"}]),  # seen in the write's answer
+    ],
+)
+def test_a_rollout_finished_between_the_listing_and_its_re_run_keeps_its_attempt_and_nothing_is_published(
+    gateway: FakeGateway,
+    redis_client: redis.Redis,
+    rid: str,
+    cleanup: list[str],
+    caplog: pytest.LogCaptureFixture,
+    window: str,
+    final: str,
+    writes: list[dict[str, Any]],
+) -> None:
+    """Its worker lost (started, no lease), the rollout is finished by the trainer or a late report right after
+    the dispatcher's listing (``list``) or right after the re-run's read (``read``)."""
+    gateway.add(rid, state="running", attempt="0")
+    dispatcher, app = _dispatcher(gateway, redis_client, agl_v1_max_reruns=1)
+    lost = _state(dispatcher, rid, "0")
+    cleanup += [lost, _state(dispatcher, rid, "1")]
+    redis_client.set(keys.started(lost), "x")
+    capacity.mark_inflight(redis_client, dispatcher.scope, QUEUE, f"v1-{rid}-0")
+    gateway.meanwhile[window] = lambda: gateway.rollouts[rid]["status"].update(state=final)
+    with caplog.at_level("INFO", logger="bridge.v1"):
+        dispatcher.reconcile()
+    assert gateway.status(rid) == {"state": final, "last_attempt_id": "0"}  # the trainer reads attempt 0's events
+    assert [fields for _, fields in gateway.writes] == writes
+    assert app.sent == []
+    assert capacity.inflight_entries(redis_client, dispatcher.scope, QUEUE) == {}
+    assert f"[v1 rollout={rid}] not run again, nothing to re-run: rollout {rid}" in caplog.text
+    assert final in caplog.text
+
+
+def test_a_rollout_deleted_between_the_listing_and_its_re_run_is_not_published(
+    gateway: FakeGateway, redis_client: redis.Redis, rid: str, cleanup: list[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    gateway.add(rid, state="running", attempt="0")
+    dispatcher, app = _dispatcher(gateway, redis_client, agl_v1_max_reruns=1)
+    lost = _state(dispatcher, rid, "0")
+    cleanup.append(lost)
+    redis_client.set(keys.started(lost), "x")
+    gateway.meanwhile["list"] = gateway.rollouts.clear  # the trainer deletes it
+    with caplog.at_level("INFO", logger="bridge.v1"):
+        dispatcher.reconcile()
+    assert gateway.writes == [] and app.sent == []
+    assert f"[v1 rollout={rid}] not run again: the gateway no longer has it" in caplog.text
 
 
 # --- publishing -----------------------------------------------------------------------------------------
