@@ -2,16 +2,15 @@
 
 No service takes the whole .env (``env_file``); each names its variables in ``environment:``, passed through
 from .env (a name without a value: unset in the container when .env leaves it unset) or set by compose. What a
-service of ours reads is read from the source (nothing is imported): the settings (bridge/core/settings.py) its
-code reads, ``settings.<field>`` in the modules its command imports, derived values expanded to their fields,
-and the fields the settings' cross-checks read, which a process checks together at start. A service gets all of
-them but those ``NOT_READ`` names with the reason, and nothing else of the settings. The secrets (keys, tokens,
-passwords, URLs that may hold one) reach exactly the services of ``SECRETS``.
+service of ours reads is read from the source by ``tests/settings_readers.py`` (nothing is imported): the
+settings its code reads, ``settings.<field>`` in the modules its command imports, derived values expanded to
+their fields, and the fields the settings' cross-checks read, which a process checks together at start. A
+service gets all of them but those ``NOT_READ`` names with the reason, and nothing else of the settings. The
+secrets (keys, tokens, passwords, URLs that may hold one) reach exactly the services of ``SECRETS``.
 """
 
 from __future__ import annotations
 
-import ast
 import re
 from pathlib import Path
 from typing import Any
@@ -21,49 +20,43 @@ import yaml
 
 from bridge.core.settings import Settings, env_name
 from tests.compose import load, read_env_file
-from tests.unit.test_architecture import IMPORTS, MODULES
+from tests.settings_readers import (
+    AGENT_03,
+    CHECKED_TOGETHER,
+    ENTRIES,
+    STORE_CLIENT,
+    V1_WORKER,
+    fields_of,
+    settings_read,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
 PROFILES = ("standin", "monitoring", "rabbitmq", "agl-v1", "agl-v1-gateway")
 
-ENTRIES = {  # the modules each service's command runs (with what they import)
-    "bridge": ("bridge.dispatch.service",),
-    "dispatcher-v1": ("bridge.dispatch.v1",),
-    "worker": ("workers", "workers.tasks", "workers.v1.task", "workers.lifecycle.signals"),
-    "worker-agl-v1": ("workers", "workers.tasks", "workers.v1.task", "workers.lifecycle.signals"),
-    "flower": ("bridge.ops.flower", "workers.app"),  # Flower imports the workers' Celery app, runs no task
-}
-_V1_WORKER = ("AGL_V1_AGENT_MODULES", "AGL_V1_PRELOAD_AGENTS")  # checked together; only a 1.0 worker starts programs
-_STORE_CLIENT = ("AGENT_LIGHTNING_STORE_TOKEN", "STORE_TIMEOUT_S", "STORE_RETRIES")
-_AGENT_03 = (
-    "AGENT", "AGENT_HOOKS", "AGENT_TRACER", "OPENAI_API_KEY", "OPENAI_API_BASE", "LLM_KEY_HOSTS", "WEBSHOP_MODEL",
-    "LLM_TIMEOUT_S", "LLM_RETRIES", "LLM_MAX_BACKOFF_S", "LLM_RETURN_TOKEN_IDS", "LLM_RPM", "LLM_TPM",
-    "LLM_RATE_LIMITS", "LLM_RATE_BURST_S", "TRACE_CONTENT", "SPAN_FLUSH_INTERVAL_S", "SPAN_BUFFER_MAX_SPANS",
-    "SPAN_GATHER_MAX_S", "AGENT_LIGHTNING_OTLP_ENDPOINT", "MAX_INSTRUCTION_CHARS", "MAX_STUCK_AGENT_THREADS",
-)  # fmt: skip
 NOT_READ: dict[str, dict[str, str]] = {  # service -> variable its modules read but its command does not need: why
     "bridge": {
         "AGL_V1_SERVER_URL": "names the Redis key scope only without a Store URL, which compose always sets",
         "BRIDGE_METRICS_PORT": "its command gives --metrics-port",
-        **dict.fromkeys(_V1_WORKER, "the 1.0 workers' settings"),
+        **dict.fromkeys(V1_WORKER, "the 1.0 workers' settings"),
     },
     "dispatcher-v1": {
         "AGENT": "the 0.3 publisher's agent",
         "BRIDGE_METRICS_PORT": "its command gives --metrics-port",
-        **dict.fromkeys(_STORE_CLIENT, "it makes no Store request (its Store URL names the Redis key scope)"),
-        **dict.fromkeys(_V1_WORKER, "the 1.0 workers' settings"),
+        **dict.fromkeys(STORE_CLIENT, "it makes no Store request (its Store URL names the Redis key scope)"),
+        **dict.fromkeys(V1_WORKER, "the 1.0 workers' settings"),
     },
     "worker": dict.fromkeys(
         [name for name in (env_name(f) for f in Settings.model_fields) if name.startswith("AGL_V1_")],
         "the 1.0 line's: compose sends 1.0 rollouts to worker-agl-v1 (with AGL_V1_SERVER_URL this worker would "
         "start a program server its image cannot run)",
     ),
-    "worker-agl-v1": dict.fromkeys(_AGENT_03, "the 0.3 agent's: this worker runs 1.0 programs only"),
+    "worker-agl-v1": dict.fromkeys(AGENT_03, "the 0.3 agent's: this worker runs 1.0 programs only"),
     "flower": {
-        **dict.fromkeys((*_STORE_CLIENT, "AGENT_LIGHTNING_STORE_URL"), "Flower makes no Store request"),
-        **dict.fromkeys(_V1_WORKER, "the 1.0 workers' settings"),
+        **dict.fromkeys((*STORE_CLIENT, "AGENT_LIGHTNING_STORE_URL"), "Flower makes no Store request"),
+        **dict.fromkeys(V1_WORKER, "the 1.0 workers' settings"),
     },
+    "webshop": {},  # the WebShop server loads no settings
 }
 SECRETS = {  # variable of .env -> the services that may get its value
     "OPENAI_API_KEY": {"worker"},
@@ -77,58 +70,6 @@ SECRETS = {  # variable of .env -> the services that may get its value
 }
 BROKERS = {"CELERY_BROKER_URL", "REDIS_URL"}  # may hold a password: only for the services that use a broker
 CONTAINER_VARIABLES = {"HOSTNAME"}  # set by Docker in every container
-
-
-def _settings_class() -> ast.ClassDef:
-    tree = ast.parse((ROOT / "bridge/core/settings.py").read_text(encoding="utf-8"))
-    return next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "Settings")
-
-
-SETTINGS_METHODS = {node.name: node for node in _settings_class().body if isinstance(node, ast.FunctionDef)}
-
-
-def fields_of(name: str, seen: frozenset[str] = frozenset()) -> set[str]:
-    """The settings fields ``settings.<name>`` reads: itself for a field, those its body reads for a derived one."""
-    if name in Settings.model_fields:
-        return {name}
-    if name not in SETTINGS_METHODS or name in seen:
-        return set()
-    return {
-        field
-        for node in ast.walk(SETTINGS_METHODS[name])
-        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
-        for field in fields_of(node.attr, seen | {name})
-    }
-
-
-CHECKED_TOGETHER = [
-    fields_of(name)
-    for name, method in SETTINGS_METHODS.items()
-    if any("model_validator" in ast.unparse(decorator) for decorator in method.decorator_list)
-]
-
-
-def closure(entries: tuple[str, ...]) -> set[str]:
-    """The modules of ours that importing ``entries`` may import (lazy imports included) and their packages."""
-    seen: set[str] = set()
-    todo = list(entries)
-    while todo:
-        name = todo.pop()
-        if name in seen or name not in MODULES:
-            continue
-        seen.add(name)
-        parts = name.split(".")
-        todo += [".".join(parts[:i]) for i in range(1, len(parts))] + [imp.target for imp in IMPORTS[name]]
-    return seen
-
-
-def settings_read(entries: tuple[str, ...]) -> set[str]:
-    """The variables of the settings that the modules of ``entries`` read, and the cross-checked ones."""
-    fields = set().union(*CHECKED_TOGETHER)
-    for module in closure(entries) - {"bridge.core.settings"}:
-        for name in re.findall(r"settings(?:\(\))?\.([a-z_0-9]+)", MODULES[module].read_text(encoding="utf-8")):
-            fields |= fields_of(name)
-    return {env_name(field) for field in fields}
 
 
 def every_variable() -> dict[str, str]:
@@ -163,6 +104,7 @@ def test_the_fixtures_read_the_source() -> None:
     assert "AGL_V1_KEY" in settings_read(ENTRIES["dispatcher-v1"]) - settings_read(ENTRIES["bridge"])
     assert fields_of("coordination_url") == {"redis_url", "broker_url"}
     assert {"lease_ttl_s", "heartbeat_interval_s"} <= set().union(*CHECKED_TOGETHER)
+    assert settings_read(ENTRIES["webshop"]) == set()  # the WebShop server never loads the settings
     assert read_env_file(ROOT / ".env.example")  # the example parses
 
 

@@ -2,8 +2,10 @@
 ``tests/kustomize.py``, each manifest validated against the Kubernetes schemas bundled by ``kubernetes-validate``
 (strict: unknown fields fail) and the ScaledObject against KEDA's vendored CRD schema, made strict the same way.
 The manifests are also checked against the project: commands and settings that exist, the autoscalers' target
-equal to a worker pod's slots, a grace period above the rollout budget, secrets never in the ConfigMap. A
-deliberately broken copy of each kind of manifest is rejected, so the validation is shown to bite.
+equal to a worker pod's slots, a grace period above the rollout budget, secrets never in the ConfigMap, and each
+container taking from the Secrets only the keys its code reads (read from the source by
+``tests/settings_readers.py``, as for docker-compose.yml). A deliberately broken copy of each kind of manifest is
+rejected, so the validation is shown to bite.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from bridge.ops.flower import login_problem
 from tests.compose import v1_worker_memory_mib
 from tests.images import IMAGES, INTERPRETER_IMAGES, command_argv, image_name, stages, target_for
 from tests.kustomize import Manifest, Unsupported, load_documents, merge, render
+from tests.settings_readers import ENTRIES, SECRET_SETTINGS, STORE_CLIENT, settings_read
 from workers.agents import webshop_program
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,15 +48,7 @@ NON_SETTINGS = {
     "REDIS_PASSWORD",  # the Redis container of components/redis
     "REDISCLI_AUTH",
 }
-SECRET_NAMES = {
-    "CELERY_BROKER_URL",  # URLs may carry passwords
-    "REDIS_URL",
-    "OPENAI_API_KEY",
-    "AGENT_LIGHTNING_STORE_TOKEN",
-    "WEBSHOP_TOKEN",
-    "AGL_V1_KEY",
-    "FLOWER_BASIC_AUTH",
-}
+SECRET_NAMES = SECRET_SETTINGS | {"FLOWER_BASIC_AUTH"}
 [DESIRED] = [m.name for m in metrics.DESIRED_SLOTS.describe()]  # the series the bridge exports, not a copy
 
 
@@ -516,7 +511,128 @@ def flower_findings(manifests: list[Manifest]) -> list[str]:
     return found
 
 
-CHECKS = [redis_findings, network_findings, filesystem_findings, disruption_findings, flower_findings]
+# --- Secrets: each container takes from them only the keys its code reads -----------------------------------
+
+COMMANDS = {  # Deployment of ours -> what its container runs (ENTRIES of tests/settings_readers.py)
+    "agl-bridge": "bridge",
+    "agl-dispatcher-v1": "dispatcher-v1",
+    "agl-worker": "worker",
+    "agl-flower": "flower",
+    "agl-webshop": "webshop",
+}
+NOT_NEEDED: dict[str, dict[str, str]] = {  # command -> secret setting its modules read but its pod needs not: why
+    "dispatcher-v1": dict.fromkeys(
+        SECRET_SETTINGS & set(STORE_CLIENT), "it makes no Store request (its Store URL names the Redis key scope)"
+    ),
+    "flower": dict.fromkeys(SECRET_SETTINGS & set(STORE_CLIENT), "Flower makes no Store request"),
+}
+V1_ONLY = {"AGL_V1_KEY": "the 1.0 line's: an overlay without AGL_V1_SERVER_URL runs no 1.0 rollout"}
+OTHER_SECRETS = {"agl-flower": {"FLOWER_BASIC_AUTH"}, "agl-redis": {"password"}}  # read by Flower, Redis themselves
+HOLDERS = {  # key of the Secrets -> the workloads whose containers may get it, in some overlay
+    "CELERY_BROKER_URL": {"agl-bridge", "agl-dispatcher-v1", "agl-worker", "agl-flower"},
+    "REDIS_URL": {"agl-bridge", "agl-dispatcher-v1", "agl-worker", "agl-flower"},
+    "AGENT_LIGHTNING_STORE_TOKEN": {"agl-bridge", "agl-worker"},
+    "OPENAI_API_KEY": {"agl-worker"},
+    "WEBSHOP_TOKEN": {"agl-worker"},
+    "AGL_V1_KEY": {"agl-dispatcher-v1", "agl-worker"},
+    "FLOWER_BASIC_AUTH": {"agl-flower"},
+    "password": {"agl-redis"},
+}
+
+
+def listed_secret_keys(manifests: list[Manifest]) -> dict[str, set[str]]:
+    """Secret -> its keys: those the overlay sets, and those overlays/example/secrets.yaml lists as comments for
+    the operator to add (``# NAME: value``), which a Secret of that name may also hold."""
+    keys = {
+        m["metadata"]["name"]: set(m.get("stringData") or {}) | set(m.get("data") or {})
+        for m in manifests
+        if m["kind"] == "Secret"
+    }
+    for document in re.split(r"^---$", (K8S / "overlays/example/secrets.yaml").read_text(), flags=re.M):
+        name = yaml.safe_load(document)["metadata"]["name"]
+        if name in keys:
+            keys[name] |= set(re.findall(r"^\s+#\s*([A-Z][A-Z0-9_]*):", document, flags=re.M))
+    return keys
+
+
+def secrets_given(pod: Manifest, item: Manifest, listed: dict[str, set[str]]) -> tuple[set[str], set[str]]:
+    """(the keys of the Secrets that reach container ``item``, those of them its code finds: variables, and key
+    files its command names); a whole Secret (``envFrom``) brings every key ``listed`` for it."""
+    given: set[str] = set()
+    provided: set[str] = set()
+    for source in item.get("envFrom", []):
+        if "secretRef" in source:
+            given |= listed.get(source["secretRef"]["name"], set())
+            provided |= listed.get(source["secretRef"]["name"], set())
+    for env in item.get("env", []):
+        if "secretKeyRef" in env.get("valueFrom", {}):
+            given.add(env["valueFrom"]["secretKeyRef"]["key"])
+            provided.add(env["name"])
+    volumes = {v["name"]: v["secret"] for v in pod.get("volumes", []) if "secret" in v}
+    argv = json.dumps([item.get("command"), item.get("args")])
+    for mount in item.get("volumeMounts", []):
+        if mount["name"] in volumes:
+            secret = volumes[mount["name"]]
+            items = secret.get("items") or [{"key": k, "path": k} for k in listed.get(secret["secretName"], set())]
+            given |= {i["key"] for i in items}
+            provided |= {i["key"] for i in items if f"{mount['mountPath']}/{i['path']}" in argv}
+    return given, provided
+
+
+def secrets_wanted(workload: Manifest, config: dict[str, str]) -> set[str] | None:
+    """The keys of the Secrets ``workload``'s container reads: the secret settings its command's modules read
+    (tests/settings_readers.py) but those ``NOT_NEEDED``, and what Flower and Redis read themselves; None for a
+    workload this file does not know."""
+    name = workload["metadata"]["name"]
+    wanted = set(OTHER_SECRETS.get(name, set()))
+    if name not in COMMANDS:
+        return wanted if name in OTHER_SECRETS else None
+    command = COMMANDS[name]
+    wanted |= settings_read(ENTRIES[command]) & SECRET_SETTINGS
+    wanted -= set(NOT_NEEDED.get(command, {}))
+    return wanted if "AGL_V1_SERVER_URL" in config else wanted - set(V1_ONLY)
+
+
+def secret_findings(manifests: list[Manifest]) -> list[str]:
+    """Each container takes single keys of the Secrets (``secretKeyRef``, a mounted key file; never a whole Secret
+    with ``envFrom``): those ``secrets_wanted``, and nothing else. A key the overlay's Secret may lack is
+    ``optional: true``, so that a pod starts without it."""
+    found: list[str] = []
+    listed = listed_secret_keys(manifests)
+    config = find(manifests, "ConfigMap", "agl-config")["data"]
+    for workload in _workloads(manifests):
+        name = workload["metadata"]["name"]
+        pod = workload["spec"]["template"]["spec"]
+        wanted = secrets_wanted(workload, config)
+        if wanted is None:
+            found.append(f"{name}: not in COMMANDS, so what it reads is unknown")
+            continue
+        for item in pod["containers"]:
+            where = f"{name}/{item['name']}"
+            found += [
+                f"{where} loads the Secret {s['secretRef']['name']} whole"
+                for s in item.get("envFrom", [])
+                if "secretRef" in s
+            ]
+            for env in item.get("env", []):
+                ref = env.get("valueFrom", {}).get("secretKeyRef")
+                if ref is None:
+                    continue
+                if ref["key"] not in listed.get(ref["name"], set()):
+                    found.append(f"{where}: {env['name']} from {ref['name']}/{ref['key']}, a key no Secret lists")
+                elif ref["key"] not in find(manifests, "Secret", ref["name"]).get("stringData", {}) and not ref.get(
+                    "optional"
+                ):
+                    found.append(f"{where}: {env['name']} is not optional, and {ref['name']} may lack it")
+            given, provided = secrets_given(pod, item, listed)
+            if name in COMMANDS and wanted - provided:
+                found.append(f"{where} reads {sorted(wanted - provided)}, which it is not given")
+            if given - wanted:
+                found.append(f"{where} gets {sorted(given - wanted)}, which it never reads")
+    return found
+
+
+CHECKS = [redis_findings, network_findings, filesystem_findings, disruption_findings, flower_findings, secret_findings]
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=[c.__name__ for c in CHECKS])
@@ -677,3 +793,93 @@ def test_the_1_0_workers_run_the_1_0_image_sized_by_the_documented_rule(rendered
     )
     base = container(rendered["example"], "agl-worker")
     assert base["image"].rsplit(":", 1)[0].endswith("/agl-celery-bridge")
+
+
+# --- Secrets: where each key goes -------------------------------------------------------------------------------
+
+
+def test_the_secrets_each_command_needs_are_read_from_the_source(rendered: dict[str, list[Manifest]]) -> None:
+    """What ``secret_findings`` wants of each command, from its code: the broker for every dispatcher and worker,
+    the Store's token where a Store request is made, the LLM's and WebShop's credentials in the workers only.
+    ``HOLDERS`` names every key the Secrets list."""
+    wanted = {
+        command: settings_read(ENTRIES[command]) & SECRET_SETTINGS - set(NOT_NEEDED.get(command, {}))
+        for command in set(COMMANDS.values())
+    }
+    broker = {"CELERY_BROKER_URL", "REDIS_URL"}
+    assert wanted["bridge"] == broker | {"AGENT_LIGHTNING_STORE_TOKEN"}
+    assert wanted["dispatcher-v1"] == broker | {"AGL_V1_KEY"}
+    assert wanted["worker"] == SECRET_SETTINGS
+    assert wanted["flower"] == broker and wanted["webshop"] == set()
+    listed = [set().union(*listed_secret_keys(manifests).values()) for manifests in rendered.values()]
+    assert set().union(*listed) == set(HOLDERS)
+
+
+@pytest.mark.parametrize("key", sorted(HOLDERS))
+def test_a_secret_key_reaches_only_the_containers_that_need_it(key: str, rendered: dict[str, list[Manifest]]) -> None:
+    """Across the overlays, with every key the example lists present in its Secret, a key of the Secrets reaches
+    the workloads of ``HOLDERS`` and no other."""
+    holders: set[str] = set()
+    listed_anywhere: set[str] = set()
+    for manifests in rendered.values():
+        listed = listed_secret_keys(manifests)
+        listed_anywhere |= set().union(*listed.values())
+        for workload in _workloads(manifests):
+            pod = workload["spec"]["template"]["spec"]
+            if any(key in secrets_given(pod, item, listed)[0] for item in pod["containers"]):
+                holders.add(workload["metadata"]["name"])
+    assert key in listed_anywhere, f"no Secret lists {key}"
+    assert holders == HOLDERS[key], key
+
+
+def test_the_secret_check_bites(rendered: dict[str, list[Manifest]]) -> None:
+    """A whole Secret, a key a container does not read, one it reads but is not given, and a key the Secret may
+    lack that is not optional are each found."""
+    m = rendered["example"]
+
+    def whole(d: Manifest) -> None:
+        d["spec"]["template"]["spec"]["containers"][0]["envFrom"].append({"secretRef": {"name": "agl-secrets"}})
+
+    found = secret_findings(_mutated(m, "Deployment", "agl-bridge", whole))
+    assert "agl-bridge/bridge loads the Secret agl-secrets whole" in found
+    assert "agl-bridge/bridge gets ['OPENAI_API_KEY', 'WEBSHOP_TOKEN'], which it never reads" in found
+
+    def env_of(d: Manifest) -> list[Manifest]:
+        return list(d["spec"]["template"]["spec"]["containers"][0]["env"])
+
+    def drop_llm_key(d: Manifest) -> None:
+        d["spec"]["template"]["spec"]["containers"][0]["env"] = [e for e in env_of(d) if e["name"] != "OPENAI_API_KEY"]
+
+    assert secret_findings(_mutated(m, "Deployment", "agl-worker", drop_llm_key)) == [
+        "agl-worker/worker reads ['OPENAI_API_KEY'], which it is not given"
+    ]
+
+    def required_llm_key(d: Manifest) -> None:
+        for e in env_of(d):
+            if e["name"] == "OPENAI_API_KEY":
+                e["valueFrom"]["secretKeyRef"].pop("optional")
+
+    assert secret_findings(_mutated(m, "Deployment", "agl-worker", required_llm_key)) == [
+        "agl-worker/worker: OPENAI_API_KEY is not optional, and agl-secrets may lack it"
+    ]
+
+    def flower_with_token(d: Manifest) -> None:
+        d["spec"]["template"]["spec"]["containers"][0]["env"].append(
+            {
+                "name": "AGENT_LIGHTNING_STORE_TOKEN",
+                "valueFrom": {
+                    "secretKeyRef": {"name": "agl-secrets", "key": "AGENT_LIGHTNING_STORE_TOKEN", "optional": True}
+                },
+            }
+        )
+
+    assert secret_findings(_mutated(m, "Deployment", "agl-flower", flower_with_token)) == [
+        "agl-flower/flower gets ['AGENT_LIGHTNING_STORE_TOKEN'], which it never reads"
+    ]
+
+    def key_file_elsewhere(d: Manifest) -> None:  # the key is mounted, but not where --key-file reads it
+        d["spec"]["template"]["spec"]["containers"][0]["volumeMounts"][-1]["mountPath"] = "/etc/elsewhere"
+
+    assert secret_findings(_mutated(rendered["agl-v1"], "Deployment", "agl-dispatcher-v1", key_file_elsewhere)) == [
+        "agl-dispatcher-v1/dispatcher reads ['AGL_V1_KEY'], which it is not given"
+    ]

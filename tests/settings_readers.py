@@ -1,0 +1,101 @@
+"""Which settings (bridge/core/settings.py) each command of ours reads, read from the source (nothing is imported).
+
+``settings_read(ENTRIES[command])``: the variables of the settings that the modules a command runs (and what they
+import, lazy imports included) read as ``settings.<field>``, derived values expanded to their fields, and the
+fields the settings' cross-checks read, which a process that loads the settings checks together at start. The
+deployments' tests (docker-compose.yml, deploy/kubernetes) give each container what its command reads of this,
+and of the secrets (``SECRET_SETTINGS``) nothing more.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+from bridge.core.settings import Settings, env_name
+from tests.unit.test_architecture import IMPORTS, MODULES
+
+ROOT = Path(__file__).resolve().parents[1]
+SETTINGS_MODULE = "bridge.core.settings"
+
+ENTRIES = {  # the modules each command of ours runs (with what they import)
+    "bridge": ("bridge.dispatch.service",),  # python -m bridge run
+    "dispatcher-v1": ("bridge.dispatch.v1",),  # python -m bridge v1
+    "worker": ("workers", "workers.tasks", "workers.v1.task", "workers.lifecycle.signals"),
+    "worker-agl-v1": ("workers", "workers.tasks", "workers.v1.task", "workers.lifecycle.signals"),
+    "flower": ("bridge.ops.flower", "workers.app"),  # Flower imports the workers' Celery app, runs no task
+    "webshop": ("webshop_env.__main__",),  # python -m webshop_env serve
+}
+V1_WORKER = ("AGL_V1_AGENT_MODULES", "AGL_V1_PRELOAD_AGENTS")  # checked together; only a 1.0 worker starts programs
+STORE_CLIENT = ("AGENT_LIGHTNING_STORE_TOKEN", "STORE_TIMEOUT_S", "STORE_RETRIES")  # what a Store request reads
+AGENT_03 = (
+    "AGENT", "AGENT_HOOKS", "AGENT_TRACER", "OPENAI_API_KEY", "OPENAI_API_BASE", "LLM_KEY_HOSTS", "WEBSHOP_MODEL",
+    "LLM_TIMEOUT_S", "LLM_RETRIES", "LLM_MAX_BACKOFF_S", "LLM_RETURN_TOKEN_IDS", "LLM_RPM", "LLM_TPM",
+    "LLM_RATE_LIMITS", "LLM_RATE_BURST_S", "TRACE_CONTENT", "SPAN_FLUSH_INTERVAL_S", "SPAN_BUFFER_MAX_SPANS",
+    "SPAN_GATHER_MAX_S", "AGENT_LIGHTNING_OTLP_ENDPOINT", "MAX_INSTRUCTION_CHARS", "MAX_STUCK_AGENT_THREADS",
+)  # fmt: skip
+SECRET_SETTINGS = {  # settings whose value is a secret: keys, tokens, and URLs that may carry a password
+    "OPENAI_API_KEY",
+    "AGENT_LIGHTNING_STORE_TOKEN",
+    "WEBSHOP_TOKEN",
+    "AGL_V1_KEY",
+    "CELERY_BROKER_URL",
+    "REDIS_URL",
+}
+
+
+def _settings_class() -> ast.ClassDef:
+    tree = ast.parse((ROOT / "bridge/core/settings.py").read_text(encoding="utf-8"))
+    return next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "Settings")
+
+
+SETTINGS_METHODS = {node.name: node for node in _settings_class().body if isinstance(node, ast.FunctionDef)}
+
+
+def fields_of(name: str, seen: frozenset[str] = frozenset()) -> set[str]:
+    """The settings fields ``settings.<name>`` reads: itself for a field, those its body reads for a derived one."""
+    if name in Settings.model_fields:
+        return {name}
+    if name not in SETTINGS_METHODS or name in seen:
+        return set()
+    return {
+        field
+        for node in ast.walk(SETTINGS_METHODS[name])
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
+        for field in fields_of(node.attr, seen | {name})
+    }
+
+
+CHECKED_TOGETHER = [
+    fields_of(name)
+    for name, method in SETTINGS_METHODS.items()
+    if any("model_validator" in ast.unparse(decorator) for decorator in method.decorator_list)
+]
+
+
+def closure(entries: tuple[str, ...]) -> set[str]:
+    """The modules of ours that importing ``entries`` may import (lazy imports included) and their packages."""
+    seen: set[str] = set()
+    todo = list(entries)
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in MODULES:
+            continue
+        seen.add(name)
+        parts = name.split(".")
+        todo += [".".join(parts[:i]) for i in range(1, len(parts))] + [imp.target for imp in IMPORTS[name]]
+    return seen
+
+
+def settings_read(entries: tuple[str, ...]) -> set[str]:
+    """The variables of the settings that the modules of ``entries`` read, and the cross-checked ones (none for
+    modules that never load the settings)."""
+    modules = closure(entries)
+    if SETTINGS_MODULE not in modules:
+        return set()
+    fields = set().union(*CHECKED_TOGETHER)
+    for module in modules - {SETTINGS_MODULE}:
+        for name in re.findall(r"settings(?:\(\))?\.([a-z_0-9]+)", MODULES[module].read_text(encoding="utf-8")):
+            fields |= fields_of(name)
+    return {env_name(field) for field in fields}
