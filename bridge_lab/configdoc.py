@@ -143,9 +143,10 @@ FOREIGN: dict[str, tuple[Variable, ...]] = {
 
 ENV_HEADER = f"""\
 # agl-celery-bridge configuration. Copy to .env (read by the bridge, the workers, `python -m bridge demo`
-# and docker compose) or export the variables. Every setting of bridge/core/settings.py is listed here with
-# its default; a bad value stops a process at start with one line naming the variable (exit code 2).
-# Lines left commented keep the default. Secrets (tokens, API keys, Flower password) belong in .env only.
+# and docker compose, which passes each service only the variables docker-compose.yml lists for it) or export
+# the variables. Every setting of bridge/core/settings.py is listed here with its default; a bad value stops a
+# process at start with one line naming the variable (exit code 2). Lines left commented keep the default.
+# Secrets (tokens, API keys, Flower password) belong in .env only.
 # Generated from bridge/core/settings.py by `{COMMAND}`: do not edit by hand.
 """
 

@@ -25,7 +25,6 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +41,7 @@ from bridge.dispatch.v1_repairs import Republish, V1Facts, current_key, plan_v1_
 from bridge_lab.agl_v1_env import v1_virtualenv
 from bridge_lab.procs import StackError, free_port, serving
 from tests.helpers import TEST_REDIS_URL
+from tests.loopback import LoopbackServer
 from tests.prerequisites import missing
 
 pytestmark = [pytest.mark.integration, pytest.mark.cost(5)]
@@ -51,29 +51,19 @@ MODEL = "late-model"
 CONFIRM_S = 25.0
 
 
-class _Model(BaseHTTPRequestHandler):
-    """An OpenAI-compatible model endpoint that answers every chat completion at once, with token ids."""
-
-    def do_POST(self) -> None:
-        self.rfile.read(int(self.headers.get("content-length", 0)))
-        choice = {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}
-        reply = {
-            "id": "late",
-            "object": "chat.completion",
-            "model": MODEL,
-            "prompt_token_ids": [1, 2],
-            "choices": [{**choice, "token_ids": [3]}],
-            "usage": {"prompt_tokens": 2, "completion_tokens": 1, "total_tokens": 3},
-        }
-        body = json.dumps(reply).encode()
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
+def _model(method: str, path: str) -> tuple[int, dict[str, str], bytes]:
+    """An OpenAI-compatible model endpoint (``LoopbackServer``) that answers every chat completion at once, with
+    token ids."""
+    choice = {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}
+    reply = {
+        "id": "late",
+        "object": "chat.completion",
+        "model": MODEL,
+        "prompt_token_ids": [1, 2],
+        "choices": [{**choice, "token_ids": [3]}],
+        "usage": {"prompt_tokens": 2, "completion_tokens": 1, "total_tokens": 3},
+    }
+    return 200, {"content-type": "application/json"}, json.dumps(reply).encode()
 
 
 @dataclass
@@ -119,8 +109,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
         venv = v1_virtualenv()
     except StackError as exc:
         missing(str(exc))
-    model = ThreadingHTTPServer(("127.0.0.1", 0), _Model)
-    threading.Thread(target=model.serve_forever, daemon=True).start()
+    model = LoopbackServer(_model)
     log_dir: Path = tmp_path_factory.mktemp("agl-v1-late")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -129,7 +118,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     try:
         with serving("agl-v1-gateway", argv, f"{url}/healthz", timeout_s=30, log_dir=log_dir):
             http = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {KEY}"}, timeout=10)
-            endpoint = [{"model": MODEL, "endpoint": f"http://127.0.0.1:{model.server_port}/v1"}]
+            endpoint = [{"model": MODEL, "endpoint": f"{model.url}/v1"}]
             http.post("/api/models", json=endpoint).raise_for_status()
             client = GatewayClient(url, key=KEY, retries=0)
             try:
@@ -138,8 +127,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
                 client.close()
                 http.close()
     finally:
-        model.shutdown()
-        model.server_close()
+        model.close()
 
 
 @pytest.mark.parametrize("final", [V1State.FAILED, V1State.SUCCEEDED])

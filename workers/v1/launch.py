@@ -92,7 +92,7 @@ def _pid_exists(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:  # another user's process: alive
-        return True
+        pass
     return True
 
 
@@ -111,7 +111,7 @@ def sweep_stale_directories(tmpdir: str | None = None) -> list[str]:
         if match is None or int(match["namespace"], 16) != namespace:
             continue
         pid = int(match["pid"])
-        if pid == os.getpid() or _pid_exists(pid):
+        if _pid_exists(pid):  # ours included
             continue
         path = os.path.join(root, name)
         try:
