@@ -43,6 +43,9 @@ def main() -> None:
                     "prompt_tokens": [len(t.prompt["token_ids"]) for t in done.triplets],
                     "reward_events": sum(e["event_type"] == "reward" for e in done.events),
                     "attempts": sorted({e["attempt_id"] for e in done.events}),
+                    "model_versions": [
+                        e["data"].get("model_version") for e in done.events if e["event_type"] == "model_request"
+                    ],
                     "enqueued_at": done.enqueue_time,
                     "running_at": done.running_at,
                     "finished_at": done.finished_at,

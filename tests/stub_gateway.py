@@ -1,6 +1,8 @@
 """A stand-in for Agent Lightning 1.0's gateway (``agl-server``), serving only what a worker's 1.0 attempt calls:
-``GET`` and ``PATCH /api/rollouts/{rid}`` and ``POST`` of events. It records every PATCH, can answer reads slowly
-(``slow_reads_s``), and enforces the gateway's state order (a change out of a final state answers 409)."""
+``GET`` and ``PATCH /api/rollouts/{rid}``, ``POST`` of events and the proxy's pause state (``GET /proxy/state``). It
+records every PATCH, can answer reads slowly (``slow_reads_s``), forget a rollout after some reads of it
+(``forget_after_reads``, as a restarted gateway or a trainer's delete does), report its proxy paused (``paused``),
+and enforces the gateway's state order (a change out of a final state answers 409)."""
 
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ class StubGateway:
         self.patches: list[tuple[str, dict[str, Any]]] = []
         self.events: list[tuple[str, dict[str, Any]]] = []
         self.slow_reads_s = 0.0
+        self.paused: str | None = None  # the pause's reason while the proxy is paused
+        self.forget_after_reads: dict[str, int] = {}  # rollout id -> reads it is still served for
         self.lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
 
@@ -76,12 +80,21 @@ class StubGateway:
                 return json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"null")
 
             def do_GET(self) -> None:
+                if self.path == "/proxy/state":
+                    paused = gateway.paused
+                    return self._answer(200, {"paused": paused is not None, "reason": paused, "inflight": 0})
                 match = re.fullmatch(r"/api/rollouts/([^/?]+)", self.path)
                 if gateway.slow_reads_s:
                     time.sleep(gateway.slow_reads_s)
                 with gateway.lock:
-                    rollout = gateway.rollouts.get(match.group(1)) if match else None
+                    rid = match.group(1) if match else ""
+                    rollout = gateway.rollouts.get(rid)
                     body = json.loads(json.dumps(rollout)) if rollout else None
+                    if rid in gateway.forget_after_reads:
+                        gateway.forget_after_reads[rid] -= 1
+                        if gateway.forget_after_reads[rid] <= 0:
+                            del gateway.forget_after_reads[rid]
+                            gateway.rollouts.pop(rid, None)
                 if body is None:
                     self._answer(404, {"detail": "not found"})
                 else:

@@ -26,7 +26,20 @@ V1_TASK_NAME = "workers.run_v1_rollout"
 """The task that runs one 1.0 attempt; its id is ``attempt_key(rollout_id, attempt_id)``."""
 
 FIRST_ATTEMPT = "0"  # 1.0's own runners only ever use this one
-ERROR_MESSAGE_CHARS = 2000  # of a failed attempt's error, the tail sent as ``error_message``
+ERROR_MESSAGE_CHARS = 2000  # of a failed attempt's error, what is sent as ``error_message`` (``failed_message``)
+HEADLINE_CHARS = 500  # of a failed attempt's error, the first line kept whole up to this
+
+
+def failed_message(failure_class: str | None, detail: str, limit: int = ERROR_MESSAGE_CHARS) -> str:
+    """A failed attempt's ``error_message``, at most ``limit`` characters: its failure class first (``[failure
+    class: x]``), then the detail's first line (what happened, up to ``HEADLINE_CHARS``) and as much of the rest's
+    tail (the program's last lines of output) as fits. Written by the worker and by the dispatcher for an outcome
+    the worker kept, the same way."""
+    prefix = f"[failure class: {failure_class}] " if failure_class else ""
+    head, newline, rest = detail.partition("\n")
+    head = head[: HEADLINE_CHARS if rest else max(0, limit - len(prefix))]
+    room = limit - len(prefix) - len(head) - len(newline)
+    return prefix + head + newline + (rest[-room:] if room > 0 and rest else "")
 
 
 class V1State(StrEnum):
@@ -128,12 +141,10 @@ class KeptOutcome:
         )
 
     def gateway_detail(self) -> str:
-        """What the gateway is told: a failed outcome's failure class first, then as much of the detail as fits
-        (``finish`` keeps the last ``ERROR_MESSAGE_CHARS``)."""
-        if self.state != V1State.FAILED or not self.failure_class:
+        """What the gateway is told: a failed outcome's ``failed_message``, as the worker would have sent it."""
+        if self.state != V1State.FAILED:
             return self.detail
-        prefix = f"[failure class: {self.failure_class}] "  # as the worker words it (workers.v1.attempt)
-        return prefix + self.detail[-(ERROR_MESSAGE_CHARS - len(prefix)) :]
+        return failed_message(self.failure_class, self.detail)
 
 
 def attempt_key(rollout_id: str, attempt_id: str) -> str:
@@ -157,6 +168,19 @@ def scoped_attempt_key(scope: str, rollout: V1Rollout, attempt_id: str) -> str:
 def next_attempt(attempt_id: str | None) -> str:
     """The id of the attempt that re-runs ``attempt_id``'s rollout."""
     return str(int(attempt_id or FIRST_ATTEMPT) + 1)
+
+
+@dataclass(frozen=True)
+class ProxyPause:
+    """The gateway's proxy pause (``GET /proxy/state``): the trainer pauses it around a weight update, and until it
+    resumes every model call answers 429 with ``X-Agl-Paused: true`` (docs/agl-v1.md, "A paused gateway")."""
+
+    paused: bool
+    reason: str | None = None
+
+    def describe(self) -> str:
+        """``the gateway's proxy was paused (reason)``, for an error message."""
+        return "the gateway's proxy was paused" + (f" ({self.reason})" if self.reason else "")
 
 
 class GatewayError(BridgeError):
@@ -274,6 +298,19 @@ class GatewayClient:
             return None
         return V1Rollout.model_validate(response.json()["rollout"])
 
+    def proxy_pause(self) -> ProxyPause | None:
+        """Whether the trainer has paused the gateway's proxy now; None when the gateway does not say (no such
+        route, an error, no answer). One try: a caller that needs the answer later asks again."""
+        try:
+            response = self._send("GET", "/proxy/state", allow=(404,), retries=0)
+            data = response.json() if response.status_code == 200 else None
+        except (GatewayError, ValueError):
+            return None
+        if not isinstance(data, dict) or not isinstance(data.get("paused"), bool):
+            return None
+        reason = data.get("reason")
+        return ProxyPause(data["paused"], str(reason) if reason else None)
+
     def patch_status(self, rollout_id: str, **status: Any) -> V1Rollout | None:
         """PATCH the rollout's status fields; None when it is gone, GatewayConflict when the gateway refuses
         the state change."""
@@ -299,7 +336,7 @@ class GatewayClient:
                 self.patch_status(rollout_id, state=V1State.RUNNING, last_attempt_id=attempt_id)
             fields: dict[str, Any] = {"state": state, "last_attempt_id": attempt_id}
             if state == V1State.FAILED:
-                fields["error_message"] = detail[-ERROR_MESSAGE_CHARS:]
+                fields["error_message"] = detail[:ERROR_MESSAGE_CHARS]
             return self.patch_status(rollout_id, **fields) is not None
         except GatewayConflict:
             return False

@@ -44,6 +44,11 @@ class LLMError(BridgeError):
     """The LLM endpoint failed after bounded retries."""
 
 
+class LLMPaused(BridgeError):
+    """The LLM gateway stayed paused (a trainer's weight update: 429 with ``X-Agl-Paused``) until the attempt's
+    deadline. Class ``infra``, never ``llm`` or ``agent``: the episode was not at fault."""
+
+
 class InvalidInputError(BridgeError):
     """The rollout's input cannot be run (no instruction, wrong types, too large)."""
 

@@ -42,6 +42,7 @@ from bridge.core.agl_v1 import (
     V1Rollout,
     V1State,
     attempt_key,
+    failed_message,
     scoped_attempt_key,
 )
 from bridge.core.backoff import backoff_delay
@@ -344,8 +345,9 @@ class V1Dispatcher:
         return rollout.model_copy(update={"config": config})
 
     def _fail(self, rollout_id: str, attempt_id: str, why: str, failure_class: str) -> None:
-        """Fail the attempt on the gateway if it is still current (``GatewayClient.finish``), counted by class."""
-        if self.gateway.finish(rollout_id, attempt_id, V1State.FAILED, why):
+        """Fail the attempt on the gateway if it is still current (``GatewayClient.finish``), counted by class and
+        worded as a worker words a failure (``failed_message``)."""
+        if self.gateway.finish(rollout_id, attempt_id, V1State.FAILED, failed_message(failure_class, why)):
             metrics.FAILED.labels(failure_class).inc()
             log.warning("[v1 rollout=%s attempt=%s] failed: %s", rollout_id, attempt_id, why)
         else:

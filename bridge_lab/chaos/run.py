@@ -165,7 +165,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--program-s", type=float, default=4.0, help="--agl v1: how long each agent program runs (default 4)"
     )
     parser.add_argument(
-        "--gateway-pause-s", type=float, default=20.0, help="--agl v1: how long the gateway is paused (default 20)"
+        "--gateway-pause-s",
+        type=float,
+        default=20.0,
+        help="--agl v1: how long the gateway's process is stopped (SIGSTOP) in v1-gateway-pause (default 20)",
+    )
+    parser.add_argument(
+        "--proxy-pause-s",
+        type=float,
+        default=30.0,
+        help="--agl v1: how long each of v1-proxy-pause's two weight-update pauses (/proxy/pause) lasts (default 30)",
     )
     parser.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     parser.add_argument("--concurrency", type=int, default=None, help="slots per worker (default 8; 4 with --agl v1)")

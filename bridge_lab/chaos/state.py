@@ -46,6 +46,9 @@ class ScenarioResult:
     executed_twice: int = 0
     flipped: int = 0
     bad_reward: int = 0
+    # 1.0: rollouts the gateway no longer has (the trainer deleted them, a restart forgot them), counted in
+    # ``enqueued`` but out of the other counts: their programs' end is checked instead (``bridge_lab.chaos.v1``).
+    forgotten: int = 0
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
 

@@ -35,12 +35,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import httpx
 import redis
 
-from bridge.core import keys
+from bridge.core import capacity, keys
 from bridge.core.agl_v1 import GatewayClient, GatewayError, V1Rollout, V1State, scoped_attempt_key
 from bridge.core.coordination import coordination_client
-from bridge_lab.agl_v1_env import start_gateway, start_v1_dispatcher, v1_virtualenv
+from bridge_lab.agl_v1_env import GATEWAY_MODEL, start_gateway, start_v1_dispatcher, v1_virtualenv
 from bridge_lab.chaos.state import ScenarioResult
 from bridge_lab.chaos.v1_program import START_EVENT
 from bridge_lab.procs import ManagedProcess, free_port, pause_group
@@ -50,6 +51,7 @@ PROGRAM = "bridge_lab.chaos.v1_program:ChaosProgram"
 ENV_MAP = {"CHAOS_SLEEP": "input.sleep", "CHAOS_REWARD": "input.reward"}
 KEY = "chaos-v1-key"
 DISPATCHER = "v1-dispatcher"
+QUEUE = "rollouts"  # the stack's workers' default queue (CELERY_DEFAULT_QUEUE's default)
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 FINISHED = (V1State.SUCCEEDED, V1State.FAILED)
 REPORTED = {V1State.SUCCEEDED.value, V1State.FAILED.value}
@@ -73,6 +75,7 @@ class V1Options:
     rollouts: int = 20
     sleep_s: float = 4.0  # each program's run: a fault must land while programs run
     gateway_pause_s: float = 20.0
+    proxy_pause_s: float = 30.0  # each of the two weight-update pauses of ``v1-proxy-pause``
     deadline_s: float = 240.0
     workers: int = 2
     concurrency: int = 4
@@ -151,6 +154,34 @@ class V1ChaosStack:
     def gateway_process(self) -> ManagedProcess:
         return self.stack.process("agl-v1-gateway")
 
+    def enqueue(
+        self, prefix: str, refused: list[Refused] | None = None, *, sleep_s: Callable[[int], float] | None = None
+    ) -> tuple[dict[str, float], dict[str, Refused]]:
+        """Create ``options.rollouts`` rollouts on the gateway as 1.0's trainer does, ``refused`` among them: each
+        one's reward (a random one its input names), and the refused ones. ``sleep_s(i)``: how long the ``i``-th
+        program runs (default ``options.sleep_s``)."""
+        assert self.gateway is not None
+        refused = refused or []
+        options = self.options
+        tag = uuid.uuid4().hex[:6]
+        rewards: dict[str, float] = {}
+        bad: dict[str, Refused] = {}
+        items: list[dict[str, Any]] = []
+        for i in range(max(options.rollouts - len(refused), 1)):
+            rid = f"{prefix}-{tag}-{i}"
+            rewards[rid] = round(random.uniform(0.01, 1.0), 6)
+            task = {"sleep": sleep_s(i) if sleep_s else options.sleep_s, "reward": rewards[rid]}
+            local = {"agent_class": PROGRAM, "env_map": ENV_MAP}
+            items.append({"rollout_id": rid, "input": task, "config": {"timeout_seconds": 120, "local": local}})
+        for j, item in enumerate(refused):
+            rid = f"{prefix}-{tag}-refused-{j}"
+            bad[rid] = item
+            task = {"sleep": options.sleep_s, "reward": 0.5, **item.task_input}
+            config: dict[str, Any] = {"timeout_seconds": 120, "local": item.local}
+            items.insert((j * 3) % (len(items) + 1), {"rollout_id": rid, "input": task, "config": config})
+        self.gateway.create_rollouts(items)
+        return rewards, bad
+
     @contextlib.contextmanager
     def running(self) -> Iterator[V1ChaosStack]:
         self.start()
@@ -172,6 +203,10 @@ class V1ChaosRun:
         self.gateway, self.redis = chaos.gateway, chaos.redis
         self.rewards, self.refused = rewards, refused  # rollout id -> its reward; rollout id -> why it must fail
         self.rollout_ids = [*rewards, *refused]
+        self.versions: list[tuple[float, int]] = [(0.0, 0)]  # (when, version) of the model registrations
+        self.enqueued = len(self.rollout_ids)
+        self.forgotten = 0  # rollouts the gateway no longer has: out of the audit
+        self.long: dict[str, bool] = {}  # rollout id -> its program runs FORGOTTEN_PROGRAM_S
         self.latest: dict[str, V1Rollout] = {}
         self.first_final: dict[str, V1Rollout] = {}
         self.flipped: set[str] = set()
@@ -181,6 +216,28 @@ class V1ChaosRun:
 
     def note(self, text: str) -> None:
         self.notes.append(text)
+
+    def replace_rollouts(self, enqueued: tuple[dict[str, float], dict[str, Refused]]) -> None:
+        """The run's rollouts are now ``enqueued`` (the gateway forgot the others: a restart)."""
+        with self._observing:
+            self.forgotten += len(self.rollout_ids)
+            self.rewards, self.refused = enqueued
+            self.rollout_ids = [*self.rewards, *self.refused]
+            self.enqueued += len(self.rollout_ids)
+            for table in (self.latest, self.first_final):
+                table.clear()
+            self.flipped.clear()
+
+    def forget_rollouts(self, rollout_ids: list[str]) -> None:
+        """``rollout_ids`` leave the run (the trainer deleted them)."""
+        with self._observing:
+            gone = set(rollout_ids) & set(self.rollout_ids)
+            self.forgotten += len(gone)
+            self.rollout_ids = [rid for rid in self.rollout_ids if rid not in gone]
+            for rid in gone:
+                for table in (self.rewards, self.refused, self.latest, self.first_final):
+                    table.pop(rid, None)
+                self.flipped.discard(rid)
 
     @property
     def complete(self) -> bool:
@@ -294,6 +351,129 @@ def pause_gateway(run: V1ChaosRun) -> None:
     run.note(f"paused the gateway for {seconds:g}s")
 
 
+def _management(run: V1ChaosRun, method: str, path: str, body: Any = None) -> Any:
+    """A trainer's call to the gateway's key-protected routes (pause, resume, models)."""
+    response = httpx.request(
+        method, f"{run.chaos.gateway_url}{path}", json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=30
+    )
+    response.raise_for_status()
+    return response.json() if response.content else None
+
+
+def register_model(run: V1ChaosRun, version: int) -> None:
+    """As 1.0's trainer after a weight update: the model's endpoint again, with the training step as its version."""
+    endpoint = run.stack.llm_base_url
+    _management(run, "POST", "/api/models", [{"model": GATEWAY_MODEL, "endpoint": endpoint, "version": version}])
+    run.versions.append((time.time(), version))
+
+
+def pause_proxy(run: V1ChaosRun) -> None:
+    """Two weight updates as 1.0's trainer makes them while programs run: ``POST /proxy/pause`` (every model call
+    then answers 429 with ``X-Agl-Paused``), ``proxy_pause_s`` seconds, the model registered with the next
+    version, ``POST /proxy/resume``; the second a second after the first resume, while the programs it let go
+    still run. Notes an error for any rollout re-run (its current attempt is not the first)."""
+    seconds = run.chaos.options.proxy_pause_s
+    run.wait_for(lambda: len(run.running_programs()) >= 2, 60)
+    for version in (1, 2):
+        running = len(run.running_programs())
+        _management(run, "POST", "/proxy/pause", {"retry_after_seconds": 5, "reason": f"weight update {version}"})
+        time.sleep(seconds)
+        register_model(run, version)
+        _management(run, "POST", "/proxy/resume")
+        run.note(
+            f"paused the gateway's proxy for {seconds:g}s with {running} programs running; model version {version}"
+        )
+        time.sleep(1.0)
+    run.wait_for(lambda: run.complete, run.chaos.options.deadline_s)
+    rerun = sorted(rid for rid, view in run.latest.items() if (view.status.last_attempt_id or "0") != "0")
+    if rerun:
+        run.note(f"error: {len(rerun)} rollouts ran again after a pause: {rerun[:3]}")
+
+
+FORGOTTEN_PROGRAM_S = 90.0  # a forgotten rollout's program runs this long unless the worker ends it
+FORGOTTEN_BOUND_S = 5.0  # a watch interval (HEARTBEAT_INTERVAL_S, 1 s here), a read timeout and the group kill
+
+
+def restart_gateway(run: V1ChaosRun) -> None:
+    """Restart the gateway (SIGTERM, then the same command) while programs run: it comes back empty, as 1.0's
+    in-memory gateway does. The scenario's rollouts run ``FORGOTTEN_PROGRAM_S``, so only the worker's watch ends
+    their programs. The trainer enqueues a new batch on the new gateway, which becomes the run's rollouts (audited
+    as any other). Notes an error when a program of a forgotten rollout still runs ``FORGOTTEN_BOUND_S`` after the
+    gateway answers again, or when a forgotten rollout keeps a slot in flight."""
+    run.wait_for(lambda: len(run.running_programs()) >= 2, 60)
+    forgotten = list(run.rollout_ids)
+    pids = alive(program_pids(run, forgotten))  # read before the restart: the gateway forgets the start events
+    run.stack.restart("agl-v1-gateway")
+    back = time.monotonic()
+    register_model(run, 0)
+    run.note(f"restarted the gateway with {len(pids)} programs running")
+    run.replace_rollouts(run.chaos.enqueue(f"{run.name}-after"))
+    _forgotten_end(run, forgotten, pids, back, "the gateway's restart")
+
+
+def delete_rollouts(run: V1ChaosRun) -> None:
+    """The trainer deletes the scenario's long rollouts (every other one, ``FORGOTTEN_PROGRAM_S``) once two of them
+    run (``DELETE /api/rollouts/{id}``): they leave the run, as nothing can be audited of a rollout the gateway no
+    longer has, and the others are audited as any. Notes an error when a deleted rollout's program still runs
+    ``FORGOTTEN_BOUND_S`` later, or it keeps a slot in flight."""
+    victims = [rid for rid in run.rewards if run.long.get(rid)]
+    run.wait_for(lambda: len(set(run.running_programs()) & set(victims)) >= 2, 60)
+    pids = alive(program_pids(run, victims))
+    for rid in victims:
+        _management(run, "DELETE", f"/api/rollouts/{rid}")
+    deleted = time.monotonic()
+    run.forget_rollouts(victims)
+    run.note(f"deleted {len(victims)} rollouts, {len(pids)} of them running")
+    _forgotten_end(run, victims, pids, deleted, "their deletion")
+
+
+def _forgotten_end(run: V1ChaosRun, rollout_ids: list[str], pids: dict[str, int], since: float, what: str) -> None:
+    """Wait (bounded) until none of the programs ``pids`` of the forgotten ``rollout_ids`` runs and no slot is in
+    flight for them; note how long the programs took, and an error past ``FORGOTTEN_BOUND_S``, or for a slot still
+    in flight after 30 s."""
+    if not pids:
+        run.note(f"error: no program of the forgotten rollouts ran at {what}: nothing was checked")
+    gone = run.wait_for(lambda: not alive(pids), 30)
+    took = time.monotonic() - since
+    if not gone or took > FORGOTTEN_BOUND_S:
+        run.note(f"error: programs of forgotten rollouts ran {took:.1f}s after {what}: {alive(pids)}")
+    else:
+        run.note(f"the forgotten rollouts' programs ended {took:.1f}s after {what}")
+    keys_of = {f"v1-{rid}-" for rid in rollout_ids}
+
+    def held() -> list[str]:
+        entries = capacity.inflight_entries(run.redis, run.stack.scope, QUEUE)
+        return [key for key in entries if any(key.startswith(prefix) for prefix in keys_of)]
+
+    if not run.wait_for(lambda: not held(), 30):
+        run.note(f"error: slots still in flight for forgotten rollouts: {held()}")
+
+
+def program_pids(run: V1ChaosRun, rollout_ids: list[str]) -> dict[str, int]:
+    """Rollout id -> the pid of its current attempt's program (its start event names it), for those that started."""
+    pids: dict[str, int] = {}
+    for rid in rollout_ids:
+        with contextlib.suppress(GatewayError):
+            starts = run.gateway.events(rid, event_type=START_EVENT)
+            if starts:
+                pids[rid] = int(starts[-1]["data"]["pid"])
+    return pids
+
+
+def alive(pids: dict[str, int]) -> dict[str, int]:
+    """Those of ``pids`` whose process still runs (a zombie does not)."""
+    running: dict[str, int] = {}
+    for rid, pid in pids.items():
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                state = stat.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state != "Z":
+            running[rid] = pid
+    return running
+
+
 def drain_worker(run: V1ChaosRun) -> None:
     """SIGTERM a worker's main process (``WORKER_SHUTDOWN_GRACE_S``) while it runs programs: it hands them over and
     exits within its grace; a new node replaces it. Notes how many of the run's attempts were handed over."""
@@ -359,11 +539,13 @@ def _attack(trap: str) -> list[Refused]:
 
 @dataclass
 class V1Scenario:
-    """A fault on the shared stack, and the rollouts among the others that must be refused (``refused(trap_url)``)."""
+    """A fault on the shared stack, the rollouts among the others that must be refused (``refused(trap_url)``), and
+    how long the ``i``-th program runs (``sleep_s(i, default)``)."""
 
     name: str
     fault: Callable[[V1ChaosRun], None]
     refused: Callable[[str], list[Refused]] = field(default=lambda trap: [])
+    sleep_s: Callable[[int, float], float] = field(default=lambda i, default: default)
 
 
 V1_SCENARIOS: dict[str, V1Scenario] = {
@@ -373,6 +555,13 @@ V1_SCENARIOS: dict[str, V1Scenario] = {
         V1Scenario("v1-kill-dispatcher", kill_dispatcher),
         V1Scenario("v1-gateway-pause", pause_gateway),
         V1Scenario("v1-drain-worker", drain_worker),
+        V1Scenario("v1-proxy-pause", pause_proxy),
+        V1Scenario("v1-gateway-restart", restart_gateway, sleep_s=lambda i, default: FORGOTTEN_PROGRAM_S),
+        V1Scenario(
+            "v1-rollouts-deleted",
+            delete_rollouts,
+            sleep_s=lambda i, default: FORGOTTEN_PROGRAM_S if i % 2 == 0 else default,
+        ),
         V1Scenario("v1-malformed", no_fault, _malformed),
         V1Scenario("v1-env-map-attack", no_fault, _attack),
     )
@@ -415,25 +604,10 @@ def run_v1_scenario(chaos: V1ChaosStack, scenario: V1Scenario) -> ScenarioResult
     chaos.ensure_serving()
     trap = _Trap()
     try:
-        refused = scenario.refused(trap.url)
-        tag = uuid.uuid4().hex[:6]
-        rewards: dict[str, float] = {}
-        bad: dict[str, Refused] = {}
-        items: list[dict[str, Any]] = []
-        for i in range(max(options.rollouts - len(refused), 1)):
-            rid = f"{scenario.name}-{tag}-{i}"
-            rewards[rid] = round(random.uniform(0.01, 1.0), 6)
-            task = {"sleep": options.sleep_s, "reward": rewards[rid]}
-            local = {"agent_class": PROGRAM, "env_map": ENV_MAP}
-            items.append({"rollout_id": rid, "input": task, "config": {"timeout_seconds": 120, "local": local}})
-        for j, item in enumerate(refused):
-            rid = f"{scenario.name}-{tag}-refused-{j}"
-            bad[rid] = item
-            task = {"sleep": options.sleep_s, "reward": 0.5, **item.task_input}
-            config: dict[str, Any] = {"timeout_seconds": 120, "local": item.local}
-            items.insert((j * 3) % (len(items) + 1), {"rollout_id": rid, "input": task, "config": config})
-        chaos.gateway.create_rollouts(items)
+        sleeps = [scenario.sleep_s(i, options.sleep_s) for i in range(options.rollouts)]
+        rewards, bad = chaos.enqueue(scenario.name, scenario.refused(trap.url), sleep_s=sleeps.__getitem__)
         run = V1ChaosRun(chaos, scenario.name, rewards, bad)
+        run.long = {rid: sleeps[i] == FORGOTTEN_PROGRAM_S for i, rid in enumerate(rewards)}
         observer = threading.Thread(target=run.observe, name="chaos-v1-observer", daemon=True)
         observer.start()
         fault = threading.Thread(target=_guarded, args=(scenario.fault, run), name="chaos-v1-fault", daemon=True)
@@ -463,7 +637,7 @@ def _guarded(fault: Callable[[V1ChaosRun], None], run: V1ChaosRun) -> None:
 
 def audit_v1(run: V1ChaosRun) -> ScenarioResult:
     """The four counts from the gateway (states, the current attempt's events) and Redis (done markers)."""
-    result = ScenarioResult(name=run.name, enqueued=len(run.rollout_ids), notes=run.notes)
+    result = ScenarioResult(name=run.name, enqueued=run.enqueued, forgotten=run.forgotten, notes=run.notes)
     scope = run.stack.scope
     for rid in run.rollout_ids:
         first = run.first_final.get(rid)
@@ -472,6 +646,9 @@ def audit_v1(run: V1ChaosRun) -> ScenarioResult:
             result.lost += 1
             continue
         events = run.gateway.events(rid)
+        versions_wrong = _wrong_versions(run, events)
+        if versions_wrong:
+            run.note(f"error: model calls of {rid} carry another model version than the one serving: {versions_wrong}")
         executions = {e["data"].get("execution") for e in events if e["event_type"] == START_EVENT}
         rewards = [e["data"].get("value") for e in events if e["event_type"] == "reward"]
         state = final.status.state
@@ -495,6 +672,19 @@ def audit_v1(run: V1ChaosRun) -> ScenarioResult:
             run.note(f"reward {rewards} for {rid}, its input says {run.rewards[rid]}")
     result.flipped = len(run.flipped)
     return result
+
+
+def _wrong_versions(run: V1ChaosRun, events: list[dict[str, Any]]) -> list[tuple[Any, int]]:
+    """The model calls among ``events`` whose ``model_version`` is not the version registered when the gateway
+    recorded them: (theirs, the registered one)."""
+    wrong: list[tuple[Any, int]] = []
+    for event in events:
+        if event["event_type"] != "model_request":
+            continue
+        serving = max((v for v in run.versions if v[0] <= float(event["timestamp"])), default=(0.0, 0))[1]
+        if event["data"].get("model_version") != serving:
+            wrong.append((event["data"].get("model_version"), serving))
+    return wrong
 
 
 def _second_execution(
@@ -542,6 +732,7 @@ def main_v1(args: argparse.Namespace) -> int:
         rollouts=args.rollouts,
         sleep_s=args.program_s,
         gateway_pause_s=args.gateway_pause_s,
+        proxy_pause_s=args.proxy_pause_s,
         deadline_s=args.deadline,
         workers=args.workers,
         concurrency=args.concurrency,

@@ -2,9 +2,11 @@
 from its input, so the audit can tell a wrong one.
 
 ``ChaosProgram.run()`` posts a ``chaos.start`` event naming this execution (a fresh id, its pid and its parent's,
-the worker process that started it), sleeps ``CHAOS_SLEEP`` seconds, then posts ``CHAOS_REWARD`` as its reward.
-Each post is one request with a long timeout and no retry: a retried post whose first try landed would be a
-second event, which the audit counts as a second execution.
+the worker process that started it), asks the LLM through the gateway's proxy, sleeps ``CHAOS_SLEEP`` seconds, asks
+again, then posts ``CHAOS_REWARD`` as its reward. Each post is one request with a long timeout and no retry: a
+retried post whose first try landed would be a second event, which the audit counts as a second execution. The LLM
+calls go through ``workers.agents.gateway_llm.openai_client``, which waits out a paused gateway as the built-in
+WebShop program does; each is recorded by the gateway as a ``model_request`` event with the serving model's version.
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ import uuid
 from typing import Any
 
 import httpx
+from openai import OpenAI
+
+from workers.agents.gateway_llm import openai_client
 
 POST_TIMEOUT_S = 120.0  # longer than any gateway pause a scenario injects
 START_EVENT = "chaos.start"
@@ -36,5 +41,12 @@ class ChaosProgram:
 
     def run(self) -> None:
         _post(START_EVENT, {"execution": uuid.uuid4().hex, "pid": os.getpid(), "ppid": os.getppid()})
+        llm = openai_client()
+        _ask(llm, "first")
         time.sleep(float(os.environ["CHAOS_SLEEP"]))
+        _ask(llm, "second")
         _post("reward", {"value": float(json.loads(os.environ["CHAOS_REWARD"]))})
+
+
+def _ask(llm: OpenAI, which: str) -> None:
+    llm.chat.completions.create(model="policy", messages=[{"role": "user", "content": f"the {which} question"}])

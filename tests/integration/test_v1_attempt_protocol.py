@@ -166,3 +166,96 @@ def test_the_output_tail_never_holds_more_than_its_bound() -> None:
     assert len(tail.text()) <= 1024
     assert tail.text().endswith("last one")
     assert json.dumps(tail.text())
+
+
+@pytest.mark.parametrize("paused", [None, "weight update 7"])
+def test_a_program_that_fails_while_the_gateway_is_paused_is_infra_with_the_pause_named(
+    gateway: StubGateway, client: redis.Redis, monitor: HeartbeatMonitor, paused: str | None
+) -> None:
+    """A 1.0 program on the plain OpenAI SDK gives up after its retries in a pause: the pause is to blame, not the
+    agent. Without a pause the same crash is the agent's."""
+    scope = f"t-{uuid.uuid4().hex[:8]}"
+    gateway.paused = paused
+    rollout = gateway.add(f"paused-{uuid.uuid4().hex[:6]}", f"{AGENTS}:Crashing", created_at=1.0)
+    outcome = _attempt(gateway, client, monitor, rollout, scope).run()
+    (patch,) = gateway.final_patches(rollout["rollout_id"])
+    if paused is None:
+        assert outcome.as_dict()["failure_class"] == "agent", outcome
+        assert patch["error_message"].startswith("[failure class: agent] the agent exited with code 1")
+    else:
+        assert outcome.as_dict()["failure_class"] == "infra", outcome
+        assert patch["error_message"].startswith(
+            "[failure class: infra] the gateway's proxy was paused (weight update 7) when the program ended: "
+            "the agent exited with code 1"
+        ), patch
+        assert "the agent broke on purpose" in patch["error_message"]  # the output's tail is kept
+
+
+def test_a_timeout_in_a_pause_is_infra_with_the_pause_named(
+    gateway: StubGateway, client: redis.Redis, monitor: HeartbeatMonitor, tmp_path: Path
+) -> None:
+    scope = f"t-{uuid.uuid4().hex[:8]}"
+    gateway.paused = "weight update 8"
+    rollout = gateway.add(
+        f"pause-timeout-{uuid.uuid4().hex[:6]}",
+        f"{AGENTS}:Sleeping",
+        created_at=1.0,
+        timeout_s=2,
+        task_input={"pid_file": str(tmp_path / "pids")},
+        env_map={"PID_FILE": "input.pid_file"},
+    )
+    outcome = _attempt(gateway, client, monitor, rollout, scope).run()
+    assert outcome.as_dict()["failure_class"] == "infra", outcome
+    (patch,) = gateway.final_patches(rollout["rollout_id"])
+    assert patch["error_message"].startswith(
+        "[failure class: infra] the gateway's proxy was paused (weight update 8) when the program ended: timed out"
+    ), patch
+
+
+def test_a_rollout_created_again_under_its_id_stops_the_old_program_within_a_watch_interval(
+    gateway: StubGateway, client: redis.Redis, monitor: HeartbeatMonitor, tmp_path: Path
+) -> None:
+    """A restarted gateway forgets every rollout; a trainer that enqueues its batch again with its own ids creates
+    new rollouts under old ids. The old program is not theirs: it is stopped at the next read and reports nothing."""
+    scope = f"t-{uuid.uuid4().hex[:8]}"
+    rid = f"again-{uuid.uuid4().hex[:6]}"
+    pid_file = tmp_path / "pids"
+    task_input, env_map = {"pid_file": str(pid_file)}, {"PID_FILE": "input.pid_file"}
+    rollout = gateway.add(rid, f"{AGENTS}:Sleeping", created_at=1000.0, task_input=task_input, env_map=env_map)
+    attempt = _attempt(gateway, client, monitor, rollout, scope)
+    result: dict = {}
+    runner = threading.Thread(target=lambda: result.update(outcome=attempt.run()))
+    runner.start()
+    wait_for(lambda: pid_file.exists() and len(pid_file.read_text().split()) == 2, 30, "the program started")
+    pids = [int(p) for p in pid_file.read_text().split()]
+    renewed = gateway.add(rid, f"{AGENTS}:Sleeping", created_at=2000.0, task_input=task_input, env_map=env_map)
+    with gateway.lock:
+        gateway.rollouts[rid]["status"].update(state="queuing", last_attempt_id=None)
+    replaced = time.monotonic()
+    runner.join(30)
+    took = time.monotonic() - replaced
+    outcome = result["outcome"]
+    assert outcome.state is None and "moved on" in outcome.detail, outcome
+    assert took < 1.0 + 2.0, f"stopped {took:.1f}s after the rollout was created again (watch interval 1 s)"
+    wait_for(lambda: not any(process_alive(p) for p in pids), 5, "the old program's processes gone")
+    assert gateway.final_patches(rid) == []
+    assert renewed["status"]["created_at"] == 2000.0
+    assert capacity.inflight_count(client, scope, QUEUE) == 0
+
+
+def test_a_program_that_ends_after_its_rollout_was_forgotten_reports_nothing(
+    gateway: StubGateway, client: redis.Redis, monitor: HeartbeatMonitor
+) -> None:
+    """The gateway forgets the rollout (a restart, the trainer's delete) after the attempt's first read, and the
+    program then fails: nothing is reported, nothing stays kept, the slot is free, and the task's result says
+    skipped, not an agent failure."""
+    scope = f"t-{uuid.uuid4().hex[:8]}"
+    rollout = gateway.add(f"gone-{uuid.uuid4().hex[:6]}", f"{AGENTS}:Crashing", created_at=1.0)
+    gateway.forget_after_reads[rollout["rollout_id"]] = 1
+    attempt = _attempt(gateway, client, monitor, rollout, scope)
+    outcome = attempt.run()
+    assert outcome.state is None and "not reported" in outcome.detail, outcome
+    assert outcome.as_dict()["status"] == "skipped"
+    assert gateway.final_patches(rollout["rollout_id"]) == []
+    assert client.get(keys.v1_result(attempt.state_key)) is None
+    assert capacity.inflight_count(client, scope, QUEUE) == 0

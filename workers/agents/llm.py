@@ -25,11 +25,12 @@ import httpx
 import openai
 
 from bridge.core.backoff import Retries
-from bridge.core.errors import LLMError
+from bridge.core.errors import LLMError, LLMPaused
 from bridge.core.http import HTTPClient, pooled_transport, retry_after_s
 from bridge.core.models import AttemptedRollout, LLMResource, ResourcesUpdate
 from bridge.core.redact import redact_url
 from bridge.core.settings import Settings, split_host_port
+from workers.agents.gateway_llm import pause_reason, paused_wait_s
 from workers.lifecycle import metrics as worker_metrics
 
 if TYPE_CHECKING:
@@ -227,6 +228,7 @@ def chat(
     if timeout_s is None:
         timeout_s = _client_timeout(client)
     problem = ""
+    paused_since = 0.0
     while True:
         _stop_if_due(check_stop, deadline, problem)
         if before_call is not None:
@@ -239,6 +241,19 @@ def chat(
             worker_metrics.observe_llm(time.perf_counter() - started, "ok", target.source)
             return result
         except openai.RateLimitError as exc:
+            paused = paused_wait_s(exc.response)
+            if paused is not None:  # a trainer's weight update: waited out, never counted as a retry
+                worker_metrics.observe_llm(time.perf_counter() - started, "paused", target.source)
+                problem = "the LLM gateway is paused"
+                if deadline is not None and time.time() + paused >= deadline:
+                    raise LLMPaused(
+                        f"the LLM gateway at {target.base_url} stayed paused until the rollout's deadline"
+                    ) from exc
+                if not paused_since:
+                    paused_since = time.monotonic()
+                    log.warning("the LLM gateway is paused (%s): waiting", pause_reason(exc.response) or "no reason")
+                _sleep(paused, check_stop)
+                continue
             worker_metrics.observe_llm(time.perf_counter() - started, "rate_limited", target.source)
             rate_limited += 1
             hint = retry_after_s(exc.response, with_ms=True)

@@ -2,7 +2,8 @@
 
 A worker starts it like any 1.0 program: the task is the rollout's input, given as ``WEBSHOP_TASK`` by the
 rollout's ``env_map`` (``WEBSHOP_TASK: input``); the LLM is the gateway's proxy (``AGL_OPENAI_BASE_URL``),
-which records every call's token ids; the reward the WebShop server computed is posted to ``AGL_EVENT_URL``.
+which records every call's token ids, through a client that waits out the gateway's pauses
+(``workers.agents.gateway_llm``); the reward the WebShop server computed is posted to ``AGL_EVENT_URL``.
 It plays with the 0.3 agent's prompts and action parsing (``workers.agents.prompts``) and the worker's settings
 (``WEBSHOP_URL``, ``MAX_STEPS``, ``MAX_REPROMPTS``, ...), which it gets from the worker's environment when the
 worker lists them in ``AGL_V1_PASS_ENV`` (``PASS_ENV``).
@@ -17,6 +18,7 @@ import httpx
 from openai import OpenAI
 
 from bridge.core.settings import Settings, load_settings
+from workers.agents.gateway_llm import openai_client
 from workers.agents.inputs import TaskInput, parse_task_input
 from workers.agents.prompts import Conversation, choose_action, step_prompt
 from workers.agents.webshop import WebShopClient
@@ -31,7 +33,7 @@ class WebShopProgram:
     def run(self) -> None:
         settings = load_settings()
         task = parse_task_input(json.loads(os.environ["WEBSHOP_TASK"]), max_chars=settings.max_instruction_chars)
-        llm = OpenAI(base_url=os.environ["AGL_OPENAI_BASE_URL"], api_key=os.environ.get("AGL_KEY") or "none")
+        llm = openai_client()  # waits out the gateway's pauses (weight updates) instead of failing
         env = WebShopClient(
             str(settings.webshop_url), token=settings.webshop_token, timeout_s=settings.webshop_timeout_s
         )

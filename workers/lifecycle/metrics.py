@@ -158,7 +158,8 @@ def observe_start(queue: str | None, dequeued_at: float | None, now: float) -> N
 
 
 def observe_llm(seconds: float, outcome: str, source: str) -> None:
-    """One chat-completion try: ``ok``, ``rate_limited`` (HTTP 429) or ``error``."""
+    """One chat-completion try: ``ok``, ``rate_limited`` (HTTP 429), ``paused`` (429 from a paused gateway) or
+    ``error``."""
     LLM_SECONDS.labels(outcome).observe(seconds)
     if outcome == "rate_limited":
         LLM_RATE_LIMITED.labels(source).inc()

@@ -14,6 +14,7 @@ from bridge.core.errors import (
     BridgeError,
     InvalidInputError,
     LLMError,
+    LLMPaused,
     StoreError,
     Superseded,
     TelemetryError,
@@ -55,6 +56,6 @@ def classify(error: BaseException) -> FailureClass:
         return FailureClass.TIMEOUT
     if isinstance(error, Superseded):
         return FailureClass.CANCELLED
-    if isinstance(error, StoreError):
+    if isinstance(error, (StoreError, LLMPaused)):
         return FailureClass.INFRA
     return FailureClass.INFRA

@@ -35,12 +35,12 @@ import redis
 
 from bridge.core import keys
 from bridge.core.agl_v1 import (
-    ERROR_MESSAGE_CHARS,
     GatewayClient,
     GatewayError,
     V1Rollout,
     V1State,
     attempt_key,
+    failed_message,
     scoped_attempt_key,
 )
 from bridge.core.settings import Settings
@@ -57,6 +57,7 @@ OUTPUT_LINES = 20  # the program's last lines kept for a failed attempt's error
 OUTPUT_TAIL_BYTES = 16 * 1024  # at most this much of the program's output is held, however long its lines
 OUTPUT_CHUNK_BYTES = 4096
 RESULT_TTL_S = 24 * 3600
+KEPT_DETAIL_CHARS = 4000  # of a kept outcome's detail
 
 
 @dataclass(frozen=True)
@@ -78,9 +79,9 @@ class V1Outcome:
         return self.as_outcome().as_dict()
 
     def error_message(self) -> str:
-        """The ``error_message`` sent with a failed state: the failure class, then the detail's tail."""
-        prefix = f"[failure class: {self.failure_class}] " if self.failure_class else ""
-        return prefix + self.detail[-(ERROR_MESSAGE_CHARS - len(prefix)) :]
+        """The ``error_message`` sent with a failed state (``failed_message``: the class, what happened, the
+        output's tail)."""
+        return failed_message(self.failure_class, self.detail)
 
 
 class OutputTail:
@@ -191,7 +192,7 @@ class V1Attempt:
             program.kill()
             reader.join(2.0)
         if isinstance(ended, V1Outcome):
-            return ended
+            return self._blame_pause(ended)
         if ended == 0:
             return V1Outcome(V1State.SUCCEEDED, "the agent exited with code 0")
         last = output_redactor(self.settings)(tail.text()) or "(no output)"
@@ -201,7 +202,22 @@ class V1Attempt:
                 f"the agent's program server died under it (the agent was killed with it):\n{last}",
                 FailureClass.INFRA,
             )
-        return V1Outcome(V1State.FAILED, f"the agent exited with code {ended}:\n{last}", FailureClass.AGENT)
+        return self._blame_pause(
+            V1Outcome(V1State.FAILED, f"the agent exited with code {ended}:\n{last}", FailureClass.AGENT)
+        )
+
+    def _blame_pause(self, outcome: V1Outcome) -> V1Outcome:
+        """A program that timed out or failed while the trainer had the gateway's proxy paused ended because of the
+        pause (its time ran out waiting, or its client gave up on the 429s): class ``infra``, the pause named.
+        One read of the proxy's state, on these two ways out only."""
+        if outcome.state != V1State.FAILED or outcome.failure_class not in (FailureClass.TIMEOUT, FailureClass.AGENT):
+            return outcome
+        pause = self.fence.proxy_pause()
+        if pause is None or not pause.paused:
+            return outcome
+        return V1Outcome(
+            V1State.FAILED, f"{pause.describe()} when the program ended: {outcome.detail}", FailureClass.INFRA
+        )
 
     def _supervise(self, program: Program) -> V1Outcome | ProgramLost | int:
         """Wait for the program: its exit code, or why it was stopped (its timeout, a stop of the protocol, the
@@ -260,8 +276,13 @@ class V1Attempt:
         return None
 
     def _ours(self, current: V1Rollout | None) -> bool:
-        """The rollout still waits for this attempt: not finished, and no other attempt is its latest."""
+        """The rollout still waits for this attempt: the gateway has it (a restarted gateway forgets every rollout,
+        the trainer deletes them), it is the same rollout (a rollout created again under the same id after a
+        restart is another one: its creation time differs), not finished, and no other attempt is its latest."""
         if current is None or current.status.state in (V1State.SUCCEEDED, V1State.FAILED):
+            return False
+        created, ours = current.status.created_at, self.rollout.status.created_at
+        if created is not None and ours is not None and created != ours:
             return False
         return current.status.last_attempt_id in (None, self.attempt_id)
 
@@ -279,14 +300,23 @@ class V1Attempt:
             return outcome
         if outcome.state is None:
             return self._skip(outcome)
-        self._keep(KeptResult(outcome.state.value, outcome.detail[-4000:], outcome.failure_class))
+        kept = failed_message(None, outcome.detail, KEPT_DETAIL_CHARS)  # what happened, and the output's tail
+        self._keep(KeptResult(outcome.state.value, kept, outcome.failure_class))
         detail = outcome.error_message() if outcome.state == V1State.FAILED else outcome.detail
         try:
-            if not self.gateway.finish(self.rollout.rollout_id, self.attempt_id, outcome.state, detail):
-                log.info("%s not reported: the rollout moved on meanwhile", self.tag)
+            reported = self.gateway.finish(self.rollout.rollout_id, self.attempt_id, outcome.state, detail)
             self.redis.delete(keys.v1_result(self.state_key))
         except GatewayError as exc:
             log.warning("%s outcome kept for the dispatcher: %s", self.tag, exc)
+            reported = True  # the dispatcher reports it: the attempt's outcome stands
+        if not reported:  # finished, deleted, forgotten by a restart, or re-run meanwhile: nothing was written
+            return self._skip(
+                V1Outcome(
+                    None,
+                    f"the rollout moved on before the report ({outcome.state.value}): not reported",
+                    FailureClass.CANCELLED,
+                )
+            )
         level = logging.INFO if outcome.state == V1State.SUCCEEDED else logging.WARNING
         log.log(level, "%s %s: %s", self.tag, outcome.state.value, outcome.detail.splitlines()[0])
         return outcome
