@@ -163,16 +163,30 @@ class SlowFirstAgent(agl.LitAgent[dict[str, Any]]):
         return _reward(task)
 
 
-class LingeringFirstAgent(SlowFirstAgent):
-    """``SlowFirstAgent`` whose first attempt also leaves behind what agent programs do: a process that outlives its
-    parent (orphaned to the PID namespace's init, a zombie once it exits) and a non-daemon thread that never ends,
-    so the worker's own exit never finishes and only the drain's forced exit ends it."""
+class StubbornFirstAgent(agl.LitAgent[dict[str, Any]]):
+    """On a rollout's first attempt, a tool loop that catches every exception, ``BaseException`` included, for
+    ``sleep`` seconds: the worker's stop (``Superseded`` from its LLM calls) and the prefork drain's interrupt
+    (``SoftTimeLimitExceeded``) are swallowed and it goes on, so a drained worker's attempt is never returned. First it
+    leaves behind what agent programs do: a process that outlives its parent (orphaned to the PID namespace's init, a
+    zombie once it exits) and a non-daemon thread that never ends, so the worker's own exit never finishes either.
+    Later attempts answer like ``FloatAgent``."""
 
     def rollout(self, task: dict[str, Any], resources: agl.NamedResources, rollout: agl.Rollout) -> float:
         if isinstance(rollout, agl.AttemptedRollout) and rollout.attempt.sequence_id == 1:
             subprocess.run(["sh", "-c", "sleep 0.2 &"], check=True)  # sh exits at once; its sleep is orphaned
             threading.Thread(target=threading.Event().wait, name="lingering", daemon=False).start()
-        return super().rollout(task, resources, rollout)
+            end = time.monotonic() + float(task.get("sleep", 0))
+            while time.monotonic() < end:
+                try:
+                    _ask(resources, task)
+                except BaseException:  # the point of this agent
+                    pass
+                try:
+                    time.sleep(0.2)
+                except BaseException:
+                    pass
+        _ask(resources, task)
+        return _reward(task)
 
 
 class RaisingHook(agl.Hook):

@@ -75,9 +75,19 @@ class Delivery:
     The task frees the attempt's slot with ``release_slot`` once no retry of the message follows.
     """
 
-    def __init__(self, payload: Any, *, celery_task_id: str, expected_agent: str | None, res: WorkerResources) -> None:
+    def __init__(
+        self,
+        payload: Any,
+        *,
+        celery_task_id: str,
+        expected_agent: str | None,
+        res: WorkerResources,
+        slot: tuple[str, str] | None = None,
+    ) -> None:
+        """``slot``: the deployment's key scope and the queue of the attempt's in-flight entry, freed by a hand-over the
+        drain makes in the task's place (``AttemptRun``)."""
         read = read_payload(payload, celery_task_id=celery_task_id, expected_agent=expected_agent)
-        self._work: AttemptRun | Rejected = AttemptRun(read, res) if isinstance(read, Attempt) else read
+        self._work: AttemptRun | Rejected = AttemptRun(read, res, slot=slot) if isinstance(read, Attempt) else read
         self._res = res
 
     def release_slot(self, scope: str, queue: str) -> None:
@@ -115,7 +125,9 @@ class AttemptRun:
     the ``WriteGuard`` that proves the lease before any write, and the ``AttemptReporter`` that ends the attempt.
     """
 
-    def __init__(self, attempt: Attempt, res: WorkerResources) -> None:
+    def __init__(self, attempt: Attempt, res: WorkerResources, *, slot: tuple[str, str] | None = None) -> None:
+        """``slot``: the scope and queue of the attempt's in-flight entry, freed when the drain hands the attempt over
+        in the task's place (``HeldAttempt.hand_over_at_drain``); the task frees it on every other way out."""
         if attempt.rollout is None:
             raise ValueError("an attempt without a valid rollout is reported (report_rejected), never run")
         self.attempt = attempt
@@ -133,6 +145,7 @@ class AttemptRun:
         )
         self.guard = WriteGuard(attempt, self.lease, self.settings)
         self.reporter = AttemptReporter(attempt, res, self.guard)
+        self.slot = None if slot is None else (*slot, attempt.celery_task_id)
 
     @property
     def lease(self) -> Lease:
@@ -268,6 +281,9 @@ class AttemptRun:
             telemetry.close()  # it counts among the process's running attempts (trace_courier) until closed
             raise
         self.guard.follow(watch, telemetry)
+        # An agent that never returns (it swallows the stop and the interrupt) must not keep the hand-over from
+        # happening: the drain makes it in this thread's place.
+        self.held.hand_over_at_drain(partial(self._hand_over_now, watch), slot=self.slot)
         try:
             if stuck.pool.threads:  # nothing else could stop an agent that blocks outside the LLM calls
                 result = stuck.run_abandonable(partial(body, telemetry, watch), watch)
@@ -309,10 +325,13 @@ class AttemptRun:
             telemetry.close()
 
     def _hand_over(self, watch: AttemptWatch) -> Outcome:
-        """The worker drained before the episode finished: give the rollout back so it runs again elsewhere.
+        """The worker drained before the episode finished: give the rollout back so it runs again elsewhere, once,
+        whether this thread or the drain's (in place of an agent that did not return) gets there first."""
+        return watch.hand_over_once(partial(self._hand_over_now, watch))
 
-        Read the rollout, then report the attempt ``failed`` (``shutdown``) when the Store retries that, else hand the
-        rollout back (``requeuing``) and mark the attempt done (``workers.lifecycle.drain.handover``). The partial
+    def _hand_over_now(self, watch: AttemptWatch) -> Outcome:
+        """Read the rollout, then report the attempt ``failed`` (``shutdown``) when the Store retries that, else hand
+        the rollout back (``requeuing``) and mark the attempt done (``workers.lifecycle.drain.handover``). The partial
         episode's spans are dropped: the trainer reads the next attempt's.
         """
         watch.begin_reporting()  # the heartbeat and the drain's interrupt leave it alone from now on

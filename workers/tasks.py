@@ -45,7 +45,8 @@ def run_rollout(
         log.warning("task %s: this worker drains; the message goes back to the broker", task_id)
         raise Reject("the worker drains (WORKER_SHUTDOWN_GRACE_S)", requeue=True)
     final = True
-    delivery = Delivery(rollout, celery_task_id=task_id, expected_agent=agent, res=res)
+    slot = (deployment_scope(res.settings), queue or res.settings.default_queue)
+    delivery = Delivery(rollout, celery_task_id=task_id, expected_agent=agent, res=res, slot=slot)
     try:
         return delivery.execute().as_dict()
     except DuplicateDelivery as exc:
@@ -65,7 +66,7 @@ def run_rollout(
         raise
     finally:
         if final:  # after the attempt released its lease (``Delivery.execute``)
-            delivery.release_slot(deployment_scope(res.settings), queue or res.settings.default_queue)
+            delivery.release_slot(*slot)
 
 
 def _draining(client: redis.Redis, scope: str, node: str | None) -> bool:

@@ -8,8 +8,11 @@ with no live attempt):
 
 * stranded: an active attempt this dispatcher claimed (or an executor started) that no in-flight entry
   carries and no executor holds or finished: published again under the same task id, or handed back when
-  it is ``preparing`` and older than ``max_queue_wait_s``. A ``running`` one is published too: the
-  takeover reports it ``failed`` (infra) sooner than the Store's watchdog or the visibility timeout would.
+  it is ``preparing`` and older than ``max_queue_wait_s`` or an executor started it (and died). The Store times
+  an attempt from its dequeue (docs/store-protocol.md 6.3), so a lost executor's attempt run again in place would
+  inherit its first start's deadline; handed back, the rollout's next attempt has a budget of its own. A
+  ``running`` one is published: the takeover reports it ``failed`` (infra) sooner than the Store's watchdog or
+  the visibility timeout would, and the Store's retry policy starts a fresh attempt.
 * orphaned: an in-flight entry whose executor started (or finished) it and holds no lease: its slot is
   freed, and its attempt, if still active and unreported, counts as stranded.
 * lost in flight: an in-flight entry older than ``max_queue_wait_s`` that no executor started, holds or
@@ -115,7 +118,8 @@ class Republish:
 
 @dataclass(frozen=True)
 class HandBack:
-    """Hand a stranded ``preparing`` attempt back to the Store queue: too old to start in time."""
+    """Hand a stranded ``preparing`` attempt back to the Store queue: too old to start in time, or started by an
+    executor that died (run again in place, it would keep that start's deadline)."""
 
     rollout: AttemptedRollout
 
@@ -263,9 +267,10 @@ def _moved_on(held: frozenset[str], active: Mapping[str, AttemptedRollout]) -> l
 
 
 def _restart(rollout: AttemptedRollout, marks: Execution, facts: Facts) -> Republish | HandBack:
-    """A ``preparing`` attempt older than the longest queue wait goes back to the Store; any other is re-published."""
+    """A ``preparing`` attempt older than the longest queue wait, or one an executor started, goes back to the Store
+    (its rollout's next attempt gets a clock of its own); any other is re-published."""
     age = facts.now - (rollout.attempt.start_time or facts.now)
-    if age > facts.max_queue_wait_s and rollout.attempt.status == AttemptStatus.PREPARING:
+    if rollout.attempt.status == AttemptStatus.PREPARING and (marks.started or age > facts.max_queue_wait_s):
         return HandBack(rollout)
     return Republish(rollout, executor_died=marks.started)
 

@@ -1,4 +1,5 @@
-"""The drain never turns a success into a failure (``AttemptWatch.interrupt``, ``workers.protocol.reporting``).
+"""The drain never turns a success into a failure (``AttemptWatch.interrupt``, ``workers.protocol.reporting``), and
+never waits on an agent that does not return (``HeldAttempt.hand_over_at_drain``).
 
 Real ``Delivery``, ``AttemptRun``, ``Lease`` and reporter on the Redis at ``TEST_REDIS_URL``, a loopback Store that
 records what it is sent, and the real interrupt: SIGUSR1 to this process, whose handler raises
@@ -25,6 +26,7 @@ import pytest
 import redis
 from celery.exceptions import SoftTimeLimitExceeded
 
+from bridge.core import capacity, keys
 from bridge.core.settings import load_settings
 from bridge.core.store import StoreClient
 from tests.loopback import LoopbackServer
@@ -242,3 +244,65 @@ def test_a_time_limit_while_the_success_is_kept_leaves_that_success_to_the_next_
     assert store.attempt_statuses() == ["succeeded"], store.posts
     reported = next(f for p, f in store.posts if f.get("status") == "succeeded")
     assert reported["metadata"]["reward"] == 0.75
+
+
+def test_an_agent_that_never_returns_is_handed_over_in_its_place_and_reports_nothing_later(
+    payload: dict[str, Any],
+    store: Store,
+    res: WorkerResources,
+    redis_client: redis.Redis,
+    soft_limit_handler: None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A prefork agent in a tool loop that swallows the drain's stop and its interrupt never returned, and the hand-over
+    was made only on its return: at the worker's forced exit the attempt was still leased and unreported. Now the
+    heartbeat hands it over in the agent's place while it still runs (the rollout handed back: no retry left), releases
+    the lease and frees the slot; the agent returning with a reward afterwards reports nothing."""
+    monkeypatch.setattr(stuck.pool, "prefork", True)
+    monkeypatch.setattr(stuck.pool, "threads", False)
+    monkeypatch.setattr(drain, "clock", DrainClock(node="n@h", stop_at=time.time() - 1, grace_s=9.0))
+    monkeypatch.setattr(drain, "INTERRUPT_AFTER_S", 0.0)
+    monkeypatch.setattr(drain, "HAND_OVER_AFTER_S", 0.2)
+    draining = HeartbeatMonitor(res.store, res.redis, None, "scope")
+    rid, aid = payload["rollout_id"], payload["attempt"]["attempt_id"]
+    requeued = (f"/v1/agl/rollouts/{rid}", {"status": "requeuing"})
+    scope, queue = f"t-{uuid.uuid4().hex[:6]}", "rollouts"
+    capacity.mark_inflight(redis_client, scope, queue, aid)
+    seen: dict[str, object] = {}
+
+    returned = threading.Event()
+
+    def heartbeat(watch: AttemptWatch) -> None:  # the process's heartbeat thread, as far as the drain goes
+        while not returned.wait(0.05):
+            draining.stop_for_drain([watch])
+
+    def stubborn(telemetry: Any, watch: AttemptWatch) -> Result:
+        threading.Thread(target=heartbeat, args=(watch,), daemon=True).start()
+        with telemetry.span("agent.partial"):  # what it did so far: never sent once the attempt is handed over
+            pass
+        deadline = time.monotonic() + 10
+        while requeued not in store.posts and time.monotonic() < deadline:
+            try:
+                watch.check()  # the agent's LLM calls check this: Superseded once the drain stopped it
+                time.sleep(0.05)  # where the drain's interrupt lands: SoftTimeLimitExceeded
+            except BaseException as exc:  # swallowed, as the agent's tool loop does
+                seen.setdefault(type(exc).__name__, exc)
+        time.sleep(0.2)  # the hand-over's release of the lease and the slot, after its Store write
+        seen["leased"] = bool(redis_client.exists(keys.lease(aid)))
+        seen["in flight"] = aid in capacity.inflight_ids(redis_client, scope, queue)
+        returned.set()
+        return Result(0.75)  # it returns after all, with a reward
+
+    _run_body(monkeypatch, stubborn)
+    try:
+        outcome = Delivery(payload, celery_task_id=aid, expected_agent=None, res=res, slot=(scope, queue)).execute()
+    finally:
+        redis_client.delete(keys.inflight(scope, queue))
+
+    assert {"Superseded", "SoftTimeLimitExceeded"} <= set(seen), seen  # stopped and interrupted, both swallowed
+    assert seen["leased"] is False and seen["in flight"] is False, seen  # released while the agent still ran
+    assert store.posts.count(requeued) == 1, store.posts  # handed over once, by the heartbeat
+    assert store.attempt_statuses() == [], store.posts  # the late reward is never reported
+    assert not any(p == "/v1/traces" for p, _ in store.posts), store.posts
+    assert outcome.status is OutcomeStatus.SKIPPED and outcome.failure_class is FailureClass.SHUTDOWN, outcome
+    assert redis_client.get(keys.done(aid)) == "requeued"

@@ -119,14 +119,16 @@ def test_an_entry_the_broker_never_took_is_freed_and_its_attempt_restarted(attem
     assert plan.restarts == (expected,)
 
 
-def test_a_dead_worker_hosts_started_attempts_are_freed_and_republished() -> None:
-    """A worker host died holding messages: in flight, started, no lease. A ``running`` one is re-published too,
-    however old: the takeover reports it ``failed`` (infra)."""
+def test_a_dead_worker_hosts_started_attempts_are_freed_and_restarted_with_a_clock_of_their_own() -> None:
+    """A worker host died holding messages: in flight, started, no lease. A ``preparing`` one is handed back however
+    young: run again in place it would keep its first start's deadline (the Store times an attempt from its
+    dequeue), and the rollout's next attempt has a full budget. A ``running`` one is re-published however old: the
+    takeover reports it ``failed`` (infra) and the Store's retry policy starts a fresh attempt."""
     preparing, running = _rollout(1), _rollout(2, status="running", attempt_status="running", age_s=WAIT * 10)
     inflight = {QUEUE: {"at-1": NOW - 30, "at-2": NOW - 30}}
     plan = _confirmed(_facts(preparing, running, inflight=inflight, executions={"at-1": STARTED, "at-2": STARTED}))
     assert plan.frees == (FreeOrphan(QUEUE, "at-1"), FreeOrphan(QUEUE, "at-2"))
-    assert plan.restarts == (Republish(preparing, executor_died=True), Republish(running, executor_died=True))
+    assert plan.restarts == (HandBack(preparing), Republish(running, executor_died=True))
 
 
 def test_a_message_a_dead_worker_reserved_but_never_started_keeps_its_slot() -> None:

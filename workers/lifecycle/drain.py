@@ -5,8 +5,11 @@ the signal's time plus the grace less a reporting margin, in this process and in
 (``keys.worker_drain``), where pool children, which never see the main process's signal, read it. From the
 stop time on, each process's heartbeat stops its running attempts (``HeartbeatMonitor``); a stopped attempt
 is handed over (``handover``) so it runs again elsewhere, and an episode that ends before it is reported as
-usual. Celery's soft shutdown does not fit: it starts only with a cold shutdown, and then terminates the tasks
-instead of letting them report (docs/operations.md, "Graceful shutdown").
+usual. The hand-over does not wait for the agent: an attempt whose thread has not begun it ``HAND_OVER_AFTER_S``
+after the stop is handed over by its process's heartbeat in that thread's place
+(``workers.protocol.held.HeldAttempt.hand_over_at_drain``), well before the forced exit, which ends prefork children
+with their process. Celery's soft shutdown does not fit: it starts only with a cold shutdown, and then terminates the
+tasks instead of letting them report (docs/operations.md, "Graceful shutdown").
 """
 
 from __future__ import annotations
@@ -33,6 +36,10 @@ MIN_GRACE_S = 8.0  # WORKER_SHUTDOWN_GRACE_S's lower bound: episodes get at leas
 CHECK_EVERY_S = 0.5  # a process with running attempts reads the node's stop time this often
 INTERRUPT_AFTER_S = 1.0  # prefork: an agent still running this long after its stop is interrupted (SIGUSR1)
 INTERRUPT_LANDS_S = 1.0  # an interrupt sent as the agent returned lands in its thread within this (bounded wait)
+# An attempt whose own thread has begun neither its report nor its hand-over this long after its stop (an agent that
+# swallows the stop and the interrupt never returns) is handed over by its process's heartbeat instead: after the
+# interrupt and the time it takes to land, and after ``-P threads``' 2 s before it abandons an agent thread.
+HAND_OVER_AFTER_S = INTERRUPT_AFTER_S + INTERRUPT_LANDS_S + 0.5
 EXIT_EARLY_S = 0.5  # a process still there this long before the grace ends exits by force
 
 

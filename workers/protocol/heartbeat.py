@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar, cast
 
 import redis
 from celery.exceptions import SoftTimeLimitExceeded
@@ -33,6 +34,9 @@ from workers.protocol.lease import Lease, Renewal, renew_all
 from workers.telemetry.spans import AttemptTelemetry
 
 log = logging.getLogger("workers.protocol.heartbeat")
+
+T = TypeVar("T")
+_NOT_YET = object()  # AttemptWatch.hand_over_once: no hand-over has completed
 
 TICK_S = 0.25
 HEARTBEAT_TIMEOUT_S = 5.0
@@ -71,6 +75,11 @@ class AttemptWatch:
     interrupt_pending: bool = False  # that interrupt has not been seen in this attempt's (main) thread yet
     state: threading.Lock = field(default_factory=threading.Lock)  # the interrupt and the report's start: one step
     on_stop: list[Callable[[], None]] = field(default_factory=list)  # called once, when the watch is first stopped
+    hand_over_at: float | None = None  # monotonic s from which the drain hands the attempt over in its thread's place
+    in_place: Callable[[], None] | None = None  # that hand-over (HeldAttempt.hand_over_at_drain); None: none
+    taken: bool = False  # the protocol began the hand-over in the attempt's thread's place: that thread reports nothing
+    _hand_over_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _handed_over: object = field(default=_NOT_YET, init=False, repr=False)  # what it returned, for the second caller
 
     def __post_init__(self) -> None:
         first = self.interval_s if self.first_beat_in_s is None else self.first_beat_in_s
@@ -82,12 +91,13 @@ class AttemptWatch:
         The report is then the last write this executor sends for the attempt (docs/architecture.md, "Heartbeats
         and the report"; the Store itself serializes updates, and a late heartbeat changes no finished status).
         Returns False when the drain interrupted the agent first (``interrupt``): its interrupt is taken here, if it
-        has not been yet, and the caller must not report the run's result but hand the attempt over."""
+        has not been yet, and the caller must not report the run's result but hand the attempt over; so it does once
+        the drain took the hand-over from the attempt's thread (``take_hand_over``)."""
         with self.state:
-            began = not self.interrupted
+            began = not (self.interrupted or self.taken)
             self.reporting = True
-        if not began and self.interrupt_pending:
-            self.take_interrupt()
+        if not began and self.interrupt_pending and threading.current_thread() is threading.main_thread():
+            self.take_interrupt()  # a signal's handler runs on the main thread: on any other there is nothing to take
         with self.sending:
             pass
         return began
@@ -103,6 +113,25 @@ class AttemptWatch:
             self.interrupted = self.interrupt_pending = True
             send()
             return True
+
+    def take_hand_over(self) -> bool:
+        """Claim the hand-over for the protocol, in place of an attempt's thread that has begun neither its report nor
+        its hand-over (its agent never returned); one step with ``begin_reporting``. True: claimed, and the thread,
+        should its agent return after all, reports nothing (``begin_reporting`` returns False)."""
+        with self.state:
+            if self.reporting:
+                return False
+            self.reporting = self.taken = True
+        return True
+
+    def hand_over_once(self, hand_over: Callable[[], T]) -> T:
+        """Run ``hand_over`` unless it completed already, and return what it returned: the drain's thread and the
+        attempt's own may both get there, and the attempt goes back to the Store once. A caller that comes while the
+        other is at it waits for it; one that raised leaves it to the next."""
+        with self._hand_over_lock:
+            if self._handed_over is _NOT_YET:
+                self._handed_over = hand_over()
+            return cast(T, self._handed_over)
 
     def interrupt_seen(self) -> None:
         """The attempt's thread caught the interrupt (a ``SoftTimeLimitExceeded``): nothing more will land."""
@@ -132,6 +161,7 @@ class AttemptWatch:
                 return
             self.shutdown = True
             self.interrupt_at = time.monotonic() + drain.INTERRUPT_AFTER_S
+            self.hand_over_at = time.monotonic() + drain.HAND_OVER_AFTER_S
         self.stop(reason)
 
     def check(self) -> None:
@@ -277,7 +307,10 @@ class HeartbeatMonitor:
 
     def stop_for_drain(self, watches: Sequence[AttemptWatch]) -> None:
         """Once the node's drain reaches its stop time (``workers.lifecycle.drain``), stop every running attempt; under
-        prefork, interrupt an agent that has not returned ``drain.INTERRUPT_AFTER_S`` later."""
+        prefork, interrupt an agent that has not returned ``drain.INTERRUPT_AFTER_S`` later; and
+        ``drain.HAND_OVER_AFTER_S`` after the stop, hand over (on a thread of its own) each attempt whose thread has
+        begun neither its report nor its hand-over: an agent that swallows the stop and the interrupt never returns,
+        and the process's forced exit must find its attempt handed over, not leased."""
         if self._drain_scope is None or not watches or not drain.clock.due(self._redis, self._drain_scope, time.time()):
             return
         reason = drain.shutdown_reason(drain.clock.grace_s)
@@ -293,6 +326,12 @@ class HeartbeatMonitor:
                         "attempt %s: the agent did not return after the drain stopped it; interrupted it",
                         watch.attempt_id,
                     )
+            late = watch.hand_over_at is not None and time.monotonic() >= watch.hand_over_at
+            if watch.shutdown and late and watch.in_place is not None and not watch.reporting:
+                watch.hand_over_at = None  # once
+                log.warning("attempt %s: the agent did not return after its stop; handing it over", watch.attempt_id)
+                name = f"hand-over-{watch.attempt_id}"
+                threading.Thread(target=watch.in_place, name=name, daemon=True).start()  # Store calls: off this loop
 
     def store_budget(self, watch: AttemptWatch) -> float | None:
         """Seconds one Store call for ``watch`` may take, or None when it must not be made now.

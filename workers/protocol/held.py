@@ -7,8 +7,11 @@ whatever runs the episode (0.3's ``workers.execution``, 1.0's ``workers.v1.attem
   (``workers.protocol.heartbeat``) in a thread of its own, so no read of the Store or the gateway, however slow, lets it
   lapse; the monitor also stops the attempt at the node's drain. The watch is the protocol's own (lease and drain,
   registered at the claim: 1.0) or one the line built and registers with ``follow`` (0.3's Store-fenced watch with
-  the attempt's telemetry). ``keep`` writes the kept result and the done marker in one transaction (1.0; 0.3 keeps
-  its Store report in ``workers.protocol.reporting``); ``release`` stops the renewals and drops the lease;
+  the attempt's telemetry). A line whose agent runs on the attempt's own thread (0.3) registers its hand-over with
+  ``hand_over_at_drain``: the drain then hands the attempt over, releases the lease and frees the slot even when the
+  agent never returns (1.0's program runs in a process of its own, which the attempt's thread kills at the stop).
+  ``keep`` writes the kept result and the done marker in one transaction (1.0; 0.3 keeps its Store report in
+  ``workers.protocol.reporting``); ``release`` stops the renewals and drops the lease;
   ``release_slot`` frees the slot; ``close`` does both (1.0; 0.3's task frees the slot itself, as only it knows
   whether Celery retries the message).
 * ``KeptResult``: the record a 1.0 attempt keeps for its dispatcher (``keys.v1_result``), including the drain's
@@ -22,6 +25,7 @@ import json
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -152,6 +156,35 @@ class HeldAttempt:
         self.watch = watch
         if previous is not watch:
             self.monitor.unwatch(previous)
+
+    def hand_over_at_drain(self, hand_over: Callable[[], object], *, slot: tuple[str, str, str] | None) -> None:
+        """Have the drain hand the attempt over in its thread's place when that thread has begun neither its report
+        nor its hand-over ``drain.HAND_OVER_AFTER_S`` after the stop (``HeartbeatMonitor.stop_for_drain``): an agent
+        that swallows the stop and the interrupt keeps it from ever getting there, and the process's forced exit at the
+        end of the grace would leave the attempt leased and unreported for the slow path (lease expiry, reconcile).
+
+        On a thread of its own: claim the hand-over (``AttemptWatch.take_hand_over``; the thread reports nothing after
+        that), send none of the attempt's spans from then on (a batch in flight lands first), run ``hand_over`` (the
+        line's, shared with its thread through ``AttemptWatch.hand_over_once``), then ``release`` the lease and free the
+        in-flight entry ``slot`` (scope, queue, entry) when given. Registered on the watch that runs (after
+        ``follow``)."""
+        watch = self.watch
+
+        def in_place() -> None:
+            if not watch.take_hand_over():
+                return  # the attempt's thread began its report or its hand-over: it finishes what it began
+            try:
+                if watch.telemetry is not None:
+                    watch.telemetry.seal()
+                watch.hand_over_once(hand_over)
+            except Exception:  # what the hand-over could not do is left to the slow path; the lease goes regardless
+                log.exception("attempt %s: the hand-over in the stopped agent's place failed", watch.attempt_id)
+            finally:
+                self.release()
+                if slot is not None:
+                    self.release_slot(*slot)
+
+        watch.in_place = in_place
 
     def unwatch(self) -> None:
         """Stop the renewals and the monitor's checks (safe to repeat): the lease lapses unless released first."""

@@ -193,6 +193,15 @@ class AttemptTelemetry:
             self.bytes_exported += len(payload)
             self.delivered_at = sent_at
 
+    def seal(self) -> None:
+        """Send nothing more and drop what is unsent; a flush in flight ends first. For an attempt handed over while
+        its agent still runs: no span may follow the hand-over into the attempt (docs/store-protocol.md 10, case 6)."""
+        with self._flush_lock:
+            self._export = False
+            with self._buffer_lock:
+                self._buffer.clear()
+                self._int_lists.clear()
+
     def close(self) -> None:
         """Drop anything unsent: nothing of the attempt outlives it."""
         self._processor.shutdown()
