@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import redis
 
 from bridge.core import capacity, keys
@@ -278,33 +279,38 @@ class V1ChaosRun:
         return condition()
 
     def running_programs(self) -> dict[str, int]:
-        """Rollout id -> the pid of the worker process that runs its program now (its current attempt's start
-        event names it), for the running rollouts of this scenario."""
-        found: dict[str, int] = {}
-        for rid in self.rollout_ids:
-            view = self.latest.get(rid)
-            if view is None or view.status.state != V1State.RUNNING:
-                continue
-            with contextlib.suppress(GatewayError):
-                starts = self.gateway.events(rid, event_type=START_EVENT)
-                if starts:
-                    found[rid] = int(starts[-1]["data"]["ppid"])
-        return found
+        """Rollout id -> the pid of its program (its current attempt's start event names it), for the running
+        rollouts of this scenario whose program started."""
+        running = [
+            rid for rid in self.rollout_ids if (view := self.latest.get(rid)) and view.status.state == V1State.RUNNING
+        ]
+        return program_pids(self, running)
 
     def worker_running_programs(self, at_least: int, timeout_s: float = 60.0) -> ManagedProcess | None:
-        """A serving worker node running ``at_least`` of this run's programs (the busiest), or None in time."""
+        """A serving worker node running ``at_least`` of this run's programs (the busiest), or None in time (an error
+        note: the scenario's fault did not land). A program belongs to the node among whose processes' descendants
+        it is: a warm one is a child of the node's program server, a cold one of the pool process that started it."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             by_pid: dict[int, int] = {}
             for pid in self.running_programs().values():
-                by_pid[pid] = by_pid.get(pid, 0) + 1
+                for ancestor in _ancestors(pid):
+                    by_pid[ancestor] = by_pid.get(ancestor, 0) + 1
             nodes = [(by_pid.get(w.pid or -1, 0), w) for w in self.stack.workers if w.alive()]
             best = max(nodes, key=lambda item: item[0], default=(0, None))
             if best[1] is not None and best[0] >= at_least:
                 return best[1]
             time.sleep(0.3)
-        self.note(f"no worker ran {at_least} programs within {timeout_s:.0f}s")
+        self.note(f"error: no worker ran {at_least} programs within {timeout_s:.0f}s: the fault did not land")
         return None
+
+
+def _ancestors(pid: int) -> list[int]:
+    """The pids of ``pid``'s parents up to init, or none when it is gone."""
+    try:
+        return [parent.pid for parent in psutil.Process(pid).parents()]
+    except psutil.Error:
+        return []
 
 
 def _moved(first: V1Rollout, current: V1Rollout) -> bool:
@@ -638,6 +644,8 @@ def _guarded(fault: Callable[[V1ChaosRun], None], run: V1ChaosRun) -> None:
 def audit_v1(run: V1ChaosRun) -> ScenarioResult:
     """The four counts from the gateway (states, the current attempt's events) and Redis (done markers)."""
     result = ScenarioResult(name=run.name, enqueued=run.enqueued, forgotten=run.forgotten, notes=run.notes)
+    if run.forgotten:
+        run.note(f"{run.forgotten} of the {run.enqueued} rollouts left the gateway: their programs' end is audited")
     scope = run.stack.scope
     for rid in run.rollout_ids:
         first = run.first_final.get(rid)

@@ -1,8 +1,8 @@
 """The Agent Lightning 1.0 program the 1.0 chaos scenarios run (``bridge_lab.chaos.v1``): its reward is known
 from its input, so the audit can tell a wrong one.
 
-``ChaosProgram.run()`` posts a ``chaos.start`` event naming this execution (a fresh id, its pid and its parent's,
-the worker process that started it), asks the LLM through the gateway's proxy, sleeps ``CHAOS_SLEEP`` seconds, asks
+``ChaosProgram.run()`` posts a ``chaos.start`` event naming this execution (a fresh id and its pid, by which the
+scenarios find its worker node), asks the LLM through the gateway's proxy, sleeps ``CHAOS_SLEEP`` seconds, asks
 again, then posts ``CHAOS_REWARD`` as its reward. Each post is one request with a long timeout and no retry: a
 retried post whose first try landed would be a second event, which the audit counts as a second execution. The LLM
 calls go through ``workers.agents.gateway_llm.openai_client``, which waits out a paused gateway as the built-in
@@ -40,7 +40,7 @@ class ChaosProgram:
     """Start event, sleep, reward: long enough for a fault to land while it runs."""
 
     def run(self) -> None:
-        _post(START_EVENT, {"execution": uuid.uuid4().hex, "pid": os.getpid(), "ppid": os.getppid()})
+        _post(START_EVENT, {"execution": uuid.uuid4().hex, "pid": os.getpid()})
         llm = openai_client()
         _ask(llm, "first")
         time.sleep(float(os.environ["CHAOS_SLEEP"]))
