@@ -5,9 +5,11 @@ worker's ``workers.agents.llm.chat``): against a loopback server that answers as
 from __future__ import annotations
 
 import json
+import textwrap
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import openai
@@ -161,3 +163,21 @@ def test_a_pause_that_outlasts_the_attempt_is_infra_never_llm_or_timeout() -> No
         assert classify(raised.value) is FailureClass.INFRA
     finally:
         server.close()
+
+
+def test_the_docs_example_program_waits_out_a_pause(
+    monkeypatch: pytest.MonkeyPatch, gateway_paused_for_five: PausedGateway
+) -> None:
+    """The program of docs/agl-v1.md, "A paused gateway", run as written against a paused proxy."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "agl-v1.md").read_text()
+    section = text.split("### A paused gateway", 1)[1].split("\n### ", 1)[0]
+    source = section.split("```python\n", 1)[1].split("```", 1)[0]
+    program = textwrap.dedent(source)
+    monkeypatch.setenv("AGL_OPENAI_BASE_URL", f"{gateway_paused_for_five.url}/v1")
+    monkeypatch.setenv("AGL_KEY", "k")
+    namespace: dict[str, object] = {}
+    exec(compile(program, "docs/agl-v1.md", "exec"), namespace)
+    agent = namespace["MyAgent"]
+    assert isinstance(agent, type)
+    agent().run()
+    assert len(gateway_paused_for_five.bodies) == 6  # five paused answers, then the completion
