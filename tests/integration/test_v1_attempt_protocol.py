@@ -166,3 +166,19 @@ def test_the_output_tail_never_holds_more_than_its_bound() -> None:
     assert len(tail.text()) <= 1024
     assert tail.text().endswith("last one")
     assert json.dumps(tail.text())
+
+
+def test_a_dispatcher_patch_landing_between_the_workers_read_and_its_own_runs_the_program_once(
+    gateway: StubGateway, client: redis.Redis, monitor: HeartbeatMonitor
+) -> None:
+    """The worker read the rollout still ``queuing`` and marks it ``running`` itself; the dispatcher's patch lands
+    in between, so the gateway refuses the worker's (running -> running). The attempt reads the rollout again and
+    runs. It used to give up ("could not run") and leave the rollout to the reconcile, which ran it again as
+    attempt 1 a minute later: 3 of 2,000 rollouts in ``bench-v1 --long 2000``."""
+    scope = f"t-{uuid.uuid4().hex[:8]}"
+    rollout = gateway.add(f"race-{uuid.uuid4().hex[:6]}", f"{AGENTS}:Quick", created_at=1.0, queuing=True)
+    gateway.after_read = lambda stored: stored["status"].update(state="running", last_attempt_id="0")
+    outcome = _attempt(gateway, client, monitor, rollout, scope).run()
+    assert outcome.state is not None and outcome.state.value == "succeeded", outcome
+    assert [p["state"] for p in gateway.final_patches(rollout["rollout_id"])] == ["succeeded"]
+    assert capacity.inflight_count(client, scope, QUEUE) == 0
