@@ -1,8 +1,9 @@
 """A stand-in for Agent Lightning 1.0's gateway (``agl-server``), serving only what a worker's 1.0 attempt calls:
 ``GET`` and ``PATCH /api/rollouts/{rid}``, ``POST`` of events and the proxy's pause state (``GET /proxy/state``). It
-records every PATCH, can answer reads slowly (``slow_reads_s``), forget a rollout after some reads of it
-(``forget_after_reads``, as a restarted gateway or a trainer's delete does), report its proxy paused (``paused``),
-and enforces the gateway's state order (a change out of a final state answers 409)."""
+records every PATCH, can answer reads slowly (``slow_reads_s``), can change a rollout right after a read has taken it
+(``after_read``, once: what another writer does in between, or the gateway forgetting it), can report its proxy
+paused (``paused``), and enforces the gateway's state order (a change out of a final state, or ``running`` on a
+running rollout, answers 409)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import json
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -25,7 +26,7 @@ class StubGateway:
         self.events: list[tuple[str, dict[str, Any]]] = []
         self.slow_reads_s = 0.0
         self.paused: str | None = None  # the pause's reason while the proxy is paused
-        self.forget_after_reads: dict[str, int] = {}  # rollout id -> reads it is still served for
+        self.after_read: Callable[[dict[str, Any]], None] | None = None
         self.lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
 
@@ -43,15 +44,18 @@ class StubGateway:
         timeout_s: int = 60,
         task_input: dict[str, Any] | None = None,
         env_map: dict[str, str] | None = None,
+        queuing: bool = False,
     ) -> dict[str, Any]:
-        """A rollout as the dispatcher leaves it (``running``, attempt ``0``), returned as the gateway serves it. A
-        program gets its variables only through ``env_map`` (paths into ``task_input``), never the worker's."""
+        """A rollout as the dispatcher leaves it (``running``, attempt ``0``; ``queuing``: before its patch), returned
+        as the gateway serves it. A program gets its variables only through ``env_map`` (paths into
+        ``task_input``), never the worker's."""
+        status = {"state": "queuing" if queuing else "running", "last_attempt_id": None if queuing else "0"}
         rollout = {
             "rollout_id": rollout_id,
             "input": task_input or {},
             "is_train": True,
             "config": {"timeout_seconds": timeout_s, "local": {"agent_class": agent_class, "env_map": env_map or {}}},
-            "status": {"state": "running", "last_attempt_id": "0", "created_at": created_at, "updated_at": created_at},
+            "status": {**status, "created_at": created_at, "updated_at": created_at},
         }
         with self.lock:
             self.rollouts[rollout_id] = rollout
@@ -90,11 +94,9 @@ class StubGateway:
                     rid = match.group(1) if match else ""
                     rollout = gateway.rollouts.get(rid)
                     body = json.loads(json.dumps(rollout)) if rollout else None
-                    if rid in gateway.forget_after_reads:
-                        gateway.forget_after_reads[rid] -= 1
-                        if gateway.forget_after_reads[rid] <= 0:
-                            del gateway.forget_after_reads[rid]
-                            gateway.rollouts.pop(rid, None)
+                    change, gateway.after_read = gateway.after_read, None
+                    if change is not None and rollout is not None:
+                        change(rollout)
                 if body is None:
                     self._answer(404, {"detail": "not found"})
                 else:
@@ -109,6 +111,8 @@ class StubGateway:
                         return self._answer(404, {"detail": "not found"})
                     if rollout["status"]["state"] in FINAL and status.get("state") not in (None,):
                         return self._answer(409, {"detail": "final"})
+                    if rollout["status"]["state"] == status.get("state") == "running":
+                        return self._answer(409, {"detail": "cannot transition running -> running"})
                     gateway.patches.append((rid, status))
                     rollout["status"].update(status)
                     body = json.loads(json.dumps(rollout))

@@ -3,7 +3,9 @@ its answers' pacing hints."""
 
 from __future__ import annotations
 
+import functools
 import socket
+import ssl
 import struct
 import threading
 from typing import Any
@@ -25,6 +27,18 @@ ABORT_ON_CLOSE = [(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 KEEPALIVE_S = 2.0
 
 
+@functools.cache
+def default_tls() -> ssl.SSLContext:
+    """httpx's default verifying TLS context (certifi's CAs, or ``SSL_CERT_FILE``/``SSL_CERT_DIR``), built once
+    per process and shared by every transport of this module.
+
+    Each build loads the whole CA bundle: about 0.8 MB and 20 ms of CPU. Built per transport, the two gateway
+    clients a 1.0 attempt opens cost 40 ms of CPU per rollout, even for ``http://`` URLs, and the freed bundles
+    fragmented the worker's heap: a prefork node grew by 0.8 MB steps, about 20 MB per 1,000 short rollouts
+    (``bench-v1 --long``, docs/performance.md)."""
+    return httpx.create_ssl_context()
+
+
 class PerThreadTransport(httpx.BaseTransport):
     """A connection pool per calling thread, so that no thread pays for the connections of the others.
 
@@ -41,7 +55,7 @@ class PerThreadTransport(httpx.BaseTransport):
         self._limits = limits
         # One TLS context for every pool: each builds its own otherwise, loading the CA bundle again (~0.8 MB
         # and milliseconds of CPU each; 128 threads x 3 clients grew a worker from 169 to 483 MB).
-        self._tls = httpx.create_ssl_context()
+        self._tls = default_tls()
         self._local = threading.local()
         self._lock = threading.Lock()
         self._pools: dict[threading.Thread, httpx.HTTPTransport] = {}  # each calling thread's pool
@@ -133,7 +147,10 @@ def shared_transport(max_connections: int) -> httpx.HTTPTransport:
     Store request and WebShop step opened a new connection, at a cost to both sides. Shared, the pool holds
     only as many connections as requests run at once, and they stay warm.
     """
-    return expiry_checked(httpx.HTTPTransport(limits=_limits(max_connections), socket_options=ABORT_ON_CLOSE))
+    transport = httpx.HTTPTransport(
+        verify=default_tls(), limits=_limits(max_connections), socket_options=ABORT_ON_CLOSE
+    )
+    return expiry_checked(transport)
 
 
 def service_client(base_url: str, *, token: str | None, timeout_s: float, max_connections: int) -> httpx.Client:

@@ -18,6 +18,10 @@ holds), its CPU per rollout, the memory of one agent program (RSS, PSS and USS: 
 samples of the programs running), the program server's RSS and own CPU per rollout (what a fork costs it),
 and the failures by message. Needs Python >= 3.12 (exit 2 without). Figures and what they mean:
 docs/agl-v1.md, "Beside 1.0's local runner", and docs/performance.md.
+
+With --long N, a long run instead: N short rollouts on one worker node with warm starts, its memory, open files,
+program directories and in-flight entries sampled as it goes, and a verdict on their growth
+(``bridge_lab.bench.agl_v1_long``).
 """
 
 from __future__ import annotations
@@ -44,9 +48,10 @@ from bridge_lab.agl_v1_env import (
     train,
     v1_project_virtualenv,
 )
+from bridge_lab.bench import agl_v1_long
 from bridge_lab.bench import metrics as bm
 from bridge_lab.bench.run import load_inputs
-from bridge_lab.procs import ManagedProcess, StackError, free_port
+from bridge_lab.procs import ManagedProcess, free_port
 from bridge_lab.render import rows_table, show
 from bridge_lab.stack import LocalStack, StackConfig
 from workers.agents import webshop_program
@@ -78,19 +83,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="ours: a run for each way to start programs listed (default warm)",
     )
     add("--split", default="train", help="WebShop task split (default train)")
-    add("--timeout-s", type=float, default=600.0, help="give up a run after this long (default 600)")
+    add("--timeout-s", type=float, default=None, help="give up a run after this long (default 600; --long 3600)")
     add("--log-dir", type=Path, default=None, help="where component logs go (default: a temp dir)")
     add("--json", action="store_true", help="print the figures as one JSON object on the last line")
+    agl_v1_long.add_arguments(parser)
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.long is not None:
+        return agl_v1_long.main(args)
+    args.timeout_s = args.timeout_s or 600.0
     if args.rollouts < 3 or args.slots < 1:
         print("error: --rollouts must be at least 3 and --slots at least 1", file=sys.stderr)
         return 2
-    try:
-        venv = v1_project_virtualenv()
-    except StackError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    venv = agl_v1_long.built_virtualenv(v1_project_virtualenv)
+    if venv is None:
         return 2
     port = free_port()
     env = {"AGL_V1_SERVER_URL": f"http://127.0.0.1:{port}", "AGL_V1_KEY": KEY, "LOG_LEVEL": "INFO"}

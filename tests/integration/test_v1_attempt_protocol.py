@@ -251,11 +251,31 @@ def test_a_program_that_ends_after_its_rollout_was_forgotten_reports_nothing(
     skipped, not an agent failure."""
     scope = f"t-{uuid.uuid4().hex[:8]}"
     rollout = gateway.add(f"gone-{uuid.uuid4().hex[:6]}", f"{AGENTS}:Crashing", created_at=1.0)
-    gateway.forget_after_reads[rollout["rollout_id"]] = 1
+
+    def forget(stored: dict) -> None:  # after the attempt's first read, as a restart or the trainer's delete does
+        del gateway.rollouts[stored["rollout_id"]]
+
+    gateway.after_read = forget
     attempt = _attempt(gateway, client, monitor, rollout, scope)
     outcome = attempt.run()
     assert outcome.state is None and "not reported" in outcome.detail, outcome
     assert outcome.as_dict()["status"] == "skipped"
     assert gateway.final_patches(rollout["rollout_id"]) == []
     assert client.get(keys.v1_result(attempt.state_key)) is None
+    assert capacity.inflight_count(client, scope, QUEUE) == 0
+
+
+def test_a_dispatcher_patch_landing_between_the_workers_read_and_its_own_runs_the_program_once(
+    gateway: StubGateway, client: redis.Redis, monitor: HeartbeatMonitor
+) -> None:
+    """The worker read the rollout still ``queuing`` and marks it ``running`` itself; the dispatcher's patch lands
+    in between, so the gateway refuses the worker's (running -> running). The attempt reads the rollout again and
+    runs. It used to give up ("could not run") and leave the rollout to the reconcile, which ran it again as
+    attempt 1 a minute later: 3 of 2,000 rollouts in ``bench-v1 --long 2000``."""
+    scope = f"t-{uuid.uuid4().hex[:8]}"
+    rollout = gateway.add(f"race-{uuid.uuid4().hex[:6]}", f"{AGENTS}:Quick", created_at=1.0, queuing=True)
+    gateway.after_read = lambda stored: stored["status"].update(state="running", last_attempt_id="0")
+    outcome = _attempt(gateway, client, monitor, rollout, scope).run()
+    assert outcome.state is not None and outcome.state.value == "succeeded", outcome
+    assert [p["state"] for p in gateway.final_patches(rollout["rollout_id"])] == ["succeeded"]
     assert capacity.inflight_count(client, scope, QUEUE) == 0

@@ -11,14 +11,17 @@ against a loopback server; the pools' own connection counts are read from httpco
 from __future__ import annotations
 
 import _thread
+import ssl
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpcore
 import httpx
 import pytest
 
+from bridge.core import http
 from bridge.core.http import pooled_transport, service_client
 from tests.loopback import RecordingStore
 
@@ -156,3 +159,26 @@ def test_a_connection_the_pool_finds_expired_is_closed_at_once_so_no_request_sta
         assert server.paths == ["/a", "/c"] and len(pool.connections) == 1 and pool.connections[0] is not connection
     finally:
         client.close()
+
+
+def test_clients_built_one_after_another_share_one_tls_context(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every transport of the process verifies with one TLS context: building one loads the whole CA bundle
+    (about 0.8 MB and 20 ms of CPU), and a 1.0 attempt builds two gateway clients, so a prefork node grew in
+    0.8 MB steps over a long run and spent 40 ms of CPU per rollout on it (docs/performance.md, "A long run of
+    1.0 rollouts")."""
+    built: list[ssl.SSLContext] = []
+    real = ssl.create_default_context
+
+    def counting(*args: Any, **kwargs: Any) -> ssl.SSLContext:
+        built.append(real(*args, **kwargs))
+        return built[-1]
+
+    monkeypatch.setattr(ssl, "create_default_context", counting)
+    http.default_tls.cache_clear()  # a context of its own, built under the count
+    try:
+        for _ in range(5):
+            service_client("http://127.0.0.1:9", token=None, timeout_s=1.0, max_connections=2).close()
+            pooled_transport(2).close()
+    finally:
+        http.default_tls.cache_clear()
+    assert len(built) == 1, f"{len(built)} TLS contexts built for 10 transports"

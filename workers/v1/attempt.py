@@ -36,6 +36,7 @@ import redis
 from bridge.core import keys
 from bridge.core.agl_v1 import (
     GatewayClient,
+    GatewayConflict,
     GatewayError,
     V1Rollout,
     V1State,
@@ -147,12 +148,12 @@ class V1Attempt:
             if not claim.acquired:
                 return self._skip(V1Outcome(None, "another executor holds this attempt: duplicate delivery dropped"))
             current = self.gateway.get_rollout(self.rollout.rollout_id)  # however slow: the lease is renewed aside
+            if current is not None and self._ours(current) and current.status.state == V1State.QUEUING:
+                current = self._mark_running(current)
             if not self._ours(current):
                 return self._skip(V1Outcome(None, "the rollout moved on before it started", FailureClass.CANCELLED))
             assert current is not None
             self.rollout = current  # the gateway's copy decides what runs, never the message's (docs/agl-v1.md)
-            if current.status.state == V1State.QUEUING:  # the dispatcher's patch has not landed yet
-                self.gateway.patch_status(current.rollout_id, state=V1State.RUNNING, last_attempt_id=self.attempt_id)
             return self._finish(self._execute())
         except (GatewayError, redis.RedisError) as exc:
             log.warning("%s could not run: %s; the dispatcher's reconcile takes it from here", self.tag, exc)
@@ -161,6 +162,15 @@ class V1Attempt:
             self.gateway.close()
             self.fence.close()
             self.held.close(self.scope, self.queue, self.key)
+
+    def _mark_running(self, current: V1Rollout) -> V1Rollout | None:
+        """The dispatcher's patch to ``running`` has not landed yet: make it here. When it lands in between, the
+        gateway refuses this one (409: running -> running is no transition): the rollout as it is now."""
+        try:
+            self.gateway.patch_status(current.rollout_id, state=V1State.RUNNING, last_attempt_id=self.attempt_id)
+        except GatewayConflict:
+            return self.gateway.get_rollout(current.rollout_id)
+        return current
 
     # --- the program ---------------------------------------------------------------------------
 

@@ -188,11 +188,11 @@ class WarmProgram:
 
     start = "warm"
 
-    def __init__(self, sock: socket.socket, pid: int, output_fd: int) -> None:
+    def __init__(self, sock: socket.socket, pid: int, output_fd: int, received: bytes = b"") -> None:
         self.sock, self.pid, self.output_fd = sock, pid, output_fd
         self.code: int | None = None
         self.lost = False
-        self._buffer = b""
+        self._buffer = received  # what came after the "forked" line: the exit line of a program already done
 
     def wait(self, timeout: float) -> int | None:
         if self.code is not None:
@@ -407,7 +407,7 @@ def request_program(socket_path: str, agent_class: str, env: dict[str, str]) -> 
         write_fd = -1
         sock.settimeout(REPLY_TIMEOUT_S)
         reply = b""
-        while not reply.endswith(b"\n"):
+        while b"\n" not in reply:
             try:
                 chunk = sock.recv(4096)
             except TimeoutError:
@@ -416,11 +416,13 @@ def request_program(socket_path: str, agent_class: str, env: dict[str, str]) -> 
             if not chunk:
                 raise ProgramLost("the program server died before it started the program")
             reply += chunk
-        answer = json.loads(reply)
+        # A program that ends at once has its exit line sent right behind the "forked" one: one read may hold both.
+        line, _, rest = reply.partition(b"\n")
+        answer = json.loads(line)
         if "error" in answer:
             raise ProgramLost(f"the program server refused it: {answer['error']}")
         sock.settimeout(None)
-        return WarmProgram(sock, int(answer["pid"]), read_fd)
+        return WarmProgram(sock, int(answer["pid"]), read_fd, rest)
     except (OSError, ValueError, KeyError) as exc:
         sock.close()
         os.close(read_fd)
