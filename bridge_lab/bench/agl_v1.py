@@ -11,8 +11,9 @@ programs (workers.agents.webshop_program), is enqueued by 1.0's own trainer clie
 
 With --restart, each runs the workload again with its controller (our dispatcher; 1.0's controller) stopped
 with --restart-signal once a third of the rollouts finished, and started again: what each does with the
-rollouts that were running. Figures: seconds from the first enqueue to the last finish (the gateway's times),
-throughput, peak RSS of the executor's process tree (agent programs included, a page shared by several
+rollouts that were running. With --pause-s, every run has the gateway's proxy paused that long once a third
+of the rollouts finished, as 1.0's trainer pauses it around a weight update. Figures: seconds from the first
+enqueue to the last finish (the gateway's times), throughput, peak RSS of the executor's process tree (agent programs included, a page shared by several
 counted in each; the gateway is shared and not counted) and its peak PSS (shared pages split: what the tree
 holds), its CPU per rollout, the memory of one agent program (RSS, PSS and USS: its own pages; medians of
 samples of the programs running), the program server's RSS and own CPU per rollout (what a fork costs it),
@@ -38,6 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psutil
 
 from bridge.core.agl_v1 import GatewayClient, V1State
@@ -75,6 +77,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--local-poll-s", type=float, default=1.0, help="1.0 controller's poll interval (its default is 10; ours 1)")
     add("--restart", action="store_true", help="also a run per executor with its controller restarted mid-run")
     add("--restart-signal", choices=["TERM", "KILL"], default="TERM", help="how the controller stops (default TERM)")
+    add(
+        "--pause-s",
+        type=float,
+        default=0.0,
+        help="in every run, pause the gateway's proxy (/proxy/pause, as 1.0's trainer does around a weight update) "
+        "for this long once a third of the rollouts finished (default 0: no pause)",
+    )
     add(
         "--program-start",
         nargs="+",
@@ -162,20 +171,25 @@ class Bench:
         sampler = bm.MemorySampler({executor: roots}).start()
         programs = ProgramMemory(roots).start()
         watch = bm.Stopwatch({executor: roots})
-        thread = threading.Thread(target=self._restart, args=(executor, controller, roots), daemon=True)
+        faults = []
         if restart:
-            thread.start()
+            faults.append(threading.Thread(target=self._restart, args=(executor, controller, roots), daemon=True))
+        if self.args.pause_s > 0:
+            faults.append(threading.Thread(target=self._pause, daemon=True))
+        for fault in faults:
+            fault.start()
         try:
             done = train(self.venv, self._spec(), timeout_s=self.args.timeout_s)
         finally:
-            if restart:
-                thread.join(120)
+            for fault in faults:
+                fault.join(120 + self.args.pause_s)
             cpu = watch.cpu()[executor]
             sampler.stop()
             programs.stop()
             self._stop(executor)
         name = f"{executor} (controller SIG{self.args.restart_signal} mid-run)" if restart else executor
         name += f", {start}" if start else ""
+        name += f", proxy paused {self.args.pause_s:g} s" if self.args.pause_s > 0 else ""
         # A restarted controller's own CPU leaves with it: CPU is given for the steady runs only.
         row = figures(name, executor, restart, done, sampler.peak_total[executor], None if restart else cpu)
         memory = programs.figures()
@@ -212,8 +226,8 @@ class Bench:
         started = controller()
         return controller, [p.pid or 0 for p in (worker, started) if p is not None]
 
-    def _restart(self, executor: str, controller: Callable[[], ManagedProcess], roots: list[int]) -> None:
-        """Once a third of the rollouts finished: stop the controller with the signal asked for, start it again."""
+    def _a_third_finished(self) -> None:
+        """Wait (at most the run's timeout) until a third of the rollouts finished."""
         gateway = GatewayClient(self.gateway, key=KEY)
         try:
             deadline = time.monotonic() + self.args.timeout_s
@@ -224,6 +238,21 @@ class Bench:
                 time.sleep(0.2)
         finally:
             gateway.close()
+
+    def _pause(self) -> None:
+        """Once a third of the rollouts finished: pause the gateway's proxy for ``--pause-s``, then resume it."""
+        self._a_third_finished()
+        headers = {"Authorization": f"Bearer {KEY}"}
+        body = {"retry_after_seconds": 5, "reason": "bench-v1 --pause-s"}
+        httpx.post(f"{self.gateway}/proxy/pause", json=body, headers=headers, timeout=30).raise_for_status()
+        try:
+            time.sleep(self.args.pause_s)
+        finally:
+            httpx.post(f"{self.gateway}/proxy/resume", headers=headers, timeout=30).raise_for_status()
+
+    def _restart(self, executor: str, controller: Callable[[], ManagedProcess], roots: list[int]) -> None:
+        """Once a third of the rollouts finished: stop the controller with the signal asked for, start it again."""
+        self._a_third_finished()
         old = self.stack.process(_controller_name(executor))
         old.signal(getattr(signal, f"SIG{self.args.restart_signal}"))
         if old.proc is not None:
