@@ -19,6 +19,7 @@ Contract:
 * The outcome (exit code 0: succeeded; else failed with the last lines the program wrote) carries a failure class
   (``workers.protocol.failures``) and is kept in Redis with the done marker before it is sent, so the dispatcher
   applies it if the gateway could not be told. A drain keeps a hand-over record instead and reports nothing.
+  Error texts (the program's output, a gateway, Redis or program-server error) are masked before they leave.
 * Only the rollout's current attempt (``last_attempt_id``) is ever patched.
 """
 
@@ -43,6 +44,7 @@ from bridge.core.agl_v1 import (
     failed_message,
     scoped_attempt_key,
 )
+from bridge.core.redact import redact_text
 from bridge.core.settings import Settings
 from workers.protocol.failures import FailureClass
 from workers.protocol.heartbeat import HEARTBEAT_TIMEOUT_S, TICK_S, HeartbeatMonitor
@@ -154,9 +156,10 @@ class V1Attempt:
             if current.status.state == V1State.QUEUING:  # the dispatcher's patch has not landed yet
                 self.gateway.patch_status(current.rollout_id, state=V1State.RUNNING, last_attempt_id=self.attempt_id)
             return self._finish(self._execute())
-        except (GatewayError, redis.RedisError) as exc:
-            log.warning("%s could not run: %s; the dispatcher's reconcile takes it from here", self.tag, exc)
-            return V1Outcome(None, f"not run: {exc}", FailureClass.INFRA)
+        except (GatewayError, redis.RedisError) as exc:  # the task's result and the log: masked, as 0.3's errors
+            why = redact_text(str(exc))
+            log.warning("%s could not run: %s; the dispatcher's reconcile takes it from here", self.tag, why)
+            return V1Outcome(None, f"not run: {why}", FailureClass.INFRA)
         finally:
             self.gateway.close()
             self.fence.close()
@@ -180,7 +183,8 @@ class V1Attempt:
         try:
             program = start_program(self.settings, local.agent_class, env)
         except ProgramLost as exc:  # the server took the request and died: it may have started, never run it twice
-            return V1Outcome(V1State.FAILED, f"the agent's program server failed: {exc}", FailureClass.INFRA)
+            why = redact_text(str(exc))
+            return V1Outcome(V1State.FAILED, f"the agent's program server failed: {why}", FailureClass.INFRA)
         tail = OutputTail()
         reader = threading.Thread(target=self._read_output, args=(program, tail), daemon=True)
         try:
