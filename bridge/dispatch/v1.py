@@ -8,7 +8,7 @@ failed on the gateway with the fields at fault, and the others go on. A publish 
 on later ticks with backoff, the rollouts behind it going on meanwhile, and fails the rollout with the broker's
 error after ``AGL_V1_PUBLISH_GIVE_UP_S``; an error no retry can cure fails it at once. Error texts are masked
 (``bridge.core.redact``) before they reach the gateway or the log. Time budgets are clamped to what the broker
-covers, by the 0.3 publisher's rule (``Settings.longest_hard_limit_s``).
+covers by the rule the worker applies to the gateway's copy too (``Settings.covered_timeout``).
 
 Each reconcile reads the facts, plans the repairs (``bridge.dispatch.v1_repairs``, which says what each hazard
 gets) and carries them out one by one, so one failing repair stops no other. Every step is safe to repeat, so
@@ -339,7 +339,7 @@ class V1Dispatcher:
         """The rollout as published: its ``timeout_seconds`` lowered to what the broker covers, if longer."""
         asked = rollout.config.timeout_seconds
         ids = f"v1 rollout={rollout.rollout_id} attempt={attempt_id}"
-        bound = covered_timeout(asked, float(int(self.settings.v1_longest_timeout_s())), self.settings, ids)
+        bound = covered_timeout(asked, self.settings, ids, agl_v1=True)
         if bound == asked:
             return rollout
         config = rollout.config.model_copy(update={"timeout_seconds": int(bound)})

@@ -1,12 +1,15 @@
 """A worker's 1.0 attempt (``workers.v1.attempt``) against a stub gateway (``tests/stub_gateway.py``) and this test's
 Redis, with the program replaced by a fake (no process starts): what the attempt lets out of the process (its
 task result, the gateway's ``error_message``, its log lines) is redacted by the rule 0.3 applies to every error
-(``bridge.core.redact``).
+(``bridge.core.redact``), and the program's deadline is the gateway's ``timeout_seconds`` clamped to what the
+task's Celery limits and the broker's redelivery cover, as the dispatcher clamps the message's.
 The same attempt with real programs: tests/integration/test_v1_attempt_protocol.py."""
 
 from __future__ import annotations
 
 import logging
+import os
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -57,6 +60,27 @@ def _attempt(
         queue=QUEUE,
         monitor=monitor,
     )
+
+
+class FakeProgram:
+    """A program that never exits on its own (until ``exits_after_s``, so a test of old code ends) and writes
+    nothing."""
+
+    start = "cold"
+    pid = 2**22 + 1  # never a process: kill() is the fake's own
+
+    def __init__(self, exits_after_s: float) -> None:
+        self.exits_at = time.monotonic() + exits_after_s
+        self.output_fd, write_fd = os.pipe()
+        os.close(write_fd)  # no output: the reader ends at once
+        self.killed = False
+
+    def wait(self, timeout: float) -> int | None:
+        time.sleep(min(timeout, max(0.0, self.exits_at - time.monotonic())))
+        return 0 if time.monotonic() >= self.exits_at else None
+
+    def kill(self) -> None:
+        self.killed = True
 
 
 # --- redaction ------------------------------------------------------------------------------------------
@@ -122,3 +146,34 @@ def test_a_lost_program_server_is_redacted_in_the_gateways_error_message(
     assert SECRET not in patch["error_message"] and SECRET not in str(outcome.as_dict())
     assert SECRET not in caplog.text
 
+
+# --- the time budget ------------------------------------------------------------------------------------
+
+
+def test_the_program_deadline_is_the_gateways_timeout_clamped_to_what_the_tasks_limits_cover(
+    gateway: StubGateway,
+    redis_client: redis.Redis,
+    monitor: HeartbeatMonitor,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The dispatcher published the rollout with its timeout clamped (``_covered``), and Celery's hard limit
+    and the broker's redelivery are sized for that; the worker runs the gateway's copy, whose timeout is the
+    trainer's. Here the broker covers a 2 s budget (76 s visibility - 10 s queue wait - 1 s - (3 s lease + 60 s)),
+    and the trainer asked for an hour: the program is stopped at 2 s, not run past the task's hard limit."""
+    programs: list[FakeProgram] = []
+
+    def start(*args: Any) -> FakeProgram:
+        programs.append(FakeProgram(exits_after_s=20.0))
+        return programs[-1]
+
+    monkeypatch.setattr(attempt_module, "start_program", start)
+    covered = {"visibility_timeout_s": 76.0, "max_queue_wait_s": 10.0, "default_timeout_s": 30.0}
+    rollout = gateway.add(f"r-{uuid.uuid4().hex[:6]}", "pkg:Agent", created_at=1.0, timeout_s=3600)
+    attempt = _attempt(gateway.url, redis_client, monitor, rollout, **covered)
+    started = time.monotonic()
+    outcome = attempt.run()
+    took = time.monotonic() - started
+    assert outcome.as_dict().get("failure_class") == "timeout", outcome
+    assert outcome.detail.startswith("timed out after 2s"), outcome
+    assert took < 10.0, f"the program ran {took:.1f}s"
+    assert programs and programs[0].killed

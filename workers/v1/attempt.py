@@ -11,9 +11,9 @@ Contract:
   that another executor holds. The lease is renewed by the process's heartbeat thread, never by a gateway read.
 * The program runs in a session of its own (started cold or warm by ``workers.v1.launch``) with the environment
   ``workers.v1.environment`` builds (never the worker's secrets) and the gateway's copy of the rollout's config,
-  never the message's; at the rollout's
-  ``timeout_seconds``, when the gateway shows the rollout moved on (finished, deleted, another attempt), when
-  the lease is lost, or when the node drains, its whole process group is killed, and on every other way out too;
+  never the message's; at the rollout's ``timeout_seconds`` (clamped as the dispatcher clamps the message's,
+  ``Settings.covered_timeout``), when the gateway shows the rollout moved on (finished, deleted, another attempt),
+  when the lease is lost, or when the node drains, its whole process group is killed, and on every other way out too;
   the program also dies with the worker process (``PR_SET_PDEATHSIG``). A warm program whose server died
   under it is a lost program: the attempt is reported failed (class ``infra``), never re-run as a lost worker.
 * The outcome (exit code 0: succeeded; else failed with the last lines the program wrote) carries a failure class
@@ -226,7 +226,9 @@ class V1Attempt:
     def _supervise(self, program: Program) -> V1Outcome | ProgramLost | int:
         """Wait for the program: its exit code, or why it was stopped (its timeout, a stop of the protocol, the
         rollout moving on), or ProgramLost when its server died under it."""
-        timeout_s = float(self.rollout.config.timeout_seconds)
+        # The gateway's copy carries the trainer's timeout_seconds: clamped as the dispatcher clamped the message's,
+        # so the program never runs past the task's hard limit or the broker's redelivery (Settings.covered_timeout).
+        timeout_s = self.settings.covered_timeout(float(self.rollout.config.timeout_seconds), agl_v1=True)
         deadline = time.monotonic() + timeout_s
         interval = self.settings.heartbeat_interval_s
         next_read = time.monotonic() + interval
