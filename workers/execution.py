@@ -46,7 +46,7 @@ from bridge.core.errors import (
 )
 from bridge.core.message import DEFAULT_AGENT
 from bridge.core.models import AttemptedRollout, AttemptStatus, RolloutStatus
-from bridge.core.redact import redact_text
+from bridge.core.redact import redact_error, redact_text
 from workers.agents import llm as llm_mod
 from workers.agents import loading as agent_loading
 from workers.agents.inputs import parse_task_input
@@ -183,7 +183,7 @@ class AttemptRun:
             # A fault of this worker's own code outside the episode's guard: failed once, so the Store's retry
             # policy bounds it, instead of reconcile finding the attempt stranded and re-publishing it forever.
             self.log.exception("unexpected error in the worker; failing the attempt")
-            error = f"unexpected worker error: {type(exc).__name__}: {redact_text(str(exc))}"
+            error = f"unexpected worker error: {redact_error(exc)}"
             self.reporter.discard_kept()  # if delivering it raised, the failure must not re-deliver it
             return self.reporter.failure(classify(exc), error)
         finally:

@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field, ValidationError
 from bridge.core.backoff import Retries
 from bridge.core.errors import BridgeError
 from bridge.core.http import service_client
-from bridge.core.redact import redact_url
+from bridge.core.redact import redact_text, redact_url
 
 V1_TASK_NAME = "workers.run_v1_rollout"
 """The task that runs one 1.0 attempt; its id is ``attempt_key(rollout_id, attempt_id)``."""
@@ -40,6 +40,12 @@ def failed_message(failure_class: str | None, detail: str, limit: int = ERROR_ME
     head = head[: HEADLINE_CHARS if rest else max(0, limit - len(prefix))]
     room = limit - len(prefix) - len(head) - len(newline)
     return prefix + head + newline + (rest[-room:] if room > 0 and rest else "")
+
+
+def _said(response: httpx.Response) -> str:
+    """The start of a gateway's answer as an error carries it (logs, task results, ``error_message``): masked by
+    ``redact_text`` before it is cut, so no secret is cut in half."""
+    return redact_text(response.text[:1000])[:200]
 
 
 class V1State(StrEnum):
@@ -255,7 +261,7 @@ class GatewayClient:
         except ValueError:
             items = None
         if not isinstance(items, list):
-            raise GatewayError(f"gateway GET /api/rollouts answered something else than a list: {response.text[:200]}")
+            raise GatewayError(f"gateway GET /api/rollouts answered something else than a list: {_said(response)}")
         return items
 
     def list_checked(self, *states: V1State, limit: int = 500) -> tuple[list[V1Rollout], list[Malformed]]:
@@ -319,7 +325,7 @@ class GatewayClient:
         if response.status_code == 404:
             return None
         if response.status_code == 409:
-            raise GatewayConflict(f"gateway refused {body} for rollout {rollout_id}: {response.text[:200]}")
+            raise GatewayConflict(f"gateway refused {body} for rollout {rollout_id}: {_said(response)}")
         return V1Rollout.model_validate(response.json())
 
     def finish(self, rollout_id: str, attempt_id: str, state: V1State, detail: str) -> bool:
@@ -384,11 +390,11 @@ class GatewayClient:
                 response = self._client.request(method, path, **kwargs)
                 if response.status_code < 400 or response.status_code in allow:
                     return response
-                problem = f"{response.status_code} {response.text[:200]}"
+                problem = f"{response.status_code} {_said(response)}"
                 if response.status_code < 500:
                     raise GatewayError(f"gateway {method} {path} answered {problem}")
             except httpx.TransportError as exc:
-                problem = repr(exc)
+                problem = redact_text(repr(exc))
             delay = schedule.next_delay()
             if delay is None:
                 raise GatewayError(f"gateway at {redact_url(self.base_url)}: {method} {path} failed: {problem}")

@@ -45,6 +45,12 @@ def redact_text(text: str) -> str:
     return _SECRET_IN_TEXT.sub(r"\1\2***", text)
 
 
+def redact_error(exc: BaseException) -> str:
+    """An exception as it may leave the process (a log line, a task's result, a report's error): its type and its
+    message masked by ``redact_text``."""
+    return f"{type(exc).__name__}: {redact_text(str(exc))}"
+
+
 def _masked_authorization(match: re.Match[str]) -> str:
     scheme = match.group(2)
     return f"{match.group(1)}{scheme} ***" if scheme else f"{match.group(1)}***"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, overload
 from urllib.parse import parse_qsl, urlsplit
 
 from pydantic import Field, HttpUrl, ValidationError, field_validator, model_validator
@@ -541,11 +541,22 @@ class Settings(BaseSettings):
         """The largest 1.0 ``timeout_seconds`` whose hard limit (``v1_time_limits``) the broker covers."""
         return max(1.0, self.longest_hard_limit_s() - self.v1_time_limits(0.0)[1])
 
-    def covered_timeout(self, timeout_s: float | None) -> float | None:
-        """``timeout_s`` lowered to ``longest_timeout_s``; None or <= 0 (the default applies) unchanged."""
+    @overload
+    def covered_timeout(self, timeout_s: float, *, agl_v1: bool = False) -> float: ...
+
+    @overload
+    def covered_timeout(self, timeout_s: None, *, agl_v1: bool = False) -> None: ...
+
+    def covered_timeout(self, timeout_s: float | None, *, agl_v1: bool = False) -> float | None:
+        """``timeout_s`` lowered to the longest budget the broker covers: ``longest_timeout_s`` for a 0.3 rollout,
+        ``v1_longest_timeout_s`` in whole seconds for a 1.0 one (``agl_v1``); None or <= 0 (the default applies)
+        unchanged. The one rule of both lines, on both sides: the dispatcher publishes the clamped budget (and the
+        task's limits with it), and the worker clamps the budget it reads again (a 0.3 takeover's Store read, the
+        gateway's copy a 1.0 attempt runs), so the agent's deadline never outlasts the task's limits."""
         if not timeout_s or timeout_s <= 0:
             return timeout_s
-        return min(timeout_s, self.longest_timeout_s())
+        longest = float(int(self.v1_longest_timeout_s())) if agl_v1 else self.longest_timeout_s()
+        return min(timeout_s, longest)
 
     def llm_rate_limit(self, model: str) -> tuple[float | None, float | None]:
         """(requests, tokens) per minute for ``model``: its LLM_RATE_LIMITS entry, else LLM_RPM/LLM_TPM."""

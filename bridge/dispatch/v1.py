@@ -6,8 +6,9 @@ Each tick, as leader: as many ``queuing`` rollouts as the workers have free slot
 uses, and marked ``running``. Each rollout of a listing is validated on its own: one this project cannot read is
 failed on the gateway with the fields at fault, and the others go on. A publish the broker refuses is retried
 on later ticks with backoff, the rollouts behind it going on meanwhile, and fails the rollout with the broker's
-error after ``AGL_V1_PUBLISH_GIVE_UP_S``; an error no retry can cure fails it at once. Time budgets are clamped
-to what the broker covers, by the 0.3 publisher's rule (``Settings.longest_hard_limit_s``).
+error after ``AGL_V1_PUBLISH_GIVE_UP_S``; an error no retry can cure fails it at once. Error texts are masked
+(``bridge.core.redact``) before they reach the gateway or the log. Time budgets are clamped to what the broker
+covers by the rule the worker applies to the gateway's copy too (``Settings.covered_timeout``).
 
 Each reconcile reads the facts, plans the repairs (``bridge.dispatch.v1_repairs``, which says what each hazard
 gets) and carries them out one by one, so one failing repair stops no other. Every step is safe to repeat, so
@@ -50,7 +51,7 @@ from bridge.core.coordination import coordination_redis, deployment_endpoint, de
 from bridge.core.errors import MissingSetting
 from bridge.core.logs import configure_logging
 from bridge.core.message import base_app
-from bridge.core.redact import redact_url
+from bridge.core.redact import redact_error, redact_text, redact_url
 from bridge.core.scope_check import ScopeWatch
 from bridge.core.settings import Settings
 from bridge.dispatch import metrics
@@ -198,7 +199,7 @@ class V1Dispatcher:
             log.warning("%s; retrying in %.0fs", exc, ERROR_WAIT_S)
         except redis.RedisError as exc:
             metrics.BROKER_ERRORS.inc()
-            log.warning("%s; retrying in %.0fs", exc, ERROR_WAIT_S)
+            log.warning("%s; retrying in %.0fs", redact_text(str(exc)), ERROR_WAIT_S)
         except Exception:
             metrics.LOOP_ERRORS.inc()
             log.exception("unexpected error in the 1.0 dispatch loop; going on in %.0fs", ERROR_WAIT_S)
@@ -316,17 +317,17 @@ class V1Dispatcher:
             now = time.time()
             refused_for = self.refusals.since(rid, now)
             delay = self.refusals.refused(rid, now)
+            said = redact_text(str(exc))  # for the log and the gateway, as 0.3 masks every error
             if delay is not None:
-                log.warning("[v1 rollout=%s] the broker did not take it (%s); trying again in %.0fs", rid, exc, delay)
+                log.warning("[v1 rollout=%s] the broker did not take it (%s); trying again in %.0fs", rid, said, delay)
                 return False
-            why = f"the broker did not take the rollout for {refused_for:.0f}s: {exc}"
-            self._fail(rid, attempt_id, why, INFRA)
+            self._fail(rid, attempt_id, f"the broker did not take the rollout for {refused_for:.0f}s: {said}", INFRA)
             return False
         except Exception as exc:
             capacity.clear_inflight(self.redis, self.scope, self.queue, key)
             self.refusals.forget(rid)
-            log.exception("[v1 rollout=%s attempt=%s] could not be published", rid, attempt_id)
-            why = f"the rollout could not be published: {type(exc).__name__}: {exc}"
+            why = f"the rollout could not be published: {redact_error(exc)}"
+            log.error("[v1 rollout=%s attempt=%s] %s", rid, attempt_id, why)  # no traceback: its text is not masked
             self._fail(rid, attempt_id, why, INFRA)
             return False
         self.refusals.forget(rid)
@@ -338,7 +339,7 @@ class V1Dispatcher:
         """The rollout as published: its ``timeout_seconds`` lowered to what the broker covers, if longer."""
         asked = rollout.config.timeout_seconds
         ids = f"v1 rollout={rollout.rollout_id} attempt={attempt_id}"
-        bound = covered_timeout(asked, float(int(self.settings.v1_longest_timeout_s())), self.settings, ids)
+        bound = covered_timeout(asked, self.settings, ids, agl_v1=True)
         if bound == asked:
             return rollout
         config = rollout.config.model_copy(update={"timeout_seconds": int(bound)})
@@ -385,7 +386,7 @@ class V1Dispatcher:
                     "[v1 %s] repair %s not done: %s; the next reconcile tries again",
                     repair.key,
                     type(repair).__name__,
-                    exc,
+                    redact_text(str(exc)),
                 )
             except Exception:
                 log.exception(

@@ -24,7 +24,7 @@ from bridge.core.agl_v1 import GatewayClient, GatewayError
 from bridge.core.coordination import coordination_redis, deployment_endpoint, deployment_scope
 from bridge.core.errors import StoreError
 from bridge.core.models import RolloutStatus
-from bridge.core.redact import redact_text, redact_url
+from bridge.core.redact import redact_error, redact_url
 from bridge.core.settings import Settings, load_settings
 from bridge.core.store import API, StoreClient
 from bridge.dispatch import broker
@@ -217,7 +217,7 @@ def _broker_part(settings: Settings, client: redis.Redis) -> tuple[dict[str, Any
             }
         part["ok"] = True
     except (redis.RedisError, broker.BrokerReadError) as exc:
-        part["error"] = redact_text(f"{type(exc).__name__}: {exc}")
+        part["error"] = redact_error(exc)
     finally:
         probe.close()
     return part, workers

@@ -8,7 +8,11 @@ import pytest
 import redis
 
 from bridge.core.coordination import coordination_client
+from bridge.core.settings import load_settings
+from bridge.core.store import StoreClient
 from tests.helpers import TEST_REDIS_URL
+from workers.agents.capture import AttemptCapture
+from workers.telemetry.spans import AttemptTelemetry
 
 
 @pytest.fixture
@@ -19,3 +23,14 @@ def redis_client() -> Iterator[redis.Redis]:
     connection.ping()
     yield connection
     connection.close()
+
+
+@pytest.fixture
+def capture() -> Iterator[AttemptCapture]:
+    """A LitAgent attempt's capture whose telemetry keeps its spans and exports none (no Store answers)."""
+    store = StoreClient("http://127.0.0.1:9", retries=0)
+    telemetry = AttemptTelemetry(store, rollout_id="ro-u", attempt_id="at-u", service_name="unit", export=False)
+    settings = load_settings(store_url="http://127.0.0.1:9")
+    yield AttemptCapture(telemetry, settings, lambda: None, None, lambda model: None)
+    telemetry.close()
+    store.close()

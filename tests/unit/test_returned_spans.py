@@ -3,29 +3,14 @@ reward, and spans the worker cannot file fail the attempt with class ``agent``."
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from agentlightning.types import Span, SpanCoreFields
 
-from bridge.core.settings import load_settings
-from bridge.core.store import StoreClient
 from workers.agents.capture import AttemptCapture
 from workers.agents.litagent import _interpret
 from workers.protocol.failures import AgentError
-from workers.telemetry.spans import AttemptTelemetry
 
 REWARD_KEY = "agentlightning.reward.0.value"
-
-
-@pytest.fixture
-def capture() -> Iterator[AttemptCapture]:
-    store = StoreClient("http://127.0.0.1:9", retries=0)
-    telemetry = AttemptTelemetry(store, rollout_id="ro-r", attempt_id="at-r", service_name="returned", export=False)
-    settings = load_settings(store_url="http://127.0.0.1:9")
-    yield AttemptCapture(telemetry, settings, lambda: None, None, lambda model: None)
-    telemetry.close()
-    store.close()
 
 
 def _core(name: str, attributes: dict[str, object]) -> SpanCoreFields:

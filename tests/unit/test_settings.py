@@ -93,6 +93,11 @@ def test_timeouts_the_broker_cannot_cover_are_clamped_and_others_kept() -> None:
     assert settings.covered_timeout(20_000) == longest
     assert settings.covered_timeout(600) == 600
     assert settings.covered_timeout(None) is None
+    # A 1.0 attempt's limits sit above its budget (v1_time_limits): the same rule, with whole seconds.
+    v1_longest = settings.covered_timeout(20_000, agl_v1=True)
+    assert v1_longest == int(v1_longest) and settings.v1_time_limits(v1_longest)[1] <= settings.longest_hard_limit_s()
+    assert settings.v1_time_limits(v1_longest + 1)[1] > settings.longest_hard_limit_s()
+    assert settings.covered_timeout(600, agl_v1=True) == 600
 
 
 def test_done_markers_must_outlive_the_brokers_redelivery_window() -> None:

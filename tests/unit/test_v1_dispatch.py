@@ -14,6 +14,7 @@ backlog and the queue's desired slots with the 0.3 line's backlog added, and its
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -380,6 +381,48 @@ def test_a_publish_no_retry_can_cure_fails_the_rollout_at_once(
     status = gateway.status(rid)
     assert status["state"] == "failed" and "EncodeError: Object of type bytes" in status["error_message"]
     assert capacity.inflight_entries(redis_client, dispatcher.scope, QUEUE) == {}
+
+
+SECRET = "s3cr3t-value-42"
+
+
+@pytest.mark.parametrize(
+    ("error", "masked"),
+    [
+        (  # no retry cures it: failed at once
+            EncodeError(f"cannot encode for amqp://bridge:{SECRET}@rabbit//: api_key={SECRET}"),
+            "could not be published: EncodeError: cannot encode for amqp://bridge:***@rabbit//: api_key=***",
+        ),
+        (  # refused, logged, tried again, and failed after AGL_V1_PUBLISH_GIVE_UP_S
+            OperationalError(f"Error connecting to redis://:{SECRET}@broker:6379/0"),
+            "did not take the rollout for 61s: Error connecting to redis://:***@broker:6379/0",
+        ),
+    ],
+)
+def test_a_publish_error_is_redacted_on_the_gateway_and_in_the_log(
+    gateway: FakeGateway,
+    redis_client: redis.Redis,
+    rid: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    error: Exception,
+    masked: str,
+) -> None:
+    """What the broker client says may hold a URL's password or a token: the gateway's ``error_message`` and the
+    dispatcher's log get it masked, as 0.3 masks every error it reports."""
+    clock = Clock(1_700_000_000.0)
+    monkeypatch.setattr(v1_module, "time", clock)
+    gateway.add(rid)
+    dispatcher, app = _dispatcher(gateway, redis_client, agl_v1_publish_give_up_s=60.0, publish_retries=0)
+    app.refuse[rid] = error
+    with caplog.at_level(logging.INFO):
+        dispatcher.tick()
+        clock.now += 61
+        dispatcher.tick()
+    status = gateway.status(rid)
+    assert status["state"] == "failed", status
+    assert masked in status["error_message"]
+    assert SECRET not in status["error_message"] and SECRET not in caplog.text
 
 
 def test_time_limits_are_clamped_to_what_rabbitmq_covers(

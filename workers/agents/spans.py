@@ -17,8 +17,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from workers.agents.tracer import _clean
-from workers.telemetry.spans import AttemptTelemetry
+from workers.telemetry.spans import AttemptTelemetry, otlp_attributes
 
 
 def _ns(seconds: float | None) -> int | None:
@@ -63,8 +62,8 @@ def from_agl_span(span: Span, resource: Resource) -> ReadableSpan:
         context=_context(span.trace_id, span.span_id),
         parent=parent,
         resource=resource,
-        attributes=_clean(dict(span.attributes or {})),
-        events=[Event(e.name, _clean(dict(e.attributes or {})), _ns(e.timestamp)) for e in span.events],
+        attributes=otlp_attributes(dict(span.attributes or {})),
+        events=[Event(e.name, otlp_attributes(dict(e.attributes or {})), _ns(e.timestamp)) for e in span.events],
         kind=SpanKind.INTERNAL,
         status=_status(span.status),
         start_time=start,
@@ -86,7 +85,7 @@ def add_returned_spans(telemetry: AttemptTelemetry, spans: Sequence[Any]) -> lis
         converted = []
         for fields in spans:  # no ids of their own: new spans of the attempt's tracer, as Agent Lightning does
             start = _ns(fields.start_time)
-            attributes = _clean(dict(fields.attributes))
+            attributes = otlp_attributes(dict(fields.attributes))
             otel = telemetry.tracer.start_span(fields.name, attributes=attributes, start_time=start)
             otel.set_status(_status(fields.status))
             otel.end(end_time=_ns(fields.end_time) or start)

@@ -21,7 +21,7 @@ from agentlightning.types import SpanCoreFields, TraceStatus
 from opentelemetry.trace import Status, StatusCode
 
 from workers.agents import capture
-from workers.telemetry.spans import REWARD_SPAN
+from workers.telemetry.spans import REWARD_SPAN, otlp_attributes
 
 log = logging.getLogger("workers.agents")
 
@@ -62,7 +62,7 @@ class WorkerTracer(agl.Tracer):
             log.warning("span %r created outside any attempt: not recorded", name)
         else:
             start_ns = int(now * 1e9)
-            span = running.telemetry.tracer.start_span(name, attributes=_clean(attrs), start_time=start_ns)
+            span = running.telemetry.tracer.start_span(name, attributes=otlp_attributes(attrs), start_time=start_ns)
             code = StatusCode.ERROR if status.status_code == "ERROR" else StatusCode.OK
             span.set_status(Status(code, status.description if code is StatusCode.ERROR else None))
             span.end(end_time=start_ns)
@@ -70,21 +70,6 @@ class WorkerTracer(agl.Tracer):
             if name == REWARD_SPAN and isinstance(reward, (int, float)) and not isinstance(reward, bool):
                 running.last_reward = float(reward)
         return SpanCoreFields(name=name, status=status, attributes=attrs, start_time=now, end_time=now)
-
-
-def _clean(attributes: dict[str, Any]) -> dict[str, Any]:
-    """OTLP takes scalars and homogeneous lists; anything else is kept as its string."""
-    clean: dict[str, Any] = {}
-    for key, value in attributes.items():
-        if value is None:
-            continue
-        if isinstance(value, (str, bool, int, float)):
-            clean[key] = value
-        elif isinstance(value, (list, tuple)) and len({type(v) for v in value}) <= 1:
-            clean[key] = list(value)
-        else:
-            clean[key] = str(value)
-    return clean
 
 
 def activate() -> WorkerTracer:

@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -216,7 +216,7 @@ class AttemptTelemetry:
     def span(self, name: str, attributes: dict[str, Any] | None = None) -> Iterator[trace.Span]:
         """A child span of whatever is current; an exception marks it as an error and propagates."""
         with self.tracer.start_as_current_span(
-            name, attributes=_flat(attributes or {}), record_exception=True, set_status_on_exception=True
+            name, attributes=otlp_attributes(attributes or {}), record_exception=True, set_status_on_exception=True
         ) as span:
             yield span
 
@@ -237,24 +237,31 @@ class AttemptTelemetry:
             span.set_status(Status(StatusCode.OK))
 
 
-def _flat(attributes: dict[str, Any]) -> dict[str, Any]:
-    """OTLP attributes must be scalars or homogeneous lists; drop None, stringify the rest."""
-    flat: dict[str, Any] = {}
+_ATTRIBUTE_TYPES = (bool, str, int, float)  # bool first: a bool is an int to isinstance, not to OpenTelemetry
+
+
+def otlp_attributes(attributes: Mapping[str, Any]) -> dict[str, Any]:
+    """Span attributes as OpenTelemetry's rules take them, the one rule for every span of an attempt (the built-in
+    agent's, Agent Lightning's emitters', a LitAgent's returned trace): a str, bool, int or float as it is; a list or
+    tuple whose items are all of one of those types (a bool is no int) as a list; None dropped; anything else (a mixed
+    list, a list of dicts or of None, a dict, an object) as its string, as the SDK keeps a value it does not take."""
+    clean: dict[str, Any] = {}
     for key, value in attributes.items():
         if value is None:
             continue
-        if isinstance(value, (str, bool, int, float)):
-            flat[key] = value
-        elif isinstance(value, Sequence) and _homogeneous(value):
-            flat[key] = list(value)
+        if isinstance(value, _ATTRIBUTE_TYPES):
+            clean[key] = value
+        elif isinstance(value, (list, tuple)) and _homogeneous(value):
+            clean[key] = list(value)
         else:
-            flat[key] = str(value)
-    return flat
+            clean[key] = str(value)
+    return clean
 
 
 def _homogeneous(values: Sequence[Any]) -> bool:
-    ints = all(isinstance(v, int) and not isinstance(v, bool) for v in values)
-    return ints or all(isinstance(v, str) for v in values)
+    """Every item is of the same one of ``_ATTRIBUTE_TYPES`` (a bool is not taken for an int)."""
+    kinds = {next((kind for kind in _ATTRIBUTE_TYPES if isinstance(v, kind)), None) for v in values}
+    return len(kinds) <= 1 and None not in kinds
 
 
 def _span_id(span: ReadableSpan) -> int:

@@ -11,14 +11,15 @@ Contract:
   that another executor holds. The lease is renewed by the process's heartbeat thread, never by a gateway read.
 * The program runs in a session of its own (started cold or warm by ``workers.v1.launch``) with the environment
   ``workers.v1.environment`` builds (never the worker's secrets) and the gateway's copy of the rollout's config,
-  never the message's; at the rollout's
-  ``timeout_seconds``, when the gateway shows the rollout moved on (finished, deleted, another attempt), when
-  the lease is lost, or when the node drains, its whole process group is killed, and on every other way out too;
+  never the message's; at the rollout's ``timeout_seconds`` (clamped as the dispatcher clamps the message's,
+  ``Settings.covered_timeout``), when the gateway shows the rollout moved on (finished, deleted, another attempt),
+  when the lease is lost, or when the node drains, its whole process group is killed, and on every other way out too;
   the program also dies with the worker process (``PR_SET_PDEATHSIG``). A warm program whose server died
   under it is a lost program: the attempt is reported failed (class ``infra``), never re-run as a lost worker.
 * The outcome (exit code 0: succeeded; else failed with the last lines the program wrote) carries a failure class
   (``workers.protocol.failures``) and is kept in Redis with the done marker before it is sent, so the dispatcher
   applies it if the gateway could not be told. A drain keeps a hand-over record instead and reports nothing.
+  Error texts (the program's output, a gateway, Redis or program-server error) are masked before they leave.
 * Only the rollout's current attempt (``last_attempt_id``) is ever patched.
 """
 
@@ -44,6 +45,7 @@ from bridge.core.agl_v1 import (
     failed_message,
     scoped_attempt_key,
 )
+from bridge.core.redact import redact_text
 from bridge.core.settings import Settings
 from workers.protocol.failures import FailureClass
 from workers.protocol.heartbeat import HEARTBEAT_TIMEOUT_S, TICK_S, HeartbeatMonitor
@@ -155,9 +157,10 @@ class V1Attempt:
             assert current is not None
             self.rollout = current  # the gateway's copy decides what runs, never the message's (docs/agl-v1.md)
             return self._finish(self._execute())
-        except (GatewayError, redis.RedisError) as exc:
-            log.warning("%s could not run: %s; the dispatcher's reconcile takes it from here", self.tag, exc)
-            return V1Outcome(None, f"not run: {exc}", FailureClass.INFRA)
+        except (GatewayError, redis.RedisError) as exc:  # the task's result and the log: masked, as 0.3's errors
+            why = redact_text(str(exc))
+            log.warning("%s could not run: %s; the dispatcher's reconcile takes it from here", self.tag, why)
+            return V1Outcome(None, f"not run: {why}", FailureClass.INFRA)
         finally:
             self.gateway.close()
             self.fence.close()
@@ -190,7 +193,8 @@ class V1Attempt:
         try:
             program = start_program(self.settings, local.agent_class, env)
         except ProgramLost as exc:  # the server took the request and died: it may have started, never run it twice
-            return V1Outcome(V1State.FAILED, f"the agent's program server failed: {exc}", FailureClass.INFRA)
+            why = redact_text(str(exc))
+            return V1Outcome(V1State.FAILED, f"the agent's program server failed: {why}", FailureClass.INFRA)
         tail = OutputTail()
         reader = threading.Thread(target=self._read_output, args=(program, tail), daemon=True)
         try:
@@ -232,7 +236,9 @@ class V1Attempt:
     def _supervise(self, program: Program) -> V1Outcome | ProgramLost | int:
         """Wait for the program: its exit code, or why it was stopped (its timeout, a stop of the protocol, the
         rollout moving on), or ProgramLost when its server died under it."""
-        timeout_s = float(self.rollout.config.timeout_seconds)
+        # The gateway's copy carries the trainer's timeout_seconds: clamped as the dispatcher clamped the message's,
+        # so the program never runs past the task's hard limit or the broker's redelivery (Settings.covered_timeout).
+        timeout_s = self.settings.covered_timeout(float(self.rollout.config.timeout_seconds), agl_v1=True)
         deadline = time.monotonic() + timeout_s
         interval = self.settings.heartbeat_interval_s
         next_read = time.monotonic() + interval
