@@ -9,15 +9,15 @@ programs (workers.agents.webshop_program), is enqueued by 1.0's own trainer clie
           own module preloaded too: AGL_V1_PRELOAD_AGENTS), cold (`python -c`);
   local   1.0's `agl-controller runner_type=local`, SLOTS subprocesses, polling every --local-poll-s.
 
-With --restart, each runs the workload again with its controller (our dispatcher; 1.0's controller) stopped
-with --restart-signal once a third of the rollouts finished, and started again: what each does with the
-rollouts that were running. With --pause-s, every run has the gateway's proxy paused that long once a third
-of the rollouts finished, as 1.0's trainer pauses it around a weight update. Figures: seconds from the first
-enqueue to the last finish (the gateway's times), throughput, peak RSS of the executor's process tree (agent programs included, a page shared by several
-counted in each; the gateway is shared and not counted) and its peak PSS (shared pages split: what the tree
-holds), its CPU per rollout, the memory of one agent program (RSS, PSS and USS: its own pages; medians of
-samples of the programs running), the program server's RSS and own CPU per rollout (what a fork costs it),
-and the failures by message. Needs Python >= 3.12 (exit 2 without). Figures and what they mean:
+With --restart, each runs the workload again with its controller (our dispatcher; 1.0's controller) stopped with
+--restart-signal once a third of the rollouts finished, and started again: what each does with the rollouts that
+were running. With --pause-s, every run has the gateway's proxy paused that long once a third of the rollouts
+finished, as 1.0's trainer pauses it around a weight update. Figures: seconds from the first enqueue to the last
+finish (the gateway's times), throughput, peak RSS of the executor's process tree (agent programs included, a page
+shared by several counted in each; the gateway is shared and not counted) and its peak PSS (shared pages split:
+what the tree holds), its CPU per rollout, the memory of one agent program (RSS, PSS and USS: its own pages;
+medians of samples of the programs running), the program server's RSS and own CPU per rollout (what a fork costs
+it), and the failures by message. Needs Python >= 3.12 (exit 2 without). Figures and what they mean:
 docs/agl-v1.md, "Beside 1.0's local runner", and docs/performance.md.
 
 With --long N, a long run instead: N short rollouts on one worker node with warm starts, its memory, open files,
