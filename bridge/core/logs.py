@@ -1,4 +1,6 @@
-"""Logging setup shared by the bridge and the workers: plain or JSON lines, ids on every rollout event."""
+"""Logging setup shared by the bridge and the workers: plain or JSON lines, ids on every rollout event, and every
+line masked by ``bridge.core.redact.redact_text`` as it is written (a message, an exception's text, a traceback), so
+a secret that reaches an error (a URL's password, a bearer token, ``api_key=...``) never reaches the log."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ import sys
 import time
 from collections.abc import MutableMapping
 from typing import Any
+
+from bridge.core.redact import redact_text
 
 _ID_KEYS = ("rollout_id", "attempt_id", "task_id")
 
@@ -22,21 +26,30 @@ class RolloutLogger(logging.LoggerAdapter[logging.Logger]):
         return (f"[{ids}] {msg}" if ids else msg), kwargs
 
 
+class RedactingFormatter(logging.Formatter):
+    """A plain line, masked whole: the message and any traceback below it."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact_text(super().format(record))
+
+
 class JsonFormatter(logging.Formatter):
+    """One JSON object a line; its message and traceback masked."""
+
     def format(self, record: logging.LogRecord) -> str:
         data: dict[str, Any] = {
             "ts": round(record.created, 3),
             "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)),
             "level": record.levelname,
             "logger": record.name,
-            "message": record.getMessage(),
+            "message": redact_text(record.getMessage()),
         }
         for key in _ID_KEYS:
             value = getattr(record, key, None)
             if value:
                 data[key] = value
         if record.exc_info:
-            data["exc"] = self.formatException(record.exc_info)
+            data["exc"] = redact_text(self.formatException(record.exc_info))
         return json.dumps(data, ensure_ascii=False)
 
 
@@ -45,7 +58,7 @@ def configure_logging(level: str = "INFO", json_lines: bool = False) -> None:
     if json_lines:
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(RedactingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
