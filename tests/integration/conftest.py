@@ -106,8 +106,11 @@ def no_leftover_llm_resource(request: pytest.FixtureRequest) -> None:
 
 @pytest.fixture
 def clean_store(services: LocalStack) -> Iterator[LocalStack]:
-    """Leaves no unfinished rollout behind for the next test's bridge, and a clean broker database."""
+    """Starts from, and leaves behind, no unfinished rollout for the next test's bridge and a clean broker database
+    (a test that kills or drains workers leaves messages unacknowledged, which the next module's workers would be
+    handed once their visibility timeout passes)."""
     cancel_unfinished(services.store_url)
     redis.Redis.from_url(services.broker_url).flushdb()
     yield services
     cancel_unfinished(services.store_url)
+    redis.Redis.from_url(services.broker_url).flushdb()

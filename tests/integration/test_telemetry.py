@@ -53,8 +53,10 @@ def collector() -> Iterator[OtlpCollector]:
 def traced(
     services: LocalStack, collector: OtlpCollector, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LocalStack]:
-    """Two prefork workers and a bridge, both exporting their Celery spans to the loopback collector."""
+    """Two prefork workers and a bridge, both exporting their Celery spans to the loopback collector, on a clean
+    broker database (the redelivery check counts its unacknowledged messages)."""
     cancel_unfinished(services.store_url)
+    redis.Redis.from_url(services.broker_url).flushdb()
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": collector.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "500"}
     stack = stack_for(services, tmp_path_factory.mktemp("traces"), workers=2, concurrency=4, extra_env=env)
     stack.start()
