@@ -63,7 +63,6 @@ class PauseWaitingTransport(httpx.BaseTransport):
     def __init__(self, inner: httpx.BaseTransport | None = None, *, deadline: float | None = None) -> None:
         self.inner = inner if inner is not None else httpx.HTTPTransport()
         self.deadline = deadline
-        self.paused_s = 0.0  # the time spent waiting out pauses, all requests together
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         request.read()  # the body is sent again after a pause
@@ -89,7 +88,6 @@ class PauseWaitingTransport(httpx.BaseTransport):
                 )
             response.close()
             time.sleep(wait)
-            self.paused_s += wait
 
     def close(self) -> None:
         self.inner.close()

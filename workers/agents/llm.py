@@ -228,7 +228,7 @@ def chat(
     if timeout_s is None:
         timeout_s = _client_timeout(client)
     problem = ""
-    paused_since = 0.0
+    pause_logged = False
     while True:
         _stop_if_due(check_stop, deadline, problem)
         if before_call is not None:
@@ -249,8 +249,8 @@ def chat(
                     raise LLMPaused(
                         f"the LLM gateway at {target.base_url} stayed paused until the rollout's deadline"
                     ) from exc
-                if not paused_since:
-                    paused_since = time.monotonic()
+                if not pause_logged:
+                    pause_logged = True
                     log.warning("the LLM gateway is paused (%s): waiting", pause_reason(exc.response) or "no reason")
                 _sleep(paused, check_stop)
                 continue
