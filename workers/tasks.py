@@ -31,8 +31,8 @@ def run_rollout(
 ) -> dict[str, Any]:
     """Run this worker's agent (``AGENT``) for one dequeued rollout and report it to the Store.
 
-    ``agent`` names the agent the sender expects (absent in older messages: ``webshop``); it is only
-    compared with this worker's configuration, never imported.
+    ``agent`` names the agent the sender expects (absent: ``webshop``, ``bridge.core.message.DEFAULT_AGENT``);
+    it is only compared with this worker's configuration, never imported.
     """
     task_id = str(self.request.id)
     settings = get_settings()

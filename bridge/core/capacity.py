@@ -9,8 +9,8 @@ flow would, so a node's slots count once however many queues it consumes and an 
 negative, never a floored 0. Every function takes the deployment's ``scope`` (a digest of the Store's URL),
 so deployments sharing a Redis never count each other's slots; every ``client`` is a coordination client
 (``bridge.core.coordination``), whose answers are ``str``. Why: docs/architecture.md, "One rollout, hop
-by hop" (1) and "Design choices"; figures: docs/performance.md, "The bridge read the workers' slots by
-walking Redis's whole keyspace".
+by hop" (1) and "Design choices"; figures: docs/performance.md, "The bridge's read of the workers'
+slots".
 """
 
 from __future__ import annotations
@@ -233,8 +233,8 @@ def read_slots(client: redis.Redis, scope: str, queues: Iterable[str]) -> SlotVi
 def notify_freed(client: redis.Redis, scope: str, queue: str) -> None:
     """Wake a bridge that waits in ``wait_for_freed`` (called after ``clear_inflight``, never before).
 
-    Without it a full bridge re-counts slots every ``FULL_CAPACITY_WAIT_S``, so each freed slot idled
-    for half that on average before the next rollout was dequeued. The list is capped and expires: it
+    Without it a full bridge would re-count slots only every ``FULL_CAPACITY_WAIT_S``, and each freed slot
+    would idle for half that on average before the next rollout is dequeued. The list is capped and expires: it
     only ever holds "something changed", never state.
     """
     key = keys.slot_freed(scope, queue)

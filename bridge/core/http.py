@@ -44,17 +44,17 @@ class PerThreadTransport(httpx.BaseTransport):
 
     httpcore's pool walks every connection it holds on each request and each response close, with a
     readability check (a syscall) per idle connection, all under the GIL. With 128 threads sharing one pool
-    of about 128 connections that walk took 16% of a ``-P threads -c 128`` worker's Python time (py-spy
-    ``--gil``, docs/performance.md). A synchronous thread uses one connection at a time, so its own pool
+    of about 128 connections that walk is a large share of a ``-P threads -c 128`` worker's Python time
+    (docs/performance.md, "The worker's CPU"). A synchronous thread uses one connection at a time, so its own pool
     holds one or two. The pool of a thread that ended goes to the next thread that needs one, with its open
-    connections: under ``-P threads`` an agent runs on a thread per attempt, which otherwise opened (and with TLS
-    negotiated) a connection to every service for each rollout.
+    connections: under ``-P threads`` an agent runs on a thread per attempt, which would otherwise open (and with
+    TLS negotiate) a connection to every service for each rollout.
     """
 
     def __init__(self, limits: httpx.Limits) -> None:
         self._limits = limits
-        # One TLS context for every pool: each builds its own otherwise, loading the CA bundle again (~0.8 MB
-        # and milliseconds of CPU each; 128 threads x 3 clients grew a worker from 169 to 483 MB).
+        # One TLS context for every pool: each would build its own otherwise, loading the CA bundle again
+        # (~0.8 MB and milliseconds of CPU each, times threads x clients).
         self._tls = default_tls()
         self._local = threading.local()
         self._lock = threading.Lock()
@@ -99,10 +99,10 @@ class _SetCookieOnly(httpx.Cookies):
     """A cookie store that reads a response only when it sets a cookie.
 
     httpx hands every response to its cookie store, which builds urllib request and response stand-ins and
-    copies their headers before the standard library finds no ``Set-Cookie`` there: 5% of a worker's Python
-    time at 0 ms latency (py-spy ``--gil``, docs/performance.md), for services (the Store, WebShop, an LLM
-    server) that set none. A response that does set one (e.g. a load balancer's sticky-session cookie in
-    front of an LLM gateway) is read as before, and the cookie goes back with the next request.
+    copies their headers before the standard library finds no ``Set-Cookie`` there: a measurable share of a
+    worker's Python time (docs/performance.md) for services (the Store, WebShop, an LLM server) that set none. A
+    response that does set one (e.g. a load balancer's sticky-session cookie in front of an LLM gateway) is read
+    by httpx's own cookie handling, and the cookie goes back with the next request.
     """
 
     def extract_cookies(self, response: httpx.Response) -> None:

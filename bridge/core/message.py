@@ -22,7 +22,7 @@ TASK_NAME = "workers.run_rollout"
 
 
 DEFAULT_AGENT = "webshop"
-"""The built-in agent; a message without an ``agent`` (published before it existed) expects this one."""
+"""The built-in agent: the one a message without an ``agent`` expects."""
 
 
 def task_kwargs(rollout: AttemptedRollout, queue: str, agent: str = DEFAULT_AGENT) -> dict[str, Any]:
@@ -53,8 +53,8 @@ def base_app(settings: Settings, main: str, include: tuple[str, ...] = ()) -> Ce
         broker_connection_retry_on_startup=True,
         task_default_delivery_mode="persistent",  # a broker restart keeps queued messages (durable queues)
         broker_pool_limit=64,
-        # No task-sent events from the bridge: each was a second broker publish per rollout (profiled: about
-        # a third of the bridge's CPU); Flower lists a task from the worker's own events once it is received.
+        # No task-sent events from the bridge: each would be a second broker publish per rollout, a large share
+        # of the bridge's CPU; Flower lists a task from the worker's own events once it is received.
         task_send_sent_event=False,
     )
     if settings.broker_url.startswith(("redis://", "rediss://")):

@@ -5,7 +5,7 @@ clock, back to back and after sleeps of growing length.
 A second table runs N slots that each step after a 2,000 ms pause, spread evenly, as N threads and as one
 thread taking the N in turn (what an event loop would do). The factor it prints is why a figure measured at
 0 ms LLM latency understates what the same rollout costs at 2 s. Why and figures: docs/performance.md, "The
-same work costs more after a pause: why 2 s per LLM call costs the worker more than 0 ms".
+same work costs more after a pause".
 
     python -m bridge_lab.bench.wake_cost            # about 2 minutes
 """

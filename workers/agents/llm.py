@@ -213,10 +213,9 @@ def chat(
     past the deadline: ``TimeoutError`` is raised instead, which ``workers.protocol.failures`` classes ``timeout``.
 
     The body is posted as built, through the SDK's generic ``post`` (same auth, base URL, timeouts and
-    typed errors as ``chat.completions.create``), and the answer is read as plain JSON. Profiled at 0 ms
-    LLM latency, ``create`` spent ~40% of a worker's CPU re-walking the whole conversation against the
-    SDK's request types and ~5% building response models that are read once; neither changes a byte
-    on the wire.
+    typed errors as ``chat.completions.create``), and the answer is read as plain JSON: ``create`` would
+    re-walk the whole conversation against the SDK's request types and build response models that are read
+    once, a large share of a worker's CPU at low LLM latency, and neither changes a byte on the wire.
     """
     body: dict[str, Any] = {k: v for k, v in target.sampling.items() if k not in _RESERVED}
     if target.return_token_ids:

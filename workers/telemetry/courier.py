@@ -7,9 +7,7 @@ Serialized ``ExportTraceServiceRequest`` messages concatenate and the Store file
 its attempt (docs/store-protocol.md 7.2), so only the number of requests changes. A shared request is one try
 bounded by the shortest time any member has left; if it fails, every member sends alone with the usual
 retries, and a member short of time never waits. Under prefork (one attempt per process) every flush goes
-alone at once. Figures: docs/performance.md, "Shared span requests, a longer coalescing cap, and a
-sustained figure without bias" and "What a span request costs the Store, and span batches that wait a
-little for each other".
+alone at once. Figures: docs/performance.md, "Store requests per rollout".
 """
 
 from __future__ import annotations

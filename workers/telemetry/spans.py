@@ -76,8 +76,8 @@ class _BufferingProcessor(SpanProcessor):
 @functools.lru_cache(maxsize=8)
 def _service_resource(service_name: str) -> Resource:
     """The process's resource (SDK attributes, ``OTEL_RESOURCE_ATTRIBUTES``, the service name), detected once:
-    ``Resource.create`` runs its detectors on every call, 3% of a 128-thread worker's GIL time when it ran
-    per attempt. Each attempt merges its ids into it."""
+    ``Resource.create`` runs its detectors on every call, which per attempt would cost a many-thread worker a
+    share of its GIL time. Each attempt merges its ids into it."""
     return Resource.create({"service.name": service_name})
 
 

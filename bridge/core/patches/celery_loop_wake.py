@@ -3,7 +3,7 @@
 The loop asks the broker for a message only when it wakes; under prefork a finished task wakes it (a pipe
 from the child), under ``threads`` nothing did, so a message for a slot that just freed waited for the
 loop's next turn. Here the thread that acknowledged its task writes to a pipe the loop watches, so the loop
-turns at once and sleeps otherwise. Figures: docs/performance.md, "A finished task wakes the loop".
+turns at once and sleeps otherwise. Figures: docs/performance.md, "The worker's CPU".
 Registered in ``bridge.core.patches``.
 """
 

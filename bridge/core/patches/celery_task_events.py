@@ -4,7 +4,7 @@ Under ``-P threads`` task threads append to the event buffer while the loop publ
 ``EventDispatcher.flush`` empties the whole buffer afterwards, erasing what was appended meanwhile (Flower
 then shows tasks ``STARTED`` forever); the consumer also schedules flushes from task threads without the
 loop's lock. ``install`` fixes both through Celery's extension points (``app.events_cls``,
-``worker_consumer``): the same events, batching and order, so prefork behaves as before. Celery 5.7 fixed
+``worker_consumer``): the same events, batching and order, so prefork's events are Celery's own. Celery 5.7 fixed
 both upstream; docs/operations.md, "Flower", has the measurement. Registered in ``bridge.core.patches``.
 """
 
@@ -58,7 +58,7 @@ class EventsConsumer(Consumer):
     Celery 5.6 adds the flush callback to ``hub._ready`` directly; from a task thread that add can race
     the loop swapping the set out (the flush is then skipped, or the loop iterates a set that changes
     size). ``hub.call_soon`` takes the loop's lock, and one reused promise keeps at most one pending flush
-    in the ready set, as a bound method did before.
+    in the ready set, as Celery's bound method does.
     """
 
     def on_send_event_buffered(self) -> None:

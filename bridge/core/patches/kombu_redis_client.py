@@ -3,8 +3,8 @@
 kombu's Redis channel builds a new ``redis.Redis`` around its connection pool for every acknowledgement, every
 fanout publish (the worker's task events), every message it files as unacknowledged and every task the bridge
 publishes (``Channel.conn_or_acquire`` without a client). A client is a thin view on the pool, but building one
-copies redis-py's table of about 200 response callbacks: about a tenth of a ``-P threads`` worker's Python time
-(py-spy ``--gil``; docs/performance.md). ``Transport`` keeps one client per channel and pool instead: the same
+copies redis-py's table of about 200 response callbacks, a notable share of a ``-P threads`` worker's Python
+time (docs/performance.md, "The worker's CPU"). ``Transport`` keeps one client per channel and pool instead: the same
 commands on the same pool (a client is thread-safe; each command takes a pool connection), and a new client
 when kombu replaced the pool (after a connection error). Chosen by ``broker_transport`` for ``redis://`` and
 ``rediss://`` brokers (``bridge.core.message.base_app``). Registered in ``bridge.core.patches``.

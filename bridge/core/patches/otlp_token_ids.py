@@ -5,7 +5,7 @@ element by element. So the telemetry keeps them beside the span (by span id), ea
 the SDK's encoder, and its token-id attributes are appended as protobuf bytes (fields may come in any order
 and repeated fields concatenate), framed into the scope and resource messages here. The result decodes to
 the standard OTLP message, exactly what the SDK's encoder would give. It relies on the OTLP exporter's
-``encode_spans``; figures: docs/performance.md, "Token ids straight to the wire". Registered in
+``encode_spans``; figures: docs/performance.md, "The worker's CPU". Registered in
 ``bridge.core.patches``.
 """
 
