@@ -111,7 +111,8 @@ class ChaosRun:
 
         Several threads observe (the observer's loop, a scenario's ``wait_recovered``, the audit's last look), so a
         read and its bookkeeping are one step: a read answered before a report but counted after a later read
-        that saw the report would record a flip the Store never made (docs/cluster.md, "Two flips of the observer").
+        that saw the report would record a flip the Store never made (docs/cluster.md, "What a partition must not
+        break").
         """
         with self._observing, contextlib.suppress(Exception):  # the Store may be paused on purpose: try again
             rollouts, _ = self.store.list_rollouts(rollout_ids=self.rollout_ids)
