@@ -1,7 +1,10 @@
 """The user docs cannot drift from the code: every ``python -m bridge ...`` and ``celery -A workers ...`` command
 they show parses against the real command line, every environment variable they name is a setting (or listed
-here as another program's), every relative link and #anchor resolves, no table cell is a wall of text, a long
-page opens with a table of contents, and the architecture's CLI list is the CLI's."""
+here as another program's), every relative link and #anchor resolves, every section a source file or page cites
+by title exists, no table cell is a wall of text, a long page opens with a table of contents, and the
+architecture's CLI list is the CLI's. The docs and the product's docstrings state the current truth: no dated
+history or run log in the docs, performance.md holds the latest figures within 400 lines, and no history marker
+in the product's code."""
 
 from __future__ import annotations
 
@@ -24,6 +27,20 @@ PAGES = sorted(
     [ROOT / "README.md", ROOT / "deploy" / "kubernetes" / "README.md", *(ROOT / "docs").glob("*.md")],
 )
 EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
+PERFORMANCE = ROOT / "docs" / "performance.md"
+PERFORMANCE_MAX_LINES = 400
+PRODUCT_DIRS = ("bridge", "workers", "webshop_env", "bridge_lab")
+CITING = [
+    *(
+        path
+        for folder in (*PRODUCT_DIRS, "tests")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        if path != Path(__file__).resolve()  # its examples of citations
+    ),
+    *sorted((ROOT / "deploy").rglob("*.yaml")),
+    ROOT / "docker-compose.yml",
+]
+"""Files whose comments and docstrings cite docs/ pages by section title (the pages themselves are in PAGES)."""
 MAX_CELL = 300
 GENERATED = ROOT / "docs" / "configuration.md"
 """Generated from the settings' descriptions (bridge_lab/configdoc.py): its cells are those descriptions."""
@@ -335,3 +352,142 @@ def test_the_architecture_lists_every_cli_command() -> None:
     actions = [action for action in parser._actions if action.dest == "command"]
     commands = set(actions[0].choices or {})
     assert listed == commands, f"listed but no such command: {listed - commands}; missing: {commands - listed}"
+
+
+MONTHS = "January|February|March|April|May|June|July|August|September|October|November|December"
+DOC_HISTORY = re.compile(
+    r"where the targets st(?:ood|and)|\b(?:this|last|later|next|that|previous) session\b"
+    r"|\bthe session (?:before|after)\b|\bthis week\b|\ba release ago\b|\bbefore the fix(?:es)?\b"
+    r"|\bthe code before\b|\bfixed since\b|\bas before\b"
+    rf"|\b20\d\d-[01]\d-[0-3]\d\b|\b(?:{MONTHS})(?: \d{{1,2}},)? 20\d\d\b",
+    re.IGNORECASE,
+)
+"""What makes a page a log: a dated section, a figure "from this session", a "before the fix". What changed and why
+belongs in the commit history; a page states what holds now."""
+
+CODE_HISTORY = re.compile(
+    r"\bas before\b|\b(?:it|we|they|this|that|which|each|every) used to\b|\bpreviously\b|\bolder messages\b"
+    r"|% of a worker\b|\bprofiled\b|\bpy-spy\b|\b(?:this|last) session\b|\bthis week\b|\bbefore the fix\b"
+    r"|\bthe code before\b|\ba release ago\b|\bwas measured\b|where the targets st",
+    re.IGNORECASE,
+)
+"""History markers a product docstring or comment must not carry: it states the contract (what the code does, what
+it guarantees, why), and a measured figure lives in docs/performance.md, which the code cites."""
+
+HISTORY_OWNED_ELSEWHERE = {("bridge/dispatch/dispatcher.py", "as before")}
+CITATIONS_OWNED_ELSEWHERE = {
+    ("bridge/dispatch/coalesce.py", "Cluster scale: what a rollout costs the Store and the worker"),
+}
+"""Known findings in modules that another change in flight rewrites (the one dispatcher): (file, marker or cited
+title). Each must still be found, so an entry goes as soon as its file is fixed."""
+
+CITATION = re.compile(
+    r"\b(?:docs/)?([a-z0-9-]+\.md)(?:,| \(|, section)\s*\"([^\"]{2,200})\"(?: in (?:docs/)?([a-z0-9-]+\.md))?"
+)
+
+
+def _flat(text: str) -> str:
+    """A source file's text with comment markers at line starts dropped and all whitespace one space, so that a
+    cited title or a phrase wrapped over lines reads whole."""
+    return re.sub(r"\s+", " ", re.sub(r"\n[ \t]*#[ \t]?", "\n", text))
+
+
+def _plain(text: str) -> str:
+    return re.sub(r"[`*_]", "", re.sub(r"\s+", " ", text)).strip().lower()
+
+
+def _titles(page: Path) -> tuple[list[str], list[str]]:
+    """A page's headings and the bold lead-ins of its paragraphs and bullets, as plain lower-case text."""
+    text = _text(page)
+    headings = [_plain(heading) for _level, heading in HEADING.findall(_without_fences(text))]
+    return headings, [_plain(lead) for lead in re.findall(r"\*\*([^*]+?)\*\*", text)]
+
+
+def _cited_sections(path: Path) -> Iterator[tuple[str, str]]:
+    """(page, title) for each section ``path`` cites by title: ``docs/<page>.md, "Title"``, ``<page>.md ("Title")``."""
+    for page, title, other in CITATION.findall(_flat(_text(path))):
+        yield other or page, title
+
+
+def _missing_section(page: str, title: str) -> bool:
+    """Whether docs/``page`` has no heading containing ``title`` and no bold lead-in starting with it."""
+    target = ROOT / "docs" / page
+    if not target.is_file():
+        return True
+    headings, leads = _titles(target)
+    wanted = _plain(title)
+    return not any(wanted in heading for heading in headings) and not any(lead.startswith(wanted) for lead in leads)
+
+
+def test_every_section_cited_by_title_exists() -> None:
+    """A comment, docstring or page that sends the reader to a section by its title names one that is there."""
+    found, broken, elsewhere = 0, [], set()
+    for path in [*CITING, *PAGES]:
+        for page, title in _cited_sections(path):
+            found += 1
+            if (_name(path), title) in CITATIONS_OWNED_ELSEWHERE:
+                elsewhere.add((_name(path), title))
+            elif _missing_section(page, title):
+                broken.append(f"{_name(path)}: docs/{page}, {title!r}")
+    assert found > 40, f"only {found} citations by title found: has the citation pattern stopped matching?"
+    assert not broken, "cited sections that do not exist: " + "; ".join(broken)
+    fixed = CITATIONS_OWNED_ELSEWHERE - elsewhere
+    assert not fixed, f"no longer cited, drop them from CITATIONS_OWNED_ELSEWHERE: {sorted(fixed)}"
+
+
+def test_the_citation_check_sees_a_missing_section() -> None:
+    text = 'Figures: docs/performance.md, "Where the\n    # targets stood" and operations.md ("Choosing a pool")'
+    assert CITATION.findall(_flat(text)) == [
+        ("performance.md", "Where the targets stood", ""),
+        ("operations.md", "Choosing a pool", ""),
+    ]
+    assert _missing_section("performance.md", "No section has this title")
+    assert _missing_section("no-such-page.md", "Latest figures")
+    assert not _missing_section("operations.md", "choosing a POOL")
+    assert not _missing_section("architecture.md", "Handing a rollout back")  # a bold lead-in
+
+
+def test_the_performance_page_holds_the_latest_figures_only() -> None:
+    """performance.md: the latest figure of each benchmark and the command that reproduces it, within 400 lines."""
+    lines = len(_text(PERFORMANCE).splitlines())
+    assert lines <= PERFORMANCE_MAX_LINES, f"docs/performance.md has {lines} lines (at most {PERFORMANCE_MAX_LINES})"
+    assert "## Latest figures" in _text(PERFORMANCE)
+
+
+def test_no_page_is_a_log() -> None:
+    found = [
+        f"{_name(path)}:{number}: {match.group(0)!r}"
+        for path in PAGES
+        for number, line in enumerate(_text(path).splitlines(), 1)
+        for match in DOC_HISTORY.finditer(line)
+    ]
+    assert not found, "dated history or run-log phrases in the docs (the commit history keeps them): " + "; ".join(
+        found
+    )
+
+
+def _code_history(path: Path) -> list[str]:
+    return sorted({match.group(0).lower() for match in CODE_HISTORY.finditer(_flat(_text(path)))})
+
+
+def test_product_code_states_contracts_not_history() -> None:
+    found, elsewhere = [], set()
+    for folder in PRODUCT_DIRS:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for marker in _code_history(path):
+                if (_name(path), marker) in HISTORY_OWNED_ELSEWHERE:
+                    elsewhere.add((_name(path), marker))
+                else:
+                    found.append(f"{_name(path)}: {marker!r}")
+    assert not found, "history in product docstrings or comments (state the contract instead): " + "; ".join(found)
+    fixed = HISTORY_OWNED_ELSEWHERE - elsewhere
+    assert not fixed, f"no longer found, drop them from HISTORY_OWNED_ELSEWHERE: {sorted(fixed)}"
+
+
+def test_the_history_checks_see_a_marker() -> None:
+    assert DOC_HISTORY.search("### Where the targets stood (December 2, 2026)")
+    assert DOC_HISTORY.search("a fresh-clone CI run of 2026-12-03 counted one")
+    assert not DOC_HISTORY.search("the latest fresh-clone CI run: 788 s")
+    assert CODE_HISTORY.search("Profiled at 0 ms, create spent ~40% of a worker's CPU")
+    assert CODE_HISTORY.search("absent in older messages")
+    assert not CODE_HISTORY.search("a key used to sign the token; the lease older than its holder")
