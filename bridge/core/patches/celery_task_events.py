@@ -4,8 +4,8 @@ Under ``-P threads`` task threads append to the event buffer while the loop publ
 ``EventDispatcher.flush`` empties the whole buffer afterwards, erasing what was appended meanwhile (Flower
 then shows tasks ``STARTED`` forever); the consumer also schedules flushes from task threads without the
 loop's lock. ``install`` fixes both through Celery's extension points (``app.events_cls``,
-``worker_consumer``): the same events, batching and order, so prefork's events are Celery's own. Celery 5.7 fixed
-both upstream; docs/operations.md, "Flower", has the measurement. Registered in ``bridge.core.patches``.
+``worker_consumer``): the same events, batching and order as Celery's, so prefork sees no difference. Celery 5.7
+fixes both upstream; docs/operations.md, "Flower", has the measurement. Registered in ``bridge.core.patches``.
 """
 
 from __future__ import annotations
