@@ -251,7 +251,7 @@ class V1Dispatcher:
             except GatewayError as exc:  # this rollout's call failed: it is still queuing, the next tick lists it
                 log.warning("[v1 rollout=%s] not started: %s", rollout.rollout_id, exc)
         if room < len(waiting):  # work waits for a slot: look again as soon as one frees
-            capacity.wait_for_freed(self.redis, self.scope, [self.queue], IDLE_POLL_S)
+            capacity.wait_for_freed(self.redis, self.scope, [self.queue], IDLE_POLL_S, slot_share.V1)
             return 0.0
         return BUSY_POLL_S if waiting or malformed else IDLE_POLL_S
 
