@@ -109,34 +109,6 @@ def inflight_ids(client: redis.Redis, scope: str, queue: str) -> set[str]:
     return set(client.zrange(keys.inflight(scope, queue), 0, -1))
 
 
-@dataclass(frozen=True)
-class Execution:
-    """What Redis says about an attempt's execution (``workers.protocol.lease``)."""
-
-    leased: bool  # an executor holds it now
-    started: bool  # an executor started it at some point
-    reported: str | None  # the final status it was reported with (its ``done`` marker), if any
-
-    @property
-    def done(self) -> bool:
-        return self.reported is not None
-
-
-def executions(client: redis.Redis, attempt_ids: Iterable[str]) -> dict[str, Execution]:
-    ids = list(attempt_ids)
-    if not ids:
-        return {}
-    pipe = client.pipeline(transaction=False)
-    for aid in ids:
-        pipe.exists(keys.lease(aid))
-        pipe.exists(keys.started(aid))
-        pipe.get(keys.done(aid))
-    answers = pipe.execute()
-    return {
-        aid: Execution(bool(answers[3 * i]), bool(answers[3 * i + 1]), answers[3 * i + 2]) for i, aid in enumerate(ids)
-    }
-
-
 def inflight_entries(client: redis.Redis, scope: str, queue: str) -> dict[str, float]:
     """Attempt id -> when it was recorded in flight (epoch seconds)."""
     entries = client.zrange(keys.inflight(scope, queue), 0, -1, withscores=True)

@@ -12,11 +12,12 @@ freed slots again only once the other line has caught up in slot-seconds. With n
 weighted max-min fairness on the attempts in flight (``entitlements``).
 
 Across processes: each line's leader writes ``<waiting> <weight>`` to ``keys.slot_demand`` every tick, expiring
-``DEMAND_TTL_S`` later (a dead line stops counting on its own), and tells the lines' in-flight attempts apart by
-id (``v1-`` starts the 1.0 dispatcher's task ids, never a Store's attempt id). The same round trip integrates
-each line's in-flight count over Redis's clock into ``keys.slot_usage`` (while both lines' published demand is
-above zero; halved every ``USAGE_HALF_LIFE_S``; forgotten whenever nothing is in flight) and counts the attempts started since the last reading, from
-which the mean episode is taken; every leader's tick advances the one integral, so both lines read the same.
+``DEMAND_TTL_S`` later (a dead line stops counting on its own), and tells the lines' in-flight attempts apart by id
+(``v1-`` starts the 1.0 dispatcher's task ids, never a Store's attempt id). The same round trip integrates each
+line's in-flight count over Redis's clock into ``keys.slot_usage`` (while both lines' published demand is above
+zero; halved every ``USAGE_HALF_LIFE_S``; forgotten whenever nothing is in flight) and counts the attempts started
+since the last reading, from which the mean episode is taken; every leader's tick advances the one integral, so both
+lines read the same.
 """
 
 from __future__ import annotations

@@ -19,8 +19,8 @@ from bridge.core.settings import Settings
 from bridge.core.store import StoreClient
 from bridge.core.tracing import setup_process_tracing
 from bridge.dispatch import metrics
-from bridge.dispatch.dispatcher import Dispatcher, StopSignal
 from bridge.dispatch.publisher import Publisher
+from bridge.dispatch.v03 import StopSignal, V03Dispatcher
 
 log = logging.getLogger("bridge")
 
@@ -57,7 +57,7 @@ def dispatch_until(
     if agent is None:
         _warn_about_other_agents(client, settings)
     try:
-        Dispatcher(settings, store, client, Publisher(settings, agent=agent), stop, strict_scope=strict_scope).run()
+        V03Dispatcher(settings, store, client, Publisher(settings, agent=agent), stop, strict_scope=strict_scope).run()
     finally:
         store.close()
         client.close()
