@@ -8,8 +8,8 @@ slot-seconds while both lines waited (``usage``) plus one mean episode for each 
 slot already given to it in this round. A line is offered slots only up to its rollouts waiting, so what the
 other line does not want is its own (work-conserving), and never more than the queue's free room. Running
 rollouts are never taken back: a line that got ahead (it filled the pool before the other's work arrived) gets
-freed slots again only once the other line has caught up in slot-seconds. With no usage recorded yet the rule is
-weighted max-min fairness on the attempts in flight (``entitlements``).
+freed slots again only once the other line has caught up in slot-seconds. With no usage or no mean episode
+recorded yet the rule is weighted max-min fairness on the attempts in flight (``entitlements``).
 
 Across processes: each line's leader writes ``<waiting> <weight>`` to ``keys.slot_demand`` every tick, expiring
 ``DEMAND_TTL_S`` later (a dead line stops counting on its own), and tells the lines' in-flight attempts apart by id
@@ -119,10 +119,11 @@ def allowance(
 ) -> int:
     """How many more rollouts ``line`` may start on the shared queue now (the module docstring): of the ``room``
     free slots, those it gets when each goes in turn to the line of lowest projected usage per weight, ``line``
-    wanting every slot and every other line at most its ``waiting``. Without ``usage`` (or before any), it is
-    ``line``'s max-min entitlement when it wants every slot, minus its attempts in flight, within ``room``."""
+    wanting every slot and every other line at most its ``waiting``. Without ``usage`` or a mean episode (before
+    any), it is ``line``'s max-min entitlement when it wants every slot, minus its attempts in flight, within
+    ``room``."""
     used = usage or {}
-    if not any(used.get(other, 0.0) > 0 for other in LINES):
+    if episode_s <= 0 or not any(used.get(other, 0.0) > 0 for other in LINES):
         wants: dict[str, float] = {other: inflight.get(other, 0) + waiting.get(other, 0) for other in LINES}
         wants[line] = max(float(total), 1.0)
         share = entitlements(total, wants, weights)[line]
