@@ -39,6 +39,7 @@ import redis
 from bridge.core import capacity, line_demand, slot_share
 from bridge.core.agl_v1 import GatewayError
 from bridge.core.coordination import deployment_endpoint, deployment_scope
+from bridge.core.logs import configure_logging
 from bridge.core.redact import redact_text
 from bridge.core.scope_check import ScopeMismatchError, ScopeWatch
 from bridge.core.settings import Settings
@@ -56,6 +57,16 @@ class StopSignal(Protocol):
 
     def is_set(self) -> bool: ...
     def wait(self, timeout: float | None = None) -> bool: ...
+
+
+def start_process(settings: Settings, metrics_port: int | None, logger: logging.Logger) -> None:
+    """What a dispatcher process does before its loop: logging as configured, and /metrics on ``metrics_port``
+    (default ``BRIDGE_METRICS_PORT``; none when neither is set)."""
+    configure_logging(settings.log_level, settings.log_json)
+    port = metrics_port if metrics_port is not None else settings.metrics_port
+    if port is not None:
+        metrics.serve(settings.metrics_host, port)
+        logger.info("metrics on http://%s:%d/metrics", settings.metrics_host, port)
 
 
 class LineDispatcher(ABC):

@@ -69,8 +69,6 @@ log = logging.getLogger("bridge.dispatch.v03")
 FULL_CAPACITY_WAIT_S = 0.2
 UNEXPECTED_ERROR_WAIT_S = 1.0
 
-__all__ = ["StopSignal", "V03Dispatcher"]
-
 
 class V03Dispatcher(LineDispatcher):
     """The 0.3 line on the one dispatcher (``bridge.dispatch.dispatcher``): a Store's rollouts, dequeued within

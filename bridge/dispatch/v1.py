@@ -50,14 +50,13 @@ from bridge.core.agl_v1 import (
 from bridge.core.backoff import backoff_delay
 from bridge.core.coordination import coordination_redis, deployment_scope
 from bridge.core.errors import MissingSetting
-from bridge.core.logs import configure_logging
 from bridge.core.message import base_app
 from bridge.core.redact import redact_error, redact_text, redact_url
 from bridge.core.settings import Settings
 from bridge.dispatch import metrics
 from bridge.dispatch.backlog import BacklogReader, gateway_reader
-from bridge.dispatch.dispatcher import LineDispatcher
-from bridge.dispatch.publisher import BROKER_REFUSALS, covered_timeout, retry_policy
+from bridge.dispatch.dispatcher import LineDispatcher, start_process
+from bridge.dispatch.publisher import BROKER_REFUSALS, published_timeout, retry_policy
 from bridge.dispatch.v1_repairs import (
     ApplyKept,
     Fail,
@@ -294,7 +293,7 @@ class V1Dispatcher(LineDispatcher):
         """The rollout as published: its ``timeout_seconds`` lowered to what the broker covers, if longer."""
         asked = rollout.config.timeout_seconds
         ids = f"v1 rollout={rollout.rollout_id} attempt={attempt_id}"
-        bound = covered_timeout(asked, self.settings, ids, agl_v1=True)
+        bound = published_timeout(asked, self.settings, ids, agl_v1=True)
         if bound == asked:
             return rollout
         config = rollout.config.model_copy(update={"timeout_seconds": int(bound)})
@@ -474,11 +473,7 @@ def run_v1(settings: Settings, stop: threading.Event, *, metrics_port: int | Non
         raise MissingSetting(
             "AGL_V1_SERVER_URL (or --server) must name the Agent Lightning 1.0 gateway", setting="AGL_V1_SERVER_URL"
         )
-    configure_logging(settings.log_level, settings.log_json)
-    port = metrics_port if metrics_port is not None else settings.metrics_port
-    if port is not None:
-        metrics.serve(settings.metrics_host, port)
-        log.info("metrics on http://%s:%d/metrics", settings.metrics_host, port)
+    start_process(settings, metrics_port, log)
     gateway = GatewayClient(settings.agl_v1_url, key=settings.agl_v1_key)
     client = coordination_redis(settings)
     try:
