@@ -46,10 +46,10 @@ from bridge.core.coordination import coordination_redis, deployment_scope
 from bridge.core.models import RolloutStatus
 from bridge.core.settings import Settings, load_settings
 from bridge.core.store import API, StoreClient
-from bridge.dispatch.dispatcher import Dispatcher
 from bridge.dispatch.leader import dispatching
 from bridge.dispatch.publisher import Publisher
 from bridge.dispatch.service import dispatch_until
+from bridge.dispatch.v03 import V03Dispatcher
 from bridge.runner_support import direct
 from bridge.runner_support.direct import RolloutFailedError
 from bridge.runner_support.fleet import AgentMismatchError, agent_path, check_fleet
@@ -76,7 +76,7 @@ class CeleryRunner(Runner[Any]):
         # Created on first use in the process that uses them, closed by teardown_worker.
         self._store: StoreClient | None = None
         self._redis: redis.Redis | None = None
-        self._dispatcher: Dispatcher | None = None
+        self._dispatcher: V03Dispatcher | None = None
 
     # --- pickling: a Trainer under the spawn start method sends the runner to its processes ---------
 
@@ -206,8 +206,8 @@ class CeleryRunner(Runner[Any]):
             raise RuntimeError("CeleryRunner.init_worker(worker_id, store) must be called first")
         return self._settings, self._agent
 
-    def _direct(self) -> tuple[StoreClient, redis.Redis, Dispatcher]:
-        """This process's Store client, coordination Redis and a Dispatcher for direct publishing (created
+    def _direct(self) -> tuple[StoreClient, redis.Redis, V03Dispatcher]:
+        """This process's Store client, coordination Redis and a V03Dispatcher for direct publishing (created
         once, thread-safe)."""
         settings, agent = self._ready()
         with self._lock:
@@ -215,7 +215,7 @@ class CeleryRunner(Runner[Any]):
                 self._store = StoreClient.from_settings(settings)
                 self._redis = coordination_redis(settings)
                 publisher = Publisher(settings, agent=agent)
-                self._dispatcher = Dispatcher(settings, self._store, self._redis, publisher, strict_scope=True)
+                self._dispatcher = V03Dispatcher(settings, self._store, self._redis, publisher, strict_scope=True)
             return self._store, self._redis, self._dispatcher
 
     @overload

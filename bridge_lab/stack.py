@@ -332,7 +332,7 @@ class LocalStack:
     def _leader_changed_hands(self) -> Callable[[], bool]:
         """A probe: the leader lock holds a token it did not hold when this bridge was started.
 
-        Only the dispatching bridge writes that key (``bridge.dispatch.dispatcher``: a fresh token per
+        Only the dispatching bridge writes that key (``bridge.dispatch.v03``: a fresh token per
         process), so a new value is the new bridge dispatching, whereas its log says "dispatching" even
         while it stands by. The lock of a bridge killed just before lapses on its own (its TTL), so a
         restarted bridge passes once it took over. The lock is this stack's Store's: a bridge of another

@@ -152,6 +152,14 @@ class BlockingAgent(agl.LitAgent[dict[str, Any]]):
         return _reward(task)
 
 
+class SleepingAgent(agl.LitAgent[dict[str, Any]]):
+    """Sleeps the input's ``sleep`` seconds and returns its reward, with no LLM call: a rollout of a known length."""
+
+    def rollout(self, task: dict[str, Any], resources: agl.NamedResources, rollout: agl.Rollout) -> float:
+        time.sleep(float(task.get("sleep", 0)))
+        return _reward(task)
+
+
 class SlowFirstAgent(agl.LitAgent[dict[str, Any]]):
     """Sleeps ``sleep`` seconds on a rollout's first attempt only, then answers like ``FloatAgent``: a drained
     worker's episode outlasts its grace, and the attempt that runs it again is quick."""

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import redis
 
 from bridge.core import keys, shared_slots
+from bridge.core.slot_share import LINES
 
 log = logging.getLogger("bridge.core.capacity")
 
@@ -106,34 +107,6 @@ def inflight_count(client: redis.Redis, scope: str, queue: str) -> int:
 
 def inflight_ids(client: redis.Redis, scope: str, queue: str) -> set[str]:
     return set(client.zrange(keys.inflight(scope, queue), 0, -1))
-
-
-@dataclass(frozen=True)
-class Execution:
-    """What Redis says about an attempt's execution (``workers.protocol.lease``)."""
-
-    leased: bool  # an executor holds it now
-    started: bool  # an executor started it at some point
-    reported: str | None  # the final status it was reported with (its ``done`` marker), if any
-
-    @property
-    def done(self) -> bool:
-        return self.reported is not None
-
-
-def executions(client: redis.Redis, attempt_ids: Iterable[str]) -> dict[str, Execution]:
-    ids = list(attempt_ids)
-    if not ids:
-        return {}
-    pipe = client.pipeline(transaction=False)
-    for aid in ids:
-        pipe.exists(keys.lease(aid))
-        pipe.exists(keys.started(aid))
-        pipe.get(keys.done(aid))
-    answers = pipe.execute()
-    return {
-        aid: Execution(bool(answers[3 * i]), bool(answers[3 * i + 1]), answers[3 * i + 2]) for i, aid in enumerate(ids)
-    }
 
 
 def inflight_entries(client: redis.Redis, scope: str, queue: str) -> dict[str, float]:
@@ -231,27 +204,29 @@ def read_slots(client: redis.Redis, scope: str, queues: Iterable[str]) -> SlotVi
 
 
 def notify_freed(client: redis.Redis, scope: str, queue: str) -> None:
-    """Wake a bridge that waits in ``wait_for_freed`` (called after ``clear_inflight``, never before).
-
-    Without it a full bridge would re-count slots only every ``FULL_CAPACITY_WAIT_S``, and each freed slot
-    would idle for half that on average before the next rollout is dequeued. The list is capped and expires: it
-    only ever holds "something changed", never state.
-    """
-    key = keys.slot_freed(scope, queue)
+    """Wake every dispatch line's dispatcher that waits in ``wait_for_freed`` on ``queue`` (called after
+    ``clear_inflight``, never before). Each line has its own list, so the line the share gives the slot to hears
+    of it even when the other line woke first. The lists are capped and expire: they only ever hold "something
+    changed", never state."""
     pipe = client.pipeline(transaction=False)
-    pipe.lpush(key, 1)
-    pipe.ltrim(key, 0, 15)
-    pipe.expire(key, 60)
+    for line in LINES:
+        key = keys.slot_freed(scope, queue, line)
+        pipe.lpush(key, 1)
+        pipe.ltrim(key, 0, 15)
+        pipe.expire(key, 60)
     pipe.execute()
 
 
-def wait_for_freed(client: redis.Redis, scope: str, queues: Iterable[str], timeout_s: float) -> bool:
-    """Block until a worker frees a slot on one of ``queues`` or ``timeout_s`` passes; True if woken.
+def wait_for_freed(
+    client: redis.Redis, scope: str, queues: Iterable[str], timeout_s: float, line: str = LINES[0]
+) -> bool:
+    """Block until a worker frees a slot on one of ``queues`` or ``timeout_s`` passes; True if woken. ``line``:
+    whose wake-up list to wait on (``notify_freed`` pushes to each line's).
 
     The wake-ups that piled up are dropped at once: the caller re-counts free slots right after, which
     sees every slot freed before its wake-up was pushed, so one count serves a burst of them.
     """
-    names = [keys.slot_freed(scope, q) for q in queues]
+    names = [keys.slot_freed(scope, q, line) for q in queues]
     woken = client.blpop(names, timeout=timeout_s) is not None
     if woken:
         client.delete(*names)

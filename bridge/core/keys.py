@@ -106,9 +106,11 @@ def inflight(scope: str, queue: str) -> str:
     return f"{PREFIX}:inflight:{scope}:{queue}"
 
 
-def slot_freed(scope: str, queue: str) -> str:
-    """Wake-up list: a worker pushes to it when a task frees a slot, the full bridge blocks on it (BLPOP)."""
-    return f"{PREFIX}:slot-freed:{scope}:{queue}"
+def slot_freed(scope: str, queue: str, line: str = "v03") -> str:
+    """Wake-up list of one dispatch line (``bridge.core.slot_share``): a worker pushes to every line's when a task
+    frees a slot, and that line's full dispatcher blocks on its own (BLPOP), so each line hears every freed slot."""
+    base = f"{PREFIX}:slot-freed:{scope}:{queue}"
+    return base if line == "v03" else f"{base}:{line}"
 
 
 def lease(attempt_id: str) -> str:
@@ -226,6 +228,12 @@ def slot_demand(scope: str, queue: str, line: str) -> str:
     """One dispatch line's demand on ``queue`` (``<waiting> <weight>``), written by its leader every tick and
     expiring soon after it stops (``bridge.core.slot_share``): the other line reads it to leave that line its share."""
     return f"{PREFIX}:share:{scope}:{queue}:{line}"
+
+
+def slot_usage(scope: str, queue: str) -> str:
+    """The dispatch lines' decayed slot-seconds on ``queue`` while both had rollouts waiting, the queue's work and
+    starts, and when they were last advanced (a hash, ``bridge.core.slot_share``)."""
+    return f"{PREFIX}:share-usage:{scope}:{queue}"
 
 
 def line_backlog(scope: str, queue: str, line: str) -> str:

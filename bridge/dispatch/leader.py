@@ -25,7 +25,7 @@ from bridge.core import keys
 from bridge.core.slot_share import V03
 from bridge.dispatch import metrics
 
-log = logging.getLogger("bridge.dispatch.dispatcher")
+log = logging.getLogger("bridge.dispatch.leader")
 
 LEADER_TTL_S = 3.0  # a SIGKILLed leader's lock lapses this long after its last renewal
 RENEW_EVERY_S = 1.0  # the renewal thread's period: two renewals may fail in a row before the lock lapses

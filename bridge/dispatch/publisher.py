@@ -97,16 +97,17 @@ def clamp_timeout(rollout: AttemptedRollout, settings: Settings) -> AttemptedRol
     asked = rollout.config.timeout_seconds
     if not asked or asked <= 0:
         return rollout
-    bound = covered_timeout(asked, settings, f"rollout={rollout.rollout_id} attempt={rollout.attempt.attempt_id}")
+    bound = published_timeout(asked, settings, f"rollout={rollout.rollout_id} attempt={rollout.attempt.attempt_id}")
     if bound == asked:
         return rollout
     config = rollout.config.model_copy(update={"timeout_seconds": bound})
     return rollout.model_copy(update={"config": config})
 
 
-def covered_timeout(asked: float, settings: Settings, ids: str, *, agl_v1: bool = False) -> float:
-    """``Settings.covered_timeout`` (the rule the workers apply too), with a warning naming ``ids`` and
-    ``agl_bridge_timeouts_clamped_total`` counted when ``asked`` is longer than the broker covers."""
+def published_timeout(asked: float, settings: Settings, ids: str, *, agl_v1: bool = False) -> float:
+    """The time budget a dispatcher publishes for ``asked``: the broker's bound by the rule the workers apply too
+    (``Settings.covered_timeout``), with a warning naming ``ids`` and ``agl_bridge_timeouts_clamped_total`` counted
+    when ``asked`` is longer than the broker covers. Both lines publish through it."""
     bound = settings.covered_timeout(asked, agl_v1=agl_v1)
     if asked <= bound:
         return asked

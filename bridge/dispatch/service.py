@@ -1,5 +1,6 @@
-"""The bridge process: wire the Store client, Redis and the publisher into the dispatch loop and run it
-until SIGINT/SIGTERM, finishing the publish in hand."""
+"""The 0.3 bridge process (``python -m bridge``): wire the Store client, Redis and the publisher into the one
+dispatcher with the 0.3 line and run it until SIGINT/SIGTERM, finishing the publish in hand. The 1.0 process is
+``bridge.dispatch.v1.run_v1``; both start the same way (``bridge.dispatch.dispatcher.start_process``)."""
 
 from __future__ import annotations
 
@@ -12,15 +13,14 @@ import redis
 
 from bridge.core.capacity import advertised_agents
 from bridge.core.coordination import coordination_redis, deployment_scope
-from bridge.core.logs import configure_logging
 from bridge.core.message import DEFAULT_AGENT
 from bridge.core.redact import redact_url
 from bridge.core.settings import Settings
 from bridge.core.store import StoreClient
 from bridge.core.tracing import setup_process_tracing
-from bridge.dispatch import metrics
-from bridge.dispatch.dispatcher import Dispatcher, StopSignal
+from bridge.dispatch.dispatcher import StopSignal, start_process
 from bridge.dispatch.publisher import Publisher
+from bridge.dispatch.v03 import V03Dispatcher
 
 log = logging.getLogger("bridge")
 
@@ -28,14 +28,10 @@ log = logging.getLogger("bridge")
 def run_bridge(settings: Settings, *, metrics_port: int | None = None) -> int:
     """The 0.3 bridge until SIGINT/SIGTERM; MissingSetting at once without AGENT_LIGHTNING_STORE_URL."""
     settings.require_store("the bridge (`python -m bridge run`)")
-    configure_logging(settings.log_level, settings.log_json)
+    start_process(settings, metrics_port, log)
     setup_process_tracing(settings.service_name + "-bridge")
     stop = threading.Event()
     install_signal_handlers(stop)
-    port = metrics_port if metrics_port is not None else settings.metrics_port
-    if port is not None:
-        metrics.serve(settings.metrics_host, port)
-        log.info("metrics on http://%s:%d/metrics", settings.metrics_host, port)
     dispatch_until(settings, stop)
     return 0
 
@@ -57,7 +53,7 @@ def dispatch_until(
     if agent is None:
         _warn_about_other_agents(client, settings)
     try:
-        Dispatcher(settings, store, client, Publisher(settings, agent=agent), stop, strict_scope=strict_scope).run()
+        V03Dispatcher(settings, store, client, Publisher(settings, agent=agent), stop, strict_scope=strict_scope).run()
     finally:
         store.close()
         client.close()

@@ -1,5 +1,5 @@
-"""``python -m bridge v1``: Agent Lightning 1.0 rollouts on the Celery cluster, as a runner type beside 1.0's
-``local`` and ``k8s`` (docs/agl-v1.md).
+"""The 1.0 line of the one dispatcher (``bridge.dispatch.dispatcher``), ``python -m bridge v1``: Agent Lightning 1.0
+rollouts on the Celery cluster, as a runner type beside 1.0's ``local`` and ``k8s`` (docs/agl-v1.md).
 
 Each tick, as leader: as many ``queuing`` rollouts as the workers have free slots are published as
 ``workers.run_v1_rollout`` (task id ``attempt_key``), recorded in flight in the same accounting the 0.3 bridge
@@ -27,11 +27,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import redis
 
-from bridge.core import capacity, keys, line_demand, slot_share
+from bridge.core import capacity, keys, line_demand, markers, slot_share
 from bridge.core.agl_v1 import (
     FIRST_ATTEMPT,
     V1_TASK_NAME,
@@ -47,18 +48,15 @@ from bridge.core.agl_v1 import (
     scoped_attempt_key,
 )
 from bridge.core.backoff import backoff_delay
-from bridge.core.coordination import coordination_redis, deployment_endpoint, deployment_scope
+from bridge.core.coordination import coordination_redis, deployment_scope
 from bridge.core.errors import MissingSetting
-from bridge.core.logs import configure_logging
 from bridge.core.message import base_app
 from bridge.core.redact import redact_error, redact_text, redact_url
-from bridge.core.scope_check import ScopeWatch
 from bridge.core.settings import Settings
 from bridge.dispatch import metrics
-from bridge.dispatch.backlog import LeaderExports, gateway_reader
-from bridge.dispatch.dispatcher import GAUGES_EVERY_S
-from bridge.dispatch.leader import STANDBY_RETRY_S, LeaderLock
-from bridge.dispatch.publisher import BROKER_REFUSALS, covered_timeout, retry_policy
+from bridge.dispatch.backlog import BacklogReader, gateway_reader
+from bridge.dispatch.dispatcher import LineDispatcher, start_process
+from bridge.dispatch.publisher import BROKER_REFUSALS, published_timeout, retry_policy
 from bridge.dispatch.v1_repairs import (
     ApplyKept,
     Fail,
@@ -80,22 +78,6 @@ ERROR_WAIT_S = 5.0
 REFUSAL_BACKOFF_BASE_S = 1.0  # a refused publish is tried again after this, doubling up to the cap
 REFUSAL_BACKOFF_CAP_S = 30.0
 INPUT, INFRA = "input", "infra"  # the failure classes of the rollouts the dispatcher fails, as the workers name them
-
-
-@dataclass(frozen=True)
-class AttemptKeys:
-    """The Redis keys of one 1.0 attempt that the reconcile reads and drops."""
-
-    lease: str
-    started: str
-    done: str
-    result: str
-
-
-def _keys_of(key: str) -> AttemptKeys:
-    """Where the markers and the kept record of the attempt named ``key`` live (``workers.v1.attempt`` writes
-    them); the one place the dispatcher builds them."""
-    return AttemptKeys(keys.lease(key), keys.started(key), keys.done(key), keys.v1_result(key))
 
 
 @dataclass
@@ -146,31 +128,39 @@ class PublishRefusals:
         return len(self._refused)
 
 
-class V1Dispatcher:
+class V1Dispatcher(LineDispatcher):
+    """The 1.0 line on the one dispatcher (``bridge.dispatch.dispatcher``): a gateway's queuing rollouts published
+    as ``workers.run_v1_rollout`` on the default queue, repaired by the plan of ``bridge.dispatch.v1_repairs``."""
+
+    line = slot_share.V1
+    loop_name = "1.0 dispatch"
+    error_wait_s = ERROR_WAIT_S
+    stopped_message = "1.0 dispatcher stopped"
+    logger = log
+    facts_errors = ()  # a gateway or Redis error is the loop's: counted, and the scan is due again at once
+
     def __init__(self, settings: Settings, gateway: GatewayClient, client: redis.Redis, stop: threading.Event) -> None:
-        self.settings, self.gateway, self.redis, self.stop = settings, gateway, client, stop
+        self.gateway = gateway
         self.queue = settings.default_queue
-        self.scope = deployment_scope(settings)  # the workers' slots: the same cluster as the 0.3 bridge
         self.app = base_app(settings, "bridge-v1")
-        self._lock = LeaderLock(client, f"{settings.dispatcher_id}-v1", scope=f"{self.scope}:v1", line=slot_share.V1)
-        self.confirm_s = 2 * settings.heartbeat_interval_s + 5.0  # as the 0.3 bridge's reconcile
-        self._next_reconcile = 0.0
         self._state_keys: dict[str, str] = {}  # attempt key -> its scoped state key (``_facts``)
-        self.scope_watch = ScopeWatch(  # our workers under another spelling of the URL: an error line
-            client, self.scope, deployment_endpoint(settings), [self.queue], who="the 1.0 dispatcher"
+        super().__init__(  # the workers' slots: the same cluster as the 0.3 line
+            settings,
+            client,
+            stop,
+            queues=[self.queue],
+            lock_owner=f"{settings.dispatcher_id}-v1",
+            lock_scope=f"{deployment_scope(settings)}:v1",
+            who="the 1.0 dispatcher",
         )
-        self._suspects: dict[str, float] = {}  # the last plan's suspects: attempt key -> when first seen (epoch)
         # A refused re-publish of a running rollout is tried again by a later reconcile (within two scans).
         stale_after_s = settings.agl_v1_publish_give_up_s + 2 * (settings.reconcile_interval_s + self.confirm_s)
         self.refusals = PublishRefusals(settings.agl_v1_publish_give_up_s, stale_after_s)
-        # The gateway's queuing rollouts, read by the leader on a thread of its own, and the 0.3 line's backlog.
-        self._backlog = gateway_reader(gateway, settings, self.queue, leading=lambda: self._lock.held)
-        self._demand = line_demand.BacklogExchange(client, self.scope, slot_share.V1)
-        self._next_gauges = 0.0
-        self._exports = LeaderExports(self._backlog, self._demand)
-        metrics.export_line(slot_share.V1)
 
-    def run(self) -> None:
+    def _backlog_reader(self, leading: Callable[[], bool]) -> BacklogReader:
+        return gateway_reader(self.gateway, self.settings, self.queue, leading=leading)  # the gateway's queuing
+
+    def _announce(self) -> None:
         log.info(
             "1.0 dispatcher %s: gateway %s, queue %s (Redis key scope %s)",
             self.settings.dispatcher_id,
@@ -178,47 +168,20 @@ class V1Dispatcher:
             self.queue,
             self.scope,
         )
-        self._backlog.start()
-        try:
-            while not self.stop.is_set():
-                self.stop.wait(self._tick_surviving())
-        finally:
-            self._backlog.close()
-            self._lock.release()
-            self._exports.stop()
-            self.app.close()
-        log.info("1.0 dispatcher stopped")
 
-    def _tick_surviving(self) -> float:
-        """``tick``; a failure is logged and counted (``agl_bridge_gateway_errors_total{kind="dispatch"}``, the broker
-        errors, the loop errors) and the loop goes on after ``ERROR_WAIT_S``."""
-        try:
-            return self.tick()
-        except GatewayError as exc:
-            metrics.GATEWAY_ERRORS.labels("dispatch").inc()
-            log.warning("%s; retrying in %.0fs", exc, ERROR_WAIT_S)
-        except redis.RedisError as exc:
-            metrics.BROKER_ERRORS.inc()
-            log.warning("%s; retrying in %.0fs", redact_text(str(exc)), ERROR_WAIT_S)
-        except Exception:
-            metrics.LOOP_ERRORS.inc()
-            log.exception("unexpected error in the 1.0 dispatch loop; going on in %.0fs", ERROR_WAIT_S)
-        return ERROR_WAIT_S
+    def _give_back_all(self) -> None:
+        """Nothing: the 1.0 line takes a rollout from the gateway only by publishing it."""
+
+    def _close(self) -> None:
+        self.app.close()
 
     def tick(self) -> float:
         """One round; returns how long to wait before the next."""
-        leading, newly = self._lock.ensure()
-        if not leading:
-            self._exports.stop()
-            return STANDBY_RETRY_S
-        if newly:
-            self._backlog.wake()
-        if newly or time.monotonic() >= self._next_reconcile:
-            self.reconcile()
-            self._next_reconcile = time.monotonic() + self.settings.reconcile_interval_s
+        if not self._lead():
+            return self._standby()
+        self._reconcile_if_due()
         view = capacity.read_slots(self.redis, self.scope, self.settings.all_queues())
-        if time.monotonic() >= self._next_gauges:  # observability only: once a second, not every tick
-            self._next_gauges = time.monotonic() + GAUGES_EVERY_S
+        if self._gauges_due():
             self._update_gauges(view)
         rooms = view.rooms()
         self.scope_watch.check(view.served())
@@ -233,25 +196,16 @@ class V1Dispatcher:
         now = time.time()
         self.refusals.forget_stale(now)
         waiting = [r for r in queuing if not self.refusals.waiting(r.rollout_id, now)]
-        room = slot_share.claimable(
-            self.redis,
-            self.scope,
-            self.queue,
-            slot_share.V1,
-            total=total,
-            room=rooms[self.queue],
-            waiting=len(waiting),
-            weights=self.settings.slot_share_weights,
-        )
+        room = self._claimable(self.queue, total=total, room=rooms[self.queue], waiting=len(waiting))
         for rollout in waiting[:room]:
             if not self._lock.valid():  # the fence: leadership lapsed while this tick ran
-                return STANDBY_RETRY_S
+                return self._standby()
             try:
                 self._start(rollout)
             except GatewayError as exc:  # this rollout's call failed: it is still queuing, the next tick lists it
                 log.warning("[v1 rollout=%s] not started: %s", rollout.rollout_id, exc)
         if room < len(waiting):  # work waits for a slot: look again as soon as one frees
-            capacity.wait_for_freed(self.redis, self.scope, [self.queue], IDLE_POLL_S)
+            self._wait_for_freed([self.queue], IDLE_POLL_S)
             return 0.0
         return BUSY_POLL_S if waiting or malformed else IDLE_POLL_S
 
@@ -299,7 +253,7 @@ class V1Dispatcher:
         key = attempt_key(rid, attempt_id)
         rollout = self._covered(rollout, attempt_id)
         soft, hard = self.settings.v1_time_limits(rollout.config.timeout_seconds)
-        capacity.mark_inflight(self.redis, self.scope, self.queue, key)
+        self._mark_inflight(self.queue, key)
         try:
             self.app.send_task(
                 V1_TASK_NAME,
@@ -313,7 +267,7 @@ class V1Dispatcher:
                 **retry_policy(self.settings),
             )
         except BROKER_REFUSALS as exc:
-            capacity.clear_inflight(self.redis, self.scope, self.queue, key)
+            self._forget_inflight(self.queue, key)
             now = time.time()
             refused_for = self.refusals.since(rid, now)
             delay = self.refusals.refused(rid, now)
@@ -324,7 +278,7 @@ class V1Dispatcher:
             self._fail(rid, attempt_id, f"the broker did not take the rollout for {refused_for:.0f}s: {said}", INFRA)
             return False
         except Exception as exc:
-            capacity.clear_inflight(self.redis, self.scope, self.queue, key)
+            self._forget_inflight(self.queue, key)
             self.refusals.forget(rid)
             why = f"the rollout could not be published: {redact_error(exc)}"
             log.error("[v1 rollout=%s attempt=%s] %s", rid, attempt_id, why)  # no traceback: its text is not masked
@@ -339,7 +293,7 @@ class V1Dispatcher:
         """The rollout as published: its ``timeout_seconds`` lowered to what the broker covers, if longer."""
         asked = rollout.config.timeout_seconds
         ids = f"v1 rollout={rollout.rollout_id} attempt={attempt_id}"
-        bound = covered_timeout(asked, self.settings, ids, agl_v1=True)
+        bound = published_timeout(asked, self.settings, ids, agl_v1=True)
         if bound == asked:
             return rollout
         config = rollout.config.model_copy(update={"timeout_seconds": int(bound)})
@@ -371,8 +325,12 @@ class V1Dispatcher:
 
     # --- repairs -------------------------------------------------------------------------------
 
-    def reconcile(self) -> None:
-        """Read the facts, plan (``bridge.dispatch.v1_repairs``), carry out each repair on its own."""
+    def reconcile(self) -> int:
+        """One scan on the dispatcher's schedule (``LineDispatcher._scan``): read the facts, plan
+        (``bridge.dispatch.v1_repairs``), carry out each repair on its own; returns the repairs planned."""
+        return self._scan(self._repair_all)
+
+    def _repair_all(self) -> int:
         running, malformed = self.gateway.list_checked(V1State.RUNNING, limit=100_000)
         for bad in malformed:
             self._fail_malformed(bad)
@@ -394,6 +352,7 @@ class V1Dispatcher:
                     repair.key,
                     type(repair).__name__,
                 )
+        return len(plan.repairs)
 
     def _state_key(self, key: str) -> str:
         """The deployment-scoped name of attempt ``key``'s Redis state, as the last ``_facts`` read it."""
@@ -419,16 +378,13 @@ class V1Dispatcher:
         rids = sorted({r.rollout_id for r in running})
         pipe = self.redis.pipeline(transaction=False)
         for key in named:
-            where = _keys_of(self._state_key(key))
-            pipe.exists(where.lease)
-            pipe.exists(where.started)
-            pipe.get(where.done)
+            markers.queue_reads(pipe, self._state_key(key))
         for key in current:
-            pipe.get(_keys_of(self._state_key(key)).result)
+            pipe.get(keys.v1_result(self._state_key(key)))
         for rid in rids:
             pipe.scard(keys.v1_handovers(self.scope, rid))
         answers = iter(pipe.execute())
-        executions = {key: capacity.Execution(bool(next(answers)), bool(next(answers)), next(answers)) for key in named}
+        executions = {key: markers.from_answers(next(answers), next(answers), next(answers)) for key in named}
         kept: dict[str, KeptOutcome | Unreadable] = {}
         for key in current:
             raw = next(answers)
@@ -464,7 +420,7 @@ class V1Dispatcher:
         elif isinstance(repair, Fail):
             self._fail(repair.rollout_id, repair.attempt_id, repair.reason, INFRA)
             capacity.clear_inflight(self.redis, self.scope, self.queue, repair.key)
-            self.redis.delete(_keys_of(self._state_key(repair.key)).result)
+            self.redis.delete(keys.v1_result(self._state_key(repair.key)))
         elif isinstance(repair, FreeSlot):
             log.warning(
                 "[v1 %s] in flight for %.0fs, no running rollout waits for it: slot freed",
@@ -483,7 +439,7 @@ class V1Dispatcher:
             log.info(
                 "[v1 rollout=%s attempt=%s] kept outcome not applied: moved on", repair.rollout_id, repair.attempt_id
             )
-        self.redis.delete(_keys_of(self._state_key(repair.key)).result)
+        self.redis.delete(keys.v1_result(self._state_key(repair.key)))
 
     def _rerun(self, repair: Rerun) -> None:
         """Name the next attempt on the gateway, then publish it: a late report of the old one is refused. A
@@ -508,7 +464,7 @@ class V1Dispatcher:
         if moved is not None:
             metrics.RERUNS.labels("handover" if repair.handover else "lost").inc()
             self._publish(repair.rollout, new)
-        self.redis.delete(_keys_of(self._state_key(repair.key)).result)
+        self.redis.delete(keys.v1_result(self._state_key(repair.key)))
 
 
 def run_v1(settings: Settings, stop: threading.Event, *, metrics_port: int | None = None) -> int:
@@ -517,11 +473,7 @@ def run_v1(settings: Settings, stop: threading.Event, *, metrics_port: int | Non
         raise MissingSetting(
             "AGL_V1_SERVER_URL (or --server) must name the Agent Lightning 1.0 gateway", setting="AGL_V1_SERVER_URL"
         )
-    configure_logging(settings.log_level, settings.log_json)
-    port = metrics_port if metrics_port is not None else settings.metrics_port
-    if port is not None:
-        metrics.serve(settings.metrics_host, port)
-        log.info("metrics on http://%s:%d/metrics", settings.metrics_host, port)
+    start_process(settings, metrics_port, log)
     gateway = GatewayClient(settings.agl_v1_url, key=settings.agl_v1_key)
     client = coordination_redis(settings)
     try:

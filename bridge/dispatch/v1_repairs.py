@@ -18,9 +18,9 @@ repairs out in order. Nothing here does I/O. For each running rollout's current 
 * stale in-flight entry: a ``v1-`` entry no running rollout waits for, older than ``max_queue_wait_s`` and
   unleased: its slot is freed.
 
-As in the 0.3 reconcile (``bridge.dispatch.reconcile``), what is repaired because nothing shows an executor
-(never started, lost worker) is repaired only once it looked so on two scans ``confirm_s`` apart: a Redis
-restart loses leases and markers until their holders renew them. Kept records and stale entries are acted on at
+As in the 0.3 line's plan (``bridge.dispatch.v03_repairs``), what is repaired because nothing shows an executor
+(never started, lost worker) is repaired only once it looked so on two scans ``confirm_s`` apart
+(``bridge.dispatch.repairs.confirm_suspects``). Kept records and stale entries are acted on at
 once (the record is the worker's own word; a stale entry frees only a slot).
 
 The 0.3 reconcile's dead end has no counterpart here: the gateway never moves a rollout out of ``succeeded`` or
@@ -33,8 +33,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from bridge.core.agl_v1 import FIRST_ATTEMPT, KeptOutcome, V1Rollout, attempt_key
-from bridge.core.capacity import Execution
-from bridge.dispatch.reconcile import NO_TRACE, confirm_suspects
+from bridge.core.markers import NO_TRACE, LeaseMarkers
+from bridge.dispatch.repairs import confirm_suspects
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ class V1Facts:
 
     running: Mapping[str, V1Rollout]  # attempt key of its current attempt -> the running rollout
     inflight: Mapping[str, float]  # attempt key -> when it was recorded in flight (``v1-`` entries only)
-    executions: Mapping[str, Execution]  # attempt key -> its Redis markers; an absent key has none
+    executions: Mapping[str, LeaseMarkers]  # attempt key -> its Redis markers; an absent key has none
     kept: Mapping[str, KeptOutcome | Unreadable]  # attempt key -> the worker's kept record, where one is
     handovers: Mapping[str, int]  # rollout id -> attempts of it handed over by draining workers
     suspects: Mapping[str, float]  # attempt key -> when a scan first saw it in need of a re-publish or re-run

@@ -2,7 +2,7 @@
 
 Like Agent Lightning's own ``step``, it bypasses the Store's queue: once a live worker has a free slot on the
 mode's queue (``wait_for_room``), it creates the rollout with an attempt claimed under the bridge's dispatcher
-id and hands it to ``Dispatcher.dispatch``, so no loop has to run and a running bridge's reconcile repairs it
+id and hands it to ``V03Dispatcher.dispatch``, so no loop has to run and a running bridge's reconcile repairs it
 like any rollout it dequeued. Waits are bounded by the rollout's own budget. A retry (the rollout back in the
 Store's queue) is awaited only while some dispatch loop holds the leader lock; with none, ``step`` raises
 ``RolloutFailedError`` with status ``requeuing`` at once. Contract: docs/agents.md section 2 (``step``).
@@ -23,7 +23,7 @@ from bridge.core.models import FINISHED_ROLLOUT, AttemptedRollout, Rollout, Roll
 from bridge.core.settings import Settings
 from bridge.core.store import API, StoreClient
 from bridge.dispatch import placement
-from bridge.dispatch.dispatcher import Dispatcher
+from bridge.dispatch.v03 import V03Dispatcher
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ def start_rollout(
     return AttemptedRollout.model_validate(data)
 
 
-def wait_for_room(dispatcher: Dispatcher, mode: str | None) -> None:
+def wait_for_room(dispatcher: V03Dispatcher, mode: str | None) -> None:
     """Block until a live worker has a free slot on the queue ``mode`` routes to.
 
     ScopeMismatchError within seconds when this Store's workers serve the queues only under another spelling
@@ -116,7 +116,7 @@ def wait_for_room(dispatcher: Dispatcher, mode: str | None) -> None:
         time.sleep(ROOM_POLL_S)
 
 
-def publish(dispatcher: Dispatcher, rollout: AttemptedRollout) -> None:
+def publish(dispatcher: V03Dispatcher, rollout: AttemptedRollout) -> None:
     """Hand the rollout to the broker exactly as the dispatch loop does; raise when the broker refused it.
 
     A refused rollout was handed back to the Store queue, where a running dispatch loop picks it up.

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 from rich.table import Table
 
-from bridge.core import capacity
+from bridge.core import markers
 from bridge.core.models import ACTIVE_ATTEMPT, Attempt, AttemptStatus
 from bridge_lab.chaos.state import REPORTED, ChaosRun, FinalReport, ScenarioResult
 from bridge_lab.render import cell, to_text
@@ -39,7 +39,7 @@ def audit(run: ChaosRun) -> ScenarioResult:
     result = ScenarioResult(name="", enqueued=len(run.rollout_ids), notes=run.notes)
     ledger = _ledger(run.stack.webshop_url)
     attempts = {rid: run.store.list_attempts(rid) for rid in run.rollout_ids}
-    facts = capacity.executions(run.redis, [a.attempt_id for items in attempts.values() for a in items])
+    facts = markers.read_markers(run.redis, [a.attempt_id for items in attempts.values() for a in items])
     for rid in run.rollout_ids:
         final = run.latest.get(rid)
         status = run.first_final.get(rid)
@@ -66,7 +66,7 @@ def audit(run: ChaosRun) -> ScenarioResult:
     return result
 
 
-def _second_execution(run: ChaosRun, attempt: Attempt, fact: capacity.Execution) -> str | None:
+def _second_execution(run: ChaosRun, attempt: Attempt, fact: markers.LeaseMarkers) -> str | None:
     """Why ``attempt`` counts as executed twice, or None. Notes a finished attempt that is still leased."""
     if _episode_roots(run.store.spans(attempt.rollout_id, attempt.attempt_id)) > 1:
         return "two executions"

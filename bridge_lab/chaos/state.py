@@ -18,7 +18,7 @@ from typing import Any
 import redis
 from celery import Celery
 
-from bridge.core import capacity
+from bridge.core import markers
 from bridge.core.coordination import coordination_client
 from bridge.core.message import base_app
 from bridge.core.models import ACTIVE_ROLLOUT, FINISHED_ROLLOUT, Attempt, AttemptedRollout, AttemptStatus
@@ -174,14 +174,14 @@ class ChaosRun:
         """
         active = [r for r in self.latest.values() if r.status in ACTIVE_ROLLOUT]
         try:
-            facts = capacity.executions(self.redis, [r.attempt.attempt_id for r in active])
+            facts = markers.read_markers(self.redis, [r.attempt.attempt_id for r in active])
         except redis.RedisError:  # restarting on purpose: nothing to pick this round
             return []
         return [r for r in active if facts[r.attempt.attempt_id].leased]
 
     def leased(self, attempt_id: str) -> bool:
         try:
-            return capacity.executions(self.redis, [attempt_id])[attempt_id].leased
+            return markers.read_markers(self.redis, [attempt_id])[attempt_id].leased
         except redis.RedisError:
             return False
 

@@ -21,8 +21,8 @@ from bridge.core.coordination import coordination_client
 from bridge.core.models import AttemptedRollout
 from bridge.core.settings import Settings, load_settings
 from bridge.core.store import API, StoreClient
-from bridge.dispatch.dispatcher import Dispatcher
 from bridge.dispatch.publisher import Publisher
+from bridge.dispatch.v03 import V03Dispatcher
 from bridge_lab.stack import LocalStack
 from tests.helpers import attempts, enqueue, rollout, split_tasks, stack_for, wait_finished
 from workers.telemetry.spans import AttemptTelemetry
@@ -95,10 +95,10 @@ class _RecordingPublisher:
 
 def _quick_dispatcher(
     settings: Settings, store: StoreClient, client: redis.Redis
-) -> tuple[Dispatcher, _RecordingPublisher]:
+) -> tuple[V03Dispatcher, _RecordingPublisher]:
     """A dispatcher publishing to a recorder, confirming a suspect on a second scan 1 s after the first."""
     publisher = _RecordingPublisher()
-    dispatcher = Dispatcher(settings, store, client, publisher)  # type: ignore[arg-type]
+    dispatcher = V03Dispatcher(settings, store, client, publisher)  # type: ignore[arg-type]
     dispatcher.confirm_s = 1.0
     return dispatcher, publisher
 

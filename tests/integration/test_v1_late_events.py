@@ -2,7 +2,7 @@
 for an attempt after that attempt ended: the facts behind "No dead end" in docs/agl-v1.md, "Guarantees".
 
 On 0.3 a span batch that lands after a ``failed`` report turns a requeued rollout ``running`` again with no live
-attempt, and the 0.3 reconcile settles it (``bridge.dispatch.reconcile``, "dead end"). The 1.0 gateway has no
+attempt, and the 0.3 reconcile settles it (``bridge.dispatch.v03_repairs``, "dead end"). The 1.0 gateway has no
 such path, and the 1.0 dispatcher no such rule, because of what these tests record: a rollout's state changes
 only by a ``PATCH`` and never leaves ``succeeded`` or ``failed``; a late event or proxied LLM call is stored under
 its attempt and changes no status field; there is no span ingestion at all. A gateway version that changes any

@@ -20,6 +20,17 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("bridge", "bridge_lab", "workers", "webshop_env")
 
+# Each dispatch line's own modules: its dispatcher, its repair planner, and the 0.3 line's hold, coalescing and
+# placement.
+V03_LINE = (
+    "bridge.dispatch.v03",
+    "bridge.dispatch.v03_repairs",
+    "bridge.dispatch.hold",
+    "bridge.dispatch.coalesce",
+    "bridge.dispatch.placement",
+)
+V1_LINE = ("bridge.dispatch.v1", "bridge.dispatch.v1_repairs")
+
 # importer prefix -> prefixes it must never import (at any level: lazy imports count too)
 FORBIDDEN = {
     # The product never needs the lab extra: no lab module, no WebShop stand-in.
@@ -42,6 +53,15 @@ FORBIDDEN = {
         "workers.lifecycle.signals",
     ),
     "workers.telemetry": ("workers.agents", "workers.v1", "workers.execution", "workers.tasks"),
+    # The dispatch lines share only the one dispatcher and what it shares; neither imports the other's line.
+    "bridge.dispatch.v03": V1_LINE,
+    "bridge.dispatch.v03_repairs": V1_LINE,
+    "bridge.dispatch.hold": V1_LINE,
+    "bridge.dispatch.coalesce": V1_LINE,
+    "bridge.dispatch.placement": V1_LINE,
+    "bridge.dispatch.v1": V03_LINE,
+    "bridge.dispatch.v1_repairs": V03_LINE,
+    "bridge.dispatch.repairs": V03_LINE + V1_LINE,
 }
 # The modules whose module-level imports must form no cycle.
 ACYCLIC = ("bridge.core", "bridge.dispatch", "bridge.runner", "bridge.runner_support", "workers")
@@ -122,7 +142,7 @@ IMPORTS = {name: imports_of(name) for name in MODULES}
 
 
 def test_the_packages_are_found() -> None:
-    assert {"bridge.core.store", "bridge.dispatch.dispatcher", "workers.tasks", "webshop_env.server"} <= set(MODULES)
+    assert {"bridge.core.store", "bridge.dispatch.v03", "workers.tasks", "webshop_env.server"} <= set(MODULES)
 
 
 @pytest.mark.parametrize("importer", sorted(FORBIDDEN))

@@ -1,6 +1,6 @@
 """The autoscaling signal: the Store's waiting rollouts per queue (``bridge.dispatch.backlog``) and the leader's
 gauges built on them (desired = waiting + held + in flight), exported by the leader only and never at the cost
-of dispatch. A Dispatcher on this test's Redis database with a plain-object Store (no HTTP, no broker)."""
+of dispatch. A V03Dispatcher on this test's Redis database with a plain-object Store (no HTTP, no broker)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from bridge.core.models import AttemptedRollout, Rollout
 from bridge.core.settings import Settings, load_settings
 from bridge.dispatch import metrics
 from bridge.dispatch.backlog import gateway_backlog, read_backlog, split
-from bridge.dispatch.dispatcher import Dispatcher
+from bridge.dispatch.v03 import V03Dispatcher
 
 QUEUES = "train=rollouts-train,val=rollouts-val,test=rollouts-val"
 STORE_URL = "http://127.0.0.1:9"
@@ -96,11 +96,11 @@ def client(redis_client: redis.Redis) -> Iterator[redis.Redis]:
     metrics.clear_leader_gauges()
 
 
-_made: list[Dispatcher] = []
+_made: list[V03Dispatcher] = []
 
 
-def _dispatcher(client: redis.Redis, store: Store, settings: Settings | None = None) -> Dispatcher:
-    dispatcher = Dispatcher(settings or _settings(), store, client, Publisher())  # type: ignore[arg-type]
+def _dispatcher(client: redis.Redis, store: Store, settings: Settings | None = None) -> V03Dispatcher:
+    dispatcher = V03Dispatcher(settings or _settings(), store, client, Publisher())  # type: ignore[arg-type]
     dispatcher._next_reconcile = float("inf")  # reconcile is tested elsewhere
     _made.append(dispatcher)
     return dispatcher

@@ -17,8 +17,8 @@ from bridge.core import capacity, keys
 from bridge.core.coordination import deployment_scope
 from bridge.core.errors import ConfigError
 from bridge.core.settings import load_settings
-from bridge.dispatch.dispatcher import Dispatcher
 from bridge.dispatch.leader import LeaderLock, dispatching
+from bridge.dispatch.v03 import V03Dispatcher
 from bridge.runner_support.fleet import AgentMismatchError, check_fleet
 from tests.helpers import drop_adverts
 from workers.protocol.lease import free_slot
@@ -152,7 +152,7 @@ def test_a_bridge_whose_queues_are_served_under_another_spelling_of_its_store_sa
     theirs = "http://store-" + queue + ":4747"
     two = keys.store_scope(theirs)
     settings = load_settings(store_url="http://localhost:4747", broker_url="redis://127.0.0.1:9/0", default_queue=queue)
-    dispatcher = Dispatcher(settings, None, redis_client, None)  # type: ignore[arg-type]
+    dispatcher = V03Dispatcher(settings, None, redis_client, None)  # type: ignore[arg-type]
     capacity.advertise(redis_client, two, "worker1@host", [queue], 2)
     redis_client.set(keys.scope_endpoint(two), theirs, ex=30)  # what such workers advertise beside their slots
     try:

@@ -8,7 +8,7 @@ import pytest
 from bridge.core.coordination import coordination_redis
 from bridge.core.settings import load_settings
 from bridge.dispatch.coalesce import MIN_SAMPLES, SHARE, Coalescer
-from bridge.dispatch.dispatcher import Dispatcher
+from bridge.dispatch.v03 import V03Dispatcher
 
 
 class Clock:
@@ -82,7 +82,7 @@ def test_the_idle_poll_wait_is_capped_and_off_with_coalescing() -> None:
     assert off.idle_poll_s() == 0.0
 
 
-def _polls(dispatcher: Dispatcher, count: int) -> list[float]:
+def _polls(dispatcher: V03Dispatcher, count: int) -> list[float]:
     return [dispatcher._next_poll(found_work=False) for _ in range(count)]
 
 
@@ -91,7 +91,7 @@ def test_the_bridge_backs_off_empty_polls_to_the_longer_of_poll_max_and_the_epis
     every_s: float, longest: float
 ) -> None:
     settings = load_settings(store_url="http://127.0.0.1:1", broker_url="redis://127.0.0.1:1/0")
-    dispatcher = Dispatcher(settings, None, coordination_redis(settings), None)  # type: ignore[arg-type]
+    dispatcher = V03Dispatcher(settings, None, coordination_redis(settings), None)  # type: ignore[arg-type]
     assert max(_polls(dispatcher, 20)) <= settings.poll_max_s  # no estimate yet
     clock = Clock()
     dispatcher._coalescer = coalescer = Coalescer(settings.coalesce_max_s, clock=clock)

@@ -1,4 +1,4 @@
-"""The dispatch loop survives the unexpected, and holds what it cannot place: a Dispatcher on this test's Redis
+"""The dispatch loop survives the unexpected, and holds what it cannot place: a V03Dispatcher on this test's Redis
 database with a Store and a publisher that misbehave on purpose (plain objects: no HTTP, no broker)."""
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from bridge.core.errors import PublishError
 from bridge.core.models import AttemptedRollout, RolloutStatus
 from bridge.core.settings import load_settings
 from bridge.dispatch import metrics
-from bridge.dispatch.dispatcher import UNEXPECTED_ERROR_WAIT_S, Dispatcher
 from bridge.dispatch.hold import Hold
+from bridge.dispatch.v03 import UNEXPECTED_ERROR_WAIT_S, V03Dispatcher
 
 QUEUES = "train=rollouts-train,val=rollouts-val"
-SCOPE = keys.store_scope("http://127.0.0.1:9")  # the Dispatcher's Redis key scope: its settings' store_url
+SCOPE = keys.store_scope("http://127.0.0.1:9")  # the V03Dispatcher's Redis key scope: its settings' store_url
 
 
 def _rollout(n: int, mode: str = "train", start_time: float = 1.0, worker_id: str | None = None) -> AttemptedRollout:
@@ -31,7 +31,7 @@ def _rollout(n: int, mode: str = "train", start_time: float = 1.0, worker_id: st
 
 
 class Store:
-    """The Store calls the Dispatcher makes: ``dequeue`` takes up to ``limit`` from the head of the queue."""
+    """The Store calls the V03Dispatcher makes: ``dequeue`` takes up to ``limit`` from the head of the queue."""
 
     def __init__(self, queue: list[AttemptedRollout], dequeue_error: Exception | None = None) -> None:
         self.queue = list(queue)
@@ -81,11 +81,11 @@ def client(redis_client: redis.Redis) -> Iterator[redis.Redis]:
     redis_client.flushdb()
 
 
-def _dispatcher(client: redis.Redis, store: Store, publisher: Publisher) -> Dispatcher:
+def _dispatcher(client: redis.Redis, store: Store, publisher: Publisher) -> V03Dispatcher:
     settings = load_settings(
         store_url="http://127.0.0.1:9", broker_url="redis://127.0.0.1:9/0", queue_by_mode=QUEUES, max_held=2
     )
-    dispatcher = Dispatcher(settings, store, client, publisher)  # type: ignore[arg-type]
+    dispatcher = V03Dispatcher(settings, store, client, publisher)  # type: ignore[arg-type]
     dispatcher._next_reconcile = float("inf")  # this test drives the ticks; reconcile is tested elsewhere
     return dispatcher
 

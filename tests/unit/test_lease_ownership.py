@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from bridge.core import capacity, keys
+from bridge.core import capacity, keys, markers
 from workers.protocol.lease import Lease, Renewal, free_slot, mark_done, renew_all
 
 TTL_S = 0.3  # short, so the tests watch a real expiry
@@ -87,11 +87,11 @@ def test_a_renewal_after_redis_data_loss_restores_lease_owner_and_started_marker
     lease = Lease(redis_client, attempt, 5)
     assert lease.claim(60).first_start
     redis_client.delete(keys.lease(attempt), keys.owner(attempt), keys.started(attempt))  # FLUSHDB, for this attempt
-    assert capacity.executions(redis_client, [attempt])[attempt] == capacity.Execution(False, False, None)
+    assert markers.read_markers(redis_client, [attempt])[attempt] == markers.LeaseMarkers(False, False, None)
     assert lease.renew()
     # The bridge's reconcile reads these two: without the started marker a live `running` attempt that lost its
     # in-flight entry too would look like one the bridge never published.
-    assert capacity.executions(redis_client, [attempt])[attempt] == capacity.Execution(True, True, None)
+    assert markers.read_markers(redis_client, [attempt])[attempt] == markers.LeaseMarkers(True, True, None)
     assert 50 < int(redis_client.ttl(keys.started(attempt))) <= 60
     assert redis_client.get(keys.owner(attempt)) == lease.token
 

@@ -1,8 +1,8 @@
-"""Reconciliation's rules on plain data: ``bridge.dispatch.reconcile.plan_repairs`` (no Redis, no Store).
+"""Reconciliation's rules on plain data: ``bridge.dispatch.v03_repairs.plan_repairs`` (no Redis, no Store).
 
 One test per reconcile hazard of docs/architecture.md, "Guarantees", and per branch of the rules: what is
 suspected, when it is confirmed, what is freed, re-published, handed back or dropped, and when the next
-scan is due. The last tests are the Dispatcher's side of the schedule (``_reconcile_by``).
+scan is due. The last tests are the V03Dispatcher's side of the schedule (``_reconcile_by``).
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 import redis
 
-from bridge.core.capacity import Execution
 from bridge.core.errors import StoreError, UnknownIdError
+from bridge.core.markers import LeaseMarkers
 from bridge.core.models import AttemptedRollout, Rollout, RolloutConfig
 from bridge.core.settings import load_settings
-from bridge.dispatch.dispatcher import Dispatcher
-from bridge.dispatch.reconcile import (
+from bridge.dispatch.v03 import V03Dispatcher
+from bridge.dispatch.v03_repairs import (
     DropHeld,
     Facts,
     FreeLost,
@@ -38,14 +38,14 @@ from bridge.dispatch.reconcile import (
 
 US = "celery-bridge"  # the dispatcher id this bridge claims under
 NOW = 1_700_000_000.0  # epoch seconds
-MONO = 5_000.0  # the Dispatcher's monotonic clock
+MONO = 5_000.0  # the V03Dispatcher's monotonic clock
 WAIT = 300.0  # max_queue_wait_s
 CONFIRM = 25.0  # confirm_s
 QUEUE = "rollouts"
 
-LEASED = Execution(leased=True, started=True, reported=None)
-STARTED = Execution(leased=False, started=True, reported=None)  # its executor is gone
-REPORTED = Execution(leased=False, started=True, reported="succeeded")
+LEASED = LeaseMarkers(leased=True, started=True, reported=None)
+STARTED = LeaseMarkers(leased=False, started=True, reported=None)  # its executor is gone
+REPORTED = LeaseMarkers(leased=False, started=True, reported="succeeded")
 
 
 def _rollout(
@@ -196,18 +196,18 @@ def test_a_suspect_no_longer_seen_is_forgotten_and_starts_over_if_seen_again() -
 @pytest.mark.parametrize(
     ("attempt_status", "worker_id", "marks", "stranded"),
     [
-        ("preparing", US, Execution(False, False, None), True),  # claimed by us, in no message
-        ("preparing", "another-bridge", Execution(False, False, None), False),  # another dispatcher's claim
+        ("preparing", US, LeaseMarkers(False, False, None), True),  # claimed by us, in no message
+        ("preparing", "another-bridge", LeaseMarkers(False, False, None), False),  # another dispatcher's claim
         ("preparing", "another-bridge", STARTED, True),  # an executor started it and is gone
         ("preparing", US, LEASED, False),  # an executor runs it
         ("preparing", US, REPORTED, False),  # finished; the Store will hear of it
-        ("running", US, Execution(False, False, None), False),  # no executor of ours ever started it
+        ("running", US, LeaseMarkers(False, False, None), False),  # no executor of ours ever started it
         ("running", "another-bridge", STARTED, True),
         ("running", US, LEASED, False),
     ],
 )
 def test_which_active_attempts_in_no_message_count_as_stranded(
-    attempt_status: str, worker_id: str, marks: Execution, stranded: bool
+    attempt_status: str, worker_id: str, marks: LeaseMarkers, stranded: bool
 ) -> None:
     rollout = _rollout(1, status=attempt_status, attempt_status=attempt_status, worker_id=worker_id)
     plan = plan_repairs(_facts(rollout, executions={"at-1": marks}, suspects={"at-1": MONO - CONFIRM}))
@@ -225,7 +225,11 @@ def test_an_orphan_already_reported_or_no_longer_active_is_only_freed() -> None:
     """Its report went through (a done marker) or the Store moved on: only the slot is left to repair."""
     reported, reported_unstarted = _rollout(1), _rollout(3)  # the second's started marker is gone, not its report
     inflight = {QUEUE: {"at-1": NOW - 30, "at-2": NOW - 30, "at-3": NOW - WAIT - 5}}
-    executions = {"at-1": REPORTED, "at-2": STARTED, "at-3": Execution(leased=False, started=False, reported="failed")}
+    executions = {
+        "at-1": REPORTED,
+        "at-2": STARTED,
+        "at-3": LeaseMarkers(leased=False, started=False, reported="failed"),
+    }
     plan = _confirmed(_facts(reported, reported_unstarted, inflight=inflight, executions=executions))
     assert plan.frees == (FreeOrphan(QUEUE, "at-1"), FreeOrphan(QUEUE, "at-2"), FreeOrphan(QUEUE, "at-3"))
     assert plan.restarts == ()
@@ -391,7 +395,7 @@ def test_which_rollouts_are_dead_ends() -> None:
 
 
 def test_a_dead_end_is_settled_only_while_a_re_read_still_shows_it() -> None:
-    """Right before the write the Dispatcher reads the rollout again: a cancel, a retry or a newer attempt
+    """Right before the write the V03Dispatcher reads the rollout again: a cancel, a retry or a newer attempt
     since the scan leaves it alone."""
     settle = Settle(_dead_end(1), "requeuing")
     assert why_not_settle(_dead_end(1), settle) is None
@@ -404,7 +408,7 @@ def test_a_dead_end_is_settled_only_while_a_re_read_still_shows_it() -> None:
     assert why_not_settle(Rollout.model_validate({"rollout_id": "ro-1", "status": "running"}), settle) is not None
 
 
-# --- the Dispatcher's schedule --------------------------------------------------------------------------
+# --- the V03Dispatcher's schedule --------------------------------------------------------------------------
 
 
 class _UnreachableStore:
@@ -412,10 +416,10 @@ class _UnreachableStore:
         raise StoreError("the Store is down")
 
 
-def _dispatcher(store: object) -> Dispatcher:
+def _dispatcher(store: object) -> V03Dispatcher:
     settings = load_settings(store_url="http://127.0.0.1:9", broker_url="redis://127.0.0.1:9/0")
     unreachable = redis.Redis(port=9, socket_connect_timeout=0.2)  # never connected to by these tests
-    return Dispatcher(settings, store, unreachable, None)  # type: ignore[arg-type]
+    return V03Dispatcher(settings, store, unreachable, None)  # type: ignore[arg-type]
 
 
 def test_reconcile_requests_keep_the_earliest() -> None:

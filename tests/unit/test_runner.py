@@ -33,7 +33,7 @@ from bridge.core.coordination import coordination_redis
 from bridge.core.errors import ConfigError
 from bridge.core.settings import load_settings
 from bridge.core.store import StoreClient
-from bridge.dispatch.dispatcher import Dispatcher
+from bridge.dispatch.v03 import V03Dispatcher
 from bridge.runner import DEFAULT_STORE_URL, CeleryRunner, _loop_alive, store_url_of
 from bridge.runner_support import direct
 from bridge.runner_support.direct import RolloutFailedError
@@ -281,12 +281,12 @@ def test_iter_returns_once_the_event_is_set_and_a_cancelled_iter_leaves_no_threa
     assert threading.active_count() <= threads
 
 
-def _direct_dispatcher(queue: str, **overrides: Any) -> Dispatcher:
+def _direct_dispatcher(queue: str, **overrides: Any) -> V03Dispatcher:
     settings = load_settings(
         broker_url=TEST_REDIS_URL, default_queue=queue, store_url="http://127.0.0.1:9", **overrides
     )
     client = coordination_redis(settings)
-    return Dispatcher(settings, StoreClient.from_settings(settings), client, publisher=None)  # type: ignore[arg-type]
+    return V03Dispatcher(settings, StoreClient.from_settings(settings), client, publisher=None)  # type: ignore[arg-type]
 
 
 def test_step_creates_its_rollout_only_once_a_live_worker_has_a_free_slot(

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from bridge.core.agl_v1 import ERROR_MESSAGE_CHARS, KeptOutcome, V1Rollout, V1State
-from bridge.core.capacity import Execution
+from bridge.core.markers import LeaseMarkers
 from bridge.dispatch.v1_repairs import (
     ApplyKept,
     Fail,
@@ -31,9 +31,9 @@ NOW = 1_700_000_000.0
 WAIT = 300.0  # max_queue_wait_s
 CONFIRM = 25.0  # confirm_s
 
-LEASED = Execution(leased=True, started=True, reported=None)
-LOST = Execution(leased=False, started=True, reported=None)  # started; its executor is gone
-DONE = Execution(leased=False, started=True, reported="1")
+LEASED = LeaseMarkers(leased=True, started=True, reported=None)
+LOST = LeaseMarkers(leased=False, started=True, reported=None)  # started; its executor is gone
+DONE = LeaseMarkers(leased=False, started=True, reported="1")
 
 
 def _rollout(n: int, attempt: str | None = "0") -> V1Rollout:
@@ -86,8 +86,8 @@ def test_a_message_still_within_the_queue_wait_is_left_in_the_broker() -> None:
     assert plan == V1Plan((), {})
 
 
-@pytest.mark.parametrize("marks", [LEASED, DONE, Execution(leased=True, started=False, reported=None)])
-def test_an_attempt_an_executor_holds_or_finished_is_left_alone(marks: Execution) -> None:
+@pytest.mark.parametrize("marks", [LEASED, DONE, LeaseMarkers(leased=True, started=False, reported=None)])
+def test_an_attempt_an_executor_holds_or_finished_is_left_alone(marks: LeaseMarkers) -> None:
     assert plan_v1_repairs(_facts(_rollout(1), executions={"v1-r1-0": marks})) == V1Plan((), {})
 
 

@@ -24,7 +24,7 @@ from typing import Any
 import redis
 from celery import signals
 
-from bridge.core import capacity, handback, keys
+from bridge.core import capacity, handback, keys, markers
 from bridge.core.agl_v1 import V1_TASK_NAME
 from bridge.core.coordination import coordination_redis, deployment_endpoint, deployment_scope
 from bridge.core.errors import EXIT_CONFIG_ERROR, ConfigError, StoreError
@@ -278,7 +278,7 @@ def _started_elsewhere(attempt_id: str) -> bool:
     if not _node:
         return False
     try:
-        fact = capacity.executions(_node["client"], [attempt_id])[attempt_id]
+        fact = markers.read_markers(_node["client"], [attempt_id])[attempt_id]
     except redis.RedisError:
         return False  # the hand-back re-checks the Store: only a still-unstarted latest attempt is requeued
     return fact.leased or fact.started

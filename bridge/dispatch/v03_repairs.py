@@ -1,10 +1,10 @@
-"""What a reconcile scan repairs, decided from facts alone: ``plan_repairs(facts) -> Plan``.
+"""What the 0.3 line's reconcile repairs, decided from facts alone: ``plan_repairs(facts) -> Plan``.
 
-The Dispatcher reads the facts (the Store's active attempts, its in-flight entries, the executions' Redis
-markers, its held rollouts, the clocks), plans, and applies the plan in order: first ``drops``, then
-``frees``, then ``restarts``, then ``settles``. Nothing here does I/O. The hazards are those of docs/architecture.md,
-"Guarantees" (bridge crash or Redis data loss, dead worker host, a cancelled held rollout, a rollout revived
-with no live attempt):
+The 0.3 line (``bridge.dispatch.v03``) reads the facts (the Store's active attempts, its in-flight entries, the
+executions' Redis markers, its held rollouts, the clocks), plans, and applies the plan in order: first ``drops``,
+then ``frees``, then ``restarts``, then ``settles``. Nothing here does I/O. The hazards are those of
+docs/architecture.md, "Guarantees" (bridge crash or Redis data loss, dead worker host, a cancelled held rollout, a
+rollout revived with no live attempt):
 
 * stranded: an active attempt this dispatcher claimed (or an executor started) that no in-flight entry
   carries and no executor holds or finished: published again under the same task id, or handed back when
@@ -30,10 +30,9 @@ with no live attempt):
   ``succeeded`` for a succeeded one) if a re-read right before the write still shows it so
   (``why_not_settle``). Whoever claimed it: the repair is the Store's own decision, written again.
 
-Only the drops are immediate. Everything else is repaired once it looked so on two scans at least
-``confirm_s`` apart, since a Redis restart without persistence loses leases until their holders renew
-them on the next heartbeat; for a dead end the wait also lets writes still on their way to the Store (a
-trainer's cancel, another writer's repair) land before the bridge writes.
+Only the drops are immediate. Everything else is repaired once it looked so on two scans at least ``confirm_s``
+apart (``bridge.dispatch.repairs.confirm_suspects``); for a dead end the wait also lets writes still on their way to
+the Store (a trainer's cancel, another writer's repair) land before the bridge writes.
 """
 
 from __future__ import annotations
@@ -41,7 +40,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from bridge.core.capacity import Execution
+from bridge.core.markers import NO_TRACE, LeaseMarkers
 from bridge.core.models import (
     ACTIVE_ATTEMPT,
     ACTIVE_ROLLOUT,
@@ -52,9 +51,7 @@ from bridge.core.models import (
     RolloutConfig,
     RolloutStatus,
 )
-
-# An attempt Redis holds no marker of: no lease, never started, never reported.
-NO_TRACE = Execution(leased=False, started=False, reported=None)
+from bridge.dispatch.repairs import confirm_suspects
 
 # Lost-in-flight entries: the next scan looks again when the youngest unstarted entry crosses the longest
 # queue wait (plus this margin), but not sooner than ``RESCAN_FLOOR_S`` from now.
@@ -71,7 +68,7 @@ class Facts:
 
     active: Mapping[str, AttemptedRollout]  # attempt id -> its rollout, for latest attempts active in the Store
     inflight: Mapping[str, Mapping[str, float]]  # queue -> attempt id -> when it was recorded in flight (epoch)
-    executions: Mapping[str, Execution]  # attempt id -> its Redis markers; an absent id has none (NO_TRACE)
+    executions: Mapping[str, LeaseMarkers]  # attempt id -> its Redis markers; an absent id has none (NO_TRACE)
     held: frozenset[str]  # attempt ids of the rollouts the Dispatcher holds (claimed, not published)
     suspects: Mapping[str, float]  # attempt id -> when a scan first saw it in need of repair (monotonic)
     now: float
@@ -197,7 +194,7 @@ def plan_repairs(facts: Facts) -> Plan:
         queue_of.update(dict.fromkeys(entries, queue))
         recorded.update(entries)
 
-    def marks(aid: str) -> Execution:
+    def marks(aid: str) -> LeaseMarkers:
         return facts.executions.get(aid, NO_TRACE)
 
     orphans = {aid for aid in queue_of if not marks(aid).leased and (marks(aid).started or marks(aid).done)}
@@ -234,18 +231,7 @@ def plan_repairs(facts: Facts) -> Plan:
     return Plan(tuple(drops), tuple(frees), restarts, suspects, min(due, default=None), settles)
 
 
-def confirm_suspects(
-    seen: set[str], suspects: Mapping[str, float], now: float, confirm_s: float
-) -> tuple[set[str], dict[str, float]]:
-    """The two-scan rule: of the ids ``seen`` in need of repair now, those first seen (``suspects``, else now) at
-    least ``confirm_s`` ago are confirmed; the others are the next scan's suspects, with when they were first
-    seen. An id no longer seen is forgotten."""
-    first_seen = {key: suspects.get(key, now) for key in seen}
-    confirmed = {key for key, first in first_seen.items() if now - first >= confirm_s}
-    return confirmed, {key: first for key, first in first_seen.items() if key not in confirmed}
-
-
-def _abandoned(rollout: AttemptedRollout, marks: Execution, dispatcher_id: str) -> bool:
+def _abandoned(rollout: AttemptedRollout, marks: LeaseMarkers, dispatcher_id: str) -> bool:
     """Nobody runs it: neither leased nor reported, and claimed by us or started by an executor."""
     if marks.leased or marks.done:
         return False
@@ -266,7 +252,7 @@ def _moved_on(held: frozenset[str], active: Mapping[str, AttemptedRollout]) -> l
     return drops
 
 
-def _restart(rollout: AttemptedRollout, marks: Execution, facts: Facts) -> Republish | HandBack:
+def _restart(rollout: AttemptedRollout, marks: LeaseMarkers, facts: Facts) -> Republish | HandBack:
     """A ``preparing`` attempt older than the longest queue wait, or one an executor started, goes back to the Store
     (its rollout's next attempt gets a clock of its own); any other is re-published."""
     age = facts.now - (rollout.attempt.start_time or facts.now)

@@ -1,0 +1,501 @@
+"""The 0.3 line of the one dispatcher (``bridge.dispatch.dispatcher``, ``python -m bridge``): claim only as many
+rollouts as workers can start, publish each, lose none.
+
+Backpressure, per queue: each queue's room comes from ``bridge.core.capacity`` (advertised worker slots,
+a node's counted once however many queues it consumes, minus attempts in flight; negative when a queue
+holds more than its nodes can run). A dequeue cannot choose the mode, and the mode picks the queue, so
+``bridge.dispatch.placement`` sizes each dequeue for any mix: a batch while every consumed queue has
+room, one rollout at a time while some are full (a rollout that cannot be placed is *held* here,
+never published into a full queue: ``bridge.dispatch.hold``), none while all are. So no queue is
+claimed beyond its slots by more than the held rollouts (``BRIDGE_MAX_HELD`` in all); with the single
+default queue the batch is ``min(free slots, BRIDGE_MAX_BATCH)``, one request per batch; beside the 1.0 line
+the default queue's room is first cut to this line's share (``bridge.core.slot_share``).
+With no worker consuming there are no slots, so the bridge never dequeues and rollouts stay
+``queuing`` in the Store, where their clock has not started yet.
+
+Nothing dequeued is stranded: a rollout is recorded in flight before it is published; if the broker
+refuses it after retries it is handed back to the Store queue (``requeuing``). What a crash leaves half
+done (a claim never published, an in-flight entry no message carries, the slot of a worker that died with
+its messages unacknowledged) is repaired by ``reconcile``, on start, every ``BRIDGE_RECONCILE_INTERVAL_S``
+and sooner when asked: it reads the facts and applies the repairs ``bridge.dispatch.v03_repairs`` plans
+from them (re-publish under the same task id, hand back, free a slot, drop a held rollout, settle a rollout
+a late span revived with no live attempt). Workers do not
+mark attempts ``running`` (their first span does), so the lease is what tells a started attempt from a
+stranded one; nothing but a drop is repaired before it looked so on two scans ``confirm_s`` apart.
+
+The leader lock, the loop's survival, the reconcile schedule, the share and the in-flight accounting are the
+one dispatcher's. Every Redis key the loop uses is scoped by its Store (``self.scope``), so deployments sharing a
+Redis neither count each other's slots nor contend for one lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+
+import redis
+
+from bridge.core import capacity, handback, line_demand, markers, slot_share
+from bridge.core.backoff import backoff_delay
+from bridge.core.errors import PublishError, StoreError, UnknownIdError
+from bridge.core.models import AttemptedRollout, RolloutStatus
+from bridge.core.redact import redact_url
+from bridge.core.settings import Settings
+from bridge.core.store import StoreClient
+from bridge.dispatch import broker, metrics, placement
+from bridge.dispatch.backlog import BacklogReader, store_reader
+from bridge.dispatch.coalesce import Coalescer
+from bridge.dispatch.dispatcher import LineDispatcher, StopSignal
+from bridge.dispatch.hold import Hold
+from bridge.dispatch.publisher import Publisher, describe
+from bridge.dispatch.v03_repairs import (
+    DropHeld,
+    Facts,
+    FreeLost,
+    FreeOrphan,
+    HandBack,
+    Republish,
+    Settle,
+    active_attempts,
+    dead_ends,
+    plan_repairs,
+    why_not_settle,
+)
+
+log = logging.getLogger("bridge.dispatch.v03")
+
+FULL_CAPACITY_WAIT_S = 0.2
+UNEXPECTED_ERROR_WAIT_S = 1.0
+
+
+class V03Dispatcher(LineDispatcher):
+    """The 0.3 line on the one dispatcher (``bridge.dispatch.dispatcher``): a Store's rollouts, dequeued within
+    each queue's room, held, coalesced and placed per queue, published by task name."""
+
+    line = slot_share.V03
+    loop_name = "dispatch"
+    error_wait_s = UNEXPECTED_ERROR_WAIT_S
+    stopped_message = "bridge stopped"
+    logger = log
+    facts_errors = (StoreError, redis.RedisError)
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: StoreClient,
+        redis_client: redis.Redis,
+        publisher: Publisher,
+        stop: StopSignal | None = None,
+        *,
+        strict_scope: bool = False,
+    ) -> None:
+        """``strict_scope``: raise ScopeMismatchError from ``run`` when this Store's workers appear only under
+        another spelling of its URL (``bridge.core.scope_check``), instead of logging it (``CeleryRunner``)."""
+        self.store = store
+        self.publisher = publisher
+        self._store_failures = 0
+        self._broker_failures = 0
+        self._empty_polls = 0
+        self._probe: broker.QueueProbe | None = None  # opened by the first gauge update
+        self._hold = Hold(settings.max_held)  # claimed rollouts whose queue has no room now
+        self._unserved_reported: set[str] = set()  # queues already logged as consumed by no worker
+        self._coalescer = Coalescer(settings.coalesce_max_s)
+        # Whether the last dequeue came back full, and the backlog reading it followed (``_share_slots``).
+        self._last_dequeue: tuple[bool, object] | None = None
+        super().__init__(
+            settings,
+            redis_client,
+            stop,
+            queues=settings.all_queues(),
+            lock_owner=settings.dispatcher_id,
+            who="this bridge" if not strict_scope else "CeleryRunner",
+            strict_scope=strict_scope,
+        )
+
+    def _backlog_reader(self, leading: Callable[[], bool]) -> BacklogReader:
+        return store_reader(self.store, self.settings, leading=leading)  # the Store's waiting rollouts
+
+    # --- the loop ------------------------------------------------------------------------------
+
+    def _announce(self) -> None:
+        log.info(
+            "bridge %s dispatching to queues %s for Store %s (Redis key scope %s)",
+            self.settings.dispatcher_id,
+            ", ".join(self.queues),
+            redact_url(self.settings.store_base),
+            self.scope,
+        )
+
+    def _give_back_all(self) -> None:
+        for held in self._hold.take_all():  # claimed, never published: give them back rather than strand them
+            self.hand_back(held.rollout, "shutdown")
+
+    def _close(self) -> None:
+        if self._probe is not None:
+            self._probe.close()
+        self.publisher.close()
+
+    def tick(self) -> float:
+        """One round; returns how long to wait before the next."""
+        try:
+            if not self._lead():
+                return self._standby()
+            self._reconcile_if_due()  # before the slots are read: what it re-publishes takes slots this tick sees
+            view = capacity.read_slots(self.redis, self.scope, self.queues)
+            self._broker_failures = 0
+        except redis.RedisError as exc:
+            metrics.BROKER_ERRORS.inc()
+            self._broker_failures += 1
+            wait = backoff_delay(min(self._broker_failures, 5), base_s=0.5, cap_s=10.0)  # min: 2**n stays a float
+            log.warning("broker unreachable (%r); not dequeuing, retry in %.1fs", exc, wait)
+            return wait
+        rooms, served = view.rooms(), view.served()
+        if self._gauges_due():
+            self._update_gauges(view, rooms, served)
+        self._share_slots(view, rooms, served)
+        self._place_held(rooms, served)
+        if self._hold.waits_on(served):  # a consumed queue is full and its rollout waits: claim nothing more
+            return self._wait_for_slot()
+        limit = placement.claim_limit(rooms, served, self.settings.max_batch)
+        if not served.issuperset(self.queues):  # a rollout claimed for an unserved queue is held: keep room
+            limit = min(limit, self._hold.room())
+        if limit <= 0:
+            if self._hold.room() == 0:
+                log.debug("the hold is full (%d rollouts): claiming nothing until one goes out", len(self._hold))
+            return self._wait_for_slot(gather_for=0 if self._hold else view.slots())
+        try:
+            metrics.DEQUEUE_REQUESTS.inc()
+            batch = self.store.dequeue(limit, self.settings.dispatcher_id)
+            self._store_failures = 0
+        except UnknownIdError as exc:  # never expected for dequeue; do not spin on it
+            log.error("dequeue rejected: %s", exc)
+            return self.settings.poll_max_s
+        except StoreError as exc:
+            metrics.STORE_ERRORS.labels("dequeue").inc()
+            self._store_failures += 1
+            wait = backoff_delay(min(self._store_failures, 5), base_s=1.0, cap_s=30.0)
+            log.warning("dequeue failed (%s); retry in %.1fs", exc, wait)
+            # A dequeue whose answer was lost may have claimed rollouts: reconcile soon.
+            self._reconcile_by(time.monotonic() + wait)
+            return wait
+        metrics.DEQUEUED.inc(len(batch))
+        self._last_dequeue = (len(batch) >= limit, self._backlog.latest)
+        for rollout in batch:
+            self._place(rollout, rooms, served)
+        if len(batch) >= limit:
+            return 0.0
+        return self._next_poll(found_work=bool(batch))
+
+    def _share_slots(self, view: capacity.SlotView, rooms: dict[str, int], served: set[str]) -> None:
+        """Beside a 1.0 dispatcher, cut the default queue's room to this line's fair share and publish this
+        line's demand (``bridge.core.slot_share``): the Store's waiting rollouts (the last backlog reading, unless a
+        dequeue since said more: a full batch, at least the queue's slots; a short one, none) and those held."""
+        queue = self.settings.default_queue
+        if queue not in served:
+            return
+        total = view.totals().get(queue, 0)
+        latest = self._backlog.latest
+        waiting = latest.waiting.get(queue, 0) if latest is not None else 0
+        if self._last_dequeue is not None and self._last_dequeue[1] is latest:  # the dequeue is the fresher news:
+            waiting = max(waiting, total) if self._last_dequeue[0] else 0  # full: more wait; short: none do
+        try:
+            allowed = self._claimable(
+                queue, total=total, room=rooms[queue], waiting=waiting + self._hold.by_queue().get(queue, 0)
+            )
+        except redis.RedisError as exc:  # the slots were just read: a blip; this tick goes without sharing
+            log.debug("slot sharing skipped this tick: %r", exc)
+            return
+        rooms[queue] = min(rooms[queue], allowed)
+
+    def _next_poll(self, *, found_work: bool) -> float:
+        """poll_min_s after work was found; each empty poll doubles the wait (jittered) up to poll_max_s,
+        or up to the coalescer's share of the episode time where that is longer (long episodes)."""
+        self._empty_polls = 0 if found_work else self._empty_polls + 1
+        longest = max(self.settings.poll_max_s, self._coalescer.idle_poll_s())
+        ceiling = min(longest, self.settings.poll_min_s * 2**self._empty_polls)
+        return random.uniform(max(self.settings.poll_min_s, ceiling / 2), ceiling)
+
+    # --- one rollout -----------------------------------------------------------------------------
+
+    def _place(self, rollout: AttemptedRollout, rooms: dict[str, int], served: set[str]) -> None:
+        """Publish one claimed rollout, or hold it; on an unexpected error, hand it back (never drop it)."""
+        try:
+            if not self._lock.valid():  # the fence: leadership may have lapsed while the dequeue blocked
+                log.warning("[rollout=%s attempt=%s] claimed, but this bridge no longer leads", *_ids(rollout))
+                self.hand_back(rollout, "not_leader")
+                return
+            queue = self.settings.queue_for_mode(rollout.mode)
+            if placement.fits(queue, rooms, served):
+                rooms[queue] -= 1
+                self.dispatch(rollout)
+            else:  # the claim limit never exceeds the hold's room
+                self._hold_rollout(rollout, queue, served)
+        except Exception:
+            metrics.LOOP_ERRORS.inc()
+            log.exception("[rollout=%s attempt=%s] unexpected error placing it", *_ids(rollout))
+            self.hand_back(rollout, "error")
+
+    def _hold_rollout(self, rollout: AttemptedRollout, queue: str, served: set[str]) -> None:
+        """Hold a claimed rollout whose queue has no room now (``bridge.dispatch.hold``)."""
+        self._hold.add(rollout, queue)
+        if queue in served:
+            log.info("[rollout=%s] queue %s is full: held until a slot frees", rollout.rollout_id, queue)
+            return
+        log.info("[rollout=%s] no worker consumes queue %s: held until one does", rollout.rollout_id, queue)
+        if queue not in self._unserved_reported:
+            self._unserved_reported.add(queue)
+            log.warning(
+                "no live worker consumes queue %s (mode %r routes there, QUEUE_BY_MODE): its rollouts are held "
+                "until a worker consumes it (at most BRIDGE_MAX_HELD=%d held in all)",
+                queue,
+                rollout.mode,
+                self._hold.capacity,
+            )
+
+    def _place_held(self, rooms: dict[str, int], served: set[str]) -> None:
+        """Publish the held rollouts whose queue has room; hand back those a full queue kept too long."""
+        if not self._hold or not self._lock.valid():  # the fence: only a leader publishes what it holds
+            return
+        for held in self._hold.placeable(rooms, served):
+            try:
+                self.dispatch(held.rollout)
+            except Exception:
+                metrics.LOOP_ERRORS.inc()
+                log.exception("[rollout=%s attempt=%s] unexpected error publishing it", *_ids(held.rollout))
+                self.hand_back(held.rollout, "error")
+        for held in self._hold.overdue(served, self.settings.max_queue_wait_s):
+            log.warning(
+                "[rollout=%s] queue %s full for %.0fs: handing it back",
+                held.rollout.rollout_id,
+                held.queue,
+                self.settings.max_queue_wait_s,
+            )
+            self.hand_back(held.rollout, "no_room")
+        self._unserved_reported &= {queue for queue in self._hold.by_queue() if queue not in served}
+
+    def dispatch(self, rollout: AttemptedRollout) -> bool:
+        """Publish, or hand back; returns True when the rollout is in the broker."""
+        queue = self.settings.queue_for_mode(rollout.mode)
+        aid = rollout.attempt.attempt_id
+        try:
+            self._mark_inflight(queue, aid)
+            self.publisher.publish(rollout, queue)
+        except (PublishError, redis.RedisError) as exc:
+            metrics.BROKER_ERRORS.inc()
+            log.error("could not publish %s: %s; handing it back", describe(rollout), exc)
+            self._forget_inflight(queue, aid)
+            self.hand_back(rollout, "publish_failed")
+            return False
+        except Exception:  # not the broker saying no: our bug or a library's; the rollout goes back all the same
+            metrics.LOOP_ERRORS.inc()
+            log.exception("unexpected error publishing %s; handing it back", describe(rollout))
+            self._forget_inflight(queue, aid)
+            self.hand_back(rollout, "error")
+            return False
+        metrics.PUBLISHED.labels(queue, slot_share.V03).inc()
+        self._coalescer.dispatched()
+        if rollout.attempt.start_time:
+            metrics.DISPATCH_LATENCY.observe(max(0.0, time.time() - rollout.attempt.start_time))
+        log.info("[rollout=%s attempt=%s task=%s] published to %s", rollout.rollout_id, aid, aid, queue)
+        return True
+
+    def hand_back(self, rollout: AttemptedRollout, reason: str) -> None:
+        """Put a claimed rollout back at the tail of the Store queue, if it is still live and unstarted.
+
+        See ``bridge.core.handback`` and docs/store-protocol.md section 10, "Handing a rollout back".
+        """
+        rid, aid = rollout.rollout_id, rollout.attempt.attempt_id
+        try:
+            why_not = handback.hand_back(self.store, rid, aid)
+        except Exception as exc:  # a StoreError, or anything else: reconcile retries either way
+            metrics.STORE_ERRORS.labels("hand_back").inc()
+            # Still preparing under our dispatcher id: the next reconcile picks it up again.
+            log.error("[rollout=%s] could not hand back (%s); reconciliation will retry", rollout.rollout_id, exc)
+            self._reconcile_by(time.monotonic() + 5.0)
+            return
+        if why_not is not None:
+            metrics.HAND_BACKS_WITHHELD.inc()
+            log.info("[rollout=%s attempt=%s] not handed back (%s): %s", rid, aid, reason, why_not)
+            return
+        metrics.HANDED_BACK.labels(reason).inc()
+        log.warning("[rollout=%s attempt=%s] handed back to the Store (%s)", rid, aid, reason)
+
+    # --- repair ----------------------------------------------------------------------------------
+
+    def reconcile(self) -> int:
+        """One scan on the dispatcher's schedule (``LineDispatcher._scan``): read the facts, plan
+        (``bridge.dispatch.v03_repairs``), apply the plan; returns how many attempts were re-published or handed
+        back, plus the dead-end rollouts it settled or tried to. The plan may ask for the next scan sooner (a
+        suspect to confirm, a young in-flight entry to look at again)."""
+        return self._scan(self._repair)
+
+    def _repair(self) -> int:
+        plan = plan_repairs(self._reconcile_facts())
+        self._suspects = dict(plan.suspects)
+        self._drop_moved_on(plan.drops)
+        if plan.suspects:
+            log.info("%d attempts look stranded or orphaned; re-checking in %.0fs", len(plan.suspects), self.confirm_s)
+        if plan.rescan_by is not None:
+            self._reconcile_by(plan.rescan_by)
+        for free in plan.frees:
+            self._free_slot(free)
+        for restart in plan.restarts:
+            self._restart(restart)
+        for settle in plan.settles:
+            self._settle(settle)
+        return len(plan.restarts) + len(plan.settles)
+
+    def _reconcile_facts(self) -> Facts:
+        """What a scan plans from; stale in-flight entries (older than any task could live) are pruned first."""
+        rollouts, _ = self.store.list_rollouts(status_in=[RolloutStatus.PREPARING, RolloutStatus.RUNNING])
+        inflight: dict[str, dict[str, float]] = {}
+        for queue in self.queues:
+            capacity.prune_stale(self.redis, self.scope, queue, self.settings.redelivery_timeout_s)
+            inflight[queue] = capacity.inflight_entries(self.redis, self.scope, queue)
+        active = active_attempts(rollouts)
+        ended = dead_ends(rollouts)
+        return Facts(
+            active=active,
+            inflight=inflight,
+            executions=markers.read_markers(self.redis, set(active).union(ended, *inflight.values())),
+            held=frozenset(self._hold.attempt_ids()),
+            suspects=dict(self._suspects),
+            now=time.time(),
+            monotonic=time.monotonic(),
+            dispatcher_id=self.settings.dispatcher_id,
+            max_queue_wait_s=self.settings.max_queue_wait_s,
+            confirm_s=self.confirm_s,
+            dead_ends=ended,
+        )
+
+    def _drop_moved_on(self, drops: tuple[DropHeld, ...]) -> None:
+        store_says = {drop.attempt_id: drop.store_says for drop in drops}
+        for held in self._hold.discard(store_says):
+            log.warning(
+                "[rollout=%s attempt=%s] held for queue %s, but the Store moved on (%s): dropped, not published",
+                held.rollout.rollout_id,
+                held.attempt_id,
+                held.queue,
+                store_says[held.attempt_id],
+            )
+
+    def _free_slot(self, free: FreeLost | FreeOrphan) -> None:
+        self._forget_inflight(free.queue, free.attempt_id)
+        if isinstance(free, FreeLost):
+            metrics.STRANDED_IN_FLIGHT.labels(slot_share.V03).inc()
+            log.warning(
+                "[attempt=%s] in flight for %.0fs, never started, no lease: slot freed",
+                free.attempt_id,
+                free.in_flight_s,
+            )
+        else:
+            metrics.ORPHANS_FREED.inc()
+            log.warning("[attempt=%s] its executor is gone (no lease): slot freed", free.attempt_id)
+
+    def _restart(self, restart: Republish | HandBack) -> None:
+        if isinstance(restart, HandBack):
+            self.hand_back(restart.rollout, "stranded")
+        elif self.dispatch(restart.rollout):
+            metrics.REPUBLISHED.labels(slot_share.V03).inc()
+            log.warning(
+                "[rollout=%s attempt=%s] was stranded (%s); re-published",
+                *_ids(restart.rollout),
+                "its executor died" if restart.executor_died else "bridge crash or broker loss",
+            )
+
+    def _settle(self, settle: Settle) -> None:
+        """Write the status the Store's retry policy gives a dead-end rollout, if a re-read still shows it so
+        (a cancelled, finished, requeued or superseded one is left alone). Errors wait for the next scan."""
+        rid, aid = _ids(settle.rollout)
+        try:
+            current = self.store.get_rollout(rid)
+            why_not = why_not_settle(current, settle)
+            if why_not is None:
+                self.store.update_rollout(rid, status=settle.status)
+        except UnknownIdError:
+            return
+        except Exception as exc:  # a StoreError, or anything else: the next scan sees it again
+            metrics.STORE_ERRORS.labels("settle").inc()
+            log.error("[rollout=%s attempt=%s] could not settle (%s); reconciliation will retry", rid, aid, exc)
+            return
+        if why_not is not None:
+            log.info("[rollout=%s attempt=%s] not settled: %s", rid, aid, why_not)
+            return
+        metrics.SETTLED.labels(settle.status).inc()
+        log.warning(
+            "[rollout=%s attempt=%s] was %s with its latest attempt %s and no lease (a span after the report?);"
+            " set to %s, as the Store's retry policy would",
+            rid,
+            aid,
+            settle.rollout.status,
+            settle.rollout.attempt.status,
+            settle.status,
+        )
+
+    # --- helpers ---------------------------------------------------------------------------------
+
+    def _wait_for_slot(self, gather_for: int = 0) -> float:
+        """All slots busy: block on the workers' slot-freed wake-up (at most FULL_CAPACITY_WAIT_S).
+
+        With ``gather_for`` (the slots that were all busy), a wake-up is followed by the coalescing wait
+        (``bridge.dispatch.coalesce``), so that slots freed meanwhile share the next dequeue.
+        """
+        try:
+            woken = self._wait_for_freed(self.queues, FULL_CAPACITY_WAIT_S)
+        except redis.RedisError:
+            return FULL_CAPACITY_WAIT_S  # the next tick's slot count reports the outage
+        return self._coalescer.wait_s(gather_for) if woken and gather_for else 0.0
+
+    def _update_gauges(self, view: capacity.SlotView, free: dict[str, int], served: set[str]) -> None:
+        self.scope_watch.check(served)
+        self._exports.active = True
+        held = self._hold.by_queue()
+        self._update_autoscaling_gauges(view, free, held)
+        for queue in self.queues:
+            metrics.HELD.labels(queue).set(held.get(queue, 0))
+            metrics.UNSERVED.labels(queue).set(0 if queue in served else 1)
+        try:
+            capacity.record_held(self.redis, self.scope, held, served)
+        except redis.RedisError:
+            pass
+        if self._probe is None:
+            self._probe = broker.queues_for(self.settings, self.redis)
+        try:
+            for queue in self.queues:
+                metrics.QUEUE_DEPTH.labels(queue).set(self._probe.depth(queue))
+                metrics.OLDEST_QUEUED_AGE.labels(queue).set(self._probe.oldest_age(queue) or 0.0)
+                oldest = capacity.oldest_inflight_age(self.redis, self.scope, queue)
+                metrics.OLDEST_IN_FLIGHT_AGE.labels(queue).set(oldest or 0.0)
+        except (redis.RedisError, broker.BrokerReadError):
+            pass
+
+    def _update_autoscaling_gauges(self, view: capacity.SlotView, free: dict[str, int], held: dict[str, int]) -> None:
+        """Slots, free slots, in flight, and from the last backlog reading the Store's waiting rollouts and the
+        desired slots per queue: in flight + waiting + held + the 1.0 line's published backlog
+        (``bridge.core.line_demand``; docs/operations.md, "Autoscaling signal")."""
+        totals = view.totals()
+        backlog = self._backlog.latest
+        now = time.time()
+        own: dict[str, int] = {}
+        others: dict[str, dict[str, int]] = {}
+        if backlog is not None:  # this line's backlog for the other line's leader, and the other's
+            own = {queue: backlog.waiting.get(queue, 0) + held.get(queue, 0) for queue in self.queues}
+            others = self._demand.others(own)
+        for queue in self.queues:
+            inflight = view.inflight.get(queue, 0)
+            metrics.SLOTS.labels(queue).set(totals.get(queue, 0))
+            metrics.FREE_SLOTS.labels(queue).set(free.get(queue, 0))
+            metrics.IN_FLIGHT.labels(queue).set(inflight)
+            if backlog is None:  # none read yet in this leader term: export nothing rather than a false 0
+                continue
+            waiting = backlog.waiting.get(queue, 0)
+            metrics.STORE_WAITING.labels(queue).set(waiting)
+            metrics.STORE_OLDEST_WAITING.labels(queue).set(backlog.oldest_age(queue, now))
+            desired = line_demand.desired_slots(inflight, own[queue], others.get(queue, {}))
+            metrics.DESIRED_SLOTS.labels(queue).set(desired)
+
+
+def _ids(rollout: AttemptedRollout) -> tuple[str, str]:
+    return rollout.rollout_id, rollout.attempt.attempt_id
