@@ -46,6 +46,7 @@ from bridge.core.errors import (
 )
 from bridge.core.message import DEFAULT_AGENT
 from bridge.core.models import AttemptedRollout, AttemptStatus, RolloutStatus
+from bridge.core.outcome import Outcome, OutcomeStatus, skipped
 from bridge.core.redact import redact_error, redact_text
 from workers.agents import llm as llm_mod
 from workers.agents import loading as agent_loading
@@ -62,7 +63,6 @@ from workers.protocol.fencing import WriteGuard
 from workers.protocol.heartbeat import AttemptWatch, span_flush_interval
 from workers.protocol.held import HeldAttempt, release_slot
 from workers.protocol.lease import Lease, mark_done
-from workers.protocol.outcome import Outcome, OutcomeStatus, skipped
 from workers.protocol.reporting import AttemptReporter, ReportPending, RunResult
 from workers.telemetry.spans import AttemptTelemetry
 

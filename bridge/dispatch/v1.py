@@ -38,12 +38,10 @@ from bridge.core.agl_v1 import (
     GatewayClient,
     GatewayConflict,
     GatewayError,
-    KeptOutcome,
     Malformed,
     V1Rollout,
     V1State,
     attempt_key,
-    failed_message,
     scoped_attempt_key,
 )
 from bridge.core.backoff import backoff_delay
@@ -51,6 +49,7 @@ from bridge.core.coordination import coordination_redis, deployment_endpoint, de
 from bridge.core.errors import MissingSetting
 from bridge.core.logs import configure_logging
 from bridge.core.message import base_app
+from bridge.core.outcome import Outcome, failed_message
 from bridge.core.redact import redact_error, redact_text, redact_url
 from bridge.core.scope_check import ScopeWatch
 from bridge.core.settings import Settings
@@ -429,12 +428,12 @@ class V1Dispatcher:
             pipe.scard(keys.v1_handovers(self.scope, rid))
         answers = iter(pipe.execute())
         executions = {key: capacity.Execution(bool(next(answers)), bool(next(answers)), next(answers)) for key in named}
-        kept: dict[str, KeptOutcome | Unreadable] = {}
+        kept: dict[str, Outcome | Unreadable] = {}
         for key in current:
             raw = next(answers)
             if raw is not None:
                 try:
-                    kept[key] = KeptOutcome.parse(raw)
+                    kept[key] = Outcome.parse(raw)
                 except ValueError as exc:
                     kept[key] = Unreadable(str(exc))
         handovers = {rid: int(next(answers)) for rid in rids}
@@ -479,7 +478,8 @@ class V1Dispatcher:
         """An outcome the worker could not send: set it now (current attempt only), then drop it."""
         outcome = repair.outcome
         assert outcome.state is not None
-        if not self.gateway.finish(repair.rollout_id, repair.attempt_id, outcome.state, outcome.gateway_detail()):
+        state = V1State(outcome.state)
+        if not self.gateway.finish(repair.rollout_id, repair.attempt_id, state, outcome.message()):
             log.info(
                 "[v1 rollout=%s attempt=%s] kept outcome not applied: moved on", repair.rollout_id, repair.attempt_id
             )

@@ -13,6 +13,7 @@ import redis
 from kombu.utils.json import dumps as kombu_dumps
 
 from bridge.core.models import AttemptStatus
+from bridge.core.outcome import Outcome, OutcomeStatus
 from bridge.core.settings import load_settings
 from bridge.core.store import StoreClient
 from workers.execution import AttemptRun
@@ -21,7 +22,6 @@ from workers.protocol import clock
 from workers.protocol.attempt import Attempt, Rejected, read_payload
 from workers.protocol.failures import FailureClass
 from workers.protocol.heartbeat import HeartbeatMonitor
-from workers.protocol.outcome import Outcome, OutcomeStatus
 from workers.protocol.reporting import PendingReport
 from workers.telemetry.courier import TraceCourier
 

@@ -27,6 +27,7 @@ import redis
 from celery.exceptions import SoftTimeLimitExceeded
 
 from bridge.core import capacity, keys
+from bridge.core.outcome import OutcomeStatus
 from bridge.core.settings import load_settings
 from bridge.core.store import StoreClient
 from tests.loopback import LoopbackServer
@@ -37,7 +38,6 @@ from workers.lifecycle.resources import WorkerResources
 from workers.protocol.failures import FailureClass
 from workers.protocol.fencing import WriteGuard
 from workers.protocol.heartbeat import AttemptWatch, HeartbeatMonitor
-from workers.protocol.outcome import OutcomeStatus
 from workers.protocol.reporting import AttemptReporter, PendingReport, ReportPending
 from workers.telemetry.courier import TraceCourier
 
