@@ -8,7 +8,7 @@ failed on the gateway with the fields at fault, and the others go on. A publish 
 on later ticks with backoff, the rollouts behind it going on meanwhile, and fails the rollout with the broker's
 error after ``AGL_V1_PUBLISH_GIVE_UP_S``; an error no retry can cure fails it at once. Error texts are masked
 (``bridge.core.redact``) before they reach the gateway or the log. Time budgets are clamped to what the broker
-covers by the rule the worker applies to the gateway's copy too (``Settings.covered_timeout``).
+covers by the rule the worker applies to the gateway's copy too (``bridge.core.time_budget.clamp_to_broker``).
 
 Each reconcile reads the facts, plans the repairs (``bridge.dispatch.v1_repairs``, which says what each hazard
 gets) and carries them out one by one, so one failing repair stops no other. Every step is safe to repeat, so
@@ -53,6 +53,7 @@ from bridge.core.outcome import Outcome, failed_message
 from bridge.core.redact import redact_error, redact_text, redact_url
 from bridge.core.scope_check import ScopeWatch
 from bridge.core.settings import Settings
+from bridge.core.time_budget import v1_time_limits
 from bridge.dispatch import metrics
 from bridge.dispatch.backlog import LeaderExports, gateway_reader
 from bridge.dispatch.dispatcher import GAUGES_EVERY_S
@@ -297,7 +298,7 @@ class V1Dispatcher:
         rid = rollout.rollout_id
         key = attempt_key(rid, attempt_id)
         rollout = self._covered(rollout, attempt_id)
-        soft, hard = self.settings.v1_time_limits(rollout.config.timeout_seconds)
+        soft, hard = v1_time_limits(self.settings, rollout.config.timeout_seconds)
         capacity.mark_inflight(self.redis, self.scope, self.queue, key)
         try:
             self.app.send_task(

@@ -61,7 +61,7 @@ def test_a_run_and_its_collaborators_share_the_one_attempt() -> None:
     try:
         run = AttemptRun(attempt, res)
         assert run.reporter.attempt is attempt and run.guard.attempt is attempt
-        assert run.guard.lease is run.lease and run.lease.attempt_id == "at-1"
+        assert run.guard.lease is run.lease and run.lease.lease_id == "at-1"
         assert run.reporter.guard is run.guard
         unparsed = dataclasses.replace(attempt, rollout=None)
         with pytest.raises(ValueError):

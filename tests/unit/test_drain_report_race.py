@@ -36,9 +36,9 @@ from workers.lifecycle import drain, stuck
 from workers.lifecycle.drain import DrainClock
 from workers.lifecycle.resources import WorkerResources
 from workers.protocol.failures import FailureClass
-from workers.protocol.fencing import WriteGuard
 from workers.protocol.heartbeat import AttemptWatch, HeartbeatMonitor
 from workers.protocol.reporting import AttemptReporter, PendingReport, ReportPending
+from workers.protocol.write_guard import WriteGuard
 from workers.telemetry.courier import TraceCourier
 
 JSON = {"Content-Type": "application/json"}

@@ -63,7 +63,7 @@ def draining(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
 
 def _watch(redis_client: redis.Redis, *, interruptible: bool = False) -> AttemptWatch:
     lease = Lease(redis_client, f"at-drain-{uuid.uuid4().hex[:6]}", 5)
-    return AttemptWatch("ro-1", lease.attempt_id, lease, None, 1.0, 60.0, interruptible=interruptible)
+    return AttemptWatch("ro-1", lease.lease_id, lease, None, 1.0, 60.0, interruptible=interruptible)
 
 
 def test_the_heartbeat_stops_running_attempts_and_interrupts_prefork_agents_once(

@@ -29,7 +29,8 @@ from bridge.core.errors import StoreError, Superseded, TelemetryError, UnknownId
 from bridge.core.models import ACTIVE_ATTEMPT, RolloutConfig
 from bridge.core.store import ROLLOUTS_PER_READ, StoreClient
 from workers.lifecycle import drain
-from workers.protocol.fence_board import GRACE_S, LISTING_LAPSES_INTERVALS, FenceBoard, fence
+from workers.protocol.fence_board import GRACE_S, LISTING_LAPSES_INTERVALS, FenceBoard
+from workers.protocol.fencing import fence
 from workers.protocol.lease import Lease, Renewal, renew_all
 from workers.telemetry.spans import AttemptTelemetry
 

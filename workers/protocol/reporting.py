@@ -28,9 +28,9 @@ from workers.lifecycle import metrics as worker_metrics
 from workers.lifecycle.resources import WorkerResources
 from workers.protocol.attempt import Attempt
 from workers.protocol.failures import FailureClass
-from workers.protocol.fence_board import fence
-from workers.protocol.fencing import WriteGuard
+from workers.protocol.fencing import fence
 from workers.protocol.lease import mark_done
+from workers.protocol.write_guard import WriteGuard
 from workers.telemetry.spans import AttemptTelemetry
 
 REPORT_GRACE_S = 300.0

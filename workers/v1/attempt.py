@@ -12,7 +12,7 @@ Contract:
 * The program runs in a session of its own (started cold or warm by ``workers.v1.launch``) with the environment
   ``workers.v1.environment`` builds (never the worker's secrets) and the gateway's copy of the rollout's config,
   never the message's; at the rollout's ``timeout_seconds`` (clamped as the dispatcher clamps the message's,
-  ``Settings.covered_timeout``), when the gateway shows the rollout moved on (finished, deleted, another attempt),
+  ``bridge.core.time_budget.clamp_to_broker``), when the gateway shows the rollout moved on (finished, deleted, another attempt),
   when the lease is lost, or when the node drains, its whole process group is killed, and on every other way out too;
   the program also dies with the worker process (``PR_SET_PDEATHSIG``). A warm program whose server died
   under it is a lost program: the attempt is reported failed (class ``infra``), never re-run as a lost worker.
@@ -45,6 +45,7 @@ from bridge.core.agl_v1 import (
 )
 from bridge.core.outcome import FailureClass, Outcome, OutcomeStatus
 from bridge.core.settings import Settings
+from bridge.core.time_budget import clamp_to_broker
 from workers.protocol.heartbeat import HEARTBEAT_TIMEOUT_S, TICK_S, HeartbeatMonitor
 from workers.protocol.held import HeldAttempt
 from workers.v1.environment import output_redactor, program_environment
@@ -202,8 +203,8 @@ class V1Attempt:
         """Wait for the program: its exit code, or why it was stopped (its timeout, a stop of the protocol, the
         rollout moving on), or ProgramLost when its server died under it."""
         # The gateway's copy carries the trainer's timeout_seconds: clamped as the dispatcher clamped the message's,
-        # so the program never runs past the task's hard limit or the broker's redelivery (Settings.covered_timeout).
-        timeout_s = self.settings.covered_timeout(float(self.rollout.config.timeout_seconds), agl_v1=True)
+        # so the program never runs past the task's hard limit or the broker's redelivery (``time_budget.clamp_to_broker``).
+        timeout_s = clamp_to_broker(self.settings, float(self.rollout.config.timeout_seconds), agl_v1=True)
         deadline = time.monotonic() + timeout_s
         interval = self.settings.heartbeat_interval_s
         next_read = time.monotonic() + interval
