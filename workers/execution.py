@@ -55,7 +55,7 @@ from workers.agents.inputs import parse_task_input
 from workers.agents.loading import ConfiguredAgent
 from workers.agents.ratelimit import LLMRateLimiter, RateLimit
 from workers.agents.webshop_loop import Episode
-from workers.lifecycle import drain, stuck
+from workers.lifecycle import drain, state, stuck
 from workers.lifecycle.resources import WorkerResources
 from workers.protocol.attempt import Attempt, Rejected, read_payload
 from workers.protocol.failures import FailureClass, classify
@@ -286,7 +286,7 @@ class AttemptRun:
         # happening: the drain makes it in this thread's place.
         self.held.hand_over_at_drain(partial(self._hand_over_now, watch), slot=self.slot)
         try:
-            if stuck.pool.threads:  # nothing else could stop an agent that blocks outside the LLM calls
+            if state.node.pool.threads:  # nothing else could stop an agent that blocks outside the LLM calls
                 result = stuck.run_abandonable(partial(body, telemetry, watch), watch)
             else:  # prefork: Celery's time limits stop it; solo: the only slot, nothing to run beside it
                 result = body(telemetry, watch)
@@ -383,7 +383,7 @@ class AttemptRun:
             first_beat_in_s=interval - (time.time() - self.attempt.dequeued_at),  # the clock started at the dequeue
             viewed_at=self.guard.viewed_at,
             alive_at=self.attempt.dequeued_at,
-            interruptible=stuck.pool.prefork,
+            interruptible=state.node.pool.prefork,
         )
         self.held.follow(watch)
         return watch

@@ -30,7 +30,7 @@ import redis
 from bridge.core import capacity, keys
 from bridge.core.outcome import Outcome
 from bridge.core.settings import get_settings
-from workers.lifecycle import drain
+from workers.lifecycle import state
 from workers.protocol.heartbeat import AttemptWatch, HeartbeatMonitor
 from workers.protocol.lease import Claim, Lease, free_slot
 
@@ -42,9 +42,10 @@ def draining(client: redis.Redis, scope: str, node: str | None) -> bool:
     node's name for this process's heartbeat, which reads the node's stop time by it."""
     if get_settings().worker_shutdown_grace_s is None:
         return False
-    if drain.clock.node is None and node:
-        drain.clock.node = node
-    return drain.clock.refresh(client, scope, time.time())
+    clock = state.process.drain_clock
+    if clock.node is None and node:
+        clock.node = node
+    return clock.refresh(client, scope, time.time())
 
 
 def release_slot(

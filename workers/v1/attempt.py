@@ -12,12 +12,13 @@ Contract:
 * The program runs in a session of its own (started cold or warm by ``workers.v1.launch``) with the environment
   ``workers.v1.environment`` builds (never the worker's secrets) and the gateway's copy of the rollout's config,
   never the message's; at the rollout's ``timeout_seconds`` (clamped as the dispatcher clamps the message's,
-  ``bridge.core.time_budget.clamp_to_broker``), when the gateway shows the rollout moved on (finished, deleted, another attempt),
-  when the lease is lost, or when the node drains, its whole process group is killed, and on every other way out too;
-  the program also dies with the worker process (``PR_SET_PDEATHSIG``). A warm program whose server died
-  under it is a lost program: the attempt is reported failed (class ``infra``), never re-run as a lost worker.
-* The outcome (exit code 0: succeeded; else failed with the last lines the program wrote) carries a failure class
-  (``workers.protocol.failures``) and is kept in Redis with the done marker before it is sent, so the dispatcher
+  ``bridge.core.time_budget.clamp_to_broker``), when the gateway shows the rollout moved on (finished, deleted,
+  another attempt), when the lease is lost, or when the node drains, its whole process group is killed, and on
+  every other way out too; the program also dies with the worker process (``PR_SET_PDEATHSIG``). A warm program
+  whose server died under it is a lost program: the attempt is reported failed (class ``infra``), never re-run
+  as a lost worker.
+* The outcome (``bridge.core.outcome.Outcome``; exit code 0: succeeded; else failed with the last lines the program
+  wrote) carries a failure class and is kept in Redis with the done marker before it is sent, so the dispatcher
   applies it if the gateway could not be told. A drain keeps a hand-over record instead and reports nothing.
   Error texts (the program's output, a gateway, Redis or program-server error) are masked and bounded by the
   outcome record (``bridge.core.outcome``) before they leave.
@@ -49,7 +50,8 @@ from bridge.core.time_budget import clamp_to_broker
 from workers.protocol.heartbeat import HEARTBEAT_TIMEOUT_S, TICK_S, HeartbeatMonitor
 from workers.protocol.held import HeldAttempt
 from workers.v1.environment import output_redactor, program_environment
-from workers.v1.launch import Program, ProgramLost, WarmProgram, start_program
+from workers.v1.launch import start_program
+from workers.v1.programs import Program, ProgramLost, WarmProgram
 
 log = logging.getLogger("workers.v1")
 
@@ -203,7 +205,7 @@ class V1Attempt:
         """Wait for the program: its exit code, or why it was stopped (its timeout, a stop of the protocol, the
         rollout moving on), or ProgramLost when its server died under it."""
         # The gateway's copy carries the trainer's timeout_seconds: clamped as the dispatcher clamped the message's,
-        # so the program never runs past the task's hard limit or the broker's redelivery (``time_budget.clamp_to_broker``).
+        # so the program never runs past the task's hard limit or the broker's redelivery (``clamp_to_broker``).
         timeout_s = clamp_to_broker(self.settings, float(self.rollout.config.timeout_seconds), agl_v1=True)
         deadline = time.monotonic() + timeout_s
         interval = self.settings.heartbeat_interval_s
