@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Iterator
 
 import pytest
 
+from bridge.core import process_state
 from tests import redis_for_tests, schedule
+from workers.lifecycle import state
 
 pytest_plugins = ["pytester"]  # tests/unit/test_schedule.py runs collections of its own
 
@@ -45,6 +48,15 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     redis_for_tests.stop()
+
+
+@pytest.fixture(autouse=True)
+def fresh_process_state() -> Iterator[None]:
+    """Leave this process's state as a fresh process has it (``workers.lifecycle.state``,
+    ``bridge.core.process_state``): no test sees clients, caches, offsets or flags another one left."""
+    yield
+    state.reset()
+    process_state.reset()
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ from bridge.core.message import base_app
 from bridge.core.patches import celery_task_events as events
 from bridge.core.patches.celery_loop_wake import LoopWaker
 from bridge.core.settings import Settings, get_settings
+from bridge.core.time_budget import hard_time_limit, soft_time_limit
 
 __all__ = ["app", "create_app"]
 
@@ -31,8 +32,8 @@ def create_app(settings: Settings) -> Celery:
         task_acks_on_failure_or_timeout=True,
         worker_prefetch_multiplier=1,
         broker_connection_max_retries=None,
-        task_soft_time_limit=settings.soft_time_limit(None),
-        task_time_limit=settings.hard_time_limit(None),
+        task_soft_time_limit=soft_time_limit(settings, None),
+        task_time_limit=hard_time_limit(settings, None),
         worker_send_task_events=settings.task_events,  # for Flower's task list
         worker_hijack_root_logger=False,
         worker_redirect_stdouts=False,

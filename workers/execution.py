@@ -18,7 +18,7 @@ that changes an attempt behind its executor's back, and deterministic: ``watchdo
 The parts: ``workers.protocol.attempt`` describes the attempt (built once, immutable); ``workers.protocol.held``
 holds it, as it holds a 1.0 attempt: the lease, claimed before any Store read and released after the final report,
 and the heartbeat watch, which this module builds (Store-fenced, with the attempt's telemetry) once the run starts;
-``workers.protocol.fencing`` decides whether a write may go out; ``workers.protocol.reporting`` decides and delivers
+``workers.protocol.write_guard`` decides whether a write may go out; ``workers.protocol.reporting`` decides and delivers
 the report (0.3's own, kept under ``keys.pending_report``); this module runs it. The task frees the slot.
 """
 
@@ -46,24 +46,25 @@ from bridge.core.errors import (
 )
 from bridge.core.message import DEFAULT_AGENT
 from bridge.core.models import AttemptedRollout, AttemptStatus, RolloutStatus
+from bridge.core.outcome import Outcome, OutcomeStatus, skipped
 from bridge.core.redact import redact_error, redact_text
+from bridge.core.time_budget import clamp_to_broker, soft_time_limit
 from workers.agents import llm as llm_mod
 from workers.agents import loading as agent_loading
 from workers.agents.inputs import parse_task_input
 from workers.agents.loading import ConfiguredAgent
 from workers.agents.ratelimit import LLMRateLimiter, RateLimit
 from workers.agents.webshop_loop import Episode
-from workers.lifecycle import drain, stuck
+from workers.lifecycle import drain, state, stuck
 from workers.lifecycle.resources import WorkerResources
 from workers.protocol.attempt import Attempt, Rejected, read_payload
 from workers.protocol.failures import FailureClass, classify
-from workers.protocol.fence_board import fence
-from workers.protocol.fencing import WriteGuard
+from workers.protocol.fencing import fence
 from workers.protocol.heartbeat import AttemptWatch, span_flush_interval
 from workers.protocol.held import HeldAttempt, release_slot
 from workers.protocol.lease import Lease, mark_done
-from workers.protocol.outcome import Outcome, OutcomeStatus, skipped
 from workers.protocol.reporting import AttemptReporter, ReportPending, RunResult
+from workers.protocol.write_guard import WriteGuard
 from workers.telemetry.spans import AttemptTelemetry
 
 log = logging.getLogger("workers.execution")
@@ -285,7 +286,7 @@ class AttemptRun:
         # happening: the drain makes it in this thread's place.
         self.held.hand_over_at_drain(partial(self._hand_over_now, watch), slot=self.slot)
         try:
-            if stuck.pool.threads:  # nothing else could stop an agent that blocks outside the LLM calls
+            if state.node.pool.threads:  # nothing else could stop an agent that blocks outside the LLM calls
                 result = stuck.run_abandonable(partial(body, telemetry, watch), watch)
             else:  # prefork: Celery's time limits stop it; solo: the only slot, nothing to run beside it
                 result = body(telemetry, watch)
@@ -382,7 +383,7 @@ class AttemptRun:
             first_beat_in_s=interval - (time.time() - self.attempt.dequeued_at),  # the clock started at the dequeue
             viewed_at=self.guard.viewed_at,
             alive_at=self.attempt.dequeued_at,
-            interruptible=stuck.pool.prefork,
+            interruptible=state.node.pool.prefork,
         )
         self.held.follow(watch)
         return watch
@@ -464,9 +465,9 @@ class AttemptRun:
         return min(interval, unresponsive / 3) if unresponsive else interval
 
     def _episode_deadline(self) -> float:
-        # covered_timeout: a takeover re-read the Store's unclamped timeout_seconds (see the bridge's publisher).
-        timeout = self.settings.covered_timeout(self.rollout.config.timeout_seconds)
-        return self.attempt.dequeued_at + self.settings.soft_time_limit(timeout)
+        # clamp_to_broker: a takeover re-read the Store's unclamped timeout_seconds (see the bridge's publisher).
+        timeout = clamp_to_broker(self.settings, self.rollout.config.timeout_seconds)
+        return self.attempt.dequeued_at + soft_time_limit(self.settings, timeout)
 
 
 def is_retryable_before_progress(exc: BaseException) -> bool:

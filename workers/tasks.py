@@ -13,12 +13,12 @@ from bridge.core.backoff import backoff_delay
 from bridge.core.coordination import deployment_scope
 from bridge.core.errors import DuplicateDelivery
 from bridge.core.message import TASK_NAME
+from bridge.core.outcome import Outcome, OutcomeStatus
 from bridge.core.settings import Settings, get_settings
 from workers.app import app
 from workers.execution import Delivery, is_retryable_before_progress
 from workers.lifecycle.resources import get_coordination, get_resources
 from workers.protocol import held as protocol
-from workers.protocol.outcome import Outcome, OutcomeStatus
 
 log = logging.getLogger("workers.tasks")
 

@@ -20,26 +20,13 @@ from pydantic import BaseModel, Field, ValidationError
 from bridge.core.backoff import Retries
 from bridge.core.errors import BridgeError
 from bridge.core.http import service_client
+from bridge.core.outcome import error_text
 from bridge.core.redact import redact_text, redact_url
 
 V1_TASK_NAME = "workers.run_v1_rollout"
 """The task that runs one 1.0 attempt; its id is ``attempt_key(rollout_id, attempt_id)``."""
 
 FIRST_ATTEMPT = "0"  # 1.0's own runners only ever use this one
-ERROR_MESSAGE_CHARS = 2000  # of a failed attempt's error, what is sent as ``error_message`` (``failed_message``)
-HEADLINE_CHARS = 500  # of a failed attempt's error, the first line kept whole up to this
-
-
-def failed_message(failure_class: str | None, detail: str, limit: int = ERROR_MESSAGE_CHARS) -> str:
-    """A failed attempt's ``error_message``, at most ``limit`` characters: its failure class first (``[failure
-    class: x]``), then the detail's first line (what happened, up to ``HEADLINE_CHARS``) and as much of the rest's
-    tail (the program's last lines of output) as fits. Written by the worker and by the dispatcher for an outcome
-    the worker kept, the same way."""
-    prefix = f"[failure class: {failure_class}] " if failure_class else ""
-    head, newline, rest = detail.partition("\n")
-    head = head[: HEADLINE_CHARS if rest else max(0, limit - len(prefix))]
-    room = limit - len(prefix) - len(head) - len(newline)
-    return prefix + head + newline + (rest[-room:] if room > 0 and rest else "")
 
 
 def _said(response: httpx.Response) -> str:
@@ -115,42 +102,6 @@ def parse_rollout(item: Any) -> V1Rollout | Malformed:
             state if isinstance(state, str) else None,
             f"invalid rollout: {problems}",
         )
-
-
-@dataclass(frozen=True)
-class KeptOutcome:
-    """A worker's record at ``keys.v1_result(attempt key)``: the outcome it could not send, or a hand-over.
-
-    ``state`` None with ``handover``: a draining worker stopped the attempt and asks for a re-run under the
-    next attempt id that counts against no re-run limit. Records written before ``failure_class`` and
-    ``handover`` existed carry only ``state`` and ``detail``."""
-
-    state: V1State | None
-    detail: str
-    failure_class: str | None = None
-    handover: bool = False
-
-    @classmethod
-    def parse(cls, raw: str | bytes) -> KeptOutcome:
-        """ValueError when ``raw`` is not such a record."""
-        data = json.loads(raw)
-        if not isinstance(data, dict):
-            raise ValueError("not a JSON object")
-        state, failure_class = data.get("state"), data.get("failure_class")
-        if failure_class is not None and not isinstance(failure_class, str):
-            raise ValueError(f"failure_class {failure_class!r} is not a string")
-        return cls(
-            V1State(state) if state is not None else None,
-            str(data.get("detail", "")),
-            failure_class,
-            data.get("handover") is True,
-        )
-
-    def gateway_detail(self) -> str:
-        """What the gateway is told: a failed outcome's ``failed_message``, as the worker would have sent it."""
-        if self.state != V1State.FAILED:
-            return self.detail
-        return failed_message(self.failure_class, self.detail)
 
 
 def attempt_key(rollout_id: str, attempt_id: str) -> str:
@@ -281,7 +232,7 @@ class GatewayClient:
         True when set. Its answer is not parsed, for the same reason."""
         if rollout.rollout_id is None:
             return False
-        body = {"status": {"state": V1State.FAILED.value, "error_message": rollout.reason[-ERROR_MESSAGE_CHARS:]}}
+        body = {"status": {"state": V1State.FAILED.value, "error_message": error_text(redact_text(rollout.reason))}}
         response = self._send("PATCH", f"/api/rollouts/{rollout.rollout_id}", json=body, allow=(404, 409))
         return response.status_code < 400
 
@@ -342,7 +293,7 @@ class GatewayClient:
                 self.patch_status(rollout_id, state=V1State.RUNNING, last_attempt_id=attempt_id)
             fields: dict[str, Any] = {"state": state, "last_attempt_id": attempt_id}
             if state == V1State.FAILED:
-                fields["error_message"] = detail[:ERROR_MESSAGE_CHARS]
+                fields["error_message"] = error_text(redact_text(detail))
             return self.patch_status(rollout_id, **fields) is not None
         except GatewayConflict:
             return False

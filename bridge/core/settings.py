@@ -6,21 +6,37 @@ the variable named by its ``validation_alias`` (keyword arguments may use the fi
 documented by the string below it; ``.env.example`` and docs/configuration.md are generated from the fields
 (``python -m bridge_lab.configdoc --write``). Everything is validated when a process starts: a bad value
 raises ``ConfigError`` with one readable line naming the variable, which entry points turn into exit code 2.
+How values are parsed: ``bridge.core.setting_values``; the time budgets derived from the fields:
+``bridge.core.time_budget``.
 """
 
 from __future__ import annotations
 
-import re
 from functools import lru_cache
-from typing import Annotated, Any, Literal, overload
-from urllib.parse import parse_qsl, urlsplit
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, HttpUrl, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from bridge.core.errors import ConfigError, MissingSetting
 from bridge.core.redact import redact_url
+from bridge.core.setting_values import (
+    AMQP_SCHEMES,
+    REDIS_SCHEMES,
+    check_tls_verified,
+    hook_list,
+    is_amqp_url,
+    is_import_path,
+    is_redis_url,
+    key_host_list,
+    module_prefix_list,
+    pass_env_list,
+    queue_map,
+    rate_limit_map,
+    share_weights,
+)
 from bridge.core.store import TRACES
+from bridge.core.time_budget import hard_time_limit
 
 SET_IN_EXAMPLE = "set_in_example"
 """``json_schema_extra`` key: the variable's line in .env.example is set, not commented out."""
@@ -346,12 +362,12 @@ class Settings(BaseSettings):
     @field_validator("queue_by_mode", mode="before")
     @classmethod
     def _parse_queue_map(cls, value: Any) -> Any:
-        return _queue_map(value)
+        return queue_map(value)
 
     @field_validator("slot_share_weights", mode="before")
     @classmethod
     def _parse_share_weights(cls, value: Any) -> Any:
-        return _share_weights(value)
+        return share_weights(value)
 
     @field_validator("agent")
     @classmethod
@@ -364,22 +380,22 @@ class Settings(BaseSettings):
     @field_validator("agent_hooks", mode="before")
     @classmethod
     def _parse_hooks(cls, value: Any) -> Any:
-        return _hook_list(value)
+        return hook_list(value)
 
     @field_validator("agl_v1_pass_env", mode="before")
     @classmethod
     def _parse_pass_env(cls, value: Any) -> Any:
-        return _pass_env_list(value)
+        return pass_env_list(value)
 
     @field_validator("agl_v1_agent_modules", mode="before")
     @classmethod
     def _parse_agent_modules(cls, value: Any) -> Any:
-        return _module_prefix_list(value)
+        return module_prefix_list(value)
 
     @field_validator("agl_v1_preload", mode="before")
     @classmethod
     def _parse_preload(cls, value: Any) -> Any:
-        return _module_prefix_list(value)
+        return module_prefix_list(value)
 
     @model_validator(mode="after")
     def _check_preload_agents(self) -> Settings:
@@ -393,12 +409,12 @@ class Settings(BaseSettings):
     @field_validator("llm_key_hosts", mode="before")
     @classmethod
     def _parse_key_hosts(cls, value: Any) -> Any:
-        return _key_host_list(value)
+        return key_host_list(value)
 
     @field_validator("llm_rate_limits", mode="before")
     @classmethod
     def _parse_rate_limits(cls, value: Any) -> Any:
-        return _rate_limit_map(value)
+        return rate_limit_map(value)
 
     @field_validator("log_level")
     @classmethod
@@ -431,7 +447,7 @@ class Settings(BaseSettings):
         """A URL that turns certificate checks off is refused unless BROKER_TLS_INSECURE says so."""
         if not self.broker_tls_insecure:
             for name, url in (("CELERY_BROKER_URL", self.broker_url), ("REDIS_URL", self.redis_url)):
-                _check_tls_verified(name, url)
+                check_tls_verified(name, url)
         return self
 
     @model_validator(mode="after")
@@ -444,7 +460,7 @@ class Settings(BaseSettings):
                 "REDIS_URL must be set with a RabbitMQ broker: leases, slots, rate limits and the leader lock "
                 "live in Redis (e.g. REDIS_URL=redis://localhost:6379/0)"
             )
-        longest = self.hard_time_limit(self.default_timeout_s) + self.max_queue_wait_s
+        longest = hard_time_limit(self, self.default_timeout_s) + self.max_queue_wait_s
         if self.redelivery_timeout_s <= longest:
             name, why = (
                 ("BROKER_CONSUMER_TIMEOUT_S", "RabbitMQ closes the channel of a rollout running that long")
@@ -509,55 +525,6 @@ class Settings(BaseSettings):
     def all_queues(self) -> list[str]:
         return sorted({self.default_queue, *self.queue_by_mode.values()})
 
-    def soft_time_limit(self, timeout_s: float | None) -> float:
-        """Stop an episode a little before the Store's own deadline so its report still counts."""
-        budget = timeout_s if timeout_s and timeout_s > 0 else self.default_timeout_s
-        return max(1.0, budget * 0.9 - 5.0)
-
-    def hard_time_limit(self, timeout_s: float | None) -> float:
-        budget = timeout_s if timeout_s and timeout_s > 0 else self.default_timeout_s
-        return max(2.0, budget * 0.95)
-
-    def longest_hard_limit_s(self) -> float:
-        """The longest hard time limit the broker covers: with the longest queue wait it stays under the
-        broker's visibility (Redis) or consumer (RabbitMQ) timeout, with 1 s to spare. A task that may run
-        longer is redelivered while it runs, so every publisher clamps its time budget to fit (the rule of
-        ``longest_timeout_s`` and ``v1_longest_timeout_s``)."""
-        return self.redelivery_timeout_s - self.max_queue_wait_s - 1.0
-
-    def longest_timeout_s(self) -> float:
-        """The largest ``timeout_seconds`` whose hard limit the broker covers (``longest_hard_limit_s``): a
-        longer one would be redelivered while it runs, so the bridge publishes it clamped to this and a
-        takeover clamps it too."""
-        share = self.hard_time_limit(1e6) / 1e6
-        return self.longest_hard_limit_s() / share
-
-    def v1_time_limits(self, timeout_s: float) -> tuple[float, float]:
-        """(soft, hard) Celery limits of a 1.0 attempt: above the worker's own deadline, since the worker kills
-        the agent program at ``timeout_s`` and then reports."""
-        return timeout_s + self.lease_ttl_s + 30.0, timeout_s + self.lease_ttl_s + 60.0
-
-    def v1_longest_timeout_s(self) -> float:
-        """The largest 1.0 ``timeout_seconds`` whose hard limit (``v1_time_limits``) the broker covers."""
-        return max(1.0, self.longest_hard_limit_s() - self.v1_time_limits(0.0)[1])
-
-    @overload
-    def covered_timeout(self, timeout_s: float, *, agl_v1: bool = False) -> float: ...
-
-    @overload
-    def covered_timeout(self, timeout_s: None, *, agl_v1: bool = False) -> None: ...
-
-    def covered_timeout(self, timeout_s: float | None, *, agl_v1: bool = False) -> float | None:
-        """``timeout_s`` lowered to the longest budget the broker covers: ``longest_timeout_s`` for a 0.3 rollout,
-        ``v1_longest_timeout_s`` in whole seconds for a 1.0 one (``agl_v1``); None or <= 0 (the default applies)
-        unchanged. The one rule of both lines, on both sides: the dispatcher publishes the clamped budget (and the
-        task's limits with it), and the worker clamps the budget it reads again (a 0.3 takeover's Store read, the
-        gateway's copy a 1.0 attempt runs), so the agent's deadline never outlasts the task's limits."""
-        if not timeout_s or timeout_s <= 0:
-            return timeout_s
-        longest = float(int(self.v1_longest_timeout_s())) if agl_v1 else self.longest_timeout_s()
-        return min(timeout_s, longest)
-
     def llm_rate_limit(self, model: str) -> tuple[float | None, float | None]:
         """(requests, tokens) per minute for ``model``: its LLM_RATE_LIMITS entry, else LLM_RPM/LLM_TPM."""
         return self.llm_rate_limits.get(model, (self.llm_rpm, self.llm_tpm))
@@ -620,173 +587,3 @@ def _config_error(error: ValidationError) -> ConfigError:
 def _variable(key: str) -> str:
     """The variable behind an error's location: a field's variable, or the key itself (upper-cased)."""
     return env_name(key) if key in Settings.model_fields else key.upper()
-
-
-# --- URLs -------------------------------------------------------------------------------------------
-
-REDIS_SCHEMES = ("redis://", "rediss://", "redis+socket://")
-AMQP_SCHEMES = ("amqp://", "amqps://", "pyamqp://")
-
-# Query parameters of a broker or Redis URL that turn TLS checks off (kombu and redis-py read them).
-_TLS_OFF = {
-    "ssl_cert_reqs": {"none", "optional", "cert_none", "cert_optional"},
-    "ssl_check_hostname": {"false", "0", "no", "off", "n", "f"},
-}
-
-
-def is_redis_url(url: str) -> bool:
-    return url.startswith(REDIS_SCHEMES)
-
-
-def is_amqp_url(url: str) -> bool:
-    return url.startswith(AMQP_SCHEMES)
-
-
-def _check_tls_verified(name: str, url: str | None) -> None:
-    """Raise ``ValueError`` when ``url``'s query turns certificate or host name checks off."""
-    if not url:
-        return
-    try:
-        query = parse_qsl(urlsplit(url).query)
-    except ValueError:
-        return
-    for key, value in query:
-        if value.strip().lower() in _TLS_OFF.get(key.lower(), ()):
-            raise ValueError(
-                f"{name} sets {key}={value}, which turns TLS certificate checks off: "
-                "set BROKER_TLS_INSECURE=true to allow that"
-            )
-
-
-def split_host_port(entry: str) -> tuple[str, int | None] | None:
-    """``host`` or ``host:port`` (IPv6 in brackets) as (lower-case host, port or None); None if it is neither."""
-    if not entry or any(c in entry for c in "/@?#\\ \t"):
-        return None
-    try:
-        parts = urlsplit(f"//{entry}")
-        port = parts.port
-    except ValueError:
-        return None
-    host = parts.hostname
-    if not host or port == 0:
-        return None
-    return host, port
-
-
-# --- list and map values ----------------------------------------------------------------------------
-# Each parser takes what the environment gives (a string; keyword overrides may pass the parsed type) and
-# returns the typed value, or raises ValueError with a message that names what was expected.
-
-_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
-
-
-def is_import_path(value: str) -> bool:
-    """``module.path:attr`` (attr may be dotted, e.g. ``mod:Outer.Inner``); checked here, imported only by workers."""
-    return bool(_IMPORT_PATH.match(value))
-
-
-def _key_host_list(value: Any) -> Any:
-    """Comma-separated ``host`` or ``host:port`` entries, lower-cased; a host without a port means any port."""
-    entries = [p.strip() for p in value.split(",") if p.strip()] if isinstance(value, str) else value
-    if not isinstance(entries, list):
-        return value
-    hosts: list[str] = []
-    for entry in entries:
-        split = split_host_port(entry.strip()) if isinstance(entry, str) else None
-        if split is None:
-            raise ValueError(f"expected comma-separated host or host:port entries, got {entry!r}")
-        host, port = split
-        host = f"[{host}]" if ":" in host else host
-        hosts.append(host if port is None else f"{host}:{port}")
-    return hosts
-
-
-def _queue_map(value: Any) -> Any:
-    """``mode=queue`` pairs separated by commas."""
-    if not isinstance(value, str):
-        return value
-    mapping: dict[str, str] = {}
-    for pair in (p.strip() for p in value.split(",") if p.strip()):
-        mode, sep, queue = pair.partition("=")
-        if not sep or not mode.strip() or not queue.strip():
-            raise ValueError(f"expected mode=queue pairs separated by commas, got {pair!r}")
-        mapping[mode.strip()] = queue.strip()
-    return mapping
-
-
-def _hook_list(value: Any) -> Any:
-    """Comma-separated ``module.path:attr`` entries."""
-    if isinstance(value, str):
-        value = [p.strip() for p in value.split(",") if p.strip()]
-    if isinstance(value, list):
-        bad = [p for p in value if not isinstance(p, str) or not is_import_path(p)]
-        if bad:
-            raise ValueError(f"expected comma-separated 'module.path:attr' entries, got {bad!r}")
-    return value
-
-
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_MODULE_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
-
-
-def _comma_list(value: Any) -> Any:
-    return [p.strip() for p in value.split(",") if p.strip()] if isinstance(value, str) else value
-
-
-def _pass_env_list(value: Any) -> Any:
-    """Comma-separated variable names; ``AGL_*`` are the worker's own (its key among them), never passed."""
-    value = _comma_list(value)
-    if isinstance(value, list):
-        bad = [p for p in value if not isinstance(p, str) or not _ENV_NAME.match(p) or p.upper().startswith("AGL_")]
-        if bad:
-            raise ValueError(f"expected comma-separated variable names, none starting with AGL_, got {bad!r}")
-    return value
-
-
-def _module_prefix_list(value: Any) -> Any:
-    """Comma-separated module paths (``pkg`` or ``pkg.sub``; a trailing dot is dropped)."""
-    value = _comma_list(value)
-    if isinstance(value, list):
-        value = [p.rstrip(".") if isinstance(p, str) else p for p in value]
-        bad = [p for p in value if not isinstance(p, str) or not _MODULE_PATH.match(p)]
-        if bad:
-            raise ValueError(f"expected comma-separated module paths (pkg or pkg.sub), got {bad!r}")
-    return value
-
-
-def _rate_limit_map(value: Any) -> Any:
-    """``model=rpm[:tpm]`` pairs; model names may hold '/' or ':', the numbers never '='."""
-    if not isinstance(value, str):
-        return value
-    limits: dict[str, tuple[float | None, float | None]] = {}
-    for pair in (p.strip() for p in value.split(",")):
-        if not pair:
-            continue
-        model, sep, numbers = pair.rpartition("=")
-        rpm, _, tpm = numbers.partition(":")
-        try:
-            parsed = (float(rpm) if rpm.strip() else None, float(tpm) if tpm.strip() else None)
-        except ValueError:
-            parsed = (-1.0, None)
-        if not sep or not model.strip() or any(v is not None and v <= 0 for v in parsed):
-            raise ValueError(f"expected model=rpm[:tpm] pairs with positive numbers, got {pair!r}")
-        limits[model.strip()] = parsed
-    return limits
-
-
-def _share_weights(value: Any) -> Any:
-    """``line:weight`` pairs, each line v03 or v1, each weight a positive number."""
-    if isinstance(value, str):
-        pairs = [p.strip() for p in value.split(",") if p.strip()]
-        value = {}
-        for pair in pairs:
-            line, sep, weight = pair.partition(":")
-            try:
-                value[line.strip()] = float(weight) if sep else -1.0
-            except ValueError:
-                value[line.strip()] = -1.0
-    if isinstance(value, dict):
-        bad = {k: v for k, v in value.items() if k not in ("v03", "v1") or not isinstance(v, int | float) or v <= 0}
-        if bad:
-            raise ValueError(f"expected line:weight pairs (lines v03, v1; positive weights), got {bad!r}")
-    return value

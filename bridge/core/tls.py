@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import logging
 import ssl
-import threading
 from typing import Any
 
+from bridge.core import process_state
 from bridge.core.redact import redact_url
 from bridge.core.settings import Settings
 
 log = logging.getLogger("bridge.tls")
-
-_warned_lock = threading.Lock()
-_warned: set[str] = set()
 
 
 def uses_tls(url: str | None) -> bool:
@@ -60,10 +57,11 @@ def warn_if_insecure(settings: Settings) -> None:
     for name, url in (("CELERY_BROKER_URL", settings.broker_url), ("REDIS_URL", settings.coordination_url)):
         if not uses_tls(url):
             continue
-        with _warned_lock:
-            if url in _warned:
+        state = process_state.core
+        with state.tls_lock:
+            if url in state.tls_warned:
                 continue
-            _warned.add(url)
+            state.tls_warned.add(url)
         log.warning(
             "BROKER_TLS_INSECURE=true: %s %s is used WITHOUT TLS certificate or host name checks; "
             "anyone on the network path can impersonate it",

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 
 from opentelemetry import trace
 from opentelemetry.instrumentation.celery import CeleryInstrumentor
@@ -18,10 +17,9 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-log = logging.getLogger("bridge.core.tracing")
+from bridge.core import process_state
 
-_installed = False
-_lock = threading.Lock()
+log = logging.getLogger("bridge.core.tracing")
 
 
 def operator_collector_configured() -> bool:
@@ -33,11 +31,11 @@ def setup_process_tracing(service_name: str) -> None:
 
     Prefork children inherit both; the SDK's batch processor re-creates its thread after fork.
     """
-    global _installed
-    with _lock:
-        if _installed:
+    state = process_state.core
+    with state.tracing_lock:
+        if state.tracing_installed:
             return
-        _installed = True
+        state.tracing_installed = True
         provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
         if operator_collector_configured():
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter

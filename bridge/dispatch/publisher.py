@@ -21,6 +21,7 @@ from bridge.core.errors import PublishError
 from bridge.core.message import publishing_app, task_kwargs
 from bridge.core.models import AttemptedRollout
 from bridge.core.settings import Settings
+from bridge.core.time_budget import clamp_to_broker, hard_time_limit, soft_time_limit
 from bridge.dispatch import metrics
 
 log = logging.getLogger("bridge.publisher")
@@ -71,8 +72,8 @@ class Publisher:
             "task_id": rollout.attempt.attempt_id,
             "queue": queue,
             "expires": settings.max_queue_wait_s,
-            "soft_time_limit": settings.soft_time_limit(timeout),
-            "time_limit": settings.hard_time_limit(timeout),
+            "soft_time_limit": soft_time_limit(settings, timeout),
+            "time_limit": hard_time_limit(settings, timeout),
             "argsrepr": "()",
             "kwargsrepr": describe(rollout),
             **retry_policy(settings),
@@ -105,10 +106,9 @@ def clamp_timeout(rollout: AttemptedRollout, settings: Settings) -> AttemptedRol
 
 
 def published_timeout(asked: float, settings: Settings, ids: str, *, agl_v1: bool = False) -> float:
-    """The time budget a dispatcher publishes for ``asked``: the broker's bound by the rule the workers apply too
-    (``Settings.covered_timeout``), with a warning naming ``ids`` and ``agl_bridge_timeouts_clamped_total`` counted
-    when ``asked`` is longer than the broker covers. Both lines publish through it."""
-    bound = settings.covered_timeout(asked, agl_v1=agl_v1)
+    """``bridge.core.time_budget.clamp_to_broker`` (the rule the workers apply too), with a warning naming ``ids`` and
+    ``agl_bridge_timeouts_clamped_total`` counted when ``asked`` is longer than the broker covers."""
+    bound = clamp_to_broker(settings, asked, agl_v1=agl_v1)
     if asked <= bound:
         return asked
     metrics.TIMEOUTS_CLAMPED.inc()

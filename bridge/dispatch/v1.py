@@ -8,7 +8,7 @@ failed on the gateway with the fields at fault, and the others go on. A publish 
 on later ticks with backoff, the rollouts behind it going on meanwhile, and fails the rollout with the broker's
 error after ``AGL_V1_PUBLISH_GIVE_UP_S``; an error no retry can cure fails it at once. Error texts are masked
 (``bridge.core.redact``) before they reach the gateway or the log. Time budgets are clamped to what the broker
-covers by the rule the worker applies to the gateway's copy too (``Settings.covered_timeout``).
+covers by the rule the worker applies to the gateway's copy too (``bridge.core.time_budget.clamp_to_broker``).
 
 Each reconcile reads the facts, plans the repairs (``bridge.dispatch.v1_repairs``, which says what each hazard
 gets) and carries them out one by one, so one failing repair stops no other. Every step is safe to repeat, so
@@ -39,20 +39,20 @@ from bridge.core.agl_v1 import (
     GatewayClient,
     GatewayConflict,
     GatewayError,
-    KeptOutcome,
     Malformed,
     V1Rollout,
     V1State,
     attempt_key,
-    failed_message,
     scoped_attempt_key,
 )
 from bridge.core.backoff import backoff_delay
 from bridge.core.coordination import coordination_redis, deployment_scope
 from bridge.core.errors import MissingSetting
 from bridge.core.message import base_app
+from bridge.core.outcome import Outcome, failed_message
 from bridge.core.redact import redact_error, redact_text, redact_url
 from bridge.core.settings import Settings
+from bridge.core.time_budget import v1_time_limits
 from bridge.dispatch import metrics
 from bridge.dispatch.backlog import BacklogReader, gateway_reader
 from bridge.dispatch.dispatcher import LineDispatcher, start_process
@@ -252,7 +252,7 @@ class V1Dispatcher(LineDispatcher):
         rid = rollout.rollout_id
         key = attempt_key(rid, attempt_id)
         rollout = self._covered(rollout, attempt_id)
-        soft, hard = self.settings.v1_time_limits(rollout.config.timeout_seconds)
+        soft, hard = v1_time_limits(self.settings, rollout.config.timeout_seconds)
         self._mark_inflight(self.queue, key)
         try:
             self.app.send_task(
@@ -385,12 +385,12 @@ class V1Dispatcher(LineDispatcher):
             pipe.scard(keys.v1_handovers(self.scope, rid))
         answers = iter(pipe.execute())
         executions = {key: markers.from_answers(next(answers), next(answers), next(answers)) for key in named}
-        kept: dict[str, KeptOutcome | Unreadable] = {}
+        kept: dict[str, Outcome | Unreadable] = {}
         for key in current:
             raw = next(answers)
             if raw is not None:
                 try:
-                    kept[key] = KeptOutcome.parse(raw)
+                    kept[key] = Outcome.parse(raw)
                 except ValueError as exc:
                     kept[key] = Unreadable(str(exc))
         handovers = {rid: int(next(answers)) for rid in rids}
@@ -435,7 +435,8 @@ class V1Dispatcher(LineDispatcher):
         """An outcome the worker could not send: set it now (current attempt only), then drop it."""
         outcome = repair.outcome
         assert outcome.state is not None
-        if not self.gateway.finish(repair.rollout_id, repair.attempt_id, outcome.state, outcome.gateway_detail()):
+        state = V1State(outcome.state)
+        if not self.gateway.finish(repair.rollout_id, repair.attempt_id, state, outcome.message()):
             log.info(
                 "[v1 rollout=%s attempt=%s] kept outcome not applied: moved on", repair.rollout_id, repair.attempt_id
             )

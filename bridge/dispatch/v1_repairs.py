@@ -32,14 +32,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from bridge.core.agl_v1 import FIRST_ATTEMPT, KeptOutcome, V1Rollout, attempt_key
+from bridge.core.agl_v1 import FIRST_ATTEMPT, V1Rollout, attempt_key
 from bridge.core.markers import NO_TRACE, LeaseMarkers
+from bridge.core.outcome import Outcome
 from bridge.dispatch.repairs import confirm_suspects
 
 
 @dataclass(frozen=True)
 class Unreadable:
-    """A kept record that is not one (``KeptOutcome.parse`` refused it): ``why`` says how."""
+    """A kept record that is not one (``Outcome.parse`` refused it): ``why`` says how."""
 
     why: str
 
@@ -51,7 +52,7 @@ class V1Facts:
     running: Mapping[str, V1Rollout]  # attempt key of its current attempt -> the running rollout
     inflight: Mapping[str, float]  # attempt key -> when it was recorded in flight (``v1-`` entries only)
     executions: Mapping[str, LeaseMarkers]  # attempt key -> its Redis markers; an absent key has none
-    kept: Mapping[str, KeptOutcome | Unreadable]  # attempt key -> the worker's kept record, where one is
+    kept: Mapping[str, Outcome | Unreadable]  # attempt key -> the worker's kept record, where one is
     handovers: Mapping[str, int]  # rollout id -> attempts of it handed over by draining workers
     suspects: Mapping[str, float]  # attempt key -> when a scan first saw it in need of a re-publish or re-run
     now: float
@@ -67,7 +68,7 @@ class ApplyKept:
     rollout_id: str
     attempt_id: str
     key: str
-    outcome: KeptOutcome
+    outcome: Outcome
 
 
 @dataclass(frozen=True)

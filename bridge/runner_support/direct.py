@@ -22,6 +22,7 @@ from bridge.core.errors import PublishError
 from bridge.core.models import FINISHED_ROLLOUT, AttemptedRollout, Rollout, RolloutStatus
 from bridge.core.settings import Settings
 from bridge.core.store import API, StoreClient
+from bridge.core.time_budget import clamp_to_broker, hard_time_limit
 from bridge.dispatch import placement
 from bridge.dispatch.v03 import V03Dispatcher
 
@@ -89,7 +90,7 @@ def wait_for_room(dispatcher: V03Dispatcher, mode: str | None) -> None:
     """
     settings = dispatcher.settings
     queue = settings.queue_for_mode(mode)
-    busy_bound = settings.max_queue_wait_s + settings.hard_time_limit(None)
+    busy_bound = settings.max_queue_wait_s + hard_time_limit(settings, None)
     started = time.monotonic()
     said = False
     while True:
@@ -132,7 +133,7 @@ def wait_finished(
 ) -> Rollout:
     """Block until the rollout is succeeded, failed or cancelled, or back in the queue with no dispatch loop
     (``dispatching()`` false) to retry it; TimeoutError past its own bound."""
-    per_attempt = settings.hard_time_limit(settings.covered_timeout(rollout.config.timeout_seconds))
+    per_attempt = hard_time_limit(settings, clamp_to_broker(settings, rollout.config.timeout_seconds))
     bound = (per_attempt + settings.max_queue_wait_s) * rollout.config.max_attempts  # the Store keeps it >= 1
     deadline = time.monotonic() + bound + WAIT_MARGIN_S
     while True:

@@ -47,14 +47,14 @@ from bridge_lab.bench import reward_program
 from bridge_lab.procs import StackError, free_port
 from bridge_lab.render import key_value_table, rows_table, show
 from bridge_lab.stack import LocalStack, StackConfig
-from workers.v1.launch import DIRECTORY_PREFIX
+from workers.v1.program_directories import DIRECTORY_PREFIX
 from workers.v1.program_server import SERVER_MARKER
 
 KEY = "bench-v1-long"
 QUIET_WAIT_S = 30.0  # how long a sample waits for the node to go quiet before it records what is left
 POLL_S = 0.2
 MIB = 2**20
-COLD_MARKER = "cold_main"  # in a cold program's command line (``workers.v1.launch.bootstrap``)
+COLD_MARKER = "cold_main"  # in a cold program's command line (``workers.v1.programs.bootstrap``)
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@
 One local stack (Redis, the WebShop server, the LLM stand-in answering in --llm-latency-ms) and a real
 `agl-server` gateway from the 1.0 virtualenv; --programs WebShop rollouts are created on it, marked running
 under attempt 0 as the dispatcher marks them, and each program is started at once, concurrently, with the
-worker's own command line (``workers.v1.launch.ColdProgram``) and environment (``program_environment``) under
+worker's own command line (``workers.v1.programs.ColdProgram``) and environment (``program_environment``) under
 --python (default: this interpreter; ``v1`` for the 1.0 virtualenv that also holds this project, what the
 ``worker-agl-v1`` image runs programs under). Every --sample-s each live program's
 ``/proc/<pid>/smaps_rollup`` is read: RSS, PSS (shared pages divided among the processes sharing them) and
@@ -37,7 +37,7 @@ from bridge_lab.render import rows_table, show
 from bridge_lab.stack import LocalStack, StackConfig
 from workers.agents import webshop_program
 from workers.v1.environment import program_environment
-from workers.v1.launch import ColdProgram
+from workers.v1.programs import ColdProgram
 
 KEY = "program-memory"
 FIELDS = {"Rss": "rss", "Pss": "pss", "Private_Clean": "uss", "Private_Dirty": "uss"}

@@ -42,6 +42,7 @@ import redis
 from bridge.core import capacity, keys
 from bridge.core.agl_v1 import GatewayClient, GatewayError, V1Rollout, V1State, scoped_attempt_key
 from bridge.core.coordination import coordination_client
+from bridge.core.outcome import failure_class_of
 from bridge_lab.agl_v1_env import GATEWAY_MODEL, start_gateway, start_v1_dispatcher, v1_virtualenv
 from bridge_lab.chaos.state import ScenarioResult
 from bridge_lab.chaos.v1_program import START_EVENT
@@ -711,12 +712,11 @@ def _second_execution(
 
 
 def _failure_class(error: str) -> str:
-    """The class a failed rollout's ``error_message`` starts with (``[failure class: x]`` or ``[x]``), else
-    ``input`` for a refused config, else ``failed``."""
-    if error.startswith("[failure class: "):
-        return error[len("[failure class: ") :].split("]", 1)[0]
-    if error.startswith("[") and "]" in error:
-        return error[1:].split("]", 1)[0]
+    """The class a failed rollout's ``error_message`` names (``failure_class_of``), else ``input`` for a refused
+    config, else ``failed``."""
+    named = failure_class_of(error)
+    if named is not None:
+        return named
     if "invalid rollout" in error:
         return "input"
     return "failed"

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from bridge.core.settings import load_settings
+from bridge.core.time_budget import soft_time_limit
 from bridge_lab.stack import LocalStack, StackConfig
 from tests.helpers import attempts, enqueue, rollout, silent_llm_url, wait_finished
 
@@ -35,7 +36,7 @@ def silent_llm() -> Iterator[str]:
 def test_a_hanging_llm_ends_the_episode_at_its_deadline_under_threads(
     services: LocalStack, clean_store: LocalStack, silent_llm: str, tmp_path: Path
 ) -> None:
-    soft_s = load_settings(store_url="http://127.0.0.1:1").soft_time_limit(TIMEOUT_SECONDS)
+    soft_s = soft_time_limit(load_settings(store_url="http://127.0.0.1:1"), TIMEOUT_SECONDS)
     stack = LocalStack(
         StackConfig(
             store_url=services.store_url,

@@ -21,6 +21,7 @@ from bridge.core.coordination import coordination_client
 from bridge.core.models import AttemptedRollout
 from bridge.core.settings import Settings, load_settings
 from bridge.core.store import API, StoreClient
+from bridge.core.time_budget import hard_time_limit, longest_timeout_s, soft_time_limit
 from bridge.dispatch.publisher import Publisher
 from bridge.dispatch.v03 import V03Dispatcher
 from bridge_lab.stack import LocalStack
@@ -280,13 +281,13 @@ def test_a_timeout_the_broker_cannot_cover_is_clamped_at_publish(clean_store: Lo
             timeout = kwargs["rollout"]["config"]["timeout_seconds"]
             hard, soft = message["headers"]["timelimit"]  # Celery message protocol 2: [time_limit, soft]
             assert hard + settings.max_queue_wait_s < settings.visibility_timeout_s
-            assert hard == settings.hard_time_limit(timeout) and soft == settings.soft_time_limit(timeout)
+            assert hard == hard_time_limit(settings, timeout) and soft == soft_time_limit(settings, timeout)
         assert sorted(
             json.loads(base64.b64decode(m["body"]))[1]["rollout"]["config"]["timeout_seconds"] for m in messages
         ) == [
             600,
-            pytest.approx(settings.longest_timeout_s()),
-            pytest.approx(settings.longest_timeout_s()),
+            pytest.approx(longest_timeout_s(settings)),
+            pytest.approx(longest_timeout_s(settings)),
         ]
     finally:
         client.delete(queue)

@@ -24,6 +24,7 @@ from bridge.core.coordination import coordination_client
 from bridge.core.message import TASK_NAME, task_kwargs
 from bridge.core.settings import load_settings
 from bridge.core.store import StoreClient
+from bridge.core.time_budget import soft_time_limit
 from bridge_lab.stack import LocalStack
 from tests.helpers import attempts, cancel_unfinished, enqueue, spans, stack_for, wait_finished
 
@@ -261,7 +262,7 @@ def test_a_message_for_another_agent_fails_with_class_agent_naming_both(services
 def test_an_agent_that_never_returns_ends_at_its_deadline_under_threads(services: LocalStack, tmp_path: Path) -> None:
     """Under ``-P threads`` Celery enforces no time limit: the agent's LLM calls carry the attempt's deadline."""
     timeout_s = 12
-    soft_s = load_settings(store_url="http://127.0.0.1:1").soft_time_limit(timeout_s)
+    soft_s = soft_time_limit(load_settings(store_url="http://127.0.0.1:1"), timeout_s)
     stack = _stack(services, tmp_path, f"{AGENTS}:LoopingAgent", pool="threads")
     try:
         [rid] = enqueue(stack.store_url, [{"question": "q"}], config={"max_attempts": 1, "timeout_seconds": timeout_s})

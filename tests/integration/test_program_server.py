@@ -25,9 +25,11 @@ from bridge.core.errors import ConfigError
 from bridge.core.settings import Settings, load_settings
 from bridge_lab.agl_v1_env import v1_virtualenv
 from tests.helpers import process_alive, wait_for
-from workers.v1 import launch
+from workers.lifecycle import state
+from workers.v1 import launch, program_client
 from workers.v1.environment import base_environment
-from workers.v1.launch import ColdProgram, Program, ProgramLost, ProgramServer, WarmProgram
+from workers.v1.programs import ColdProgram, Program, ProgramLost, WarmProgram, kill_group
+from workers.v1.server_supervisor import ProgramServer
 
 pytestmark = [pytest.mark.cost(12)]
 
@@ -136,7 +138,7 @@ def test_a_program_dies_with_the_worker_process_that_asked_for_it(
     """A prefork pool process connects to the node's server and dies: its program dies with its connection."""
     pid_file = tmp_path / "pids"
     script = (
-        "import json, sys, time; from workers.v1.launch import request_program; "
+        "import json, sys, time; from workers.v1.program_client import request_program; "
         f"p = request_program({server.socket_path!r}, '{AGENTS}:Sleeping', json.loads(sys.argv[1])); "
         "print(p.pid, flush=True); time.sleep(600)"
     )
@@ -182,7 +184,7 @@ def test_a_node_that_dies_takes_its_server_and_programs_with_it(settings: Settin
         node.kill()
         node.wait(10)
         for pid in [int(p) for p in pid_file.read_text().split()] if pid_file.exists() else []:
-            launch.kill_group(pid)
+            kill_group(pid)
 
 
 def test_a_server_killed_under_its_program_loses_it_and_a_new_server_serves_the_next(
@@ -270,17 +272,17 @@ def test_a_preload_that_does_not_import_stops_the_start_with_the_reason(settings
 
 def test_with_warm_start_off_a_program_starts_cold(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
     cold_settings = load_settings(agl_v1_pass_env="PYTHONPATH", agl_v1_warm_start=False)
-    monkeypatch.setattr(launch, "_server", None)
+    monkeypatch.setattr(state.node, "program_server", None)
     started = time.monotonic()
     program = launch.start_program(cold_settings, f"{AGENTS}:Quick", env_for(cold_settings))
-    assert isinstance(program, ColdProgram) and launch._server is None
+    assert isinstance(program, ColdProgram) and state.node.program_server is None
     assert run(program) == (0, "quick\n") and time.monotonic() - started < 60
 
 
 def test_a_server_that_hangs_is_killed_at_the_reply_timeout_and_replaced(
     server: ProgramServer, settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(launch, "REPLY_TIMEOUT_S", 2.0)
+    monkeypatch.setattr(program_client, "REPLY_TIMEOUT_S", 2.0)
     wait_for(lambda: server.ready.is_set(), 60, "a server")
     assert server.process is not None
     hung = server.process.pid
@@ -309,7 +311,7 @@ def test_programs_run_under_agl_v1_agent_python_warm_and_cold(tmp_path: Path) ->
             if start == "warm":
                 program: Program = warm(started, "Facts", env)
             else:
-                program = launch.ColdProgram(python, f"{AGENTS}:Facts", env)
+                program = ColdProgram(python, f"{AGENTS}:Facts", env)
             code, out = run(program)
             assert code == 0, out
             facts[start] = json.loads((tmp_path / "facts").read_text())

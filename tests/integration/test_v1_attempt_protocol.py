@@ -92,7 +92,7 @@ def test_the_lease_stays_held_through_a_gateway_read_slower_than_its_ttl(
     runner.join(60)
     assert lapses == 0, f"the lease lapsed {lapses} times during the slow read"
     assert second is not None and second.state is None and "another executor holds" in second.detail, second
-    assert result["first"].state is not None and result["first"].state.value == "succeeded", result
+    assert result["first"].state == "succeeded", result
     assert len(gateway.final_patches(rollout["rollout_id"])) == 1
 
 
@@ -102,13 +102,13 @@ def test_a_reused_rollout_id_runs_again_and_deployments_do_not_share_attempt_sta
     rid = f"reused-{uuid.uuid4().hex[:6]}"
     scope_a, scope_b = f"a-{uuid.uuid4().hex[:8]}", f"b-{uuid.uuid4().hex[:8]}"
     first = _attempt(gateway, client, monitor, gateway.add(rid, f"{AGENTS}:Quick", created_at=1000.0), scope_a).run()
-    assert first.state is not None and first.state.value == "succeeded", first
+    assert first.state == "succeeded", first
     # Another deployment on the same Redis whose gateway hands out the same id: its attempt is its own.
     other = _attempt(gateway, client, monitor, gateway.add(rid, f"{AGENTS}:Quick", created_at=1000.0), scope_b).run()
-    assert other.state is not None and other.state.value == "succeeded", other
+    assert other.state == "succeeded", other
     # The first deployment's gateway restarted: the id comes again, a new rollout.
     again = _attempt(gateway, client, monitor, gateway.add(rid, f"{AGENTS}:Quick", created_at=2000.0), scope_a).run()
-    assert again.state is not None and again.state.value == "succeeded", again
+    assert again.state == "succeeded", again
     assert len(gateway.final_patches(rid)) == 3
     # A redelivery of the same incarnation is still dropped.
     dup = _attempt(gateway, client, monitor, gateway.add(rid, f"{AGENTS}:Quick", created_at=2000.0), scope_a).run()
@@ -133,7 +133,7 @@ def test_children_a_program_leaves_behind_at_its_exit_are_killed(
         env_map={"PID_FILE": "input.pid_file"},  # the program's environment is clean: the worker's is not passed
     )
     outcome = _attempt(gateway, client, monitor, rollout, scope).run()
-    assert outcome.state is not None and outcome.state.value == "succeeded", outcome
+    assert outcome.state == "succeeded", outcome
     pids = [int(p) for p in pid_file.read_text().split()]
     assert len(pids) == 2
     wait_for(lambda: not any(process_alive(p) for p in pids), 5, "the program's child gone")
@@ -145,7 +145,7 @@ def test_a_crashing_program_fails_with_class_agent_and_a_bounded_output_tail(
     scope = f"t-{uuid.uuid4().hex[:8]}"
     rollout = gateway.add(f"long-{uuid.uuid4().hex[:6]}", f"{AGENTS}:LongLine", created_at=1.0)
     outcome = _attempt(gateway, client, monitor, rollout, scope).run()
-    assert outcome.state is not None and outcome.state.value == "failed", outcome
+    assert outcome.state == "failed", outcome
     assert outcome.as_dict()["failure_class"] == "agent"
     assert "exited with code 3" in outcome.detail and len(outcome.detail) < OUTPUT_TAIL_BYTES + 200
     (patch,) = gateway.final_patches(rollout["rollout_id"])
@@ -276,6 +276,6 @@ def test_a_dispatcher_patch_landing_between_the_workers_read_and_its_own_runs_th
     rollout = gateway.add(f"race-{uuid.uuid4().hex[:6]}", f"{AGENTS}:Quick", created_at=1.0, queuing=True)
     gateway.after_read = lambda stored: stored["status"].update(state="running", last_attempt_id="0")
     outcome = _attempt(gateway, client, monitor, rollout, scope).run()
-    assert outcome.state is not None and outcome.state.value == "succeeded", outcome
+    assert outcome.state == "succeeded", outcome
     assert [p["state"] for p in gateway.final_patches(rollout["rollout_id"])] == ["succeeded"]
     assert capacity.inflight_count(client, scope, QUEUE) == 0

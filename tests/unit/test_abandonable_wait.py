@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from bridge.core.errors import Superseded
-from workers.lifecycle import stuck
+from workers.lifecycle import state, stuck
 from workers.protocol.heartbeat import AttemptWatch
 from workers.protocol.lease import Lease
 
@@ -41,7 +41,7 @@ def _watch(deadline_in_s: float) -> _CountingWatch:
 def no_restart(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     restarts: list[str] = []
     monkeypatch.setattr(stuck, "restart_worker", restarts.append)
-    monkeypatch.setattr(stuck.pool, "max_stuck", 1000)
+    monkeypatch.setattr(state.node.pool, "max_stuck", 1000)
     monkeypatch.setattr(stuck, "ABANDON_GRACE_S", 0.2)
     yield restarts
     assert restarts == []

@@ -13,6 +13,7 @@ import redis
 from kombu.utils.json import dumps as kombu_dumps
 
 from bridge.core.models import AttemptStatus
+from bridge.core.outcome import Outcome, OutcomeStatus
 from bridge.core.settings import load_settings
 from bridge.core.store import StoreClient
 from workers.execution import AttemptRun
@@ -21,7 +22,6 @@ from workers.protocol import clock
 from workers.protocol.attempt import Attempt, Rejected, read_payload
 from workers.protocol.failures import FailureClass
 from workers.protocol.heartbeat import HeartbeatMonitor
-from workers.protocol.outcome import Outcome, OutcomeStatus
 from workers.protocol.reporting import PendingReport
 from workers.telemetry.courier import TraceCourier
 
@@ -61,7 +61,7 @@ def test_a_run_and_its_collaborators_share_the_one_attempt() -> None:
     try:
         run = AttemptRun(attempt, res)
         assert run.reporter.attempt is attempt and run.guard.attempt is attempt
-        assert run.guard.lease is run.lease and run.lease.attempt_id == "at-1"
+        assert run.guard.lease is run.lease and run.lease.lease_id == "at-1"
         assert run.reporter.guard is run.guard
         unparsed = dataclasses.replace(attempt, rollout=None)
         with pytest.raises(ValueError):

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import redis
 
-from bridge.core import tls
+from bridge.core import process_state, tls
 from bridge.core.coordination import coordination_redis
 from bridge.core.errors import ConfigError
 from bridge.core.message import base_app
@@ -60,7 +60,7 @@ def test_plain_urls_get_no_tls_options() -> None:
 
 
 def test_opting_out_is_explicit_and_warned_once(monkeypatch: pytest.MonkeyPatch, caplog: Any) -> None:
-    monkeypatch.setattr(tls, "_warned", set())
+    process_state.reset()  # no URL warned about yet in this process
     with pytest.raises(ConfigError, match="BROKER_TLS_INSECURE") as info:
         _settings("rediss://:s3cret@redis.example:6380/0?ssl_cert_reqs=none")
     assert "CELERY_BROKER_URL" in info.value.message and "s3cret" not in info.value.message

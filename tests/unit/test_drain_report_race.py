@@ -27,18 +27,18 @@ import redis
 from celery.exceptions import SoftTimeLimitExceeded
 
 from bridge.core import capacity, keys
+from bridge.core.outcome import OutcomeStatus
 from bridge.core.settings import load_settings
 from bridge.core.store import StoreClient
 from tests.loopback import LoopbackServer
 from workers.execution import AttemptRun, Delivery
-from workers.lifecycle import drain, stuck
+from workers.lifecycle import drain, state
 from workers.lifecycle.drain import DrainClock
 from workers.lifecycle.resources import WorkerResources
 from workers.protocol.failures import FailureClass
-from workers.protocol.fencing import WriteGuard
 from workers.protocol.heartbeat import AttemptWatch, HeartbeatMonitor
-from workers.protocol.outcome import OutcomeStatus
 from workers.protocol.reporting import AttemptReporter, PendingReport, ReportPending
+from workers.protocol.write_guard import WriteGuard
 from workers.telemetry.courier import TraceCourier
 
 JSON = {"Content-Type": "application/json"}
@@ -164,9 +164,9 @@ def test_a_drain_interrupt_decided_as_the_episode_returns_never_strikes_in_its_s
     no report under way and decided to interrupt, the success report began, and the signal struck in it, which
     then reported ``failed``. Forced here: the drain decides while the spans are flushed, and sends only once the
     attempt's thread is beginning its report (or is keeping it, where it used to be)."""
-    monkeypatch.setattr(stuck.pool, "prefork", True)  # the agent runs on the main thread: SIGUSR1 interrupts it
-    monkeypatch.setattr(stuck.pool, "threads", False)
-    monkeypatch.setattr(drain, "clock", DrainClock(node="n@h", stop_at=time.time() - 1, grace_s=9.0))
+    monkeypatch.setattr(state.node.pool, "prefork", True)  # the agent runs on the main thread: SIGUSR1 interrupts it
+    monkeypatch.setattr(state.node.pool, "threads", False)
+    monkeypatch.setattr(state.process, "drain_clock", DrainClock(node="n@h", stop_at=time.time() - 1, grace_s=9.0))
     monkeypatch.setattr(drain, "INTERRUPT_AFTER_S", 0.0)
     decided, keeping = threading.Event(), threading.Event()
     struck_in_report: list[str] = []
@@ -258,9 +258,9 @@ def test_an_agent_that_never_returns_is_handed_over_in_its_place_and_reports_not
     was made only on its return: at the worker's forced exit the attempt was still leased and unreported. Now the
     heartbeat hands it over in the agent's place while it still runs (the rollout handed back: no retry left), releases
     the lease and frees the slot; the agent returning with a reward afterwards reports nothing."""
-    monkeypatch.setattr(stuck.pool, "prefork", True)
-    monkeypatch.setattr(stuck.pool, "threads", False)
-    monkeypatch.setattr(drain, "clock", DrainClock(node="n@h", stop_at=time.time() - 1, grace_s=9.0))
+    monkeypatch.setattr(state.node.pool, "prefork", True)
+    monkeypatch.setattr(state.node.pool, "threads", False)
+    monkeypatch.setattr(state.process, "drain_clock", DrainClock(node="n@h", stop_at=time.time() - 1, grace_s=9.0))
     monkeypatch.setattr(drain, "INTERRUPT_AFTER_S", 0.0)
     monkeypatch.setattr(drain, "HAND_OVER_AFTER_S", 0.2)
     draining = HeartbeatMonitor(res.store, res.redis, None, "scope")

@@ -27,6 +27,7 @@ import pytest
 import yaml
 
 from bridge.core.settings import Settings, env_name, load_settings
+from bridge.core.time_budget import hard_time_limit, soft_time_limit
 from bridge.dispatch import metrics
 from bridge.ops.flower import login_problem
 from tests.compose import v1_worker_memory_mib
@@ -180,7 +181,7 @@ def test_worker_grace_period_outlasts_the_drain_and_probes_read_its_advert(
     else:  # the drain waits for every episode: the rollout budget bounds it
         budget = float(config.get("ROLLOUT_DEFAULT_TIMEOUT_S", Settings.model_fields["default_timeout_s"].default))
         settings = Settings.model_construct(default_timeout_s=budget)
-        assert grace >= budget + 60 > settings.hard_time_limit(None) > settings.soft_time_limit(None)
+        assert grace >= budget + 60 > hard_time_limit(settings, None) > soft_time_limit(settings, None)
     worker = container(manifests, "agl-worker")
     argv = worker["command"] + worker["args"]
     assert argv[:2] == ["tini", "--"], argv  # an init as PID 1: it reaps agent programs' orphans

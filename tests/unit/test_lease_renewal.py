@@ -34,9 +34,7 @@ def slow_store() -> Iterator[RecordingStore]:
 
 
 def _watch(lease: Lease) -> AttemptWatch:
-    return AttemptWatch(
-        f"ro-{lease.attempt_id}", lease.attempt_id, lease, None, interval_s=INTERVAL_S, flush_interval_s=60
-    )
+    return AttemptWatch(f"ro-{lease.lease_id}", lease.lease_id, lease, None, interval_s=INTERVAL_S, flush_interval_s=60)
 
 
 def test_many_leases_stay_alive_while_the_store_is_slow(redis_client: redis.Redis, slow_store: RecordingStore) -> None:
@@ -58,7 +56,7 @@ def test_many_leases_stay_alive_while_the_store_is_slow(redis_client: redis.Redi
                 pipe.get(lease.key)
             for lease, holder in zip(leases, pipe.execute(), strict=True):
                 if holder != lease.token:
-                    lapses.add(lease.attempt_id)
+                    lapses.add(lease.lease_id)
             time.sleep(0.1)
         assert len(slow_store.paths) >= 2  # the Store was really called, slowly
         assert not lapses, f"{len(lapses)} of {ATTEMPTS} leases lapsed while the Store was slow"
@@ -67,7 +65,7 @@ def test_many_leases_stay_alive_while_the_store_is_slow(redis_client: redis.Redi
         monitor.close()
         store.close()
         for lease in leases:
-            aid = lease.attempt_id
+            aid = lease.lease_id
             redis_client.delete(keys.lease(aid), keys.owner(aid), keys.started(aid))
 
 

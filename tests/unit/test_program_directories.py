@@ -1,5 +1,5 @@
-"""The 1.0 program server's directories in TMPDIR (``workers.v1.launch``): each names its owner, and a server's
-start sweeps those whose owner died (a worker SIGKILLed before its server removed its directory), never a live
+"""The 1.0 program server's directories in TMPDIR (``workers.v1.program_directories``): each names its owner, and a
+server's start sweeps those whose owner died (a worker SIGKILLed before its server removed its directory), never a live
 worker's nor one of another PID namespace. A fake TMPDIR; no server is started."""
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from bridge.core.settings import load_settings
-from workers.v1 import launch
-from workers.v1.launch import ProgramServer, directory_prefix, pid_namespace, sweep_stale_directories
+from workers.v1 import program_directories
+from workers.v1.program_directories import directory_prefix, pid_namespace, sweep_stale_directories
+from workers.v1.server_supervisor import ProgramServer
 
 
 @pytest.fixture
@@ -78,7 +79,7 @@ def test_the_sweep_removes_only_directories_of_dead_owners_of_this_pid_namespace
 def test_a_directory_of_another_user_is_never_removed(tmpdir_: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     stale = owned(tmpdir_, dead_pid())
     uid = os.getuid()
-    monkeypatch.setattr(launch.os, "getuid", lambda: uid + 1)
+    monkeypatch.setattr(program_directories.os, "getuid", lambda: uid + 1)
     assert sweep_stale_directories(str(tmpdir_)) == [] and stale.exists()
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -53,12 +52,6 @@ class SkewedStore:
         self._server.server_close()
 
 
-@pytest.fixture
-def restore_offset() -> Iterator[None]:
-    yield
-    clock.adopt(0.0)
-
-
 @pytest.mark.parametrize("skew_s", [0.0, 3.4, -7.8, 120.0])
 def test_the_measured_offset_brackets_the_true_skew_within_about_a_second(skew_s: float) -> None:
     store = SkewedStore(skew_s)
@@ -72,7 +65,7 @@ def test_the_measured_offset_brackets_the_true_skew_within_about_a_second(skew_s
     assert reading.error_s <= 1.1
 
 
-def test_a_worker_within_the_tolerance_adopts_the_offset_and_corrects_store_times(restore_offset: None) -> None:
+def test_a_worker_within_the_tolerance_adopts_the_offset_and_corrects_store_times() -> None:
     store = SkewedStore(3.0)
     try:
         reading = clock.check_store_clock(Settings(store_url=HttpUrl(store.url), clock_skew_tolerance_s=5.0))
@@ -84,7 +77,7 @@ def test_a_worker_within_the_tolerance_adopts_the_offset_and_corrects_store_time
     assert abs(clock.to_local(stamped) - time.time()) <= reading.error_s + 0.1
 
 
-def test_a_worker_refuses_to_start_beyond_the_tolerance(restore_offset: None) -> None:
+def test_a_worker_refuses_to_start_beyond_the_tolerance() -> None:
     store = SkewedStore(-30.0)
     try:
         with pytest.raises(SystemExit) as exited:
@@ -97,7 +90,7 @@ def test_a_worker_refuses_to_start_beyond_the_tolerance(restore_offset: None) ->
     assert reading is not None and abs(clock.store_offset_s() + 30.0) <= reading.error_s + 0.05
 
 
-def test_an_unreachable_store_does_not_stop_a_worker(restore_offset: None) -> None:
+def test_an_unreachable_store_does_not_stop_a_worker() -> None:
     settings = Settings(store_url=HttpUrl("http://127.0.0.1:9"), clock_skew_tolerance_s=5.0)
     assert clock.check_store_clock(settings) is None
     assert clock.store_offset_s() == 0.0

@@ -10,6 +10,13 @@ from pydantic import HttpUrl
 from bridge import cli
 from bridge.core.errors import BridgeError, ConfigError, MissingSetting
 from bridge.core.settings import Settings, env_name, load_settings
+from bridge.core.time_budget import (
+    clamp_to_broker,
+    hard_time_limit,
+    longest_hard_limit_s,
+    longest_timeout_s,
+    v1_time_limits,
+)
 
 STORE = {"AGENT_LIGHTNING_STORE_URL": "http://127.0.0.1:4747"}
 
@@ -86,18 +93,18 @@ def test_queue_by_mode_mapping_and_redaction(clean_env: None, monkeypatch: pytes
 
 def test_timeouts_the_broker_cannot_cover_are_clamped_and_others_kept() -> None:
     settings = Settings(store_url=HttpUrl("http://store:4747"))  # visibility 7,200 s, queue wait 300 s
-    longest = settings.longest_timeout_s()
+    longest = longest_timeout_s(settings)
     # The hard limit of the longest covered rollout plus its queue wait still fits under the visibility timeout.
-    assert settings.hard_time_limit(longest) + settings.max_queue_wait_s < settings.visibility_timeout_s
-    assert settings.hard_time_limit(longest + 60) + settings.max_queue_wait_s > settings.visibility_timeout_s
-    assert settings.covered_timeout(20_000) == longest
-    assert settings.covered_timeout(600) == 600
-    assert settings.covered_timeout(None) is None
+    assert hard_time_limit(settings, longest) + settings.max_queue_wait_s < settings.visibility_timeout_s
+    assert hard_time_limit(settings, longest + 60) + settings.max_queue_wait_s > settings.visibility_timeout_s
+    assert clamp_to_broker(settings, 20_000) == longest
+    assert clamp_to_broker(settings, 600) == 600
+    assert clamp_to_broker(settings, None) is None
     # A 1.0 attempt's limits sit above its budget (v1_time_limits): the same rule, with whole seconds.
-    v1_longest = settings.covered_timeout(20_000, agl_v1=True)
-    assert v1_longest == int(v1_longest) and settings.v1_time_limits(v1_longest)[1] <= settings.longest_hard_limit_s()
-    assert settings.v1_time_limits(v1_longest + 1)[1] > settings.longest_hard_limit_s()
-    assert settings.covered_timeout(600, agl_v1=True) == 600
+    v1_longest = clamp_to_broker(settings, 20_000, agl_v1=True)
+    assert v1_longest == int(v1_longest) and v1_time_limits(settings, v1_longest)[1] <= longest_hard_limit_s(settings)
+    assert v1_time_limits(settings, v1_longest + 1)[1] > longest_hard_limit_s(settings)
+    assert clamp_to_broker(settings, 600, agl_v1=True) == 600
 
 
 def test_done_markers_must_outlive_the_brokers_redelivery_window() -> None:

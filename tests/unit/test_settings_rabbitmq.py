@@ -15,6 +15,7 @@ from bridge.core.coordination import coordination_redis
 from bridge.core.errors import ConfigError
 from bridge.core.message import base_app
 from bridge.core.settings import Settings, load_settings
+from bridge.core.time_budget import clamp_to_broker, hard_time_limit, longest_timeout_s
 
 STORE = "http://127.0.0.1:4747"
 AMQP = "amqp://agl:s3cret-amqp@rabbit.example:5672/agl"
@@ -82,7 +83,7 @@ def test_the_consumer_timeout_must_cover_the_hard_limit_and_queue_wait(monkeypat
     assert "BROKER_CONSUMER_TIMEOUT_S (1800s) must exceed" in info.value.message
     assert "consumer_timeout" in info.value.message and "s3cret-amqp" not in info.value.message
     monkeypatch.setenv("BROKER_CONSUMER_TIMEOUT_S", "3600")  # a server configured with consumer_timeout = 3600000
-    assert load_settings(store_url=STORE, broker_url=AMQP, redis_url=REDIS).hard_time_limit(None) == 1710.0
+    assert hard_time_limit(load_settings(store_url=STORE, broker_url=AMQP, redis_url=REDIS), None) == 1710.0
     # The visibility timeout is Redis's rule only: it does not bound an AMQP deployment, nor the reverse.
     monkeypatch.setenv("BROKER_VISIBILITY_TIMEOUT_S", "60")
     load_settings(store_url=STORE, broker_url=AMQP, redis_url=REDIS)
@@ -92,10 +93,10 @@ def test_the_consumer_timeout_must_cover_the_hard_limit_and_queue_wait(monkeypat
 
 def test_rollouts_longer_than_the_consumer_timeout_covers_are_clamped() -> None:
     settings = Settings(store_url=STORE, broker_url=AMQP, redis_url=REDIS)  # type: ignore[arg-type]
-    longest = settings.longest_timeout_s()
-    assert settings.hard_time_limit(longest) + settings.max_queue_wait_s < settings.consumer_timeout_s
-    assert settings.covered_timeout(7200) == longest < 1800
-    assert settings.covered_timeout(600) == 600
+    longest = longest_timeout_s(settings)
+    assert hard_time_limit(settings, longest) + settings.max_queue_wait_s < settings.consumer_timeout_s
+    assert clamp_to_broker(settings, 7200) == longest < 1800
+    assert clamp_to_broker(settings, 600) == 600
 
 
 def _app(settings: Settings) -> Celery:

@@ -127,7 +127,6 @@ def test_a_1_0_only_worker_starts_without_reading_a_store_clock(monkeypatch: pyt
     settings = load_settings(agl_v1_url=GATEWAY)
     monkeypatch.setattr(signals, "_set_up_logging_and_tracing", lambda: settings)
     monkeypatch.setattr(clock, "check_store_clock", lambda _settings: pytest.fail("no Store to read a clock from"))
-    monkeypatch.setattr(signals.stuck.stuck_threads, "on_change", [])
     signals._on_worker_init(sender=SimpleNamespace(pool_cls="threads", concurrency=4))
 
 

@@ -25,7 +25,7 @@ from tests.stub_gateway import StubGateway
 from workers.protocol.heartbeat import HeartbeatMonitor
 from workers.v1 import attempt as attempt_module
 from workers.v1.attempt import V1Attempt
-from workers.v1.launch import ProgramLost
+from workers.v1.programs import ProgramLost
 
 QUEUE = "rollouts"
 SECRET = "s3cr3t-value-42"

@@ -1,5 +1,5 @@
-"""The worker's side of the program server's channel (``workers.v1.launch.request_program``) against a fake server
-on a Unix socket: how the replies' lines are read, whatever way the kernel splits or joins them."""
+"""The worker's side of the program server's channel (``workers.v1.program_client.request_program``) against a fake
+server on a Unix socket: how the replies' lines are read, whatever way the kernel splits or joins them."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from workers.v1.launch import ProgramLost, request_program
+from workers.v1.program_client import request_program
+from workers.v1.programs import ProgramLost
 
 Reply = Callable[[socket.socket], None]
 

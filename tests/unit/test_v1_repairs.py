@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from bridge.core.agl_v1 import ERROR_MESSAGE_CHARS, KeptOutcome, V1Rollout, V1State
+from bridge.core.agl_v1 import V1Rollout
 from bridge.core.markers import LeaseMarkers
+from bridge.core.outcome import ERROR_CHARS, FailureClass, Outcome, OutcomeStatus
 from bridge.dispatch.v1_repairs import (
     ApplyKept,
     Fail,
@@ -125,7 +126,7 @@ def test_hand_overs_count_against_no_rerun_limit() -> None:
 @pytest.mark.parametrize("max_reruns", [0, 1])
 def test_a_hand_over_record_runs_the_rollout_again_at_once_whatever_the_limit(max_reruns: int) -> None:
     rollout = _rollout(1, "3")
-    record = KeptOutcome(None, "worker draining", "shutdown", handover=True)
+    record = Outcome(OutcomeStatus.SKIPPED, "worker draining", FailureClass.SHUTDOWN, handover=True)
     plan = plan_v1_repairs(
         _facts(rollout, executions={"v1-r1-3": DONE}, kept={"v1-r1-3": record}, max_reruns=max_reruns)
     )
@@ -133,7 +134,7 @@ def test_a_hand_over_record_runs_the_rollout_again_at_once_whatever_the_limit(ma
 
 
 def test_a_hand_over_waits_while_an_executor_still_holds_the_attempt() -> None:
-    record = KeptOutcome(None, "worker draining", "shutdown", handover=True)
+    record = Outcome(OutcomeStatus.SKIPPED, "worker draining", FailureClass.SHUTDOWN, handover=True)
     plan = plan_v1_repairs(_facts(_rollout(1), executions={"v1-r1-0": LEASED}, kept={"v1-r1-0": record}))
     assert plan == V1Plan((), {})
 
@@ -142,7 +143,7 @@ def test_a_hand_over_waits_while_an_executor_still_holds_the_attempt() -> None:
 
 
 def test_a_kept_outcome_is_applied_at_once_whatever_the_markers() -> None:
-    kept = KeptOutcome(V1State.SUCCEEDED, "the agent exited with code 0")
+    kept = Outcome(OutcomeStatus.SUCCEEDED, "the agent exited with code 0")
     plan = plan_v1_repairs(_facts(_rollout(1), executions={"v1-r1-0": DONE}, kept={"v1-r1-0": kept}))
     assert plan.repairs == (ApplyKept("r1", "0", "v1-r1-0", kept),)
 
@@ -155,18 +156,18 @@ def test_a_kept_record_that_is_not_one_fails_the_rollout_with_the_reason() -> No
 
 
 def test_records_old_and_new_are_read_and_a_failure_class_reaches_the_gateway_detail() -> None:
-    old = KeptOutcome.parse('{"state": "failed", "detail": "exit 1"}')
-    assert old == KeptOutcome(V1State.FAILED, "exit 1", None, False) and old.gateway_detail() == "exit 1"
-    new = KeptOutcome.parse(
+    old = Outcome.parse('{"state": "failed", "detail": "exit 1"}')
+    assert old == Outcome(OutcomeStatus.FAILED, "exit 1", None) and old.message() == "exit 1"
+    new = Outcome.parse(
         '{"state": "failed", "detail": "' + "x" * 5000 + '", "failure_class": "agent", "handover": false}'
     )
-    detail = new.gateway_detail()
-    assert detail.startswith("[failure class: agent] x") and len(detail) == ERROR_MESSAGE_CHARS
-    handover = KeptOutcome.parse('{"state": null, "detail": "draining", "failure_class": "shutdown", "handover": true}')
+    detail = new.message()
+    assert detail.startswith("[failure class: agent] x") and len(detail) == ERROR_CHARS
+    handover = Outcome.parse('{"state": null, "detail": "draining", "failure_class": "shutdown", "handover": true}')
     assert handover.state is None and handover.handover
     for bad in ("{", "[]", '{"state": "cancelled"}', '{"state": "failed", "failure_class": 3}'):
         with pytest.raises(ValueError):
-            KeptOutcome.parse(bad)
+            Outcome.parse(bad)
 
 
 # --- attempt ids ----------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ import redis
 from bridge.core.errors import Superseded
 from bridge.core.models import RolloutConfig
 from bridge.core.store import StoreClient
-from workers.lifecycle import drain, stuck
+from workers.lifecycle import drain, state, stuck
 from workers.lifecycle.drain import DrainClock, Handover, handover
 from workers.protocol.heartbeat import AttemptWatch, HeartbeatMonitor
 from workers.protocol.lease import Lease
@@ -55,7 +55,7 @@ def test_a_pool_child_reads_its_node_s_stop_time_from_redis(redis_client: redis.
 def draining(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     """This process drains, its stop time passed; records the interrupts instead of sending SIGUSR1."""
     interrupts: list[str] = []
-    monkeypatch.setattr(drain, "clock", DrainClock(node="n@h", stop_at=time.time() - 1, grace_s=9.0))
+    monkeypatch.setattr(state.process, "drain_clock", DrainClock(node="n@h", stop_at=time.time() - 1, grace_s=9.0))
     monkeypatch.setattr(drain, "interrupt_main_thread", lambda: interrupts.append("SIGUSR1"))
     monkeypatch.setattr(drain, "INTERRUPT_AFTER_S", 0.0)
     yield interrupts
@@ -63,7 +63,7 @@ def draining(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
 
 def _watch(redis_client: redis.Redis, *, interruptible: bool = False) -> AttemptWatch:
     lease = Lease(redis_client, f"at-drain-{uuid.uuid4().hex[:6]}", 5)
-    return AttemptWatch("ro-1", lease.attempt_id, lease, None, 1.0, 60.0, interruptible=interruptible)
+    return AttemptWatch("ro-1", lease.lease_id, lease, None, 1.0, 60.0, interruptible=interruptible)
 
 
 def test_the_heartbeat_stops_running_attempts_and_interrupts_prefork_agents_once(
@@ -96,7 +96,7 @@ def test_threads_an_agent_that_does_not_return_is_abandoned_without_a_restart(
     redis_client: redis.Redis, draining: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(stuck, "ABANDON_GRACE_S", 0.1)
-    monkeypatch.setattr(stuck.pool, "max_stuck", 1)
+    monkeypatch.setattr(state.node.pool, "max_stuck", 1)
     restarts: list[str] = []
     monkeypatch.setattr(stuck, "restart_worker", restarts.append)
     watch = _watch(redis_client)

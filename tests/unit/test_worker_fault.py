@@ -21,6 +21,7 @@ import pytest
 import redis
 
 from bridge.core import keys
+from bridge.core.outcome import OutcomeStatus
 from bridge.core.settings import load_settings
 from bridge.core.store import StoreClient
 from tests.loopback import LoopbackServer, RecordingStore
@@ -28,7 +29,6 @@ from workers.execution import AttemptRun, Delivery
 from workers.lifecycle.resources import WorkerResources
 from workers.protocol import heartbeat
 from workers.protocol.heartbeat import HeartbeatMonitor
-from workers.protocol.outcome import OutcomeStatus
 from workers.protocol.reporting import ReportPending
 from workers.telemetry.courier import TraceCourier
 
@@ -143,7 +143,7 @@ def test_a_duplicate_that_comes_after_the_attempts_markers_expired_stops_at_the_
     try:
         assert redis_client.exists(keys.done(aid), keys.started(aid), keys.owner(aid)) == 0  # all expired
         outcome = Delivery(payload, celery_task_id=aid, expected_agent=None, res=res).execute()
-        assert outcome.status is OutcomeStatus.SKIPPED and outcome.reason == "not running: rollout is succeeded"
+        assert outcome.status is OutcomeStatus.SKIPPED and outcome.detail == "not running: rollout is succeeded"
         assert seen == [("GET", f"/v1/agl/rollouts/{rid}")]  # no spans, no report
     finally:
         for key in redis_client.scan_iter(f"*{aid}*"):
@@ -178,7 +178,7 @@ def test_the_lease_stays_held_through_a_store_read_before_the_run_slower_than_it
     res = WorkerResources(settings, client, redis_client, None, monitor, TraceCourier(client), 0)  # type: ignore[arg-type]
     try:
         outcome = Delivery(payload, celery_task_id=aid, expected_agent=None, res=res).execute()
-        assert outcome.status is OutcomeStatus.SKIPPED and outcome.reason == "not running: rollout is succeeded"
+        assert outcome.status is OutcomeStatus.SKIPPED and outcome.detail == "not running: rollout is succeeded"
         assert held_during_read == [True]
         assert monitor._snapshot() == [] and redis_client.exists(keys.lease(aid)) == 0  # released at the end
     finally:

@@ -34,6 +34,7 @@ from workers.agents import llm as llm_mod
 from workers.agents.loading import ConfiguredAgent
 from workers.agents.spans import add_returned_spans
 from workers.agents.tracer import WorkerTracer, activate
+from workers.lifecycle import state
 from workers.protocol.failures import AgentError, FailureClass
 
 log = logging.getLogger("workers.agents")
@@ -76,9 +77,6 @@ class WorkerRunner:
     def __init__(self, tracer: WorkerTracer, worker_id: str) -> None:
         self.tracer = tracer
         self.worker_id = worker_id
-
-
-_runners: dict[int, WorkerRunner] = {}  # by id(agent): LitAgent keeps only a weak reference to its runner
 
 
 def named_resources(
@@ -158,9 +156,10 @@ def run_agent(
     own = configured.own_tracer()  # AGENT_TRACER=agentops: Agent Lightning's AgentOps tracer
     tracer = own if own is not None else activate()
     agent = configured.agent
-    runner = _runners.get(id(agent))
+    runners = state.process.litagent_runners  # by id(agent): LitAgent keeps only a weak reference to its runner
+    runner = runners.get(id(agent))
     if runner is None:
-        runner = _runners[id(agent)] = WorkerRunner(tracer, worker_id)
+        runner = runners[id(agent)] = WorkerRunner(tracer, worker_id)
         agent.set_runner(runner)
     rollout = AttemptedRollout.model_validate(payload)
     resources, withheld = keyed_resources(resources, attempt.settings)

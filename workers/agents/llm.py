@@ -14,7 +14,6 @@ timeout at the time left and stops retrying at the deadline (``TimeoutError``, c
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,9 +28,11 @@ from bridge.core.errors import LLMError, LLMPaused
 from bridge.core.http import HTTPClient, pooled_transport, retry_after_s
 from bridge.core.models import AttemptedRollout, LLMResource, ResourcesUpdate
 from bridge.core.redact import redact_url
-from bridge.core.settings import Settings, split_host_port
+from bridge.core.setting_values import split_host_port
+from bridge.core.settings import Settings
 from workers.agents.gateway_llm import pause_reason, paused_wait_s
 from workers.lifecycle import metrics as worker_metrics
+from workers.lifecycle import state
 
 if TYPE_CHECKING:
     from openai._types import RequestOptions  # a TypedDict: only its name is used, at type-checking time
@@ -58,8 +59,6 @@ class LLMTarget:
 
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
-_withheld_lock = threading.Lock()
-_withheld_logged: set[str] = set()  # endpoints already named in a warning (each once per process)
 
 
 def _endpoint_host(url: str) -> tuple[str, int | None] | None:
@@ -101,11 +100,12 @@ def llm_api_key(endpoint: str, own_key: str | None, settings: Settings) -> tuple
         f"OPENAI_API_KEY was withheld from {_show(host)}: it is not OPENAI_API_BASE's host and not listed in "
         "LLM_KEY_HOSTS"
     )
-    with _withheld_lock:
-        first = endpoint not in _withheld_logged
-        if len(_withheld_logged) >= 1024:  # a Store naming endpoint after endpoint: warn again, stay bounded
-            _withheld_logged.clear()
-        _withheld_logged.add(endpoint)
+    process = state.process  # each endpoint is named in a warning once per process
+    with process.withheld_lock:
+        first = endpoint not in process.withheld_endpoints
+        if len(process.withheld_endpoints) >= 1024:  # a Store naming endpoint after endpoint: warn again, bounded
+            process.withheld_endpoints.clear()
+        process.withheld_endpoints.add(endpoint)
     if first:
         log.warning("%s (the Store's resources name the LLM endpoint %s)", why, redact_url(endpoint))
     return None, why
@@ -170,19 +170,15 @@ class ChatResult:
     rate_limited: int
 
 
-_http_lock = threading.Lock()
-_http_client: httpx.Client | None = None
-
-
 def shared_http(timeout_s: float) -> httpx.Client:
     """One connection pool per process for every LLM endpoint (clients per attempt are cheap views on it)."""
-    global _http_client
-    with _http_lock:
-        if _http_client is None:
-            _http_client = HTTPClient(
+    process = state.process
+    with process.llm_http_lock:
+        if process.llm_http is None:
+            process.llm_http = HTTPClient(
                 timeout=httpx.Timeout(timeout_s, connect=10.0), transport=pooled_transport(max_connections=512)
             )
-        return _http_client
+        return process.llm_http
 
 
 def make_client(target: LLMTarget, timeout_s: float) -> openai.OpenAI:

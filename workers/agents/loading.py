@@ -14,13 +14,13 @@ import importlib
 import logging
 import os
 import sys
-import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 from bridge.core.errors import ConfigError
 from bridge.core.message import DEFAULT_AGENT, agent_identity
 from bridge.core.settings import Settings
+from workers.lifecycle import state
 
 log = logging.getLogger("workers.agents")
 
@@ -165,28 +165,25 @@ def advertised_agent(settings: Settings) -> str:
     return configured.class_path if configured is not None else DEFAULT_AGENT
 
 
-_lock = threading.Lock()
-_configured: ConfiguredAgent | None = None
-
-
 def configured_agent(settings: Settings) -> ConfiguredAgent | None:
     """This process's agent, built on first use (``None`` for the built-in WebShop agent).
 
     Rebuilt when the process id changes: a prefork child gets its own instance (clients the agent holds
     must not be shared across a fork), and every thread of a ``-P threads`` process shares one, as every
-    rollout of an Agent Lightning runner process does.
+    rollout of an Agent Lightning runner process does. Held in ``workers.lifecycle.state``.
     """
-    global _configured
     if settings.agent == DEFAULT_AGENT:
         return None
-    with _lock:
-        if _configured is None or _configured.pid != os.getpid():
-            _configured = build(settings)
+    process = state.process
+    with process.agent_lock:
+        configured = process.configured_agent
+        if configured is None or configured.pid != os.getpid():
+            configured = process.configured_agent = build(settings)
             log.info(
                 "agent %s (%s) with %d hook(s), tracer %s",
                 settings.agent,
-                _configured.class_path,
-                len(_configured.hooks),
+                configured.class_path,
+                len(configured.hooks),
                 settings.agent_tracer,
             )
-        return _configured
+        return configured

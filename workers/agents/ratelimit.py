@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -23,6 +22,7 @@ import redis
 
 from bridge.core import keys
 from workers.lifecycle import metrics as worker_metrics
+from workers.lifecycle import state
 
 log = logging.getLogger("workers.agents.ratelimit")
 
@@ -69,17 +69,16 @@ class _Outage:
         self.lock = threading.Lock()
 
 
-_outages: weakref.WeakKeyDictionary[object, _Outage] = weakref.WeakKeyDictionary()
-_outages_lock = threading.Lock()
-
-
 def _outage_for(client: redis.Redis) -> _Outage:
-    """One back-off per Redis address and process, shared by every limiter (one per attempt) on it."""
+    """One back-off per Redis address and process (``workers.lifecycle.state``), shared by every limiter (one
+    per attempt) on it."""
     pool = client.connection_pool
-    with _outages_lock:
-        outage = _outages.get(pool)
+    process = state.process
+    with process.llm_outages_lock:
+        outage = process.llm_outages.get(pool)
         if outage is None:
-            outage = _outages[pool] = _Outage()
+            outage = process.llm_outages[pool] = _Outage()
+        assert isinstance(outage, _Outage)
         return outage
 
 

@@ -110,9 +110,6 @@ class DrainClock:
         return self.stop_at is not None
 
 
-clock = DrainClock()
-
-
 def interrupt_main_thread() -> None:
     """Raise Celery's ``SoftTimeLimitExceeded`` in this pool child's task (billiard's SIGUSR1 handler), for an
     agent that does not return by itself: blocked in a call that never reaches its stop check."""

@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from bridge.core.models import AttemptStatus
+from workers.lifecycle import state
 from workers.protocol.failures import FailureClass
 
 log = logging.getLogger("workers.lifecycle.metrics")
@@ -75,9 +76,6 @@ ENV_SECONDS = Histogram(
 )
 ENV_ERRORS = Counter("agl_worker_env_errors_total", "Failed WebShop requests (retried or not)", ["op", "kind"])
 
-_exporter: dict[str, Any] = {}
-
-
 # --- set-up (worker main process) ---------------------------------------------------------------
 
 
@@ -107,7 +105,7 @@ def serve(port: int, host: str = "127.0.0.1") -> str | None:
     except OSError as exc:
         log.warning("worker metrics not served: cannot bind %s:%d (%s); set WORKER_METRICS_PORT", host, port, exc)
         return None
-    _exporter.update(server=server, directory=directory)
+    state.node.exporter.update(server=server, directory=directory)  # held for the process's lifetime
     _export_zeros()
     url = f"http://{host}:{port}/metrics"
     log.info("worker metrics on %s (multiprocess dir %s)", url, directory)

@@ -1,7 +1,8 @@
 """Per-process clients (Store, Redis, WebShop, lease and heartbeat threads), created lazily after fork.
 
 Under prefork, sockets and threads made in the parent must not be used by the children, so the
-clients are built on first use in each process and rebuilt if the process id changes. A 1.0 attempt needs
+clients are built on first use in each process (held in ``workers.lifecycle.state``, which the prefork child
+hook resets) and rebuilt if the process id changes. A 1.0 attempt needs
 only the settings and the coordination Redis (``get_coordination``), so a 1.0-only worker never builds the
 Store's clients; ``get_resources`` (the 0.3 task's) raises MissingSetting without AGENT_LIGHTNING_STORE_URL.
 """
@@ -9,7 +10,6 @@ Store's clients; ``get_resources`` (the 0.3 task's) raises MissingSetting withou
 from __future__ import annotations
 
 import os
-import threading
 from dataclasses import dataclass
 
 import redis
@@ -18,6 +18,7 @@ from bridge.core.coordination import coordination_redis, deployment_scope
 from bridge.core.settings import Settings, get_settings
 from bridge.core.store import StoreClient
 from workers.agents.webshop import WebShopClient
+from workers.lifecycle import state
 from workers.lifecycle.shared_resources import RedisResources
 from workers.protocol.fence_board import FenceBoard
 from workers.protocol.heartbeat import HeartbeatMonitor
@@ -35,43 +36,37 @@ class WorkerResources:
     pid: int
 
 
-_lock = threading.Lock()
-_resources: WorkerResources | None = None
-_coordination_lock = threading.Lock()
-_coordination: tuple[int, redis.Redis] | None = None
-_monitor: tuple[int, HeartbeatMonitor] | None = None
-
-
 def get_resources() -> WorkerResources:
-    global _resources
-    with _lock:
-        if _resources is None or _resources.pid != os.getpid():
-            _resources = _build(get_settings())
-        return _resources
+    """This process's 0.3 clients (``workers.lifecycle.state``), built on first use."""
+    process = state.process
+    with process.lock:
+        if process.resources is None or process.resources.pid != os.getpid():
+            process.resources = _build(get_settings())
+        return process.resources
 
 
 def get_coordination() -> tuple[Settings, redis.Redis]:
     """This process's settings and coordination Redis client (the one ``get_resources`` holds too)."""
-    global _coordination
-    with _coordination_lock:
-        if _coordination is None or _coordination[0] != os.getpid():
-            _coordination = (os.getpid(), coordination_redis(get_settings(), timeout_s=10))
-        return get_settings(), _coordination[1]
+    process = state.process
+    with process.coordination_lock:
+        if process.coordination is None or process.coordination[0] != os.getpid():
+            process.coordination = (os.getpid(), coordination_redis(get_settings(), timeout_s=10))
+        return get_settings(), process.coordination[1]
 
 
 def get_monitor() -> HeartbeatMonitor:
     """This process's heartbeat monitor, which renews every attempt's lease and stops them at a drain: the 0.3
     resources' one where a Store is configured, else one without a Store (a 1.0-only worker)."""
-    global _monitor
     settings = get_settings()
     if settings.store_url is not None:
         return get_resources().monitor
     _, client = get_coordination()
-    with _coordination_lock:
-        if _monitor is None or _monitor[0] != os.getpid():
+    process = state.process
+    with process.coordination_lock:
+        if process.monitor is None or process.monitor[0] != os.getpid():
             drain_scope = deployment_scope(settings) if settings.worker_shutdown_grace_s is not None else None
-            _monitor = (os.getpid(), HeartbeatMonitor(None, client, None, drain_scope))
-        return _monitor[1]
+            process.monitor = (os.getpid(), HeartbeatMonitor(None, client, None, drain_scope))
+        return process.monitor[1]
 
 
 def _build(settings: Settings) -> WorkerResources:

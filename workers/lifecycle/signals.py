@@ -1,10 +1,12 @@
 """Per-process set-up of a worker, hooked on Celery's own signals.
 
+Everything these hooks keep lives in ``workers.lifecycle.state``.
+
 * ``worker_init`` (before the pool forks): logging and tracing, the deployment's key scope and the configured
   LitAgent (``AGENT``; exit code 2 when either is not), the node's 1.0 program server (``workers.v1.launch``;
   exit code 2 when it cannot start), the Store clock offset (``workers.protocol.clock``; none without
   AGENT_LIGHTNING_STORE_URL: 1.0 rollouts only) and the Prometheus exporter;
-  ``worker_process_init`` does the per-process part in each prefork child;
+  ``worker_process_init`` does the per-process part in each prefork child, its own state reset first;
 * ``worker_ready``/``worker_shutting_down``: advertise and withdraw this node's slots and agent under its
   Store's key scope (``bridge.core.capacity``);
 * ``task_revoked`` with ``expired``: hand the rollout back to the Store queue, off Celery's loop
@@ -34,7 +36,7 @@ from bridge.core.settings import Settings, get_settings
 from bridge.core.store import StoreClient
 from bridge.core.tracing import setup_process_tracing
 from workers.agents import loading as agent_loading
-from workers.lifecycle import drain, stuck
+from workers.lifecycle import drain, state
 from workers.lifecycle import metrics as worker_metrics
 from workers.protocol import clock
 from workers.protocol.lease import free_slot
@@ -43,10 +45,6 @@ from workers.v1 import launch
 log = logging.getLogger("workers.lifecycle.signals")
 
 _ADVERTISE_EVERY_S = 10.0
-_advertiser_stop = threading.Event()
-_advertise_now = threading.Event()  # set to advertise at once: on shutdown, or when a thread got stuck
-_advert_lock = threading.Lock()
-_node: dict[str, Any] = {}
 
 
 def _node_slots(consumer: Any) -> tuple[str, list[str], int]:
@@ -65,20 +63,20 @@ def _on_worker_ready(sender: Any = None, **_: Any) -> None:
     client = coordination_redis(get_settings())
     scope = deployment_scope(get_settings())
     endpoint = deployment_endpoint(get_settings())
-    _node.update(hostname=hostname, queues=queues, slots=slots, client=client, scope=scope)
+    state.node.advert.update(hostname=hostname, queues=queues, slots=slots, client=client, scope=scope)
     log.info("worker %s offers %d slots on queues %s (Redis key scope %s)", hostname, slots, ", ".join(queues), scope)
 
     agent = _advertised_agent()
 
     def advertise_forever() -> None:
         while True:
-            _advertise_now.clear()
-            with _advert_lock:  # never re-advertise after the shutdown withdrew the slots
-                if _advertiser_stop.is_set():
+            state.node.advertise_now.clear()
+            with state.node.advert_lock:  # never re-advertise after the shutdown withdrew the slots
+                if state.node.advertiser_stop.is_set():
                     return
                 _advertise(client, scope, hostname, queues, slots, agent, endpoint=endpoint)
-            _advertise_now.wait(_ADVERTISE_EVERY_S)
-            if _advertiser_stop.is_set():
+            state.node.advertise_now.wait(_ADVERTISE_EVERY_S)
+            if state.node.advertiser_stop.is_set():
                 return
 
     threading.Thread(target=advertise_forever, name="slot-advertiser", daemon=True).start()
@@ -98,7 +96,7 @@ def _advertise(
     derived from (``endpoint``, redacted), all expiring."""
     try:
         # One slot fewer per abandoned agent thread (workers.lifecycle.stuck): it still holds what it blocks on.
-        stuck_now = stuck.stuck_threads.count()
+        stuck_now = state.node.stuck_threads.count()
         capacity.advertise(client, scope, hostname, queues, max(0, slots - stuck_now))
         # Same lifetime as the slots: CeleryRunner.init reads which online workers run which agent,
         # and status how many threads each holds stuck.
@@ -117,22 +115,25 @@ def _advertise(
 def _on_shutting_down(**_: Any) -> None:
     """Withdraw the node's adverts at once and, with WORKER_SHUTDOWN_GRACE_S, start the bounded drain
     (``workers.lifecycle.drain``): its stop time for every process of the node, and the exit deadline of this one."""
-    _advertiser_stop.set()
-    _advertise_now.set()
-    if not _node:
+    node = state.node
+    node.advertiser_stop.set()
+    node.advertise_now.set()
+    advert = node.advert
+    if not advert:
         return
     grace = get_settings().worker_shutdown_grace_s
-    with _advert_lock:
+    with node.advert_lock:
         try:
-            capacity.withdraw(_node["client"], _node["scope"], _node["hostname"], _node["queues"])
-            _node["client"].delete(
-                keys.worker_agent(_node["scope"], _node["hostname"]),
-                keys.worker_stuck(_node["scope"], _node["hostname"]),
+            capacity.withdraw(advert["client"], advert["scope"], advert["hostname"], advert["queues"])
+            advert["client"].delete(
+                keys.worker_agent(advert["scope"], advert["hostname"]),
+                keys.worker_stuck(advert["scope"], advert["hostname"]),
             )
         except redis.RedisError:
             pass
-    if grace is not None and not drain.clock.draining:
-        stop_at = drain.clock.begin(_node["client"], _node["scope"], _node["hostname"], grace)
+    clock = state.process.drain_clock
+    if grace is not None and not clock.draining:
+        stop_at = clock.begin(advert["client"], advert["scope"], advert["hostname"], grace)
         drain.exit_by(time.time() + grace - drain.EXIT_EARLY_S)
         log.warning(
             "draining: episodes still running in %.1f s are stopped and handed over; exiting within %g s",
@@ -195,10 +196,10 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
         print(f"error: {error.message}", file=sys.stderr)
         log.critical("%s", error.message)
         raise SystemExit(EXIT_CONFIG_ERROR) from None
-    stuck.pool.threads = _pool_name(sender) == "threads"
-    stuck.pool.prefork = _pool_name(sender) == "prefork"
-    stuck.pool.max_stuck = settings.max_stuck_agent_threads
-    stuck.stuck_threads.on_change.append(_on_stuck_change)
+    state.node.pool.threads = _pool_name(sender) == "threads"
+    state.node.pool.prefork = _pool_name(sender) == "prefork"
+    state.node.pool.max_stuck = settings.max_stuck_agent_threads
+    state.node.stuck_threads.on_change.append(_on_stuck_change)
     if settings.store_url is None:
         log.info(
             "no AGENT_LIGHTNING_STORE_URL: this worker runs Agent Lightning 1.0 rollouts only (Redis key scope %s)",
@@ -212,7 +213,7 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
 
 def _on_stuck_change(count: int) -> None:
     worker_metrics.STUCK_THREADS.labels("agent").set(count)
-    _advertise_now.set()
+    state.node.advertise_now.set()
 
 
 @signals.task_prerun.connect
@@ -238,6 +239,9 @@ def _on_task_postrun(sender: Any = None, retval: Any = None, state: str | None =
 
 @signals.worker_process_init.connect
 def _on_process_init(**_: Any) -> None:
+    """A prefork child: its own state from the start (``workers.lifecycle.state``: nothing of its parent's but
+    what the node set up for every process), then its clients."""
+    state.reset(inherited=False)
     settings = _set_up_logging_and_tracing()
     # Build the child's clients now, not in its first task: measured, the first rollout of each prefork
     # child spent ~0.5 s more between "received" and "started" (client and TLS context construction).
@@ -261,24 +265,26 @@ def _on_revoked(sender: Any = None, request: Any = None, expired: bool = False, 
     rollout = kwargs.get("rollout") if isinstance(kwargs, dict) else None
     queue = kwargs.get("queue") if isinstance(kwargs, dict) else None
     task_id = str(getattr(request, "id", ""))
-    if _node and queue:
+    advert = state.node.advert
+    if advert and queue:
         try:
             # Not while another executor holds the attempt: a revoked duplicate must not free the live one's slot.
-            free_slot(_node["client"], _node["scope"], queue, task_id)
+            free_slot(advert["client"], advert["scope"], queue, task_id)
         except redis.RedisError:
             pass
     has_store = get_settings().store_url is not None  # else the rollout was never this worker's to run
     if expired and isinstance(rollout, dict) and has_store and not _started_elsewhere(task_id):
-        _hand_back.submit(rollout)  # the Store calls run on a thread of their own, off the consumer loop
+        _expired_hand_back().submit(rollout)  # the Store calls run on a thread of their own, off the consumer loop
 
 
 def _started_elsewhere(attempt_id: str) -> bool:
     """An expired duplicate of an attempt another executor runs (a Celery retry keeps the first ``expires``):
     handing it back would fence the live execution out and waste its episode."""
-    if not _node:
+    advert = state.node.advert
+    if not advert:
         return False
     try:
-        fact = markers.read_markers(_node["client"], [attempt_id])[attempt_id]
+        fact = markers.read_markers(advert["client"], [attempt_id])[attempt_id]
     except redis.RedisError:
         return False  # the hand-back re-checks the Store: only a still-unstarted latest attempt is requeued
     return fact.leased or fact.started
@@ -335,7 +341,13 @@ class ExpiredHandBack:
                     self._queue.task_done()
 
 
-_hand_back = ExpiredHandBack()
+def _expired_hand_back() -> ExpiredHandBack:
+    """The node's hand-back of expired messages (``workers.lifecycle.state``), made on first use."""
+    node = state.node
+    if node.hand_back is None:
+        node.hand_back = ExpiredHandBack()
+    assert isinstance(node.hand_back, ExpiredHandBack)
+    return node.hand_back
 
 
 def hand_back_expired(rollout: dict[str, Any], store: StoreClient) -> None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import NoReturn, TypeVar
 
 from bridge.core.errors import Superseded
-from workers.lifecycle import drain
+from workers.lifecycle import state
 from workers.protocol.heartbeat import AttemptWatch
 
 log = logging.getLogger("workers.lifecycle.stuck")
@@ -85,9 +85,6 @@ class StuckThreads:
                 log.exception("stuck-thread listener failed")
 
 
-stuck_threads = StuckThreads()
-
-
 @dataclass
 class Pool:
     """How this process runs tasks, recorded at ``worker_init``; threads is the only abandonable pool."""
@@ -97,17 +94,14 @@ class Pool:
     max_stuck: int = 4
 
 
-pool = Pool()
-
-
 def run_abandonable(body: Callable[[], T], watch: AttemptWatch) -> T:
     """``body()`` on a thread of its own, in the caller's context; its result, or what it raised.
 
     Raises ``AgentAbandoned`` (a TimeoutError: class ``timeout``) past the watch's deadline plus
     ``ABANDON_GRACE_S``, or ``Superseded`` that long after the watch got a stop verdict, without waiting for
-    the thread, which is then counted in ``stuck_threads``. The caller's thread sleeps until the agent
-    returns, the watch is stopped (``AttemptWatch.on_stop``) or a deadline comes: it does not poll, so a
-    waiting slot costs no CPU (at most one wake every ``WAKE_MAX_S``, a backstop).
+    the thread, which is then counted in the node's ``StuckThreads`` (``workers.lifecycle.state``). The caller's
+    thread sleeps until the agent returns, the watch is stopped (``AttemptWatch.on_stop``) or a deadline comes: it
+    does not poll, so a waiting slot costs no CPU (at most one wake every ``WAKE_MAX_S``, a backstop).
     """
     done = threading.Event()
     wake = threading.Event()  # the agent returned, or the watch was stopped
@@ -122,7 +116,7 @@ def run_abandonable(body: Callable[[], T], watch: AttemptWatch) -> T:
         finally:
             done.set()
             wake.set()
-            stuck_threads.returned(threading.current_thread())
+            state.node.stuck_threads.returned(threading.current_thread())
 
     watch.on_stop.append(wake.set)
     try:
@@ -150,6 +144,7 @@ def run_abandonable(body: Callable[[], T], watch: AttemptWatch) -> T:
 def _abandon(thread: threading.Thread, watch: AttemptWatch) -> NoReturn:
     reason = watch.stop_reason
     watch.stop("the agent did not return; its thread was abandoned")  # a late LLM call of it stops at once
+    stuck_threads = state.node.stuck_threads
     stuck_threads.add(thread, watch.attempt_id)
     count = stuck_threads.count()
     log.error(
@@ -161,8 +156,9 @@ def _abandon(thread: threading.Thread, watch: AttemptWatch) -> NoReturn:
         "the attempt's deadline" if reason is None else f"the stop verdict ({reason})",
         count,
     )
-    if count >= pool.max_stuck and not drain.clock.draining:  # a draining worker exits, it must not re-execute
-        restart_worker(f"{count} agent threads stuck (MAX_STUCK_AGENT_THREADS={pool.max_stuck})")
+    max_stuck = state.node.pool.max_stuck
+    if count >= max_stuck and not state.process.drain_clock.draining:  # a draining worker exits, never re-executes
+        restart_worker(f"{count} agent threads stuck (MAX_STUCK_AGENT_THREADS={max_stuck})")
     if reason is not None:
         raise Superseded(reason)
     raise AgentAbandoned(
@@ -171,14 +167,12 @@ def _abandon(thread: threading.Thread, watch: AttemptWatch) -> NoReturn:
     )
 
 
-_restart = threading.Event()
-
-
 def restart_worker(why: str) -> None:
     """Drain this worker (Celery warm shutdown) and re-execute its command line once it has exited."""
-    if _restart.is_set():
+    restarting = state.node.restarting
+    if restarting.is_set():
         return
-    _restart.set()
+    restarting.set()
     log.error("%s: draining this worker and restarting it", why)
     atexit.register(_reexec)
     os.kill(os.getpid(), signal.SIGTERM)

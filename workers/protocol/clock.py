@@ -20,6 +20,7 @@ import httpx
 from bridge.core.http import service_client
 from bridge.core.settings import Settings
 from bridge.core.store import API
+from workers.lifecycle import state
 
 log = logging.getLogger("workers.protocol.clock")
 
@@ -27,8 +28,6 @@ DATE_WINDOW_S = 2.0  # a Date header of D means the Store's time was in [D, D + 
 SAMPLES = 4
 SPACING_S = 0.25
 EXIT_CODE = 2  # as a bad setting: the process cannot run correctly here
-
-_offset_s = 0.0
 
 
 @dataclass(frozen=True)
@@ -103,15 +102,15 @@ def check_store_clock(settings: Settings) -> ClockReading | None:
 
 
 def adopt(offset_s: float) -> None:
-    """Use ``offset_s`` (Store minus worker) from now on; forked pool processes inherit it."""
-    global _offset_s
-    _offset_s = offset_s
+    """Use ``offset_s`` (Store minus worker) from now on (``workers.lifecycle.state``: forked pool processes
+    inherit it)."""
+    state.node.clock_offset_s = offset_s
 
 
 def store_offset_s() -> float:
-    return _offset_s
+    return state.node.clock_offset_s
 
 
 def to_local(store_time: float) -> float:
     """A Store timestamp (epoch s on the Store's clock) on this host's clock."""
-    return store_time - _offset_s
+    return store_time - state.node.clock_offset_s

@@ -22,9 +22,10 @@ import redis
 
 from bridge.core import keys
 from bridge.core.errors import StoreError
-from bridge.core.models import ACTIVE_ATTEMPT, ACTIVE_ROLLOUT, AttemptedRollout, Rollout
+from bridge.core.models import AttemptedRollout, Rollout
 from bridge.core.store import ROLLOUTS_PER_READ, StoreClient
 from workers.protocol import clock
+from workers.protocol.fencing import fence
 
 log = logging.getLogger("workers.protocol.fence_board")
 
@@ -154,19 +155,6 @@ class FenceBoard:
             pipe.execute()
         except redis.RedisError as exc:
             log.debug("could not post fence verdicts: %r", exc)
-
-
-def fence(rollout: object, attempt_id: str) -> str | None:
-    """Why this attempt must not run or report, or None if it is still the rollout's live attempt."""
-    if not isinstance(rollout, AttemptedRollout):
-        return "the rollout has no attempt"
-    if rollout.attempt.attempt_id != attempt_id:
-        return f"superseded by attempt {rollout.attempt.attempt_id}"
-    if rollout.status not in ACTIVE_ROLLOUT:
-        return f"rollout is {rollout.status}"
-    if rollout.attempt.status not in ACTIVE_ATTEMPT:
-        return f"attempt is {rollout.attempt.status}"
-    return None
 
 
 def _member(attempt: Attempt) -> str:

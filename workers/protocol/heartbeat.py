@@ -28,8 +28,9 @@ from celery.exceptions import SoftTimeLimitExceeded
 from bridge.core.errors import StoreError, Superseded, TelemetryError, UnknownIdError
 from bridge.core.models import ACTIVE_ATTEMPT, RolloutConfig
 from bridge.core.store import ROLLOUTS_PER_READ, StoreClient
-from workers.lifecycle import drain
-from workers.protocol.fence_board import GRACE_S, LISTING_LAPSES_INTERVALS, FenceBoard, fence
+from workers.lifecycle import drain, state
+from workers.protocol.fence_board import GRACE_S, LISTING_LAPSES_INTERVALS, FenceBoard
+from workers.protocol.fencing import fence
 from workers.protocol.lease import Lease, Renewal, renew_all
 from workers.telemetry.spans import AttemptTelemetry
 
@@ -311,9 +312,10 @@ class HeartbeatMonitor:
         ``drain.HAND_OVER_AFTER_S`` after the stop, hand over (on a thread of its own) each attempt whose thread has
         begun neither its report nor its hand-over: an agent that swallows the stop and the interrupt never returns,
         and the process's forced exit must find its attempt handed over, not leased."""
-        if self._drain_scope is None or not watches or not drain.clock.due(self._redis, self._drain_scope, time.time()):
+        clock = state.process.drain_clock
+        if self._drain_scope is None or not watches or not clock.due(self._redis, self._drain_scope, time.time()):
             return
-        reason = drain.shutdown_reason(drain.clock.grace_s)
+        reason = drain.shutdown_reason(clock.grace_s)
         for watch in watches:
             watch.shut_down(reason)
             due = watch.interrupt_at is not None and time.monotonic() >= watch.interrupt_at

@@ -10,31 +10,27 @@ whatever runs the episode (0.3's ``workers.execution``, 1.0's ``workers.v1.attem
   the attempt's telemetry). A line whose agent runs on the attempt's own thread (0.3) registers its hand-over with
   ``hand_over_at_drain``: the drain then hands the attempt over, releases the lease and frees the slot even when the
   agent never returns (1.0's program runs in a process of its own, which the attempt's thread kills at the stop).
-  ``keep`` writes the kept result and the done marker in one transaction (1.0; 0.3 keeps its Store report in
+  ``keep`` writes the kept outcome (``bridge.core.outcome.Outcome``, a drain's hand-over included) and the done
+  marker in one transaction (1.0; 0.3 keeps its Store report in
   ``workers.protocol.reporting``); ``release`` stops the renewals and drops the lease;
   ``release_slot`` frees the slot; ``close`` does both (1.0; 0.3's task frees the slot itself, as only it knows
   whether Celery retries the message).
-* ``KeptResult``: the record a 1.0 attempt keeps for its dispatcher (``keys.v1_result``), including the drain's
-  hand-over (``state`` None, ``handover`` true, class ``shutdown``).
 * ``release_slot``: free the attempt's in-flight entry unless another executor holds it, and wake the bridge.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
 import redis
 
 from bridge.core import capacity, keys
+from bridge.core.outcome import Outcome
 from bridge.core.settings import get_settings
-from workers.lifecycle import drain
-from workers.protocol.failures import FailureClass
+from workers.lifecycle import state
 from workers.protocol.heartbeat import AttemptWatch, HeartbeatMonitor
 from workers.protocol.lease import Claim, Lease, free_slot
 
@@ -46,9 +42,10 @@ def draining(client: redis.Redis, scope: str, node: str | None) -> bool:
     node's name for this process's heartbeat, which reads the node's stop time by it."""
     if get_settings().worker_shutdown_grace_s is None:
         return False
-    if drain.clock.node is None and node:
-        drain.clock.node = node
-    return drain.clock.refresh(client, scope, time.time())
+    clock = state.process.drain_clock
+    if clock.node is None and node:
+        clock.node = node
+    return clock.refresh(client, scope, time.time())
 
 
 def release_slot(
@@ -67,39 +64,6 @@ def release_slot(
             capacity.notify_freed(client, scope, queue)
     except redis.RedisError as exc:
         log.warning("could not clear in-flight entry %s (the bridge prunes it later): %r", attempt_id, exc)
-
-
-@dataclass(frozen=True)
-class KeptResult:
-    """An attempt's outcome kept in Redis until the trainer's side has it: JSON ``{"state", "detail",
-    "failure_class", "handover"}``. ``state`` None with ``handover`` true: the worker drained and handed the
-    attempt over, to run again elsewhere without counting as a failure."""
-
-    state: str | None
-    detail: str
-    failure_class: FailureClass | None = None
-    handover: bool = False
-
-    def to_json(self) -> str:
-        return json.dumps(
-            {
-                "state": self.state,
-                "detail": self.detail,
-                "failure_class": None if self.failure_class is None else str(self.failure_class),
-                "handover": self.handover,
-            }
-        )
-
-    @classmethod
-    def from_json(cls, raw: str) -> KeptResult:
-        data: dict[str, Any] = json.loads(raw)
-        failure = data.get("failure_class")
-        return cls(
-            data.get("state"),
-            str(data.get("detail", "")),
-            FailureClass(failure) if failure else None,
-            bool(data.get("handover", False)),
-        )
 
 
 class HeldAttempt:
@@ -200,7 +164,7 @@ class HeldAttempt:
         """Stopped by the node's drain: to be handed over, never reported failed."""
         return self.watch.shutdown
 
-    def keep(self, result: KeptResult, *, result_key: str, result_ttl_s: float, done_ttl_s: float) -> None:
+    def keep(self, result: Outcome, *, result_key: str, result_ttl_s: float, done_ttl_s: float) -> None:
         """Keep ``result`` under ``result_key`` and mark the attempt done, in one transaction: from here on a
         redelivery is dropped and the kept result is what counts. Renewals stop flagging the done marker."""
         self.watch.reporting = True

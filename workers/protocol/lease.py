@@ -1,13 +1,15 @@
 """A Redis lease on an attempt: the idempotency guard against Celery's at-least-once delivery.
 
-The attempt id is the Celery task id. ``agl:lease:<attempt>`` says who executes it now and expires unless
-renewed, so a redelivery after a crash can take over; ``agl:owner:<attempt>`` says who claimed it last, with
+A lease is named by its ``lease_id``, the name of one attempt's Redis state: a 0.3 attempt's Store attempt id
+(also its Celery task id), a 1.0 attempt's deployment-scoped key (``bridge.core.agl_v1.scoped_attempt_key``,
+which is not its task id). ``agl:lease:<lease_id>`` says who executes it now and expires unless renewed, so a
+redelivery after a crash can take over; ``agl:owner:<lease_id>`` says who claimed it last, with
 an epoch each claim raises, and a renewal succeeds only for that owner and never after the done marker, so a
 stalled executor that was taken over learns so at its next renewal and stops without writing;
-``agl:started:<attempt>`` marks a later claim as a takeover. A renewal after Redis lost its data restores all
+``agl:started:<lease_id>`` marks a later claim as a takeover. A renewal after Redis lost its data restores all
 three, the higher epoch winning. Why: docs/architecture.md, "Guarantees" (Redelivery, Takeover).
 
-Public API, small because ``workers.execution``, ``workers.protocol.fencing``, ``workers.protocol.reporting`` and
+Public API, small because ``workers.execution``, ``workers.protocol.write_guard``, ``workers.protocol.reporting`` and
 ``workers.protocol.heartbeat`` share it:
 ``Lease.claim``, ``Lease.renew`` (bool), ``Lease.release``, ``Lease.remaining_s``, ``Lease.holder``,
 ``Lease.valid_until`` (monotonic time up to which our lease is known to be live), ``renew_all`` (every
@@ -119,10 +121,12 @@ class Renewal(enum.Enum):
 
 
 class Lease:
-    def __init__(self, client: redis.Redis, attempt_id: str, ttl_s: float) -> None:
+    """One attempt's lease, named by ``lease_id`` (see the module's docstring)."""
+
+    def __init__(self, client: redis.Redis, lease_id: str, ttl_s: float) -> None:
         self._client = client
-        self.attempt_id = attempt_id
-        self.key = keys.lease(attempt_id)
+        self.lease_id = lease_id
+        self.key = keys.lease(lease_id)
         self.ttl_ms = int(ttl_s * 1000)
         self.ttl_s = ttl_s
         # Epoch-prefixed by ``claim``; until then nothing in Redis can match it.
@@ -134,7 +138,7 @@ class Lease:
         self.valid_until = 0.0
 
     def _keys(self) -> list[str]:
-        aid = self.attempt_id
+        aid = self.lease_id
         return [self.key, keys.owner(aid), keys.started(aid), keys.done(aid)]
 
     def _args(self) -> list[str | int]:
@@ -153,9 +157,9 @@ class Lease:
             _CLAIM,
             4,
             self.key,
-            keys.done(self.attempt_id),
-            keys.started(self.attempt_id),
-            keys.owner(self.attempt_id),
+            keys.done(self.lease_id),
+            keys.started(self.lease_id),
+            keys.owner(self.lease_id),
             self._suffix,
             self.ttl_ms,
             max(1, int(self.started_ttl_s)),
@@ -186,7 +190,7 @@ class Lease:
     def release(self) -> None:
         """Drop our lease (never another executor's) for good: the owner key stays, marked released, so neither an
         older executor nor a renewal of ours already in flight can bring it back."""
-        self._client.eval(_RELEASE, 2, self.key, keys.owner(self.attempt_id), self.token)
+        self._client.eval(_RELEASE, 2, self.key, keys.owner(self.lease_id), self.token)
         self.valid_until = 0.0
 
     def remaining_s(self) -> float:
@@ -214,15 +218,16 @@ def renew_all(client: redis.Redis, leases: Sequence[Lease]) -> list[Renewal]:
     return [lease._apply(answer, sent) for lease, answer in zip(leases, answers, strict=True)]
 
 
-def mark_done(client: redis.Redis, attempt_id: str, status: str, ttl_s: float) -> None:
-    client.set(keys.done(attempt_id), status, ex=int(ttl_s))
+def mark_done(client: redis.Redis, lease_id: str, status: str, ttl_s: float) -> None:
+    """Mark the attempt named ``lease_id`` finished with ``status``: a later delivery of it is dropped."""
+    client.set(keys.done(lease_id), status, ex=int(ttl_s))
 
 
 def free_slot(
     client: redis.Redis,
     scope: str,
     queue: str,
-    attempt_id: str,
+    inflight_id: str,
     token: str | None = None,
     *,
     lease_id: str | None = None,
@@ -231,11 +236,11 @@ def free_slot(
     holds the attempt now; True if cleared.
 
     ``token`` is the caller's own lease token when it executed the attempt (its lease may still be there if
-    the release failed); a delivery that never held the attempt passes None. The entry is per attempt id and
-    shared by every delivery: a rejected duplicate, an expired redelivery or a stale executor that was taken
-    over must leave the live execution's slot counted. ``lease_id``: the id the attempt's lease is kept under
-    when it differs from its in-flight entry (a 1.0 attempt's deployment-scoped key).
+    the release failed); a delivery that never held the attempt passes None. The entry (``inflight_id``: the
+    attempt's task id) is shared by every delivery: a rejected duplicate, an expired redelivery or a stale
+    executor that was taken over must leave the live execution's slot counted. ``lease_id``: the name the
+    attempt's lease is kept under when it differs from its in-flight entry (a 1.0 attempt's scoped key).
     """
     inflight = keys.inflight(scope, queue)
-    lease = keys.lease(lease_id or attempt_id)
-    return bool(client.eval(_FREE_SLOT, 2, inflight, lease, attempt_id, token or ""))
+    lease = keys.lease(lease_id or inflight_id)
+    return bool(client.eval(_FREE_SLOT, 2, inflight, lease, inflight_id, token or ""))

@@ -23,14 +23,14 @@ from bridge.core import keys
 from bridge.core.backoff import backoff_delay
 from bridge.core.errors import LeaseUnproven, StoreError, StoreUnavailable, UnknownIdError
 from bridge.core.models import AttemptedRollout, AttemptStatus
+from bridge.core.outcome import Outcome, OutcomeStatus, error_text, skipped
 from workers.lifecycle import metrics as worker_metrics
 from workers.lifecycle.resources import WorkerResources
 from workers.protocol.attempt import Attempt
 from workers.protocol.failures import FailureClass
-from workers.protocol.fence_board import fence
-from workers.protocol.fencing import WriteGuard
+from workers.protocol.fencing import fence
 from workers.protocol.lease import mark_done
-from workers.protocol.outcome import Outcome, OutcomeStatus, skipped
+from workers.protocol.write_guard import WriteGuard
 from workers.telemetry.spans import AttemptTelemetry
 
 REPORT_GRACE_S = 300.0
@@ -56,7 +56,8 @@ class ReportPending(StoreUnavailable):
 
 @dataclass(frozen=True)
 class PendingReport:
-    """A final report, decided once per attempt: every delivery of the attempt sends exactly this."""
+    """A 0.3 attempt's final report to the Store, decided once: every delivery of the attempt sends exactly this.
+    Line-specific (the Store's status and metadata, the delivery deadline); ``outcome`` is the shared record."""
 
     status: AttemptStatus
     metadata: dict[str, Any]
@@ -85,7 +86,8 @@ class PendingReport:
     def outcome(self) -> Outcome:
         """What the task returns once this report was delivered."""
         if self.status == AttemptStatus.SUCCEEDED:
-            return Outcome(OutcomeStatus.SUCCEEDED, reward=self.metadata.get("reward"))
+            reward = self.metadata.get("reward")
+            return Outcome(OutcomeStatus.SUCCEEDED, reward=reward if isinstance(reward, (int, float)) else None)
         return Outcome(OutcomeStatus.FAILED, str(self.metadata.get("error", "")), self.failure_class)
 
 
@@ -114,12 +116,10 @@ class AttemptReporter:
 
     def failure(self, failure: FailureClass, error: str, telemetry: AttemptTelemetry | None = None) -> Outcome:
         """Report the attempt ``failed`` with its class and error (``input`` first ends the rollout's retries)."""
-        metadata = {**self._base_metadata(telemetry), "error": error[:2000], "failure_class": str(failure)}
-        self.log.warning("failed (%s): %s", failure, error)
-        outcome = self._report(AttemptStatus.FAILED, metadata)
-        if outcome is not None:
-            return outcome
-        return Outcome(OutcomeStatus.FAILED, error, failure)
+        failed = Outcome(OutcomeStatus.FAILED, error, failure)  # masked and bounded once, here
+        metadata = {**self._base_metadata(telemetry), "error": error_text(failed.detail), "failure_class": str(failure)}
+        self.log.warning("failed (%s): %s", failure, failed.detail)
+        return self._report(AttemptStatus.FAILED, metadata) or failed
 
     def deadline(self) -> float:
         """Epoch s until which the report is retried: the attempt's own deadline, or a grace period."""

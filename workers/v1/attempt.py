@@ -12,14 +12,16 @@ Contract:
 * The program runs in a session of its own (started cold or warm by ``workers.v1.launch``) with the environment
   ``workers.v1.environment`` builds (never the worker's secrets) and the gateway's copy of the rollout's config,
   never the message's; at the rollout's ``timeout_seconds`` (clamped as the dispatcher clamps the message's,
-  ``Settings.covered_timeout``), when the gateway shows the rollout moved on (finished, deleted, another attempt),
-  when the lease is lost, or when the node drains, its whole process group is killed, and on every other way out too;
-  the program also dies with the worker process (``PR_SET_PDEATHSIG``). A warm program whose server died
-  under it is a lost program: the attempt is reported failed (class ``infra``), never re-run as a lost worker.
-* The outcome (exit code 0: succeeded; else failed with the last lines the program wrote) carries a failure class
-  (``workers.protocol.failures``) and is kept in Redis with the done marker before it is sent, so the dispatcher
+  ``bridge.core.time_budget.clamp_to_broker``), when the gateway shows the rollout moved on (finished, deleted,
+  another attempt), when the lease is lost, or when the node drains, its whole process group is killed, and on
+  every other way out too; the program also dies with the worker process (``PR_SET_PDEATHSIG``). A warm program
+  whose server died under it is a lost program: the attempt is reported failed (class ``infra``), never re-run
+  as a lost worker.
+* The outcome (``bridge.core.outcome.Outcome``; exit code 0: succeeded; else failed with the last lines the program
+  wrote) carries a failure class and is kept in Redis with the done marker before it is sent, so the dispatcher
   applies it if the gateway could not be told. A drain keeps a hand-over record instead and reports nothing.
-  Error texts (the program's output, a gateway, Redis or program-server error) are masked before they leave.
+  Error texts (the program's output, a gateway, Redis or program-server error) are masked and bounded by the
+  outcome record (``bridge.core.outcome``) before they leave.
 * Only the rollout's current attempt (``last_attempt_id``) is ever patched.
 """
 
@@ -29,8 +31,6 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass
-from typing import Any
 
 import redis
 
@@ -42,17 +42,16 @@ from bridge.core.agl_v1 import (
     V1Rollout,
     V1State,
     attempt_key,
-    failed_message,
     scoped_attempt_key,
 )
-from bridge.core.redact import redact_text
+from bridge.core.outcome import FailureClass, Outcome, OutcomeStatus
 from bridge.core.settings import Settings
-from workers.protocol.failures import FailureClass
+from bridge.core.time_budget import clamp_to_broker
 from workers.protocol.heartbeat import HEARTBEAT_TIMEOUT_S, TICK_S, HeartbeatMonitor
-from workers.protocol.held import HeldAttempt, KeptResult
-from workers.protocol.outcome import Outcome, OutcomeStatus
+from workers.protocol.held import HeldAttempt
 from workers.v1.environment import output_redactor, program_environment
-from workers.v1.launch import Program, ProgramLost, WarmProgram, start_program
+from workers.v1.launch import start_program
+from workers.v1.programs import Program, ProgramLost, WarmProgram
 
 log = logging.getLogger("workers.v1")
 
@@ -60,31 +59,7 @@ OUTPUT_LINES = 20  # the program's last lines kept for a failed attempt's error
 OUTPUT_TAIL_BYTES = 16 * 1024  # at most this much of the program's output is held, however long its lines
 OUTPUT_CHUNK_BYTES = 4096
 RESULT_TTL_S = 24 * 3600
-KEPT_DETAIL_CHARS = 4000  # of a kept outcome's detail
-
-
-@dataclass(frozen=True)
-class V1Outcome:
-    """What the attempt ended as: ``state`` succeeded or failed, or None when it is not ours to report (moved on,
-    lost, not run, or handed over at a drain: ``handover``); ``failure_class`` says why it did not succeed."""
-
-    state: V1State | None
-    detail: str
-    failure_class: FailureClass | None = None
-    handover: bool = False
-
-    def as_outcome(self) -> Outcome:
-        """The task's result, as the 0.3 task's (``workers.protocol.outcome``): counted by the worker's metrics."""
-        status = OutcomeStatus(self.state.value) if self.state else OutcomeStatus.SKIPPED
-        return Outcome(status, self.detail.splitlines()[0] if self.detail else "", self.failure_class)
-
-    def as_dict(self) -> dict[str, Any]:
-        return self.as_outcome().as_dict()
-
-    def error_message(self) -> str:
-        """The ``error_message`` sent with a failed state (``failed_message``: the class, what happened, the
-        output's tail)."""
-        return failed_message(self.failure_class, self.detail)
+SUCCEEDED, FAILED, SKIPPED = OutcomeStatus.SUCCEEDED, OutcomeStatus.FAILED, OutcomeStatus.SKIPPED
 
 
 class OutputTail:
@@ -142,25 +117,25 @@ class V1Attempt:
         )
         self.tag = f"[v1 rollout={rollout.rollout_id} attempt={attempt_id}]"
 
-    def run(self) -> V1Outcome:
+    def run(self) -> Outcome:
         try:
             claim = self.held.claim(float(self.settings.done_marker_ttl_s))
             if claim.done_status is not None:
-                return self._skip(V1Outcome(None, "already finished: duplicate delivery dropped"))
+                return self._skip(Outcome(SKIPPED, "already finished: duplicate delivery dropped"))
             if not claim.acquired:
-                return self._skip(V1Outcome(None, "another executor holds this attempt: duplicate delivery dropped"))
+                return self._skip(Outcome(SKIPPED, "another executor holds this attempt: duplicate delivery dropped"))
             current = self.gateway.get_rollout(self.rollout.rollout_id)  # however slow: the lease is renewed aside
             if current is not None and self._ours(current) and current.status.state == V1State.QUEUING:
                 current = self._mark_running(current)
             if not self._ours(current):
-                return self._skip(V1Outcome(None, "the rollout moved on before it started", FailureClass.CANCELLED))
+                return self._skip(Outcome(SKIPPED, "the rollout moved on before it started", FailureClass.CANCELLED))
             assert current is not None
             self.rollout = current  # the gateway's copy decides what runs, never the message's (docs/agl-v1.md)
             return self._finish(self._execute())
         except (GatewayError, redis.RedisError) as exc:  # the task's result and the log: masked, as 0.3's errors
-            why = redact_text(str(exc))
-            log.warning("%s could not run: %s; the dispatcher's reconcile takes it from here", self.tag, why)
-            return V1Outcome(None, f"not run: {why}", FailureClass.INFRA)
+            outcome = Outcome(SKIPPED, f"not run: {exc}", FailureClass.INFRA)  # the record masks it
+            log.warning("%s %s; the dispatcher's reconcile takes it from here", self.tag, outcome.detail)
+            return outcome
         finally:
             self.gateway.close()
             self.fence.close()
@@ -177,24 +152,21 @@ class V1Attempt:
 
     # --- the program ---------------------------------------------------------------------------
 
-    def _execute(self) -> V1Outcome:
+    def _execute(self) -> Outcome:
         local = self.rollout.config.local
         if local is None or not local.agent_class:
-            return V1Outcome(
-                V1State.FAILED, "invalid rollout config: missing config.local.agent_class", FailureClass.INPUT
-            )
+            return Outcome(FAILED, "invalid rollout config: missing config.local.agent_class", FailureClass.INPUT)
         try:
             env = program_environment(self.rollout, self.attempt_id, self.settings)
         except ValueError as exc:
-            return V1Outcome(V1State.FAILED, str(exc), FailureClass.INPUT)
+            return Outcome(FAILED, str(exc), FailureClass.INPUT)
         stopped = self._stopped()
         if stopped is not None:  # the node drains, or the lease went, before the program started
             return stopped
         try:
             program = start_program(self.settings, local.agent_class, env)
         except ProgramLost as exc:  # the server took the request and died: it may have started, never run it twice
-            why = redact_text(str(exc))
-            return V1Outcome(V1State.FAILED, f"the agent's program server failed: {why}", FailureClass.INFRA)
+            return Outcome(FAILED, f"the agent's program server failed: {exc}", FailureClass.INFRA)
         tail = OutputTail()
         reader = threading.Thread(target=self._read_output, args=(program, tail), daemon=True)
         try:
@@ -205,40 +177,36 @@ class V1Attempt:
             # Every way out: children the program left behind at its exit, an exception, Celery's time limit.
             program.kill()
             reader.join(2.0)
-        if isinstance(ended, V1Outcome):
+        if isinstance(ended, Outcome):
             return self._blame_pause(ended)
         if ended == 0:
-            return V1Outcome(V1State.SUCCEEDED, "the agent exited with code 0")
+            return Outcome(SUCCEEDED, "the agent exited with code 0")
         last = output_redactor(self.settings)(tail.text()) or "(no output)"
         if isinstance(ended, ProgramLost):  # a lost program: reported, never run again as a lost worker's
-            return V1Outcome(
-                V1State.FAILED,
+            return Outcome(
+                FAILED,
                 f"the agent's program server died under it (the agent was killed with it):\n{last}",
                 FailureClass.INFRA,
             )
-        return self._blame_pause(
-            V1Outcome(V1State.FAILED, f"the agent exited with code {ended}:\n{last}", FailureClass.AGENT)
-        )
+        return self._blame_pause(Outcome(FAILED, f"the agent exited with code {ended}:\n{last}", FailureClass.AGENT))
 
-    def _blame_pause(self, outcome: V1Outcome) -> V1Outcome:
+    def _blame_pause(self, outcome: Outcome) -> Outcome:
         """A program that timed out or failed while the trainer had the gateway's proxy paused ended because of the
         pause (its time ran out waiting, or its client gave up on the 429s): class ``infra``, the pause named.
         One read of the proxy's state, on these two ways out only."""
-        if outcome.state != V1State.FAILED or outcome.failure_class not in (FailureClass.TIMEOUT, FailureClass.AGENT):
+        if outcome.status is not FAILED or outcome.failure_class not in (FailureClass.TIMEOUT, FailureClass.AGENT):
             return outcome
         pause = self.fence.proxy_pause()
         if pause is None or not pause.paused:
             return outcome
-        return V1Outcome(
-            V1State.FAILED, f"{pause.describe()} when the program ended: {outcome.detail}", FailureClass.INFRA
-        )
+        return Outcome(FAILED, f"{pause.describe()} when the program ended: {outcome.detail}", FailureClass.INFRA)
 
-    def _supervise(self, program: Program) -> V1Outcome | ProgramLost | int:
+    def _supervise(self, program: Program) -> Outcome | ProgramLost | int:
         """Wait for the program: its exit code, or why it was stopped (its timeout, a stop of the protocol, the
         rollout moving on), or ProgramLost when its server died under it."""
         # The gateway's copy carries the trainer's timeout_seconds: clamped as the dispatcher clamped the message's,
-        # so the program never runs past the task's hard limit or the broker's redelivery (Settings.covered_timeout).
-        timeout_s = self.settings.covered_timeout(float(self.rollout.config.timeout_seconds), agl_v1=True)
+        # so the program never runs past the task's hard limit or the broker's redelivery (``clamp_to_broker``).
+        timeout_s = clamp_to_broker(self.settings, float(self.rollout.config.timeout_seconds), agl_v1=True)
         deadline = time.monotonic() + timeout_s
         interval = self.settings.heartbeat_interval_s
         next_read = time.monotonic() + interval
@@ -250,8 +218,8 @@ class V1Attempt:
             if code is not None:
                 break
             if time.monotonic() >= deadline:
-                return V1Outcome(
-                    V1State.FAILED,
+                return Outcome(
+                    FAILED,
                     f"timed out after {timeout_s:.0f}s; the agent's processes were killed",
                     FailureClass.TIMEOUT,
                 )
@@ -262,17 +230,17 @@ class V1Attempt:
                 moved = self._moved_on()
                 next_read = time.monotonic() + interval
                 if moved is not None:
-                    return V1Outcome(None, moved, FailureClass.CANCELLED)
+                    return Outcome(SKIPPED, moved, FailureClass.CANCELLED)
         return code
 
-    def _stopped(self) -> V1Outcome | None:
+    def _stopped(self) -> Outcome | None:
         """The protocol's stop (the node's drain: a hand-over; the lease lost or reported elsewhere), or None."""
         reason = self.held.stop_reason
         if reason is None:
             return None
         if self.held.shutdown:
-            return V1Outcome(None, reason, FailureClass.SHUTDOWN, handover=True)
-        return V1Outcome(None, f"{reason}: stopped", FailureClass.CANCELLED)
+            return Outcome(SKIPPED, reason, FailureClass.SHUTDOWN, handover=True)
+        return Outcome(SKIPPED, f"{reason}: stopped", FailureClass.CANCELLED)
 
     def _read_output(self, program: Program, tail: OutputTail) -> None:
         while chunk := os.read(program.output_fd, OUTPUT_CHUNK_BYTES):  # whatever is there, never a whole line
@@ -304,40 +272,39 @@ class V1Attempt:
 
     # --- the report --------------------------------------------------------------------------
 
-    def _skip(self, outcome: V1Outcome) -> V1Outcome:
+    def _skip(self, outcome: Outcome) -> Outcome:
         log.info("%s %s", self.tag, outcome.detail)
         return outcome
 
-    def _finish(self, outcome: V1Outcome) -> V1Outcome:
+    def _finish(self, outcome: Outcome) -> Outcome:
         if outcome.handover:
             # Kept for the dispatcher, which runs the rollout again elsewhere; the gateway is never told.
-            self._keep(KeptResult(None, outcome.detail, FailureClass.SHUTDOWN, handover=True))
+            self._keep(outcome)
             log.warning("%s handed over: %s", self.tag, outcome.detail)
             return outcome
         if outcome.state is None:
             return self._skip(outcome)
-        kept = failed_message(None, outcome.detail, KEPT_DETAIL_CHARS)  # what happened, and the output's tail
-        self._keep(KeptResult(outcome.state.value, kept, outcome.failure_class))
-        detail = outcome.error_message() if outcome.state == V1State.FAILED else outcome.detail
+        self._keep(outcome)
         try:
-            reported = self.gateway.finish(self.rollout.rollout_id, self.attempt_id, outcome.state, detail)
+            state = V1State(outcome.state)
+            reported = self.gateway.finish(self.rollout.rollout_id, self.attempt_id, state, outcome.message())
             self.redis.delete(keys.v1_result(self.state_key))
         except GatewayError as exc:
             log.warning("%s outcome kept for the dispatcher: %s", self.tag, exc)
             reported = True  # the dispatcher reports it: the attempt's outcome stands
         if not reported:  # finished, deleted, forgotten by a restart, or re-run meanwhile: nothing was written
             return self._skip(
-                V1Outcome(
-                    None,
-                    f"the rollout moved on before the report ({outcome.state.value}): not reported",
+                Outcome(
+                    SKIPPED,
+                    f"the rollout moved on before the report ({outcome.state}): not reported",
                     FailureClass.CANCELLED,
                 )
             )
-        level = logging.INFO if outcome.state == V1State.SUCCEEDED else logging.WARNING
-        log.log(level, "%s %s: %s", self.tag, outcome.state.value, outcome.detail.splitlines()[0])
+        level = logging.INFO if outcome.status is SUCCEEDED else logging.WARNING
+        log.log(level, "%s %s: %s", self.tag, outcome.state, outcome.headline)
         return outcome
 
-    def _keep(self, result: KeptResult) -> None:
+    def _keep(self, result: Outcome) -> None:
         self.held.keep(
             result,
             result_key=keys.v1_result(self.state_key),

@@ -1,0 +1,159 @@
+"""Per-process state lives in two modules, ``workers.lifecycle.state`` and ``bridge.core.process_state``, and their
+``reset`` clears every piece: each test below sets a piece through the code that owns it, resets, and sees the
+piece as a fresh process has it. ``reset(inherited=False)``, the prefork child hook's, keeps what the node set up
+for every process. A scan of the source keeps new module-level state from appearing anywhere else."""
+
+from __future__ import annotations
+
+import ast
+import logging
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from bridge.core import process_state
+from bridge.core.settings import get_settings, load_settings
+from bridge.core.tls import warn_if_insecure
+from bridge.core.tracing import setup_process_tracing
+from workers.agents import llm, loading
+from workers.agents.ratelimit import _outage_for
+from workers.lifecycle import metrics, signals, state, stuck
+from workers.lifecycle.drain import DrainClock
+from workers.protocol import clock
+
+ROOT = Path(__file__).resolve().parents[2]
+STATE_MODULES = {ROOT / "workers/lifecycle/state.py", ROOT / "bridge/core/process_state.py"}
+STORE = "http://store.test:4747"
+
+
+def test_the_store_clock_offset_is_reset() -> None:
+    clock.adopt(12.5)
+    assert clock.to_local(100.0) == 87.5
+    state.reset(inherited=False)  # a prefork child inherits the node's offset
+    assert clock.store_offset_s() == 12.5
+    state.reset()
+    assert clock.store_offset_s() == 0.0 and clock.to_local(100.0) == 100.0
+
+
+def test_the_process_clients_and_caches_are_reset_and_a_child_builds_its_own() -> None:
+    client = llm.shared_http(5.0)
+    assert llm.shared_http(5.0) is client
+    llm.llm_api_key("http://elsewhere.test/v1", None, load_settings(store_url=STORE, openai_api_key="sk-x"))
+    assert state.process.withheld_endpoints
+    state.process.litagent_runners[1] = object()
+    pool = type("Pool", (), {})()  # a connection pool: weakly referenced by the outage kept for it
+    outage = _outage_for(SimpleNamespace(connection_pool=pool))
+    assert _outage_for(SimpleNamespace(connection_pool=pool)) is outage and pool in state.process.llm_outages
+    state.process.drain_clock.node = "worker@host"
+    try:
+        state.reset(inherited=False)
+        assert llm.shared_http(5.0) is not client
+        fresh = state.process
+        assert not fresh.withheld_endpoints and not fresh.litagent_runners and not fresh.llm_outages
+        assert fresh.drain_clock == DrainClock() and fresh.resources is None and fresh.configured_agent is None
+        assert fresh.coordination is None and fresh.monitor is None
+        assert _outage_for(SimpleNamespace(connection_pool=pool)) is not outage
+    finally:
+        client.close()
+        if state.process.llm_http is not None:
+            state.process.llm_http.close()
+
+
+def test_the_configured_agent_is_built_again_after_a_reset(monkeypatch: pytest.MonkeyPatch) -> None:
+    built: list[object] = []
+
+    def build(settings: object) -> SimpleNamespace:
+        agent = SimpleNamespace(pid=os.getpid(), class_path="pkg:Agent", hooks=[])
+        built.append(agent)
+        return agent
+
+    monkeypatch.setattr(loading, "build", build)
+    settings = load_settings(store_url=STORE, agent="pkg:Agent")
+    first = loading.configured_agent(settings)
+    assert loading.configured_agent(settings) is first
+    state.reset(inherited=False)
+    assert loading.configured_agent(settings) is not first and len(built) == 2
+
+
+def test_the_node_state_is_kept_for_a_child_and_reset_for_a_test(monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = load_settings(agl_v1_url="http://gateway.test:8080", agl_v1_warm_start=False)
+    monkeypatch.setattr(signals, "_set_up_logging_and_tracing", lambda: settings)
+    signals._on_worker_init(sender=SimpleNamespace(pool_cls="threads", concurrency=4))
+    node = state.node
+    assert node.pool.threads and node.stuck_threads.on_change == [signals._on_stuck_change]
+    node.advert.update(hostname="worker@host")
+    node.exporter.update(server="s")
+    node.program_server_failed = "no interpreter"
+    node.restarting.set()
+    node.advertiser_stop.set()
+    state.reset(inherited=False)
+    assert state.node is node  # what the node set up for every process stays
+    state.reset()
+    fresh = state.node
+    assert not fresh.pool.threads and fresh.pool == stuck.Pool() and fresh.stuck_threads.on_change == []
+    assert not fresh.advert and not fresh.exporter and fresh.program_server_failed is None
+    assert not fresh.restarting.is_set() and not fresh.advertiser_stop.is_set() and fresh.hand_back is None
+
+
+def test_the_metrics_exporter_is_held_in_the_node_state(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    monkeypatch.setattr(metrics, "start_http_server", lambda *args, **kwargs: ("server", None))
+    monkeypatch.setattr(metrics, "_export_zeros", lambda: None)
+    monkeypatch.setattr(metrics.values, "ValueClass", metrics.values.ValueClass)
+    assert metrics.serve(9, "127.0.0.1") == "http://127.0.0.1:9/metrics"
+    assert state.node.exporter["server"] == "server"
+    state.reset()
+    assert state.node.exporter == {}
+
+
+def test_the_core_state_is_reset(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    settings = load_settings(store_url=STORE, broker_url="rediss://broker.test:6380/0", broker_tls_insecure=True)
+    with caplog.at_level(logging.WARNING, logger="bridge.tls"):
+        warn_if_insecure(settings)
+        warn_if_insecure(settings)
+        assert caplog.text.count("WITHOUT TLS certificate") == 1
+        process_state.reset()
+        warn_if_insecure(settings)
+        assert caplog.text.count("WITHOUT TLS certificate") == 2
+    setup_process_tracing("unit")
+    assert process_state.core.tracing_installed
+    monkeypatch.setenv("BRIDGE_MAX_QUEUE_WAIT_S", "123")
+    monkeypatch.setenv("AGENT_LIGHTNING_STORE_URL", STORE)
+    process_state.reset()
+    assert not process_state.core.tracing_installed and get_settings().max_queue_wait_s == 123
+    monkeypatch.setenv("BRIDGE_MAX_QUEUE_WAIT_S", "124")
+    process_state.reset()
+    assert get_settings().max_queue_wait_s == 124
+
+
+def _module_state(path: Path) -> list[str]:
+    """``global`` statements, and module-level lower-case names bound to a mutable container or an event."""
+    found: list[str] = []
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Global):
+            found.append(f"{path.relative_to(ROOT)}:{node.lineno}: global {', '.join(node.names)}")
+    mutable_calls = {"dict", "set", "list", "defaultdict", "WeakKeyDictionary", "WeakValueDictionary", "Event"}
+    for node in tree.body:
+        target, value = None, None
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+        elif isinstance(node, ast.AnnAssign):
+            target, value = node.target, node.value
+        if not isinstance(target, ast.Name) or target.id.isupper() or target.id.startswith("__") or value is None:
+            continue
+        func = value.func if isinstance(value, ast.Call) else None
+        called = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+        if isinstance(value, (ast.Dict, ast.Set, ast.List)) or called in mutable_calls:
+            found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {target.id}")
+    return found
+
+
+def test_no_module_of_the_workers_or_the_core_keeps_state_of_its_own() -> None:
+    paths = sorted((ROOT / "workers").rglob("*.py")) + sorted((ROOT / "bridge").rglob("*.py"))
+    outside = [p for p in paths if p not in STATE_MODULES and "dispatch" not in p.relative_to(ROOT).parts]
+    found = [entry for path in outside for entry in _module_state(path)]
+    assert found == [], "per-process state belongs in workers/lifecycle/state.py or bridge/core/process_state.py"
+    assert _module_state(ROOT / "workers/lifecycle/state.py")  # the scan does see state where it is

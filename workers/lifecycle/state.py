@@ -1,0 +1,106 @@
+"""Everything a worker process keeps for its lifetime, in one place, and one ``reset``.
+
+Two kinds, in two objects that modules read at each use (``state.process.x``, ``state.node.x``), never copy:
+
+* ``NodeState``: what ``worker_init`` sets up in the node's main process and every prefork child inherits: the
+  node's 1.0 program server, the Store clock's offset, how the pool runs tasks, the stuck-thread count and its
+  listeners, the restart flag, the metrics exporter, the slot advertiser and the expired-message hand-back.
+* ``ProcessState``: what each process builds for itself on first use: its clients (Store, Redis, WebShop, the
+  heartbeat monitor), the LLM HTTP client, its instance of the configured agent, LitAgent runners, LLM outages
+  seen, endpoints already warned about, its view of the node's drain.
+
+``reset()`` starts both afresh (tests, between cases); ``reset(inherited=False)`` only the process's own, which the
+prefork child hook (``worker_process_init``) calls so a child never uses a client, lock or cache of its parent.
+Locks live beside what they guard, so a child never inherits one held by a thread of its parent.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import httpx
+    import redis
+
+    from workers.agents.loading import ConfiguredAgent
+    from workers.lifecycle.drain import DrainClock
+    from workers.lifecycle.resources import WorkerResources
+    from workers.lifecycle.stuck import Pool, StuckThreads
+    from workers.protocol.heartbeat import HeartbeatMonitor
+    from workers.v1.server_supervisor import ProgramServer
+
+
+def _drain_clock() -> DrainClock:
+    from workers.lifecycle.drain import DrainClock
+
+    return DrainClock()
+
+
+def _pool() -> Pool:
+    from workers.lifecycle.stuck import Pool
+
+    return Pool()
+
+
+def _stuck_threads() -> StuckThreads:
+    from workers.lifecycle.stuck import StuckThreads
+
+    return StuckThreads()
+
+
+@dataclass
+class ProcessState:
+    """What one process builds for itself; a forked child starts it afresh. Each ``(pid, value)`` pair is also
+    rebuilt by its getter in a process other than ``pid`` (a fork without the child hook)."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)  # guards resources
+    resources: WorkerResources | None = None  # workers.lifecycle.resources.get_resources (carries its pid)
+    coordination_lock: threading.Lock = field(default_factory=threading.Lock)  # guards coordination, monitor
+    coordination: tuple[int, redis.Redis] | None = None  # get_coordination
+    monitor: tuple[int, HeartbeatMonitor] | None = None  # get_monitor, on a worker without a Store
+    llm_http_lock: threading.Lock = field(default_factory=threading.Lock)
+    llm_http: httpx.Client | None = None  # workers.agents.llm.shared_http
+    agent_lock: threading.Lock = field(default_factory=threading.Lock)
+    configured_agent: ConfiguredAgent | None = None  # workers.agents.loading.configured_agent (carries its pid)
+    litagent_runners: dict[int, Any] = field(default_factory=dict)  # by id(agent): workers.agents.litagent
+    llm_outages_lock: threading.Lock = field(default_factory=threading.Lock)
+    # per rate-limit pool: the outage its calls share (workers.agents.ratelimit)
+    llm_outages: weakref.WeakKeyDictionary[object, Any] = field(default_factory=weakref.WeakKeyDictionary)
+    withheld_lock: threading.Lock = field(default_factory=threading.Lock)
+    withheld_endpoints: set[str] = field(default_factory=set)  # LLM endpoints already named in a warning
+    drain_clock: DrainClock = field(default_factory=_drain_clock)  # workers.lifecycle.drain
+
+
+@dataclass
+class NodeState:
+    """What the node's main process sets up once and every pool process inherits."""
+
+    program_server_lock: threading.Lock = field(default_factory=threading.Lock)
+    program_server: ProgramServer | None = None  # workers.v1.launch.node_server
+    program_server_failed: str | None = None  # why this process's start of it failed: not tried for every program
+    clock_offset_s: float = 0.0  # the Store's clock minus ours (workers.protocol.clock)
+    pool: Pool = field(default_factory=_pool)  # how tasks run (workers.lifecycle.stuck)
+    stuck_threads: StuckThreads = field(default_factory=_stuck_threads)
+    restarting: threading.Event = field(default_factory=threading.Event)  # workers.lifecycle.stuck.restart_worker
+    exporter: dict[str, Any] = field(default_factory=dict)  # workers.lifecycle.metrics.serve
+    advert: dict[str, Any] = field(default_factory=dict)  # the node's slot advert (workers.lifecycle.signals)
+    advert_lock: threading.Lock = field(default_factory=threading.Lock)
+    advertiser_stop: threading.Event = field(default_factory=threading.Event)
+    advertise_now: threading.Event = field(default_factory=threading.Event)  # advertise at once
+    hand_back: Any = None  # workers.lifecycle.signals' ExpiredHandBack, built on first use
+
+
+process = ProcessState()
+node = NodeState()
+
+
+def reset(*, inherited: bool = True) -> None:
+    """Start this process's state afresh; with ``inherited`` (the default) the node's too. Nothing is closed:
+    in a forked child the clients are its parent's."""
+    global process, node
+    process = ProcessState()
+    if inherited:
+        node = NodeState()
