@@ -328,8 +328,8 @@ def ensure_images(names: list[str], timings: Timings) -> None:
 
 
 def compose_env() -> dict[str, str]:
-    """The build arguments and compose variables that point the Dockerfile and docker-compose.yml at the local
-    images (docker-compose.yml passes the ``*_BASE_IMAGE`` ones to the build)."""
+    """The variables that point docker-compose.yml (``*_IMAGE``) and the Dockerfile's build arguments
+    (``*_BASE_IMAGE``, for :func:`build_target`) at the local images."""
     return {
         "DOCKER_HOST": docker_host(),
         "PYTHON_BASE_IMAGE": PYTHON311,
@@ -338,6 +338,41 @@ def compose_env() -> dict[str, str]:
         "RABBITMQ_IMAGE": RABBITMQ,
         "PROMETHEUS_IMAGE": PROMETHEUS,
     }
+
+
+def stage_agl_v1_wheel(context: Path) -> Path | None:
+    """Copy ``$AGL_V1_WHEEL`` (an agentlightning 1.0 wheel, for an index that lacks it) into the build context's
+    ``deploy/wheels/``, where the worker-agl-v1 stage's pip finds it; returns the copy, or None when unset."""
+    wheel = os.environ.get("AGL_V1_WHEEL")
+    if not wheel:
+        return None
+    if not Path(wheel).is_file():
+        raise DockerHereError(f"AGL_V1_WHEEL={wheel} is no file")
+    target = context / "deploy/wheels" / Path(wheel).name
+    if not target.exists():
+        shutil.copy(wheel, target)
+    return target
+
+
+def build_target(context: Path, target: str, tag: str) -> None:
+    """``docker build --target`` of the Dockerfile in ``context`` on the local base images, with BuildKit (only the
+    stages the target needs) through a CLI that has it built in (Debian's docker.io; a newer CLI needs buildx)."""
+    cli = "/usr/bin/docker" if Path("/usr/bin/docker").exists() else "docker"
+    env = {**os.environ, "DOCKER_HOST": docker_host(), "DOCKER_BUILDKIT": "1"}
+    args = [f"--build-arg={key}={compose_env()[key]}" for key in ("PYTHON_BASE_IMAGE", "PYTHON312_BASE_IMAGE")]
+    done = subprocess.run(
+        [cli, "build", "--network", "host", *args, "--target", target, "-t", tag, str(context)],
+        env=env,
+        text=True,
+        capture_output=True,
+    )
+    if done.returncode != 0:
+        raise DockerHereError(f"docker build --target {target} failed:\n{done.stderr[-4000:]}")
+
+
+def image_size(name: str) -> int:
+    """The image's size in bytes as ``docker image inspect`` reports it (all its layers)."""
+    return int(docker("image", "inspect", "--format", "{{.Size}}", name).stdout.strip())
 
 
 def up(images: list[str] | None = None) -> Timings:
