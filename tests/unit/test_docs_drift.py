@@ -60,10 +60,18 @@ FOREIGN_VARIABLES: dict[str, set[str]] = {
         "AGL_OPENAI_BASE_URL",
     },
     "LiteLLM (behind 1.0's gateway)": {"LITELLM_LOCAL_MODEL_COST_MAP"},
+    "the Dockerfile's build arguments and the Docker CLI": {
+        "PYTHON_BASE_IMAGE",
+        "PYTHON312_BASE_IMAGE",
+        "DOCKER_HOST",
+        "DOCKER_BUILDKIT",
+    },
     "this repository's agent programs, WebShop server and test tools": {
         "WEBSHOP_TASK",
         "WEBSHOP_NOUNS",
         "AGL_V1_WHEEL",
+        "AGL_DOCKER_ROOT",
+        "AGL_PYTHON312_PREFIX",
         "PYTHON312",
         "CI",
         "TEST_REDIS_URL",
