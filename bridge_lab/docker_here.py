@@ -285,14 +285,22 @@ def build_python312() -> None:
         _debootstrap(root, f"ca-certificates,{PYTHON312_LIBS}")
         skip = shutil.ignore_patterns("test", "idlelib", "tkinter", "__pycache__", "_sandboxing_*")
         shutil.copytree(PYENV_312, root / "usr/local", ignore=skip, symlinks=True, dirs_exist_ok=True)
+        for script in (root / "usr/local/bin").iterdir():  # pip's scripts name the interpreter where pyenv put it
+            if (
+                script.is_file()
+                and not script.is_symlink()
+                and script.read_bytes().startswith(b"#!" + bytes(PYENV_312))
+            ):
+                text = script.read_bytes().split(b"\n", 1)
+                script.write_bytes(b"#!/usr/local/bin/python3.12\n" + (text[1] if len(text) > 1 else b""))
         subprocess.run(["chroot", str(root), "ldconfig"], check=True)
         version = subprocess.run(
-            ["chroot", str(root), "/usr/local/bin/python3", "-c", "import ssl,sqlite3,ctypes; print('ok')"],
+            ["chroot", str(root), "/usr/local/bin/pip", "--version"],
             check=True,
             text=True,
             capture_output=True,
         )
-        assert version.stdout.strip() == "ok", version
+        assert "python 3.12" in version.stdout, version
         _import(root, PYTHON312)
 
 
