@@ -57,7 +57,12 @@ PYTHON312_LIBS = (
     "libssl3,libffi8,libsqlite3-0,libbz2-1.0,liblzma5,libreadline8,libncursesw6,libuuid1,zlib1g,libexpat1,"
     "libnsl2,libtirpc3,libcrypt1"
 )
-IMAGE_ENV = "PATH=/usr/local/bin:/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin"
+IMAGE_ENV = (
+    "PATH=/usr/local/bin:/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "LANG=C.UTF-8",
+    # pip's own certifi bundle lacks the host's CAs (a TLS-inspecting proxy's among them): the system bundle instead.
+    f"PIP_CERT={CA_BUNDLE}",
+)
 
 # The stand-ins' Dockerfiles (built FROM agl-local/debian:12 with --network host).
 REDIS_DOCKERFILE = f"""FROM {DEBIAN}
@@ -252,7 +257,8 @@ def _debootstrap(target: Path, include: str) -> None:
 
 def _import(root: Path, name: str) -> None:
     tar = subprocess.Popen(["tar", "-C", str(root), "-c", "."], stdout=subprocess.PIPE)
-    docker("import", "-c", f"ENV {IMAGE_ENV}", "-c", "ENV LANG=C.UTF-8", "-", name, stdin=tar.stdout)
+    changes = [word for env in IMAGE_ENV for word in ("-c", f"ENV {env}")]
+    docker("import", *changes, "-", name, stdin=tar.stdout)
     if tar.wait() != 0:
         raise DockerHereError(f"tar of {root} failed")
 

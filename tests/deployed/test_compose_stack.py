@@ -47,7 +47,7 @@ def run_batch(project: Project) -> dict[str, float]:
         for view in views:
             assert isinstance(view, AttemptedRollout)
             meta = view.attempt.metadata or {}
-            assert ledger[str(meta.get("env_session_id"))] == [meta["reward"]], (view.rollout_id, meta)
+            assert meta.get("done") and ledger[str(meta["env_session_id"])] == [meta["reward"]], (view.rollout_id, meta)
             spans = rollouts.store.spans(view.rollout_id, view.attempt.attempt_id)
             assert [s["name"] for s in spans].count("webshop.episode") == 1, [s["name"] for s in spans]
     finally:
