@@ -60,11 +60,12 @@ FOREIGN_VARIABLES: dict[str, set[str]] = {
         "AGL_OPENAI_BASE_URL",
     },
     "LiteLLM (behind 1.0's gateway)": {"LITELLM_LOCAL_MODEL_COST_MAP"},
-    "the Dockerfile's build arguments and the Docker CLI": {
+    "the Dockerfile's build arguments, the Docker CLI and pip": {
         "PYTHON_BASE_IMAGE",
         "PYTHON312_BASE_IMAGE",
         "DOCKER_HOST",
         "DOCKER_BUILDKIT",
+        "PIP_CERT",
     },
     "this repository's agent programs, WebShop server and test tools": {
         "WEBSHOP_TASK",
