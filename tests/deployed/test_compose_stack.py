@@ -1,10 +1,12 @@
 """`docker compose up` of docker-compose.yml as a user runs it: the default stack with the LLM stand-in runs a
-batch of WebShop rollouts to `succeeded`, each with the reward the WebShop server computed and its spans."""
+batch of WebShop rollouts to `succeeded`, each with the reward the WebShop server computed and its spans; the same
+with RabbitMQ as the broker (profile `rabbitmq`)."""
 
 from __future__ import annotations
 
 import collections
 import time
+import uuid
 from collections.abc import Callable
 
 import httpx
@@ -58,3 +60,17 @@ def run_batch(project: Project) -> dict[str, float]:
 def test_the_default_stack_with_the_stand_in_runs_a_webshop_batch(compose: Callable[..., Project]) -> None:
     seconds = run_batch(compose(["standin"]))
     print(f"\n[deployed] default stack + standin: {seconds}")
+
+
+def test_the_stack_on_rabbitmq_runs_the_same_batch(compose: Callable[..., Project]) -> None:
+    """Profile `rabbitmq` with COMPOSE_BROKER_URL as .env.example says: the rollouts go through its queue."""
+    password = uuid.uuid4().hex
+    project = compose(
+        ["standin", "rabbitmq"],
+        RABBITMQ_PASSWORD=password,
+        COMPOSE_BROKER_URL=f"amqp://agl:{password}@rabbitmq:5672//",
+    )
+    seconds = run_batch(project)
+    queues = project.run("exec", "-T", "rabbitmq", "rabbitmqctl", "-q", "list_queues", "name", "consumers").stdout
+    assert any(line.split()[:1] == ["rollouts"] and int(line.split()[1]) >= 1 for line in queues.splitlines()), queues
+    print(f"\n[deployed] default stack + standin + rabbitmq: {seconds}")
