@@ -7,8 +7,12 @@
 #            (docker build --target lab -t agl-celery-bridge-lab .)
 #   worker-agl-v1  workers whose Agent Lightning 1.0 programs need Python >= 3.12 and agentlightning 1.0
 #            (docker build --target worker-agl-v1 -t agl-celery-bridge-worker-agl-v1 .)
-# Their installed sizes: docs/performance.md, "Installed size".
-FROM python:3.11-slim AS base
+# Their sizes as built: docs/performance.md, "Installed size".
+# The base images are build arguments whose defaults are the official images; a machine without a registry passes
+# images of its own (bridge_lab/docker_here.py makes them from Debian's packages).
+ARG PYTHON_BASE_IMAGE=python:3.11-slim
+ARG PYTHON312_BASE_IMAGE=python:3.12-slim
+FROM ${PYTHON_BASE_IMAGE} AS base
 
 ENV PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
@@ -50,8 +54,9 @@ CMD ["python", "-m", "webshop_env", "serve", "--host", "0.0.0.0", "--port", "300
 # Add your agent package there: FROM this image, `RUN /opt/agent/bin/pip install my-agents` as root.
 # It also holds 1.0's gateway, /opt/agent/bin/agl-server (docker-compose.yml, profile agl-v1-gateway).
 # Its setup repeats base's line for line (a stage cannot build FROM one on another Python); tests/unit/test_deployment.py
-# keeps the two in step.
-FROM python:3.12-slim AS worker-agl-v1
+# keeps the two in step. agentlightning 1.0 comes from the index, or from a wheel placed in deploy/wheels/ (pip's
+# --find-links; docs/agl-v1.md, "Deploying it").
+FROM ${PYTHON312_BASE_IMAGE} AS worker-agl-v1
 ENV PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
@@ -63,7 +68,9 @@ WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY bridge ./bridge
 COPY workers ./workers
-RUN pip install . && python -m venv /opt/agent && /opt/agent/bin/pip install "agentlightning==1.0.0" .
+COPY deploy/wheels /tmp/wheels
+RUN pip install . && python -m venv /opt/agent \
+    && /opt/agent/bin/pip install --find-links /tmp/wheels "agentlightning==1.0.0" . && rm -rf /tmp/wheels
 USER agl
 EXPOSE 9101 9102 8080
 ENTRYPOINT ["tini", "-s", "--"]

@@ -137,6 +137,15 @@ FOREIGN: dict[str, tuple[Variable, ...]] = {
             "access).",
             "change-me",
         ),
+        *(
+            Variable(name, f"The {what} image compose runs (a private registry's copy of it, for one).", default)
+            for name, what, default in (
+                ("REDIS_IMAGE", "Redis", "redis:7-alpine"),
+                ("RABBITMQ_IMAGE", "RabbitMQ", "rabbitmq:3.13-alpine"),
+                ("PROMETHEUS_IMAGE", "Prometheus", "prom/prometheus:v2.53.0"),
+                ("GRAFANA_IMAGE", "Grafana", "grafana/grafana:11.1.0"),
+            )
+        ),
     ),
 }
 """Variables that other programs read, appended to the section of that title (a new one at the end if none)."""

