@@ -5,9 +5,7 @@ the mean episode time, which Little's law gives from the slots and the recent di
 idles at most about 2% of an episode longer, and about ``SHARE * slots`` slots free meanwhile, whatever the
 episode length. ``BRIDGE_COALESCE_MAX_S`` caps the wait (0 turns it off). The same share bounds the polls of
 an empty queue once long episodes filled every slot (``idle_poll_s``). Figures: docs/performance.md,
-"Cluster scale: what a rollout costs the Store and the worker" (Freed slots gather before a dequeue),
-"Shared span requests, a longer coalescing cap, and a sustained figure without bias" and "Empty polls
-after long episodes, and one result backend per worker".
+"Store requests per rollout".
 """
 
 from __future__ import annotations
