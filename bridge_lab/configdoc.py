@@ -132,6 +132,10 @@ FOREIGN: dict[str, tuple[Variable, ...]] = {
             "8080",
         ),
         Variable(
+            "PROMETHEUS_PORT", "Port on 127.0.0.1 where compose publishes Prometheus (profile `monitoring`).", "9090"
+        ),
+        Variable("GRAFANA_PORT", "Port on 127.0.0.1 where compose publishes Grafana (profile `monitoring`).", "3001"),
+        Variable(
             "GRAFANA_ADMIN_PASSWORD",
             "Grafana's admin password (profile `monitoring`; user admin, on http://127.0.0.1:3001, no anonymous "
             "access).",

@@ -126,6 +126,9 @@ def compose(engine: Engine, images: Images) -> Iterator[Callable[..., Project]]:
                 "WEBSHOP_PUBLISH_PORT",
                 "V1_METRICS_PUBLISH_PORT",
                 "GATEWAY_PUBLISH_PORT",
+                "REDIS_PUBLISH_PORT",
+                "PROMETHEUS_PORT",
+                "GRAFANA_PORT",
             )
         }
         project = Project(
