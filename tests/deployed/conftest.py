@@ -9,6 +9,7 @@ on free loopback ports, taken down with their volumes (``down -v``) at the end o
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import time
@@ -110,10 +111,16 @@ class Project:
     def logs(self) -> str:
         return self.run("logs", "--no-color", "--tail", "80", check=False).stdout
 
+    @property
+    def redis_url(self) -> str:
+        """Redis as the host reaches it (compose.local.yml publishes it on REDIS_PUBLISH_PORT)."""
+        password = self.env.get("REDIS_PASSWORD")
+        return f"redis://{f':{password}@' if password else ''}127.0.0.1:{self.ports['REDIS_PUBLISH_PORT']}/0"
 
-@pytest.fixture
-def compose(engine: Engine, images: Images) -> Iterator[Callable[..., Project]]:
-    """Make projects with ``compose(profiles)``; each is `down -v`-ed at the end of the test."""
+
+@contextlib.contextmanager
+def projects(engine: Engine) -> Iterator[Callable[..., Project]]:
+    """``make(profiles, **env)`` makes projects; each is `down -v`-ed when the block ends."""
     made: list[Project] = []
 
     def make(profiles: list[str], **env: str) -> Project:
@@ -141,6 +148,22 @@ def compose(engine: Engine, images: Images) -> Iterator[Callable[..., Project]]:
         made.append(project)
         return project
 
-    yield make
-    for project in made:
-        project.run("down", "-v", "--remove-orphans", "--timeout", "20", check=False)
+    try:
+        yield make
+    finally:
+        for project in made:
+            project.run("down", "-v", "--remove-orphans", "--timeout", "20", check=False)
+
+
+@pytest.fixture
+def compose(engine: Engine, images: Images) -> Iterator[Callable[..., Project]]:
+    """Projects for one test: ``compose(profiles, **env)``."""
+    with projects(engine) as make:
+        yield make
+
+
+@pytest.fixture(scope="module")
+def compose_module(engine: Engine, images: Images) -> Iterator[Callable[..., Project]]:
+    """Projects a module's tests share (one `up`, several checks): ``compose_module(profiles, **env)``."""
+    with projects(engine) as make:
+        yield make

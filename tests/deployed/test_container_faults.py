@@ -1,0 +1,178 @@
+"""Faults on the containers of `docker compose up`, audited as the chaos suite audits (bridge_lab.chaos.audit).
+
+One project of the default stack with the stand-in LLM (profile `standin`) and two worker containers serves every
+fault in turn: ``docker kill`` of a worker container mid-episode, ``docker stop`` of one (SIGTERM to its init, the
+drain hands over within WORKER_SHUTDOWN_GRACE_S, far inside compose's `stop_grace_period`), ``docker compose restart
+redis`` (its append-only file on the volume) and the Store container paused for 15 s. Each fault gets a batch of
+its own; its audit's four counts (lost, twice, flipped, bad reward) must be 0 and every rollout must succeed.
+The protocol's intervals are the chaos suite's short ones (CHAOS_ENV), and the stand-in answers after
+POLICY_LATENCY_MS, so episodes last seconds and a fault lands in one.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from bridge.core.store import StoreClient
+from bridge_lab import docker_here
+from bridge_lab.chaos.audit import conclude
+from bridge_lab.chaos.scenarios import CHAOS_ENV, RETRY_CONFIG
+from bridge_lab.chaos.state import ChaosRun, ScenarioResult
+from bridge_lab.stack import LocalStack, StackConfig
+from tests.deployed.conftest import Project
+from webshop_env.goals import load_tasks
+
+pytestmark = pytest.mark.deployed
+
+WORKERS = 2
+CONCURRENCY = 4
+BATCH = 12
+GRACE_S = 8  # WORKER_SHUTDOWN_GRACE_S: the drain's bound (its minimum)
+DEADLINE_S = 240.0
+PROJECT_ENV = {
+    **CHAOS_ENV,
+    "WORKER_CONCURRENCY": str(CONCURRENCY),
+    "WORKER_SHUTDOWN_GRACE_S": str(GRACE_S),
+    "POLICY_LATENCY_MS": "400",
+}
+
+
+@pytest.fixture(scope="module")
+def stack(compose_module: Callable[..., Project]) -> Iterator[Project]:
+    project = compose_module(["standin"], **PROJECT_ENV)
+    project.run("up", "-d", "--wait", "--wait-timeout", "480", "--scale", f"worker={WORKERS}", timeout=600)
+    yield project
+
+
+def container(project: Project, service: str, index: int = 1) -> str:
+    """The container id of ``service``'s ``index``-th replica."""
+    ids = project.run("ps", "-q", "--all", service).stdout.split()
+    names = {json.loads(docker_here.docker("inspect", "--format", "{{json .Name}}", cid).stdout): cid for cid in ids}
+    wanted = f"/{project.name}-{service}-{index}"
+    assert wanted in names, f"no {wanted} among {sorted(names)}"
+    return names[wanted]
+
+
+def run_fault(project: Project, fault: Callable[[ChaosRun], None]) -> ScenarioResult:
+    """Enqueue a batch, run ``fault`` beside the observer, wait (bounded) until every rollout finished, audit."""
+    services = LocalStack(
+        StackConfig(
+            store_url=project.url("STORE_PORT"),
+            broker_url=project.redis_url,
+            redis_url=project.redis_url,
+            webshop_url=project.url("WEBSHOP_PUBLISH_PORT"),
+            workers=0,
+            bridge=False,
+        )
+    )
+    started = time.monotonic()
+    with StoreClient(services.store_url, retries=3) as store:
+        tasks = load_tasks("test", limit=BATCH)
+        rollouts = store.enqueue([{"input": task, "mode": "test", "config": RETRY_CONFIG} for task in tasks])
+    run = ChaosRun(services, services, [r.rollout_id for r in rollouts])
+    observer = threading.Thread(target=run.observe, name="observer", daemon=True)
+    observer.start()
+    faulting = threading.Thread(target=guarded, args=(fault, run), name="fault", daemon=True)
+    faulting.start()
+    run.wait_for(lambda: run.complete and not faulting.is_alive(), DEADLINE_S)
+    result = conclude(run, faulting, observer)
+    run.close()
+    result.seconds = round(time.monotonic() - started, 1)
+    return result
+
+
+def guarded(fault: Callable[[ChaosRun], None], run: ChaosRun) -> None:
+    try:
+        fault(run)
+    except Exception as exc:  # the audit's notes carry it; the test asserts there is no such note
+        run.note(f"fault error: {type(exc).__name__}: {exc}")
+
+
+def both_workers_busy(run: ChaosRun, timeout_s: float = 120.0) -> bool:
+    """Until more attempts are leased than one container has slots: then each container runs episodes."""
+    return run.wait_for(lambda: len(run.running()) > CONCURRENCY, timeout_s)
+
+
+def assert_clean(project: Project, result: ScenarioResult) -> None:
+    print(
+        f"\n[deployed] {result.name}: {result.seconds} s, {result.succeeded}/{result.enqueued} succeeded, "
+        f"attempts failed {dict(result.attempts_failed)}, notes {result.notes}"
+    )
+    assert result.clean, (result, project.logs())
+    assert result.succeeded == BATCH, (result, project.logs())
+    assert not [note for note in result.notes if note.startswith("fault error")], result.notes
+
+
+def retried(run_result: ScenarioResult) -> int:
+    return sum(run_result.attempts_failed.values())
+
+
+def test_docker_kill_of_a_worker_mid_episode(stack: Project) -> None:
+    """SIGKILL to the whole container (init, worker, pool): its leases lapse, the attempts run again elsewhere."""
+    victim = container(stack, "worker", 1)
+
+    def kill(run: ChaosRun) -> None:
+        assert both_workers_busy(run), "the batch never had both workers busy"
+        docker_here.docker("kill", victim)
+        run.note("killed")
+
+    result = run_fault(stack, kill)
+    result.name = "docker kill worker"
+    assert_clean(stack, result)
+    assert retried(result) >= 1, f"no attempt of the killed container was re-run: {result}"
+    stack.run("up", "-d", "--wait", "--wait-timeout", "300", "--scale", f"worker={WORKERS}", timeout=400)
+
+
+def test_docker_stop_of_a_worker_drains_within_its_grace(stack: Project) -> None:
+    """SIGTERM to tini: the worker stops its episodes at G - 6 s, hands them over, and exits within G."""
+    victim = container(stack, "worker", 2)
+    took: list[float] = []
+
+    def stop(run: ChaosRun) -> None:
+        assert both_workers_busy(run), "the batch never had both workers busy"
+        started = time.monotonic()
+        docker_here.docker("stop", victim, timeout=960)  # compose's stop_grace_period (15 min) is the container's
+        took.append(time.monotonic() - started)
+
+    result = run_fault(stack, stop)
+    result.name = "docker stop worker"
+    state = json.loads(docker_here.docker("inspect", "--format", "{{json .State}}", victim).stdout)
+    assert_clean(stack, result)
+    print(f"[deployed] stopped in {took[0]:.1f} s (grace {GRACE_S} s), exit code {state['ExitCode']}")
+    assert took and took[0] < GRACE_S + 4, f"docker stop took {took}: the drain did not bound the exit"
+    assert state["ExitCode"] in (0, 1) and not state["OOMKilled"], state  # 1: the drain's forced exit, by design
+    assert result.attempts_failed.get("shutdown", 0) >= 1, f"nothing was handed over: {result}"
+    stack.run("up", "-d", "--wait", "--wait-timeout", "300", "--scale", f"worker={WORKERS}", timeout=400)
+
+
+def test_redis_restarted_mid_batch(stack: Project) -> None:
+    """`docker compose restart redis`: broker and coordination come back from the append-only file."""
+
+    def restart(run: ChaosRun) -> None:
+        assert both_workers_busy(run), "the batch never had both workers busy"
+        stack.run("restart", "redis", timeout=120)
+        run.note("restarted")
+
+    result = run_fault(stack, restart)
+    result.name = "docker compose restart redis"
+    assert_clean(stack, result)
+
+
+def test_store_paused_for_15_s(stack: Project) -> None:
+    """`docker compose pause store` for 15 s: reports and dispatch wait, nothing is lost or reported twice."""
+
+    def pause(run: ChaosRun) -> None:
+        assert both_workers_busy(run), "the batch never had both workers busy"
+        stack.run("pause", "store")
+        time.sleep(15)
+        stack.run("unpause", "store")
+        run.note("paused 15 s")
+
+    result = run_fault(stack, pause)
+    result.name = "store paused 15 s"
+    assert_clean(stack, result)
