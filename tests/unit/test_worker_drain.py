@@ -51,6 +51,20 @@ def test_a_pool_child_reads_its_node_s_stop_time_from_redis(redis_client: redis.
     assert child.due(redis_client, scope, stop_at + 0.01)
 
 
+def test_a_drain_left_by_an_earlier_process_of_the_node_name_is_not_this_one_s(redis_client: redis.Redis) -> None:
+    """A restarted container keeps its host name, so ``worker@%h`` comes back while its predecessor's drain record
+    lives on: the new process reads only a drain its own main process began."""
+    scope, node = f"t-{uuid.uuid4().hex[:6]}", "worker1@host"
+    DrainClock(incarnation="before-the-restart").begin(redis_client, scope, node, 9.0)
+    after = DrainClock(node=node, incarnation="after-the-restart")
+    assert not after.refresh(redis_client, scope, time.time()) and not after.draining
+    assert not after.due(redis_client, scope, time.time() + 3600)
+    ours = DrainClock(incarnation="after-the-restart")
+    stop_at = ours.begin(redis_client, scope, node, 9.0)
+    child = DrainClock(node=node, incarnation="after-the-restart")  # a pool child of the new process
+    assert child.refresh(redis_client, scope, time.time()) and child.stop_at == pytest.approx(stop_at)
+
+
 @pytest.fixture
 def draining(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     """This process drains, its stop time passed; records the interrupts instead of sending SIGUSR1."""

@@ -70,19 +70,26 @@ def handover(config: RolloutConfig, sequence_id: int) -> Handover:
 
 @dataclass
 class DrainClock:
-    """This process's view of its node's stop time: set here (the main process) or read from Redis (a child)."""
+    """This process's view of its node's stop time: set here (the main process) or read from Redis (a child).
+
+    The record names the worker process that drains (``incarnation``, ``state.NodeState.incarnation``): a node
+    name outlives its process (a restarted container keeps its host name, so ``worker@%h`` comes back), and a
+    new process must not read its predecessor's drain, which lives on in Redis for the grace plus a minute.
+    """
 
     node: str | None = None  # the Celery node name: the main process's, or learned from a task's request
     stop_at: float | None = None  # epoch s
     grace_s: float | None = None
+    incarnation: str = ""  # the node's main process: its own drain is the only one this clock reads
     _next_read: float = 0.0
 
     def begin(self, client: redis.Redis, scope: str, node: str, grace_s: float) -> float:
         """Record the stop time of a drain starting now, here and in Redis; returns it."""
         self.node, self.grace_s = node, grace_s
         self.stop_at = time.time() + stop_after(grace_s)
+        record = f"{self.stop_at}:{grace_s}:{self.incarnation}"
         try:
-            client.set(keys.worker_drain(scope, node), f"{self.stop_at}:{grace_s}", ex=int(grace_s) + 60)
+            client.set(keys.worker_drain(scope, node), record, ex=int(grace_s) + 60)
         except redis.RedisError as exc:  # the children then run on; the exit deadline still ends them
             log.warning("could not publish the drain to this node's pool processes: %r", exc)
         return self.stop_at
@@ -101,7 +108,9 @@ class DrainClock:
             except redis.RedisError:
                 raw = None
             if raw:
-                stop_at, _, grace = str(raw).partition(":")
+                stop_at, grace, incarnation = [*str(raw).split(":"), "", ""][:3]
+                if incarnation != self.incarnation:  # an earlier process of this node name drained, not ours
+                    return False
                 self.stop_at, self.grace_s = float(stop_at), float(grace) if grace else None
         return self.stop_at is not None
 

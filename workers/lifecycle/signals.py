@@ -132,6 +132,7 @@ def _on_shutting_down(**_: Any) -> None:
         except redis.RedisError:
             pass
     clock = state.process.drain_clock
+    clock.incarnation = state.node.incarnation
     if grace is not None and not clock.draining:
         stop_at = clock.begin(advert["client"], advert["scope"], advert["hostname"], grace)
         drain.exit_by(time.time() + grace - drain.EXIT_EARLY_S)

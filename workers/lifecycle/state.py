@@ -17,6 +17,7 @@ Locks live beside what they guard, so a child never inherits one held by a threa
 from __future__ import annotations
 
 import threading
+import uuid
 import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -91,6 +92,8 @@ class NodeState:
     advertiser_stop: threading.Event = field(default_factory=threading.Event)
     advertise_now: threading.Event = field(default_factory=threading.Event)  # advertise at once
     hand_back: Any = None  # workers.lifecycle.signals' ExpiredHandBack, built on first use
+    # This main process among all that ever carried its node name: what its drain record names (lifecycle.drain).
+    incarnation: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
 process = ProcessState()

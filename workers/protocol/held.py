@@ -44,7 +44,7 @@ def draining(client: redis.Redis, scope: str, node: str | None) -> bool:
         return False
     clock = state.process.drain_clock
     if clock.node is None and node:
-        clock.node = node
+        clock.node, clock.incarnation = node, state.node.incarnation
     return clock.refresh(client, scope, time.time())
 
 
