@@ -90,6 +90,8 @@ FOREIGN_VARIABLES: dict[str, set[str]] = {
         "AGL_V1_WHEEL",
         "AGL_DOCKER_ROOT",
         "AGL_PYTHON312_PREFIX",
+        "AGL_DEPLOYED_IMAGES",
+        "POLICY_LATENCY_MS",
         "PYTHON312",
         "CI",
         "TEST_REDIS_URL",
