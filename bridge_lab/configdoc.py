@@ -86,6 +86,13 @@ FOREIGN: dict[str, tuple[Variable, ...]] = {
     ),
     "Flower and docker compose": (
         Variable(
+            "REDIS_PASSWORD",
+            "The password compose's Redis requires, put into every Redis URL compose hands to the bridge, the "
+            "dispatchers, the workers and Flower. Letters and digits only (it goes into URLs), e.g. the output "
+            "of `openssl rand -hex 24`. Required: compose refuses to start without it.",
+            "",
+        ),
+        Variable(
             "FLOWER_BASIC_AUTH",
             "Flower's basic auth, user:password (Flower reads FLOWER_* variables itself). Required: compose refuses to "
             "start without it, and Flower (python -m bridge.ops.flower) with a placeholder password such as "

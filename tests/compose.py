@@ -41,7 +41,7 @@ HEALTHCHECK_KEYS = {"test", "interval", "timeout", "retries", "start_period", "s
 RESTART = re.compile(r"no|always|unless-stopped|on-failure(:\d+)?")
 DURATION = re.compile(r"(\d+(\.\d+)?(us|ms|s|m|h))+")
 CONDITIONS = {"service_started", "service_healthy", "service_completed_successfully"}
-VARIABLE = re.compile(r"\$(?:(?P<escaped>\$)|(?P<bare>[A-Za-z_][A-Za-z0-9_]*)|\{(?P<braced>[^}]*)\})")
+BARE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 BRACED = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?+])(?P<arg>.*))?", re.S)
 PORT = re.compile(
     r"(?:(?:(?P<ip>\[[0-9a-fA-F:.]+\]|[0-9.]+|[0-9a-fA-F:]+):)?(?P<host>[\d-]+)?:)?(?P<target>[\d-]+)(?:/(?:tcp|udp|sctp))?"
@@ -53,32 +53,63 @@ class ComposeError(Exception):
 
 
 def interpolate(text: str, env: Mapping[str, str]) -> str:
-    """``text`` with its variables replaced as compose replaces them; a missing required one raises."""
+    """``text`` with its variables replaced as compose replaces them; a missing required one raises. A braced
+    variable's default may hold variables of its own (``${A:-redis://:${B}@host}``), read only when it is used."""
+    out: list[str] = []
+    i = 0
+    while i < len(text):
+        if text[i] != "$":
+            out.append(text[i])
+            i += 1
+        elif text.startswith("$$", i):
+            out.append("$")
+            i += 2
+        elif text.startswith("${", i):
+            end = _closing_brace(text, i + 2)
+            if end is None:
+                raise ComposeError(f"invalid interpolation format for {text[i:]!r}")
+            out.append(_braced(text[i : end + 1], text[i + 2 : end], env))
+            i = end + 1
+        elif bare := BARE.match(text, i + 1):
+            out.append(env.get(bare[0], ""))
+            i = bare.end()
+        else:
+            out.append("$")
+            i += 1
+    return "".join(out)
 
-    def replace(match: re.Match[str]) -> str:
-        if match["escaped"]:
-            return "$"
-        if match["bare"]:
-            return env.get(match["bare"], "")
-        braced = BRACED.fullmatch(match["braced"])
-        if braced is None:
-            raise ComposeError(f"invalid interpolation format for {match[0]!r}")
-        name, op, arg = braced["name"], braced["op"], braced["arg"]
-        if op and "${" in arg:
-            raise ComposeError(f"{match[0]!r}: nested interpolation is not supported by this checker")
-        value, unset, empty = env.get(name), name not in env, not env.get(name)
-        if op is None:
-            return value or ""
-        missing = empty if op.startswith(":") else unset
-        if op.endswith("-"):
-            return arg if missing else str(value)
-        if op.endswith("+"):
-            return "" if missing else arg
-        if missing:  # ? and :?
-            raise ComposeError(f"required variable {name} is missing a value: {arg}")
-        return str(value)
 
-    return VARIABLE.sub(replace, text)
+def _closing_brace(text: str, start: int) -> int | None:
+    """The index of the ``}`` that closes the ``${`` before ``start``, nested ones skipped."""
+    depth, i = 1, start
+    while i < len(text):
+        if text.startswith("${", i):
+            depth, i = depth + 1, i + 2
+            continue
+        if text[i] == "}":
+            depth -= 1
+            if depth == 0:
+                return i
+        i += 1
+    return None
+
+
+def _braced(whole: str, inner: str, env: Mapping[str, str]) -> str:
+    braced = BRACED.fullmatch(inner)
+    if braced is None:
+        raise ComposeError(f"invalid interpolation format for {whole!r}")
+    name, op, arg = braced["name"], braced["op"], braced["arg"]
+    value, unset, empty = env.get(name), name not in env, not env.get(name)
+    if op is None:
+        return value or ""
+    missing = empty if op.startswith(":") else unset
+    if op.endswith("-"):
+        return interpolate(arg, env) if missing else str(value)
+    if op.endswith("+"):
+        return "" if missing else interpolate(arg, env)
+    if missing:  # ? and :?
+        raise ComposeError(f"required variable {name} is missing a value: {interpolate(arg, env)}")
+    return str(value)
 
 
 def _interpolated(node: Any, env: Mapping[str, str]) -> Any:

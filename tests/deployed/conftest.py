@@ -142,7 +142,13 @@ def projects(engine: Engine) -> Iterator[Callable[..., Project]]:
             f"agl-deployed-{uuid.uuid4().hex[:8]}",
             engine,
             profiles,
-            {**engine.env, **{k: str(v) for k, v in ports.items()}, "FLOWER_BASIC_AUTH": FLOWER_LOGIN, **env},
+            {
+                **engine.env,
+                **{k: str(v) for k, v in ports.items()},
+                "FLOWER_BASIC_AUTH": FLOWER_LOGIN,
+                "REDIS_PASSWORD": uuid.uuid4().hex,
+                **env,
+            },
             ports,
         )
         made.append(project)

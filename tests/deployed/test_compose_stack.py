@@ -23,11 +23,12 @@ BATCH = 8
 BATCH_TIMEOUT_S = 300.0
 
 
-def run_batch(project: Project) -> dict[str, float]:
-    """Enqueue BATCH WebShop rollouts in the project's Store and audit them; returns the phases' wall seconds."""
+def run_batch(project: Project, *services: str) -> dict[str, float]:
+    """`up` the project (``services`` only, when named; a no-op for those already up), enqueue BATCH WebShop
+    rollouts in its Store and audit them; returns the phases' wall seconds."""
     seconds: dict[str, float] = {}
     started = time.monotonic()
-    project.run("up", "-d", "--wait", "--wait-timeout", "480", timeout=600)
+    project.run("up", "-d", "--wait", "--wait-timeout", "480", *services, timeout=600)
     seconds["up to healthy"] = round(time.monotonic() - started, 1)
     rollouts = StoreRollouts(project.url("STORE_PORT"))
     try:

@@ -66,6 +66,7 @@ SECRETS = {  # variable of .env -> the services that may get its value
     "COMPOSE_BROKER_URL": {"bridge", "dispatcher-v1", "worker", "worker-agl-v1", "flower"},
     "FLOWER_BASIC_AUTH": {"flower"},
     "RABBITMQ_PASSWORD": {"rabbitmq"},
+    "REDIS_PASSWORD": {"redis", "bridge", "dispatcher-v1", "worker", "worker-agl-v1", "flower"},
     "GRAFANA_ADMIN_PASSWORD": {"grafana"},
 }
 BROKERS = {"CELERY_BROKER_URL", "REDIS_URL"}  # may hold a password: only for the services that use a broker
@@ -138,7 +139,9 @@ def test_every_variable_a_command_expands_in_its_container_is_given(service: str
 
 def test_the_1_0_worker_has_what_it_passes_to_its_programs() -> None:
     environment = SERVICES["worker-agl-v1"]["environment"]
-    default = load(COMPOSE, {"FLOWER_BASIC_AUTH": "ops:a-long-password-of-ours"}, ("agl-v1",))["worker-agl-v1"]
+    default = load(
+        COMPOSE, {"FLOWER_BASIC_AUTH": "ops:a-long-password-of-ours", "REDIS_PASSWORD": "redis0123456789"}, ("agl-v1",)
+    )["worker-agl-v1"]
     passed = set(default["environment"]["AGL_V1_PASS_ENV"].split(","))
     assert passed and not passed - set(environment), sorted(passed - set(environment))
 
@@ -160,6 +163,6 @@ def test_broker_urls_reach_only_the_services_that_use_a_broker() -> None:
 def test_a_variable_env_leaves_unset_is_unset_in_the_container() -> None:
     """A pass-through variable (no value in compose) that .env does not set is not in the container at all, so
     the setting keeps its default (an empty value would be refused as a number)."""
-    bare = load(COMPOSE, {"FLOWER_BASIC_AUTH": "ops:a-long-password-of-ours"})
+    bare = load(COMPOSE, {"FLOWER_BASIC_AUTH": "ops:a-long-password-of-ours", "REDIS_PASSWORD": "redis0123456789"})
     assert "LEASE_TTL_S" not in bare["worker"]["environment"]
     assert SERVICES["worker"]["environment"]["LEASE_TTL_S"] == every_variable()["LEASE_TTL_S"]

@@ -47,6 +47,7 @@ NON_SETTINGS = {
     "RABBITMQ_DEFAULT_USER",  # the rabbitmq image (profile rabbitmq)
     "RABBITMQ_DEFAULT_PASS",
     "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS",
+    "REDISCLI_AUTH",  # redis-cli, in the Redis container's health check
 }
 
 
@@ -136,7 +137,7 @@ def test_every_port_binds_loopback_unless_told_and_grafana_needs_a_login() -> No
 
 
 COMPOSE = ROOT / "docker-compose.yml"
-LOGIN = {"FLOWER_BASIC_AUTH": "ops:a-long-password-of-ours"}
+LOGIN = {"FLOWER_BASIC_AUTH": "ops:a-long-password-of-ours", "REDIS_PASSWORD": "redis0123456789abcdef"}
 PROFILES = ("standin", "monitoring", "rabbitmq", "agl-v1", "agl-v1-gateway")
 
 
@@ -168,6 +169,9 @@ def test_compose_refuses_the_example_env_and_flower_refuses_its_placeholder() ->
     """`cp .env.example .env && docker compose up -d` stops at once, asking for a Flower login; uncommenting the
     example's login gets Flower refused at start; the login set, Flower runs read-only."""
     example = read_env_file(ROOT / ".env.example")
+    with pytest.raises(ComposeError, match="REDIS_PASSWORD"):
+        load(COMPOSE, example)
+    example["REDIS_PASSWORD"] = LOGIN["REDIS_PASSWORD"]
     with pytest.raises(ComposeError, match="FLOWER_BASIC_AUTH"):
         load(COMPOSE, example)
     (placeholder,) = re.findall(r"^# FLOWER_BASIC_AUTH=(.*)$", (ROOT / ".env.example").read_text(), flags=re.M)
@@ -214,6 +218,11 @@ def test_the_compose_checker_bites(tmp_path: Path) -> None:
     with pytest.raises(ComposeError, match="required variable A"):
         interpolate("${A:?give A}", {"A": ""})
     assert interpolate("${A?give A}", {"A": ""}) == ""
+    nested = "${URL:-redis://:${PASSWORD:?set it}@redis/0}"  # compose reads a default's variables when it is used
+    assert interpolate(nested, {"PASSWORD": "pw"}) == "redis://:pw@redis/0"
+    assert interpolate(nested, {"URL": "amqp://rabbit//"}) == "amqp://rabbit//"
+    with pytest.raises(ComposeError, match="required variable PASSWORD"):
+        interpolate(nested, {})
 
 
 def test_dockerfile_copies_what_exists() -> None:

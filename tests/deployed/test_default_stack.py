@@ -1,12 +1,16 @@
-"""Faults on the containers of `docker compose up`, audited as the chaos suite audits (bridge_lab.chaos.audit).
+"""The default stack of `docker compose up` as it runs: what each container is given, and faults on containers.
 
-One project of the default stack with the stand-in LLM (profile `standin`) and two worker containers serves every
-fault in turn: ``docker kill`` of a worker container mid-episode, ``docker stop`` of one (SIGTERM to its init, the
-drain hands over within WORKER_SHUTDOWN_GRACE_S, far inside compose's `stop_grace_period`), ``docker compose restart
-redis`` (its append-only file on the volume) and the Store container paused for 15 s. Each fault gets a batch of
-its own; its audit's four counts (lost, twice, flipped, bad reward) must be 0 and every rollout must succeed.
-The protocol's intervals are the chaos suite's short ones (CHAOS_ENV), and the stand-in answers after
-POLICY_LATENCY_MS, so episodes last seconds and a fault lands in one.
+One project of the default stack with the stand-in LLM (profile `standin`) and two worker containers serves the
+module. First, what runs is what the files promise: each container of ours runs as uid 1000; each secret of .env
+reaches exactly the containers tests/unit/test_compose_environment.py's SECRETS allows (read from `docker
+inspect`); Flower refuses a request without its login; Redis refuses a client without its password. Then the
+faults, audited as the chaos suite audits (bridge_lab.chaos.audit): ``docker kill`` of a worker container
+mid-episode, ``docker stop`` of one (SIGTERM to its init, the drain hands over within WORKER_SHUTDOWN_GRACE_S, far
+inside compose's `stop_grace_period`), ``docker compose restart redis`` (its append-only file on the volume) and
+the Store container paused for 15 s. Each fault gets a batch of its own; its audit's four counts (lost, twice,
+flipped, bad reward) must be 0 and every rollout must succeed. The protocol's intervals are the chaos suite's short
+ones (CHAOS_ENV), and the stand-in answers after POLICY_LATENCY_MS, so episodes last seconds and a fault lands in
+one.
 """
 
 from __future__ import annotations
@@ -14,9 +18,12 @@ from __future__ import annotations
 import json
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 
+import httpx
 import pytest
+import redis
 
 from bridge.core.store import StoreClient
 from bridge_lab import docker_here
@@ -24,7 +31,8 @@ from bridge_lab.chaos.audit import conclude
 from bridge_lab.chaos.scenarios import CHAOS_ENV, RETRY_CONFIG
 from bridge_lab.chaos.state import ChaosRun, ScenarioResult
 from bridge_lab.stack import LocalStack, StackConfig
-from tests.deployed.conftest import Project
+from tests.deployed.conftest import FLOWER_LOGIN, Project
+from tests.unit.test_compose_environment import SECRETS
 from webshop_env.goals import load_tasks
 
 pytestmark = pytest.mark.deployed
@@ -34,12 +42,17 @@ CONCURRENCY = 4
 BATCH = 12
 GRACE_S = 8  # WORKER_SHUTDOWN_GRACE_S: the drain's bound (its minimum)
 DEADLINE_S = 240.0
+# Secrets of .env with values of their own, to find where each one lands.
+SECRET_VALUES = {name: f"secret-{name.lower()}-{uuid.uuid4().hex}" for name in ("OPENAI_API_KEY", "WEBSHOP_TOKEN")}
+SECRET_VALUES["AGENT_LIGHTNING_STORE_TOKEN"] = f"secret-store-token-{uuid.uuid4().hex}"
 PROJECT_ENV = {
     **CHAOS_ENV,
+    **SECRET_VALUES,
     "WORKER_CONCURRENCY": str(CONCURRENCY),
     "WORKER_SHUTDOWN_GRACE_S": str(GRACE_S),
     "POLICY_LATENCY_MS": "1000",
 }
+OURS = ("store", "webshop", "policy", "worker", "bridge", "flower")  # services run from this Dockerfile's images
 
 
 @pytest.fixture(scope="module")
@@ -115,6 +128,49 @@ def assert_clean(project: Project, result: ScenarioResult) -> None:
 def serving(project: Project) -> None:
     """Every worker replica up and healthy (a container an earlier fault killed or stopped is started again)."""
     project.run("up", "-d", "--wait", "--wait-timeout", "480", "--scale", f"worker={WORKERS}", timeout=600)
+
+
+def services(project: Project) -> dict[str, str]:
+    """Container id -> service, for every running container of the project."""
+    ids = project.run("ps", "-q").stdout.split()
+    labels = '{{index .Config.Labels "com.docker.compose.service"}}'
+    return {cid: docker_here.docker("inspect", "--format", labels, cid).stdout.strip() for cid in ids}
+
+
+def test_each_container_of_ours_runs_as_uid_1000(stack: Project) -> None:
+    running = services(stack)
+    assert set(OURS) <= set(running.values()), running
+    for cid, service in running.items():
+        if service in OURS:
+            uid = docker_here.docker("exec", cid, "id", "-u").stdout.strip()
+            assert uid == "1000", f"{service} runs as uid {uid}"
+
+
+def test_each_secret_reaches_exactly_the_containers_that_read_it(stack: Project) -> None:
+    """`docker inspect`'s environment of every container against SECRETS (the services that may hold each one):
+    a secret set in .env is in a container's environment if and only if that service reads it."""
+    secrets = {**SECRET_VALUES, "FLOWER_BASIC_AUTH": FLOWER_LOGIN, "REDIS_PASSWORD": stack.env["REDIS_PASSWORD"]}
+    for cid, service in services(stack).items():
+        env = "\n".join(json.loads(docker_here.docker("inspect", "--format", "{{json .Config.Env}}", cid).stdout))
+        for name, value in secrets.items():
+            assert (value in env) == (service in SECRETS[name]), (
+                f"{service} {'holds' if value in env else 'lacks'} {name}; SECRETS allows {sorted(SECRETS[name])}"
+            )
+
+
+def test_flower_refuses_a_request_without_its_login(stack: Project) -> None:
+    user, _, password = FLOWER_LOGIN.partition(":")
+    url = f"{stack.url('FLOWER_PORT')}/api/workers"
+    assert httpx.get(url, timeout=30).status_code == 401
+    assert httpx.get(url, auth=("intruder", "a-guess-of-12-chars"), timeout=30).status_code == 401
+    assert httpx.get(url, auth=(user, password), timeout=30).status_code == 200
+
+
+def test_redis_refuses_a_client_without_its_password(stack: Project) -> None:
+    bare = stack.redis_url.replace(f":{stack.env['REDIS_PASSWORD']}@", "")
+    with pytest.raises(redis.AuthenticationError):
+        redis.Redis.from_url(bare, socket_timeout=5).get("agl:anything")
+    assert redis.Redis.from_url(stack.redis_url, socket_timeout=5).ping()
 
 
 def test_docker_kill_of_a_worker_mid_episode(stack: Project) -> None:

@@ -1,0 +1,164 @@
+"""Both lines on one `docker compose up`: profiles `standin`, `agl-v1`, `agl-v1-gateway` and `monitoring` (its
+Prometheus; Grafana has no local image and is only read), one project shared by the module's checks.
+
+1.0 rollouts of the built-in WebShop program, created on compose's gateway as 1.0's trainer creates them, run to the
+rewards the WebShop server's ledger holds, beside a 0.3 batch; Prometheus's own query API returns both lines'
+backlog series; a 1.0 worker container stopped mid-program drains and the rollouts still end with exact rewards,
+each bought once; the 1.0 workers' memory limit holds at the documented `-c 8`.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+import uuid
+from collections.abc import Callable
+
+import httpx
+import pytest
+
+from bridge.core.agl_v1 import V1State
+from bridge_lab import docker_here
+from bridge_lab.chaos.scenarios import CHAOS_ENV
+from bridge_lab.demo import GatewayRollouts
+from tests.deployed.conftest import Project
+from tests.deployed.test_compose_stack import run_batch
+from tests.deployed.test_default_stack import container
+from webshop_env.goals import load_tasks
+
+pytestmark = pytest.mark.deployed
+
+# agl-server's default `default_proxy.model_name`: compose's gateway forces it on every proxied call, so the trainer
+# (this test) registers its model endpoint under it.
+GATEWAY_MODEL = "Qwen/Qwen2.5-7B-Instruct"
+SERVICES = [  # every service of the four profiles but Grafana
+    *("redis", "store", "webshop", "policy", "worker", "bridge"),
+    *("dispatcher-v1", "worker-agl-v1", "agl-gateway", "prometheus"),
+]
+GRACE_S = 8
+BATCH = 10  # more than one 1.0 worker's 8 slots: with all running, each of two containers runs some
+DEADLINE_S = 300.0
+MIB = 1024 * 1024
+
+
+@pytest.fixture(scope="module")
+def lines(compose_module: Callable[..., Project]) -> Project:
+    env = {**CHAOS_ENV, "AGL_V1_KEY": uuid.uuid4().hex, "WORKER_SHUTDOWN_GRACE_S": str(GRACE_S)}
+    project = compose_module(["standin", "agl-v1", "agl-v1-gateway", "monitoring"], POLICY_LATENCY_MS="1000", **env)
+    project.run("up", "-d", "--wait", "--wait-timeout", "480", *SERVICES, timeout=600)
+    register = [{"model": GATEWAY_MODEL, "endpoint": "http://policy:8000/v1"}]  # as the gateway's container sees it
+    headers = {"Authorization": f"Bearer {project.env['AGL_V1_KEY']}"}
+    httpx.post(
+        f"{project.url('GATEWAY_PUBLISH_PORT')}/api/models", json=register, headers=headers, timeout=30
+    ).raise_for_status()
+    return project
+
+
+def purchases(project: Project) -> list[dict[str, object]]:
+    return list(httpx.get(f"{project.url('WEBSHOP_PUBLISH_PORT')}/purchases", timeout=30).json()["items"])
+
+
+def run_v1_batch(
+    project: Project, size: int, during: Callable[[GatewayRollouts, list[str]], None] | None = None
+) -> float:
+    """Create ``size`` WebShop rollouts on the gateway, call ``during`` while they run, wait (bounded) until all
+    finished, and check the audit: every one succeeded, the rewards are exactly the purchases the WebShop server
+    recorded meanwhile (one per rollout: a program run twice in effect buys twice), none changed after it finished.
+    Returns the batch's wall seconds."""
+    before = len(purchases(project))
+    rollouts = GatewayRollouts(project.url("GATEWAY_PUBLISH_PORT"), project.env["AGL_V1_KEY"], timeout_s=150)
+    started = time.monotonic()
+    ids = rollouts.enqueue(load_tasks("test", limit=size), "test")
+    if during is not None:
+        during(rollouts, ids)
+    poll = rollouts.poll()
+    states = poll(ids)
+    while len(states) < len(ids):
+        assert time.monotonic() - started < DEADLINE_S, f"unfinished: {collections.Counter(states.values())}"
+        time.sleep(2.0)
+        states = poll(ids)
+    seconds = round(time.monotonic() - started, 1)
+    ended = rollouts.ended(ids)
+    assert [e.status for e in ended] == ["succeeded"] * size, (ended, project.logs())
+    time.sleep(3.0)  # a late report would land now
+    assert poll(ids) == states, "a finished rollout changed"
+    bought = [float(str(item["reward"])) for item in purchases(project)[before:]]
+    assert sorted(bought) == sorted(float(e.reward or 0.0) for e in ended) and len(bought) == size, (bought, ended)
+    rollouts.close(ids)
+    return seconds
+
+
+def test_both_lines_run_their_rollouts_side_by_side(lines: Project) -> None:
+    v03 = run_batch(lines, *SERVICES)
+    v1 = run_v1_batch(lines, BATCH)
+    print(f"\n[deployed] 0.3 batch {v03}; 1.0 batch of {BATCH}: {v1} s")
+
+
+def cgroup_memory(container_id: str) -> tuple[int, int]:
+    """The container's peak memory and its limit, in bytes, from its cgroup (v2, else v1)."""
+    script = (
+        "cat /sys/fs/cgroup/memory.peak /sys/fs/cgroup/memory.max 2>/dev/null || "
+        "cat /sys/fs/cgroup/memory/memory.max_usage_in_bytes /sys/fs/cgroup/memory/memory.limit_in_bytes"
+    )
+    peak, limit = docker_here.docker("exec", container_id, "sh", "-c", script).stdout.split()
+    return int(peak), int(limit)
+
+
+def test_the_1_0_worker_held_its_memory_limit(lines: Project) -> None:
+    """After the batches above (tests run in file order): the one 1.0 worker ran 8 programs at once (its `-c 8`),
+    and its cgroup's peak stayed under compose's `mem_limit`."""
+    peak, limit = cgroup_memory(container(lines, "worker-agl-v1", 1))
+    peak_03, _ = cgroup_memory(container(lines, "worker", 1))
+    print(
+        f"\n[deployed] peak memory: worker-agl-v1 {peak / MIB:.0f} MiB of {limit / MIB:.0f} MiB; worker (0.3, -c 8, "
+        f"no limit) {peak_03 / MIB:.0f} MiB"
+    )
+    assert limit == 1024 * MIB, f"compose's mem_limit 1g is not the container's: {limit}"
+    assert peak < limit, (peak, limit)
+
+
+def test_prometheus_returns_both_lines_backlog_series(lines: Project) -> None:
+    """Prometheus scrapes the 0.3 bridge and the 1.0 dispatcher (deploy/prometheus.yml); its query API answers."""
+    wanted = {
+        ("agl_bridge_store_waiting_rollouts", "agl-bridge", "rollouts"),
+        ("agl_bridge_gateway_waiting_rollouts", "agl-dispatcher-v1", "rollouts-v1"),
+        ("agl_bridge_desired_slots", "agl-bridge", "rollouts"),
+        ("agl_bridge_desired_slots", "agl-dispatcher-v1", "rollouts-v1"),
+    }
+    # One selector: `or` would drop a series whose labels (its name aside) another one already has.
+    query = '{__name__=~"agl_bridge_(store_waiting_rollouts|gateway_waiting_rollouts|desired_slots)"}'
+    found: set[tuple[str, str, str]] = set()
+    deadline = time.monotonic() + 120  # a scrape every 15 s
+    while not wanted <= found and time.monotonic() < deadline:
+        answer = httpx.get(f"{lines.url('PROMETHEUS_PORT')}/api/v1/query", params={"query": query}, timeout=10)
+        answer.raise_for_status()
+        for series in answer.json()["data"]["result"]:
+            labels = series["metric"]
+            found.add((labels["__name__"], labels.get("job", ""), labels.get("queue", "")))
+        time.sleep(3.0)
+    assert wanted <= found, f"missing {wanted - found}; Prometheus has {sorted(found)}"
+
+
+def test_a_1_0_worker_stopped_mid_program_hands_its_programs_over(lines: Project) -> None:
+    lines.run("up", "-d", "--wait", "--wait-timeout", "480", "--scale", "worker-agl-v1=2", *SERVICES, timeout=600)
+    victim = container(lines, "worker-agl-v1", 1)
+    took: list[float] = []
+
+    def stop_when_both_run(rollouts: GatewayRollouts, ids: list[str]) -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            running = rollouts.gateway.list_rollouts(V1State.RUNNING, limit=1000)
+            if sum(r.rollout_id in ids for r in running) > 8:  # more than one container's slots
+                break
+            time.sleep(0.5)
+        else:
+            raise AssertionError("the batch never ran on both 1.0 workers")
+        started = time.monotonic()
+        docker_here.docker("stop", victim, timeout=960)  # compose's stop_grace_period (15 min) is the container's
+        took.append(time.monotonic() - started)
+
+    seconds = run_v1_batch(lines, BATCH, stop_when_both_run)
+    state = docker_here.docker("inspect", "--format", "{{.State.ExitCode}} {{.State.OOMKilled}}", victim).stdout.split()
+    print(f"\n[deployed] 1.0 worker stopped in {took[0]:.1f} s (grace {GRACE_S} s), exit {state}; batch {seconds} s")
+    assert took[0] < GRACE_S + 4, f"docker stop took {took[0]:.1f} s: the drain did not bound the exit"
+    assert state[0] in ("0", "1") and state[1] == "false", state  # 1: the drain's forced exit, by design
