@@ -1,16 +1,16 @@
-"""The default stack of `docker compose up` as it runs: what each container is given, and faults on containers.
+"""The default stack of `docker compose up` as it runs: a batch, what each container is given, faults.
 
 One project of the default stack with the stand-in LLM (profile `standin`) and two worker containers serves the
-module. First, what runs is what the files promise: each container of ours runs as uid 1000; each secret of .env
-reaches exactly the containers tests/unit/test_compose_environment.py's SECRETS allows (read from `docker
-inspect`); Flower refuses a request without its login; Redis refuses a client without its password. Then the
-faults, audited as the chaos suite audits (bridge_lab.chaos.audit): ``docker kill`` of a worker container
-mid-episode, ``docker stop`` of one (SIGTERM to its init, the drain hands over within WORKER_SHUTDOWN_GRACE_S, far
-inside compose's `stop_grace_period`), ``docker compose restart redis`` (its append-only file on the volume) and
-the Store container paused for 15 s. Each fault gets a batch of its own; its audit's four counts (lost, twice,
-flipped, bad reward) must be 0 and every rollout must succeed. The protocol's intervals are the chaos suite's short
-ones (CHAOS_ENV), and the stand-in answers after POLICY_LATENCY_MS, so episodes last seconds and a fault lands in
-one.
+module. First a batch of WebShop rollouts (``run_batch``: rewards and spans). Then what runs is what the files
+promise: each container of ours runs as uid 1000; each secret of .env reaches exactly the containers
+tests/unit/test_compose_environment.py's SECRETS allows (read from `docker inspect`); Flower refuses a request
+without its login; Redis refuses a client without its password. Then the faults, audited as the chaos suite audits
+(bridge_lab.chaos.audit): ``docker kill`` of a worker container mid-episode, ``docker stop`` of one (SIGTERM to its
+init, the drain hands over within WORKER_SHUTDOWN_GRACE_S, far inside compose's `stop_grace_period`), ``docker
+compose restart redis`` (its append-only file on the volume) and the Store container paused for 15 s. Each fault
+gets a batch of its own; its audit's four counts (lost, twice, flipped, bad reward) must be 0 and every rollout
+must succeed. The protocol's intervals are the chaos suite's short ones (CHAOS_ENV), and the stand-in answers after
+POLICY_LATENCY_MS, so episodes last seconds and a fault lands in one.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from bridge_lab.chaos.scenarios import CHAOS_ENV, RETRY_CONFIG
 from bridge_lab.chaos.state import ChaosRun, ScenarioResult
 from bridge_lab.stack import LocalStack, StackConfig
 from tests.deployed.conftest import FLOWER_LOGIN, Project
+from tests.deployed.test_compose_stack import run_batch
 from tests.unit.test_compose_environment import SECRETS
 from webshop_env.goals import load_tasks
 
@@ -128,6 +129,12 @@ def assert_clean(project: Project, result: ScenarioResult) -> None:
 def serving(project: Project) -> None:
     """Every worker replica up and healthy (a container an earlier fault killed or stopped is started again)."""
     project.run("up", "-d", "--wait", "--wait-timeout", "480", "--scale", f"worker={WORKERS}", timeout=600)
+
+
+def test_the_default_stack_runs_a_webshop_batch(stack: Project) -> None:
+    """As a user runs it (`docker compose --profile standin up`): each reward the ledger's, one episode span each."""
+    seconds = run_batch(stack, "--scale", f"worker={WORKERS}")
+    print(f"\n[deployed] default stack + standin: {seconds}")
 
 
 def services(project: Project) -> dict[str, str]:
