@@ -56,6 +56,7 @@ __all__ = [  # what the chaos tests drive, in one import
     "ScenarioResult",
     "format_table",
     "run_scenario",
+    "run_with_fault",
 ]
 
 
@@ -120,18 +121,24 @@ def run_scenario(
                 [{"input": item, "mode": scenario.mode_of(i), "config": config} for i, item in enumerate(inputs)]
             )
         run = ChaosRun(services, stack, [r.rollout_id for r in rollouts], borrowed)
-        observer = threading.Thread(target=run.observe, name="chaos-observer", daemon=True)
-        observer.start()
-        fault = threading.Thread(target=_guarded, args=(scenario.fault, run), name="chaos-fault", daemon=True)
-        fault.start()
-        run.wait_for(lambda: run.complete and not fault.is_alive(), deadline_s)
-        result = conclude(run, fault, observer)
+        result = run_with_fault(run, scenario.fault, deadline_s)
         run.close()
     finally:
         stack.stop()
     result.name = scenario.name
     result.seconds = round(time.monotonic() - started, 1)
     return result
+
+
+def run_with_fault(run: ChaosRun, fault: Callable[[ChaosRun], None], deadline_s: float) -> ScenarioResult:
+    """Observe ``run``'s rollouts while ``fault`` runs beside them, wait (bounded) until every rollout finished and
+    the fault returned, and audit. A fault that raises is noted ("fault injection error"), never lost."""
+    observer = threading.Thread(target=run.observe, name="chaos-observer", daemon=True)
+    observer.start()
+    faulting = threading.Thread(target=_guarded, args=(fault, run), name="chaos-fault", daemon=True)
+    faulting.start()
+    run.wait_for(lambda: run.complete and not faulting.is_alive(), deadline_s)
+    return conclude(run, faulting, observer)
 
 
 def _guarded(fault: Callable[[ChaosRun], None], run: ChaosRun) -> None:

@@ -111,6 +111,14 @@ class Project:
     def logs(self) -> str:
         return self.run("logs", "--no-color", "--tail", "80", check=False).stdout
 
+    def container(self, service: str, index: int = 1) -> str:
+        """The container id of ``service``'s ``index``-th replica (running or not)."""
+        ids = self.run("ps", "-q", "--all", service).stdout.split()
+        names = {docker_here.docker("inspect", "--format", "{{.Name}}", cid).stdout.strip(): cid for cid in ids}
+        wanted = f"/{self.name}-{service}-{index}"
+        assert wanted in names, f"no {wanted} among {sorted(names)}"
+        return names[wanted]
+
     @property
     def redis_url(self) -> str:
         """Redis as the host reaches it (compose.local.yml publishes it on REDIS_PUBLISH_PORT)."""

@@ -23,7 +23,6 @@ from bridge_lab.chaos.scenarios import CHAOS_ENV
 from bridge_lab.demo import GatewayRollouts
 from tests.deployed.conftest import Project
 from tests.deployed.test_compose_stack import run_batch
-from tests.deployed.test_default_stack import container
 from webshop_env.goals import load_tasks
 
 pytestmark = pytest.mark.deployed
@@ -108,7 +107,7 @@ def cgroup_memory(container_id: str) -> tuple[int, int]:
 def test_the_workers_held_their_memory_limit(lines: Project, service: str) -> None:
     """After the batches above (tests run in file order), each worker having run 8 episodes or programs at once
     (compose's `-c 8` for both), its cgroup's peak stayed under compose's `mem_limit`."""
-    peak, limit = cgroup_memory(container(lines, service, 1))
+    peak, limit = cgroup_memory(lines.container(service))
     print(f"\n[deployed] {service} -c 8: peak {peak / MIB:.0f} MiB of its {limit / MIB:.0f} MiB limit")
     assert limit == 1024 * MIB, f"compose's mem_limit 1g is not the container's: {limit}"
     assert peak < limit, (peak, limit)
@@ -138,7 +137,7 @@ def test_prometheus_returns_both_lines_backlog_series(lines: Project) -> None:
 
 def test_a_1_0_worker_stopped_mid_program_hands_its_programs_over(lines: Project) -> None:
     lines.run("up", "-d", "--wait", "--wait-timeout", "480", "--scale", "worker-agl-v1=2", *SERVICES, timeout=600)
-    victim = container(lines, "worker-agl-v1", 1)
+    victim = lines.container("worker-agl-v1")
     took: list[float] = []
 
     def stop_when_both_run(rollouts: GatewayRollouts, ids: list[str]) -> None:

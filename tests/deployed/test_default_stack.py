@@ -16,7 +16,6 @@ POLICY_LATENCY_MS, so episodes last seconds and a fault lands in one.
 from __future__ import annotations
 
 import json
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -27,7 +26,7 @@ import redis
 
 from bridge.core.store import StoreClient
 from bridge_lab import docker_here
-from bridge_lab.chaos.audit import conclude
+from bridge_lab.chaos.run import run_with_fault
 from bridge_lab.chaos.scenarios import CHAOS_ENV, RETRY_CONFIG
 from bridge_lab.chaos.state import ChaosRun, ScenarioResult
 from bridge_lab.stack import LocalStack, StackConfig
@@ -63,15 +62,6 @@ def stack(compose_module: Callable[..., Project]) -> Iterator[Project]:
     yield project
 
 
-def container(project: Project, service: str, index: int = 1) -> str:
-    """The container id of ``service``'s ``index``-th replica."""
-    ids = project.run("ps", "-q", "--all", service).stdout.split()
-    names = {json.loads(docker_here.docker("inspect", "--format", "{{json .Name}}", cid).stdout): cid for cid in ids}
-    wanted = f"/{project.name}-{service}-{index}"
-    assert wanted in names, f"no {wanted} among {sorted(names)}"
-    return names[wanted]
-
-
 def run_fault(project: Project, fault: Callable[[ChaosRun], None]) -> tuple[ScenarioResult, int]:
     """Enqueue a batch, run ``fault`` beside the observer, wait (bounded) until every rollout finished, audit.
     Also returns how many rollouts ran more than one attempt (the fault cut theirs short)."""
@@ -91,24 +81,12 @@ def run_fault(project: Project, fault: Callable[[ChaosRun], None]) -> tuple[Scen
         tasks = load_tasks("test", limit=BATCH)
         rollouts = store.enqueue([{"input": task, "mode": "test", "config": RETRY_CONFIG} for task in tasks])
     run = ChaosRun(services, services, [r.rollout_id for r in rollouts])
-    observer = threading.Thread(target=run.observe, name="observer", daemon=True)
-    observer.start()
-    faulting = threading.Thread(target=guarded, args=(fault, run), name="fault", daemon=True)
-    faulting.start()
-    run.wait_for(lambda: run.complete and not faulting.is_alive(), DEADLINE_S)
-    result = conclude(run, faulting, observer)
+    result = run_with_fault(run, fault, DEADLINE_S)
     rerun = sum(len(run.store.list_attempts(rid)) > 1 for rid in run.rollout_ids)
     run.close()
     result.seconds = round(time.monotonic() - started, 1)
     result.notes.append(f"{rerun} rollout(s) ran more than one attempt")
     return result, rerun
-
-
-def guarded(fault: Callable[[ChaosRun], None], run: ChaosRun) -> None:
-    try:
-        fault(run)
-    except Exception as exc:  # the audit's notes carry it; the test asserts there is no such note
-        run.note(f"fault error: {type(exc).__name__}: {exc}")
 
 
 def both_workers_busy(run: ChaosRun, timeout_s: float = 120.0) -> bool:
@@ -123,7 +101,7 @@ def assert_clean(project: Project, result: ScenarioResult) -> None:
     )
     assert result.clean, (result, project.logs())
     assert result.succeeded == BATCH, (result, project.logs())
-    assert not [note for note in result.notes if note.startswith("fault error")], result.notes
+    assert not [note for note in result.notes if note.startswith("fault injection error")], result.notes
 
 
 def serving(project: Project) -> None:
@@ -182,7 +160,7 @@ def test_redis_refuses_a_client_without_its_password(stack: Project) -> None:
 
 def test_docker_kill_of_a_worker_mid_episode(stack: Project) -> None:
     """SIGKILL to the whole container (init, worker, pool): its leases lapse, the attempts run again elsewhere."""
-    victim = container(stack, "worker", 1)
+    victim = stack.container("worker", 1)
 
     def kill(run: ChaosRun) -> None:
         assert both_workers_busy(run), "the batch never had both workers busy"
@@ -197,7 +175,7 @@ def test_docker_kill_of_a_worker_mid_episode(stack: Project) -> None:
 
 def test_docker_stop_of_a_worker_drains_within_its_grace(stack: Project) -> None:
     """SIGTERM to tini: the worker stops its episodes at G - 6 s, hands them over, and exits within G."""
-    victim = container(stack, "worker", 2)
+    victim = stack.container("worker", 2)
     took: list[float] = []
 
     def stop(run: ChaosRun) -> None:
