@@ -2,8 +2,9 @@
 
 Every agent asks the LLM it is given (the stand-in, ``python -m webshop_env.policy``, through the ``openai``
 SDK) one question and computes its own reward from the rollout's input (``{"question": str, "reward":
-float}``), so a test knows the reward each rollout must come back with. They differ in *how* they hand the
-result back: each of the return kinds Agent Lightning's runner accepts, async, raising, or a bad value.
+float}``), so a test knows the reward each rollout must come back with. ``ReturnsAsToldAgent`` hands the result
+back in whichever of the ways Agent Lightning's runner accepts (or a bad one) its input names, so one worker
+serves every return kind; the others differ in how they run: async, looping, blocking, slow or stubborn.
 Importing this module imports ``agentlightning``: only workers configured with one of these do.
 """
 
@@ -52,14 +53,6 @@ class FloatAgent(agl.LitAgent[dict[str, Any]]):
         return _reward(task)
 
 
-class IntAgent(agl.LitAgent[dict[str, Any]]):
-    """Returns an int: converted to a float reward, as Agent Lightning's runner does."""
-
-    def rollout(self, task: dict[str, Any], resources: agl.NamedResources, rollout: agl.Rollout) -> int:
-        _ask(resources, task)
-        return 1
-
-
 class AsyncAgent(agl.LitAgent[dict[str, Any]]):
     """``rollout_async`` with the async SDK: run on an event loop in the executing thread."""
 
@@ -69,14 +62,6 @@ class AsyncAgent(agl.LitAgent[dict[str, Any]]):
         await client.chat.completions.create(model=llm.model, messages=[{"role": "user", "content": "hi"}])
         await client.close()
         return _reward(task)
-
-
-class NoneAgent(agl.LitAgent[dict[str, Any]]):
-    """Emits its reward through Agent Lightning's emitter and returns None: the capture is the trace."""
-
-    def rollout(self, task: dict[str, Any], resources: agl.NamedResources, rollout: agl.Rollout) -> None:
-        _ask(resources, task)
-        agl.emit_reward(_reward(task))
 
 
 def _own_spans(task: dict[str, Any]) -> list[ReadableSpan]:
@@ -99,37 +84,35 @@ def _own_spans(task: dict[str, Any]) -> list[ReadableSpan]:
     return spans
 
 
-class ReadableSpanAgent(agl.LitAgent[dict[str, Any]]):
-    """Returns OpenTelemetry ``ReadableSpan``s it made itself: they are the trace."""
-
-    def rollout(self, task: dict[str, Any], resources: agl.NamedResources, rollout: agl.Rollout) -> list[ReadableSpan]:
-        return _own_spans(task)
-
-
-class AglSpanAgent(agl.LitAgent[dict[str, Any]]):
-    """Returns Agent Lightning ``Span``s: turned into OTLP spans of the attempt."""
-
-    def rollout(self, task: dict[str, Any], resources: agl.NamedResources, rollout: agl.Rollout) -> list[agl.Span]:
-        assert isinstance(rollout, agl.AttemptedRollout)
-        return [
-            agl.Span.from_opentelemetry(span, rollout.rollout_id, rollout.attempt.attempt_id, i)
-            for i, span in enumerate(_own_spans(task))
-        ]
-
-
-class RaisingAgent(agl.LitAgent[dict[str, Any]]):
-    """Calls the LLM, then raises: the attempt fails with class ``agent`` and keeps its LLM span."""
-
-    def rollout(self, task: dict[str, Any], resources: agl.NamedResources, rollout: agl.Rollout) -> float:
-        _ask(resources, task)
-        raise ValueError(f"deliberate failure for {task.get('question')!r}")
-
-
-class BadReturnAgent(agl.LitAgent[dict[str, Any]]):
-    """Returns a string, which no runner can read as a result."""
+class ReturnsAsToldAgent(agl.LitAgent[dict[str, Any]]):
+    """Hands its result back the way its input's ``returns`` names, so that one worker serves every return kind:
+    ``float`` (the default: the reward), ``int`` (1), ``emit`` (the reward emitted through Agent Lightning's
+    emitter, None returned: the capture is the trace), ``readable-spans`` (OpenTelemetry spans it made itself) and
+    ``agl-spans`` (the same as Agent Lightning ``Span``s: either list is the trace), ``raise`` (after its LLM
+    call) and ``string`` (a value no runner can read as a result). The span kinds make no LLM call."""
 
     def rollout(self, task: dict[str, Any], resources: agl.NamedResources, rollout: agl.Rollout) -> Any:
-        return "not a reward"
+        returns = task.get("returns", "float")
+        if returns == "readable-spans":
+            return _own_spans(task)
+        if returns == "agl-spans":
+            assert isinstance(rollout, agl.AttemptedRollout)
+            return [
+                agl.Span.from_opentelemetry(span, rollout.rollout_id, rollout.attempt.attempt_id, i)
+                for i, span in enumerate(_own_spans(task))
+            ]
+        if returns == "string":
+            return "not a reward"
+        _ask(resources, task)
+        if returns == "int":
+            return 1
+        if returns == "emit":
+            agl.emit_reward(_reward(task))
+            return None
+        if returns == "raise":
+            raise ValueError(f"deliberate failure for {task.get('question')!r}")
+        assert returns == "float", returns
+        return _reward(task)
 
 
 class LoopingAgent(agl.LitAgent[dict[str, Any]]):

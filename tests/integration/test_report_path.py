@@ -5,7 +5,7 @@ longer than the pre-report read's retries. Before the fix the task's Celery retr
 found the attempt ``running`` and reported it ``failed`` (infra): an episode whose reward was in the Store
 was thrown away. Now the worker keeps the pending report in Redis and delivers exactly that report.
 
-Real processes throughout: a private ``agl store`` (so pausing it disturbs nothing else), the session's
+Real processes throughout: an ``agl store`` of this module's own (so pausing it disturbs nothing else), the session's
 Redis, WebShop server and LLM stand-in, one worker and the bridge. A small forwarding proxy in front of the
 Store (``StoreFaults``) only watches the traffic: when the span batch carrying the reward has been stored it
 stops the real Store (SIGSTOP) for a while, at exactly the moment the worker starts reporting, and it
@@ -38,7 +38,7 @@ from bridge.core.message import TASK_NAME, task_kwargs
 from bridge.core.store import StoreClient
 from bridge_lab.procs import ManagedProcess
 from bridge_lab.stack import LocalStack, StackConfig
-from tests.helpers import attempts, enqueue, reward_value, rollout, spans, split_tasks, wait_finished
+from tests.helpers import attempts, cancel_unfinished, enqueue, reward_value, rollout, spans, split_tasks, wait_finished
 
 pytestmark = [pytest.mark.integration, pytest.mark.cost(165)]
 
@@ -155,9 +155,9 @@ class StoreFaults:
 Stacked = tuple[LocalStack, StoreFaults]
 
 
-@contextlib.contextmanager
-def _behind_faults(services: LocalStack, log_dir: Path, *, bridge: bool, env: dict[str, str]) -> Iterator[Stacked]:
-    """A private Store behind ``StoreFaults``, with one single-slot worker (and the bridge) talking to the proxy."""
+@pytest.fixture(scope="module")
+def private_store(services: LocalStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    """An ``agl store`` of this module's own, which its tests stop at will: started once for them all."""
     store_only = LocalStack(
         StackConfig(
             broker_url=services.broker_url,
@@ -165,13 +165,23 @@ def _behind_faults(services: LocalStack, log_dir: Path, *, bridge: bool, env: di
             llm_base_url=services.llm_base_url,
             workers=0,
             bridge=False,
-            log_dir=log_dir / "store",
+            log_dir=tmp_path_factory.mktemp("private-store"),
         )
     )
     store_only.start()
-    store_pid = store_only.process("store").pid
+    yield store_only
+    store_only.stop()
+
+
+@contextlib.contextmanager
+def _behind_faults(
+    services: LocalStack, store: LocalStack, log_dir: Path, *, bridge: bool, env: dict[str, str]
+) -> Iterator[Stacked]:
+    """The private Store behind ``StoreFaults``, with one single-slot worker (and the bridge) talking to the proxy."""
+    cancel_unfinished(store.store_url)  # nothing an earlier test left for the bridge (or this test) to dequeue
+    store_pid = store.process("store").pid
     assert store_pid is not None
-    faults = StoreFaults(store_only.store_url, store_pid)
+    faults = StoreFaults(store.store_url, store_pid)
     stack = LocalStack(
         StackConfig(
             store_url=faults.url,
@@ -191,12 +201,11 @@ def _behind_faults(services: LocalStack, log_dir: Path, *, bridge: bool, env: di
     finally:
         stack.stop()
         faults.close()
-        store_only.stop()
 
 
 @pytest.fixture
-def outage_stack(services: LocalStack, tmp_path: Path) -> Iterator[Stacked]:
-    with _behind_faults(services, tmp_path, bridge=True, env=FAST_FAILING_STORE) as stacked:
+def outage_stack(services: LocalStack, private_store: LocalStack, tmp_path: Path) -> Iterator[Stacked]:
+    with _behind_faults(services, private_store, tmp_path, bridge=True, env=FAST_FAILING_STORE) as stacked:
         yield stacked
 
 
@@ -260,9 +269,9 @@ STALL_S = 25.0  # one Store read for the expired rollout takes this long (below 
 
 
 @pytest.fixture
-def slow_store_stack(services: LocalStack, tmp_path: Path) -> Iterator[Stacked]:
+def slow_store_stack(services: LocalStack, private_store: LocalStack, tmp_path: Path) -> Iterator[Stacked]:
     env = {"STORE_TIMEOUT_S": "40", "LOG_LEVEL": "INFO"}
-    with _behind_faults(services, tmp_path, bridge=False, env=env) as stacked:
+    with _behind_faults(services, private_store, tmp_path, bridge=False, env=env) as stacked:
         yield stacked
 
 
