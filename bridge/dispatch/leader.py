@@ -52,6 +52,7 @@ class LeaderLock:
         self._state = threading.Lock()  # guards held, _valid_until and the renewal thread's start
         self._term = 0  # bumped on every change of ``held``: a renewal thread of an older term exits
         self._renewer: threading.Thread | None = None
+        self._released = threading.Event()  # wakes the renewal thread at once when the lock is given up
 
     def valid(self) -> bool:
         """Whether this bridge may publish now: it holds the lock and its last confirmed renewal is recent enough
@@ -72,6 +73,7 @@ class LeaderLock:
             if taken != was_held:
                 self._term += 1
             if taken and (self._renewer is None or not self._renewer.is_alive() or not was_held):
+                self._released.clear()
                 self._renewer = threading.Thread(
                     target=self._renew_while_held, args=(self._term,), name="leader-renewal", daemon=True
                 )
@@ -106,7 +108,7 @@ class LeaderLock:
     def _renew_while_held(self, term: int) -> None:
         """The renewal thread of one leader term: renews every ``RENEW_EVERY_S`` until the term ends."""
         while True:
-            time.sleep(RENEW_EVERY_S)
+            self._released.wait(RENEW_EVERY_S)
             if self._term != term or not self.held:
                 return
             try:
@@ -121,7 +123,11 @@ class LeaderLock:
     def release(self) -> None:
         with self._state:
             was_held, self.held, self._valid_until = self.held, False, 0.0
-            self._term += 1  # the renewal thread exits at its next wake-up
+            self._term += 1  # the renewal thread exits when it wakes, which this does now
+            renewer, self._renewer = self._renewer, None
+        self._released.set()
+        if renewer is not None and renewer is not threading.current_thread():
+            renewer.join(timeout=RENEW_EVERY_S + 1.0)  # a released lock leaves no thread behind
         if was_held:
             try:
                 self._lock.release()

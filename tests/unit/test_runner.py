@@ -278,7 +278,7 @@ def test_iter_returns_once_the_event_is_set_and_a_cancelled_iter_leaves_no_threa
     started = time.monotonic()
     asyncio.run(cancel_after(1.0))  # asyncio.run joins the loop's worker threads: it returns once ours ended
     assert time.monotonic() - started < 5.0
-    assert threading.active_count() <= threads
+    assert threading.active_count() <= threads, [t.name for t in threading.enumerate()]
 
 
 def _direct_dispatcher(queue: str, **overrides: Any) -> V03Dispatcher:
