@@ -15,7 +15,9 @@ Across processes: each line's leader writes ``<waiting> <weight>`` to ``keys.slo
 ``DEMAND_TTL_S`` later (a dead line stops counting on its own), and tells the lines' in-flight attempts apart by id
 (``v1-`` starts the 1.0 dispatcher's task ids, never a Store's attempt id). The same round trip integrates each
 line's in-flight count over Redis's clock into ``keys.slot_usage`` (while both lines' published demand is above
-zero; halved every ``USAGE_HALF_LIFE_S``; forgotten whenever nothing is in flight) and counts the attempts started
+zero; halved every ``USAGE_HALF_LIFE_S``; forgotten once nothing is in flight and at most one line waits: an instant
+with nothing in flight between two rounds of a contest, as when equal episodes end together, keeps the debt, or the
+line that got ahead would get half the freed slots again) and counts the attempts started
 since the last reading, from which the mean episode is taken; every leader's tick advances the one integral, so both
 lines read the same.
 """
@@ -64,11 +66,12 @@ local step = math.max(0, math.min(now - at, tonumber(ARGV[3])))
 local decay = math.pow(0.5, math.max(0, now - at) / tonumber(ARGV[2]))
 usage03, usage1, work, starts = usage03 * decay, usage1 * decay, work * decay, starts * decay + fresh
 work = work + size * step
-if size == 0 then
-  usage03, usage1 = 0, 0
-elseif waiting(redis.call('get', KEYS[3])) > 0 and waiting(redis.call('get', KEYS[4])) > 0 then
+local contested = waiting(redis.call('get', KEYS[3])) > 0 and waiting(redis.call('get', KEYS[4])) > 0
+if contested then
   usage03 = usage03 + (size - v1) * step
   usage1 = usage1 + v1 * step
+elseif size == 0 then
+  usage03, usage1 = 0, 0
 end
 if now > at or not prev[1] then
   redis.call('hset', KEYS[2], 'at', tostring(now), 'v03', tostring(usage03), 'v1', tostring(usage1),

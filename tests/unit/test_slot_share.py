@@ -189,15 +189,21 @@ def test_the_exchange_integrates_slot_seconds_while_both_lines_wait(redis_client
         )
 
 
-def test_an_idle_queue_forgets_the_lines_usage(redis_client: redis.Redis) -> None:
+def test_an_idle_queue_forgets_the_lines_usage_but_a_gap_between_rounds_does_not(redis_client: redis.Redis) -> None:
     scope, queue = f"usage-{uuid.uuid4().hex[:8]}", "rollouts"
     capacity.mark_inflight(redis_client, scope, queue, "v1-r1-0")
     try:
         slot_share.exchange(redis_client, scope, queue, V03, 5, 1.0)
         slot_share.exchange(redis_client, scope, queue, V1, 5, 1.0)
         time.sleep(0.3)
-        assert slot_share.exchange(redis_client, scope, queue, V03, 5, 1.0).usage[V1] > 0
+        ahead = slot_share.exchange(redis_client, scope, queue, V03, 5, 1.0).usage[V1]
+        assert ahead > 0
         capacity.clear_inflight(redis_client, scope, queue, "v1-r1-0")
+        # Every episode of a round ended at once and both lines still wait: the 1.0 line stays ahead.
+        between = slot_share.exchange(redis_client, scope, queue, V03, 5, 1.0).usage
+        assert between[V03] == 0.0 and ahead * 0.99 <= between[V1] <= ahead, between
+        # The 1.0 line has nothing more waiting and nothing runs: the queue is idle, the contest over.
+        slot_share.exchange(redis_client, scope, queue, V1, 0, 1.0)
         assert slot_share.exchange(redis_client, scope, queue, V03, 5, 1.0).usage == {V03: 0.0, V1: 0.0}
     finally:
         redis_client.delete(
