@@ -147,6 +147,13 @@ def allowance(
     return given[line]
 
 
+def parse_demand(value: str) -> tuple[int, float]:
+    """A line's published demand, ``<waiting> <weight>`` (``keys.slot_demand``), as (waiting, weight); weight 1
+    where none is written."""
+    count, _, published = value.partition(" ")
+    return int(count), float(published or 1.0)
+
+
 @dataclass(frozen=True)
 class Reading:
     """One line's view of the shared queue: every line's attempts in flight, the other lines' published waiting
@@ -184,8 +191,7 @@ def exchange(client: redis.Redis, scope: str, queue: str, line: str, waiting: in
     weights: dict[str, float] = {}
     for other, value in zip(LINES, demands, strict=True):
         if value:
-            count, _, published = str(value).partition(" ")
-            waiting_by[other], weights[other] = int(count), float(published or 1.0)
+            waiting_by[other], weights[other] = parse_demand(value)
     usage = {V03: float(usage03), V1: float(usage1)}
     return Reading({V03: int(size) - int(v1), V1: int(v1)}, waiting_by, weights, usage, float(episode))
 

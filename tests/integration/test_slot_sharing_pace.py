@@ -126,8 +126,7 @@ def test_both_lines_backlogged_keep_every_slot_busy_and_share_it_by_weight(
     print(
         f"run {run.wall_s:.1f}s, ideal {ideal_s:.1f}s (program start {program_start_s:.2f}s), ratio "
         f"{run.wall_s / ideal_s:.2f}; shares while both waited ({run.both_waiting_from:.1f}s to {contested:.1f}s) "
-        f"{shares}; at most "
-        f"{run.most_at_once} in flight"
+        f"{shares}; at most {run.most_at_once} in flight"
     )
     assert run.most_at_once <= SLOTS + 1, run.most_at_once  # a claim race of the two leaders: one extra at most
     assert all(share >= 0.4 for share in shares.values()), shares
@@ -143,7 +142,8 @@ def _watch(client: redis.Redis, scope: str, started: float, timeout_s: float) ->
     while time.monotonic() - started < timeout_s:
         ids = capacity.inflight_ids(client, scope, "rollouts")
         at = time.monotonic() - started
-        if both_from is None and all(_waiting(value) > 0 for value in client.mget(demands)):
+        published = client.mget(demands)  # the coordination client answers str
+        if both_from is None and all(value and slot_share.parse_demand(value)[0] > 0 for value in published):
             both_from = at
         most = max(most, len(ids))
         for key in ids:
@@ -153,11 +153,3 @@ def _watch(client: redis.Redis, scope: str, started: float, timeout_s: float) ->
             return Run(seen, at, most, both_from)
         time.sleep(SAMPLE_S)
     raise AssertionError(f"not every rollout ran within {timeout_s:.0f}s: {len(seen)} seen")
-
-
-def _waiting(demand: bytes | str | None) -> int:
-    """The waiting count of a line's published demand (``<waiting> <weight>``); 0 where none is published."""
-    if demand is None:
-        return 0
-    text = demand.decode() if isinstance(demand, bytes) else demand
-    return int(text.split()[0])
