@@ -110,14 +110,19 @@ must spell alike. See docs/agl-v1.md.
 """
 
 
-def _interrupt_on_sigterm() -> None:
-    """A tool stopped with SIGTERM unwinds as on Ctrl-C, so the processes it started are stopped too (Python's
-    default for SIGTERM ends the process at once, leaving a bench's Store, stand-ins and workers running)."""
+def _interrupt_on_stop_signals() -> None:
+    """A tool unwinds as on Ctrl-C when it is told to stop, so the processes it started are stopped too:
+    SIGTERM and SIGHUP (a closed terminal), whose defaults end the process at once, leaving a bench's Store,
+    stand-ins and workers running; and SIGINT even where the tool was started with it ignored (a background job of
+    a non-interactive shell, as CI runners start commands, inherits SIGINT ignored, and Python then never raises
+    KeyboardInterrupt: the demo's "press Ctrl-C" would wait forever)."""
 
     def interrupt(_signum: int, _frame: FrameType | None) -> None:
         raise KeyboardInterrupt
 
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGHUP, interrupt)
 
 
 def load_tool(name: str) -> ModuleType:
@@ -196,7 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     args = parser.parse_args(args_in)
     if command is not None:
-        _interrupt_on_sigterm()
+        _interrupt_on_stop_signals()
     try:
         return int(args.func(args))
     except ConfigError as error:

@@ -16,14 +16,16 @@ own gateway (`agl-server`, from a Python >= 3.12 virtualenv built once and cache
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import re
 import secrets
+import signal
 import sys
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TextIO
@@ -36,7 +38,7 @@ from rich.table import Table
 
 from bridge.core import capacity
 from bridge.core.agl_v1 import GatewayClient, V1Rollout, V1State
-from bridge.core.coordination import coordination_client
+from bridge.core.coordination import coordination_client, deployment_scope
 from bridge.core.models import FINISHED_ROLLOUT, AttemptedRollout, Rollout, RolloutStatus
 from bridge.core.redact import redact_url
 from bridge.core.settings import Settings, load_settings
@@ -51,6 +53,8 @@ from bridge_lab.stats import percentile, rounded
 
 _CHUNK = 200
 _PLAIN_EVERY_S = 5.0
+_CLOSE_BUDGET_S = 15.0  # the teardown's cancelling of unfinished rollouts, however slow the Store
+_CLOSE_REQUEST_S = 5.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -86,7 +90,7 @@ def main(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    settings = load_settings()
+    settings = _own_run(load_settings())
     stack = LocalStack(_stack_config(settings, args))
     say(f"logs of every process: {stack.log_dir}")
     rollout_ids: list[str] = []
@@ -119,13 +123,57 @@ def main(args: argparse.Namespace) -> int:
         say("interrupted: tearing down what the demo started")
         return 130
     finally:
+        _tear_down(stack, source, rollout_ids)
+
+
+def _tear_down(stack: LocalStack, source: Rollouts | None, rollout_ids: list[str]) -> None:
+    """Cancel what is unfinished, then stop every process the demo started, in bounded time (about 15 s for the
+    Store, 2 x 15 s for the processes), saying what it waits for; a Ctrl-C during it goes straight to SIGKILL
+    (``stop_all``), and one that lands between the steps does not skip the stop."""
+    try:
         if source is not None:
+            say("cancelling the demo's unfinished rollouts")
             source.close(rollout_ids)
-        stack.stop()
+    except KeyboardInterrupt:
+        say("interrupted again: not cancelling; stopping the processes")
+    finally:
+        say(f"stopping {', '.join(reversed(stack.processes)) or 'nothing'}")
+        with _signals_ignored():
+            stack.stop(say=say)
         say(f"stopped: {', '.join(stack.started) or 'nothing'}")
 
 
+@contextlib.contextmanager
+def _signals_ignored() -> Iterator[None]:
+    """SIGINT/SIGTERM/SIGHUP do nothing inside (the stop they would ask for is under way); SIGINT only hurries a
+    wait that ``stop_all`` turns into SIGKILL, so it stays a KeyboardInterrupt there."""
+    names = (signal.SIGTERM, signal.SIGHUP)
+    saved = {signum: signal.getsignal(signum) for signum in names}
+    for signum in names:
+        signal.signal(signum, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
+
+
 # --- configuration --------------------------------------------------------------------------------
+
+
+def _own_run(settings: Settings) -> Settings:
+    """This run's settings: its own Redis key scope (REDIS_KEY_SCOPE) and its own queue (CELERY_DEFAULT_QUEUE, no
+    QUEUE_BY_MODE), ``demo-<random>``, unless the user set them. On a broker or Store that others use (another
+    demo, a test run, a demo killed before its teardown) no one else's worker takes this run's tasks, no one else's
+    bridge holds its leader lock, and its workers take no one else's work."""
+    run = f"demo-{secrets.token_hex(4)}"
+    chosen = settings.model_fields_set
+    own: dict[str, Any] = {}
+    if "redis_key_scope" not in chosen:
+        own["redis_key_scope"] = run
+    if not {"default_queue", "queue_by_mode"} & chosen:
+        own.update(default_queue=run, queue_by_mode={})
+    return settings.model_copy(update=own)
 
 
 def _stack_config(settings: Settings, args: argparse.Namespace) -> StackConfig:
@@ -149,11 +197,12 @@ def _stack_config(settings: Settings, args: argparse.Namespace) -> StackConfig:
     llm = str(settings.openai_api_base).rstrip("/") if settings.openai_api_base is not None else None
     if llm:
         say(f"OPENAI_API_BASE is set: the agents talk to {redact_url(llm)} (model {settings.model})")
-    extra_env = {}
+    extra_env = {"REDIS_KEY_SCOPE": deployment_scope(settings), "CELERY_DEFAULT_QUEUE": settings.default_queue}
+    extra_env["QUEUE_BY_MODE"] = ",".join(f"{mode}={queue}" for mode, queue in settings.queue_by_mode.items())
     if v1:
         from workers.agents import webshop_program
 
-        extra_env = {
+        extra_env |= {
             "AGL_V1_SERVER_URL": f"http://127.0.0.1:{free_port()}",
             "AGL_V1_KEY": secrets.token_hex(16),
             "AGL_V1_PASS_ENV": webshop_program.PASS_ENV,  # what the WebShop program reads of the worker's settings
@@ -222,6 +271,7 @@ class StoreRollouts:
     """Agent Lightning 0.3: rollouts enqueued in the Store, which the stack's bridge dispatches."""
 
     def __init__(self, store_url: str) -> None:
+        self.url = store_url
         self.store = StoreClient(store_url, timeout_s=30.0, retries=3)
 
     def enqueue(self, tasks: list[dict[str, Any]], split: str) -> list[str]:
@@ -234,11 +284,11 @@ class StoreRollouts:
     def poll(self) -> FinishedPoll:
         return store_poll(self.store)
 
-    def views(self, ids: list[str]) -> list[Rollout | AttemptedRollout]:
-        """The Store's view of ``ids``, ``_CHUNK`` per request."""
+    def views(self, ids: list[str], store: StoreClient | None = None) -> list[Rollout | AttemptedRollout]:
+        """The Store's view of ``ids``, ``_CHUNK`` per request (through ``store``, else the demo's client)."""
         views: list[Rollout | AttemptedRollout] = []
         for start in range(0, len(ids), _CHUNK):
-            views += self.store.list_rollouts(rollout_ids=ids[start : start + _CHUNK])[0]
+            views += (store or self.store).list_rollouts(rollout_ids=ids[start : start + _CHUNK])[0]
         return views
 
     def ended(self, ids: list[str]) -> list[Ended]:
@@ -261,16 +311,23 @@ class StoreRollouts:
         )
 
     def close(self, ids: list[str]) -> None:
-        """Rollouts this demo enqueued must not outlive it in a Store that others use."""
+        """Rollouts this demo enqueued must not outlive it in a Store that others use: cancelled, within
+        ``_CLOSE_BUDGET_S`` however the Store answers (short requests, one retry; what is left is named)."""
+        self.store.close()
+        deadline = time.monotonic() + _CLOSE_BUDGET_S
+        store = StoreClient(self.url, timeout_s=_CLOSE_REQUEST_S, retries=1)
+        left: list[str] = []
         try:
-            for item in self.views(ids):
-                if item.status not in FINISHED_ROLLOUT:
-                    self.store.update_rollout(item.rollout_id, status=RolloutStatus.CANCELLED)
+            left = [item.rollout_id for item in self.views(ids, store) if item.status not in FINISHED_ROLLOUT]
+            while left and time.monotonic() < deadline:
+                store.update_rollout(left[0], status=RolloutStatus.CANCELLED)
+                left.pop(0)
         except Exception as exc:  # teardown must go on whatever the Store does
             say(f"could not cancel the demo's unfinished rollouts: {exc}")
         finally:
-            self.store.close()
-
+            store.close()
+        if left:
+            say(f"{len(left)} of the demo's rollouts are still unfinished in the Store (not cancelled in time)")
 
 class GatewayRollouts:
     """Agent Lightning 1.0: rollouts of the WebShop agent program created on the demo's own gateway with 1.0's

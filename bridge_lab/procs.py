@@ -19,16 +19,20 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import redis
 
+from bridge_lab import reaper
+
 log = logging.getLogger("bridge_lab.procs")
 
 PYTHON = sys.executable
+STOP_TIMEOUT_S = 15.0  # SIGTERM to SIGKILL: a Celery worker's warm shutdown with nothing running takes 1-4 s
+_STOP_WORD_EVERY_S = 5.0
 
 
 class StackError(RuntimeError):
@@ -93,7 +97,7 @@ class ManagedProcess:
 
     It runs in its own process group (a Ctrl-C in the terminal reaches the tool only, which then stops
     its children in order) and ``stop`` signals that whole group, so pool children of a Celery worker
-    go with it.
+    go with it. The group is killed when the starter dies without stopping it (``bridge_lab.reaper``).
     """
 
     name: str
@@ -106,6 +110,7 @@ class ManagedProcess:
     waiting_for: str = "its health check"  # what the timeout message says was missing
     poll_s: float = 0.2
     cwd: Path | None = None
+    started_at: int | None = None  # the leader's start time (``bridge_lab.reaper.start_time``), set by ``start``
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -119,6 +124,8 @@ class ManagedProcess:
                 cwd=self.cwd,
                 start_new_session=True,
             )
+        self.started_at = reaper.start_time(self.proc.pid)  # with the pid, names this process: pids are reused
+        reaper.watch(self.proc.pid)  # killed with its group if this process dies without stopping it
 
     def wait_healthy(self) -> None:
         """Poll the probe until it passes; fail fast (with the log's tail) when the process exits first."""
@@ -148,27 +155,63 @@ class ManagedProcess:
         if self.proc is not None and self.alive():
             self.proc.send_signal(signum)
 
-    def stop(self, timeout_s: float = 15.0) -> None:
-        """SIGTERM the process group, wait, then SIGKILL: nothing is left behind."""
-        if self.proc is None or self.proc.poll() is not None:
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """SIGTERM the process group, wait, then SIGKILL: nothing is left behind (``stop_all`` of one)."""
+        stop_all([self], timeout_s)
+
+    def terminate(self) -> None:
+        """SIGTERM to the whole group (a Celery worker's pool children too); ``stop_all`` waits and kills."""
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+
+    def kill(self) -> None:
+        """SIGKILL the group, stragglers of a leader that already exited included, and reap the leader."""
+        if self.proc is None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            log.warning("%s did not stop within %.0fs; killing it", self.name, timeout_s)
+        if reaper.ours(self.proc.pid, self.started_at):  # not a later process that was given the same number
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=10)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)  # stragglers of the group (celery pool children)
+        reaper.forget(self.proc.pid)
 
     def tail(self, lines: int = 20) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return "(no log)"
+
+
+def stop_all(
+    processes: Sequence[ManagedProcess], timeout_s: float = STOP_TIMEOUT_S, say: Callable[[str], None] | None = None
+) -> None:
+    """Stop ``processes`` together within ``timeout_s``: SIGTERM to every group at once, a line through ``say``
+    every few seconds naming those still running, then SIGKILL to what did not stop (and to every group's
+    stragglers). A KeyboardInterrupt while waiting (a second Ctrl-C) skips to the SIGKILL; the stop always ends."""
+    running = [p for p in processes if p.alive()]
+    for process in running:
+        process.terminate()
+    deadline = time.monotonic() + timeout_s
+    next_word = time.monotonic() + _STOP_WORD_EVERY_S
+    try:
+        while running and time.monotonic() < deadline:
+            running = [p for p in running if p.alive()]
+            if running and say is not None and time.monotonic() >= next_word:
+                names = ", ".join(p.name for p in running)
+                say(f"waiting for {names} to stop ({deadline - time.monotonic():.0f}s before SIGKILL)")
+                next_word += _STOP_WORD_EVERY_S
+            time.sleep(0.05)
+    except KeyboardInterrupt:
+        if say is not None:
+            say("interrupted again: killing what is left")
+    for process in running:
+        if process.alive():
+            log.warning("%s did not stop within %.0fs of SIGTERM; killing it", process.name, timeout_s)
+            if say is not None:
+                say(f"{process.name} did not stop within {timeout_s:.0f}s of SIGTERM; killing it")
+    for process in processes:
+        process.kill()
 
 
 def pause_group(pgid: int, seconds: float) -> None:

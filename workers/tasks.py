@@ -14,11 +14,12 @@ from bridge.core.coordination import deployment_scope
 from bridge.core.errors import DuplicateDelivery
 from bridge.core.message import TASK_NAME
 from bridge.core.outcome import Outcome, OutcomeStatus
-from bridge.core.settings import Settings, get_settings
+from bridge.core.settings import get_settings
 from workers.app import app
 from workers.execution import Delivery, is_retryable_before_progress
-from workers.lifecycle.resources import get_coordination, get_resources
+from workers.lifecycle.resources import get_resources
 from workers.protocol import held as protocol
+from workers.protocol import unserved
 
 log = logging.getLogger("workers.tasks")
 
@@ -36,8 +37,8 @@ def run_rollout(
     """
     task_id = str(self.request.id)
     settings = get_settings()
-    if settings.store_url is None:
-        return _refuse_without_store(settings, task_id, rollout, queue)
+    if settings.store_url is None:  # a 1.0-only worker: back to the broker for one with a Store
+        raise unserved.hand_back("0.3", task_id, "AGENT_LIGHTNING_STORE_URL")
     res = get_resources()
     if _draining(res.redis, deployment_scope(res.settings), self.request.hostname):
         # Reserved, never started: back to the broker for another node (its in-flight entry stays, as it is
@@ -72,21 +73,3 @@ def run_rollout(
 def _draining(client: redis.Redis, scope: str, node: str | None) -> bool:
     """Whether this node is draining (``workers.protocol.held.draining``, shared with the 1.0 task)."""
     return protocol.draining(client, scope, node)
-
-
-def _refuse_without_store(
-    settings: Settings, task_id: str, rollout: dict[str, Any], queue: str | None
-) -> dict[str, Any]:
-    """A 0.3 rollout reached a worker without AGENT_LIGHTNING_STORE_URL (Agent Lightning 1.0 only): it can
-    neither run nor report it, so it logs why as an error, frees the slot and returns ``skipped`` with the
-    reason; the bridge's reconcile finds the attempt never started and dispatches it again (docs/agl-v1.md,
-    "Without a Store")."""
-    reason = (
-        f"this worker has no AGENT_LIGHTNING_STORE_URL and runs Agent Lightning 1.0 rollouts only: "
-        f"0.3 rollout {rollout.get('rollout_id')} (attempt {task_id}) not run; set AGENT_LIGHTNING_STORE_URL on "
-        "every worker of the queues the 0.3 bridge dispatches to"
-    )
-    log.error("%s", reason)
-    _, client = get_coordination()
-    protocol.release_slot(client, deployment_scope(settings), queue or settings.default_queue, task_id, None)
-    return Outcome(OutcomeStatus.SKIPPED, reason).as_dict()

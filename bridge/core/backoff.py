@@ -9,10 +9,13 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
+MAX_DOUBLINGS = 60  # 2**60 times any sane base is past any cap, and far from a float's range
+
 
 def backoff_delay(attempt: int, base_s: float = 0.5, cap_s: float = 30.0, rng: random.Random | None = None) -> float:
-    """Delay before retry number ``attempt`` (0-based): full jitter keeps many clients from retrying in step."""
-    ceiling = min(cap_s, base_s * (2**attempt))
+    """Delay before retry number ``attempt`` (0-based): full jitter keeps many clients from retrying in step. Any
+    ``attempt`` is safe: past ``MAX_DOUBLINGS`` the ceiling is the cap (an unbounded 2**n overflows a float)."""
+    ceiling = min(cap_s, base_s * (2 ** min(max(attempt, 0), MAX_DOUBLINGS)))
     return (rng or random).uniform(ceiling / 2, ceiling)
 
 

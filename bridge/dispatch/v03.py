@@ -38,7 +38,7 @@ from collections.abc import Callable
 import redis
 
 from bridge.core import capacity, handback, line_demand, markers, slot_share
-from bridge.core.backoff import backoff_delay
+from bridge.core.backoff import MAX_DOUBLINGS, backoff_delay
 from bridge.core.errors import PublishError, StoreError, UnknownIdError
 from bridge.core.models import AttemptedRollout, RolloutStatus
 from bridge.core.redact import redact_url
@@ -211,8 +211,9 @@ class V03Dispatcher(LineDispatcher):
 
     def _next_poll(self, *, found_work: bool) -> float:
         """poll_min_s after work was found; each empty poll doubles the wait (jittered) up to poll_max_s,
-        or up to the coalescer's share of the episode time where that is longer (long episodes)."""
-        self._empty_polls = 0 if found_work else self._empty_polls + 1
+        or up to the coalescer's share of the episode time where that is longer (long episodes). The count of empty
+        polls stops at ``MAX_DOUBLINGS``, so an idle bridge never overflows a float however long it waits."""
+        self._empty_polls = 0 if found_work else min(self._empty_polls + 1, MAX_DOUBLINGS)  # bounded: idle for days
         longest = max(self.settings.poll_max_s, self._coalescer.idle_poll_s())
         ceiling = min(longest, self.settings.poll_min_s * 2**self._empty_polls)
         return random.uniform(max(self.settings.poll_min_s, ceiling / 2), ceiling)

@@ -133,6 +133,33 @@ def test_every_rollout_succeeds_with_the_agents_reward_and_token_triplets_and_no
         assert v1.started_lines(rollout["rollout_id"]) == 1
 
 
+def test_1_0_tasks_a_0_3_only_worker_receives_go_back_to_the_broker_and_run_once_on_the_1_0_worker(
+    v1: V1Stack, services: LocalStack
+) -> None:
+    """A worker of the 0.3 line (a Store, no AGL_V1_SERVER_URL) on the same queue and key scope hands every 1.0 task
+    back unstarted, naming the missing setting once in its log; each rollout runs once, on the 1.0 worker."""
+    only_03 = ["env", "-u", "AGL_V1_SERVER_URL", "-u", "AGL_V1_KEY", f"AGENT_LIGHTNING_STORE_URL={services.store_url}"]
+    wrong = v1.stack.add_worker(prefix=[*only_03, f"REDIS_KEY_SCOPE={v1.stack.scope}"])  # its slots count too
+    try:
+        started = time.monotonic()
+        done = v1.train("AskAndReward", [{"question": f"{i}?", "reward": i / 8} for i in range(8)], ASK)
+        took = time.monotonic() - started
+    finally:
+        wrong.stop()
+        v1.stack.workers.remove(wrong)
+        del v1.stack.processes[wrong.name]
+    log = wrong.log_path.read_text(errors="replace")
+    received = log.count(f"Task {V1_TASK_NAME}[")
+    assert received >= 1, "the 0.3 worker was handed no 1.0 task: nothing was tried"
+    assert log.count("hands each such task back to the broker") == 1, log[-3000:]
+    assert "AGL_V1_SERVER_URL is not set" in log
+    assert len(done) == 8
+    for rollout in done:
+        assert rollout["state"] == "succeeded" and rollout["reward"] == rollout["input"]["reward"], rollout
+        assert rollout["attempts"] == ["0"] and v1.started_lines(rollout["rollout_id"]) == 1
+    print(f"{received} deliveries to the 0.3 worker handed back; 8 rollouts in {took:.1f}s")
+
+
 def test_the_webshop_agent_runs_as_a_1_0_program_and_the_trainer_gets_the_rewards_the_server_computed(
     v1: V1Stack,
 ) -> None:

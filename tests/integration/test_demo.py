@@ -55,6 +55,14 @@ def demo_env(clean_store: LocalStack) -> Iterator[dict[str, str]]:
     cancel_unfinished(services.store_url)
 
 
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _read(path: Path) -> str:
+    return path.read_text(errors="replace")
+
+
 def _read_until_json(proc: subprocess.Popen[str], timeout_s: float) -> tuple[list[str], dict[str, object]]:
     """Lines of stdout up to the JSON summary line (the demo keeps running under --keep)."""
     assert proc.stdout is not None
@@ -76,7 +84,11 @@ def test_demo_runs_rollouts_prints_a_summary_and_ctrl_c_stops_only_its_processes
     argv = [sys.executable, "-m", "bridge", "demo", "--rollouts", str(ROLLOUTS), "--workers", "1"]
     argv += ["--concurrency", "3", "--no-flower", "--json", "--keep", "--log-dir", str(tmp_path)]
     stderr = (tmp_path / "demo.err").open("w")
-    proc = subprocess.Popen(argv, env=demo_env, stdout=subprocess.PIPE, stderr=stderr, text=True)
+    # Started with SIGINT ignored, as a CI runner's background job (`cmd &` in a non-interactive shell) starts it:
+    # Python then never raises KeyboardInterrupt unless the tool installs its handler itself.
+    proc = subprocess.Popen(
+        argv, env=demo_env, stdout=subprocess.PIPE, stderr=stderr, text=True, preexec_fn=_ignore_sigint
+    )
     try:
         lines, summary = _read_until_json(proc, timeout_s=180)
         assert set(summary) >= SUMMARY_KEYS
@@ -97,13 +109,17 @@ def test_demo_runs_rollouts_prints_a_summary_and_ctrl_c_stops_only_its_processes
         assert httpx.get(bridge_metrics, timeout=5).status_code == 200  # --keep: still up
 
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=60) == 130
+        try:
+            assert proc.wait(timeout=60) == 130
+        except subprocess.TimeoutExpired:
+            err = _read(tmp_path / "demo.err")
+            raise AssertionError(f"the demo did not stop within 60s of SIGINT:\n{err}") from None
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=30)
         stderr.close()
-    err = (tmp_path / "demo.err").read_text()
+    err = _read(tmp_path / "demo.err")
     assert "stopped: worker1, bridge" in err, err
     for url in [*worker_metrics, bridge_metrics]:  # the demo's own processes are gone ...
         with pytest.raises(httpx.TransportError):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from bridge.core.backoff import backoff_delay
 from bridge.core.coordination import coordination_redis
 from bridge.core.settings import load_settings
 from bridge.dispatch.coalesce import MIN_SAMPLES, SHARE, Coalescer
@@ -102,3 +103,13 @@ def test_the_bridge_backs_off_empty_polls_to_the_longer_of_poll_max_and_the_epis
     assert waits[0] <= 2 * settings.poll_min_s  # the back-off still starts short after work was found
     assert max(waits) <= longest
     assert min(waits[-10:]) >= longest / 2  # jittered between half the ceiling and the ceiling
+
+
+def test_an_idle_bridge_polls_within_its_bounds_however_long_it_stays_idle() -> None:
+    """Days of empty polls (a bridge between training steps) never overflow the back-off: 2**n of an unbounded count
+    passed a float's range after about 1,000 empty polls."""
+    settings = load_settings(store_url="http://127.0.0.1:1", broker_url="redis://127.0.0.1:1/0")
+    dispatcher = V03Dispatcher(settings, None, coordination_redis(settings), None)  # type: ignore[arg-type]
+    waits = _polls(dispatcher, 20_000)
+    assert settings.poll_min_s <= min(waits) and max(waits) <= settings.poll_max_s
+    assert backoff_delay(10**6, base_s=0.5, cap_s=10.0) <= 10.0  # the one retry schedule: any count is safe

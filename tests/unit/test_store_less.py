@@ -130,21 +130,23 @@ def test_a_1_0_only_worker_starts_without_reading_a_store_clock(monkeypatch: pyt
     signals._on_worker_init(sender=SimpleNamespace(pool_cls="threads", concurrency=4))
 
 
-def test_a_0_3_rollout_on_a_1_0_only_worker_is_refused_with_its_reason_and_frees_its_slot(
-    monkeypatch: pytest.MonkeyPatch, redis_client: redis.Redis
+def test_a_0_3_rollout_on_a_1_0_only_worker_goes_back_to_the_broker_unstarted_and_keeps_its_in_flight_mark(
+    monkeypatch: pytest.MonkeyPatch, redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
     from workers import tasks
 
     settings = load_settings(agl_v1_url=GATEWAY, redis_key_scope="store-less-unit")
     monkeypatch.setattr(tasks, "get_settings", lambda: settings)
-    monkeypatch.setattr(tasks, "get_coordination", lambda: (settings, redis_client))
     capacity.mark_inflight(redis_client, "store-less-unit", "rollouts", "a-1")
     try:
         rollout = {"rollout_id": "r-1", "attempt": {"attempt_id": "a-1"}}
-        result = tasks.run_rollout.apply(kwargs={"rollout": rollout, "queue": "rollouts"}, task_id="a-1").get()
-        assert result["status"] == "skipped"
-        assert "no AGENT_LIGHTNING_STORE_URL and runs Agent Lightning 1.0 rollouts only" in result["reason"]
-        assert "r-1" in result["reason"]
-        assert capacity.inflight_count(redis_client, "store-less-unit", "rollouts") == 0
+        for _ in range(2):
+            result = tasks.run_rollout.apply(kwargs={"rollout": rollout, "queue": "rollouts"}, task_id="a-1")
+            assert result.state == "REJECTED", result.state
+            assert "AGENT_LIGHTNING_STORE_URL is not set" in str(result.result)
+        # still the bridge's published attempt: its mark stays until a worker with a Store runs it
+        assert capacity.inflight_count(redis_client, "store-less-unit", "rollouts") == 1
+        named = [r for r in caplog.records if "hands each such task back" in r.getMessage()]
+        assert len(named) == 1 and "AGENT_LIGHTNING_STORE_URL" in named[0].getMessage()  # once per process
     finally:
         capacity.clear_inflight(redis_client, "store-less-unit", "rollouts", "a-1")

@@ -74,6 +74,11 @@ RATELIMIT_BYPASSED = Counter(
 ENV_SECONDS = Histogram(
     "agl_worker_env_request_seconds", "One WebShop request (reset or step)", ["op"], buckets=_LATENCY_BUCKETS
 )
+UNSERVED_HANDBACKS = Counter(
+    "agl_worker_unserved_handbacks_total",
+    "Tasks of a line this worker is not configured for (no Store, no 1.0 gateway), handed back to the broker",
+    ["line"],
+)
 ENV_ERRORS = Counter("agl_worker_env_errors_total", "Failed WebShop requests (retried or not)", ["op", "kind"])
 
 # --- set-up (worker main process) ---------------------------------------------------------------

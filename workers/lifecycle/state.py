@@ -7,7 +7,7 @@ Two kinds, in two objects that modules read at each use (``state.process.x``, ``
   listeners, the restart flag, the metrics exporter, the slot advertiser and the expired-message hand-back.
 * ``ProcessState``: what each process builds for itself on first use: its clients (Store, Redis, WebShop, the
   heartbeat monitor), the LLM HTTP client, its instance of the configured agent, LitAgent runners, LLM outages
-  seen, endpoints already warned about, its view of the node's drain.
+  seen, endpoints already warned about, its view of the node's drain, its hand-backs of unserved tasks.
 
 ``reset()`` starts both afresh (tests, between cases); ``reset(inherited=False)`` only the process's own, which the
 prefork child hook (``worker_process_init``) calls so a child never uses a client, lock or cache of its parent.
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from workers.lifecycle.resources import WorkerResources
     from workers.lifecycle.stuck import Pool, StuckThreads
     from workers.protocol.heartbeat import HeartbeatMonitor
+    from workers.protocol.unserved import Refusals
     from workers.v1.server_supervisor import ProgramServer
 
 
@@ -38,6 +39,12 @@ def _drain_clock() -> DrainClock:
     from workers.lifecycle.drain import DrainClock
 
     return DrainClock()
+
+
+def _refusals() -> Refusals:
+    from workers.protocol.unserved import Refusals
+
+    return Refusals()
 
 
 def _pool() -> Pool:
@@ -73,6 +80,7 @@ class ProcessState:
     withheld_lock: threading.Lock = field(default_factory=threading.Lock)
     withheld_endpoints: set[str] = field(default_factory=set)  # LLM endpoints already named in a warning
     drain_clock: DrainClock = field(default_factory=_drain_clock)  # workers.lifecycle.drain
+    refusals: Refusals = field(default_factory=_refusals)  # workers.protocol.unserved
 
 
 @dataclass
