@@ -8,15 +8,18 @@ the lower target held for --scale-down-after seconds, one worker at a time, by S
 withdraws the node's slots at once and finishes (or, with WORKER_SHUTDOWN_GRACE_S, hands back) its rollouts.
 Without a reading (no leader, a scrape that fails) it keeps what runs. Workers get this process's
 environment (.env included); the command after `--` replaces the default worker command, with {python},
-{slots}, {queue} and {n} filled in. Ctrl-C or SIGTERM stops every worker it started, warm, and exits 0.
+{slots}, {queue} and {n} filled in. Ctrl-C or SIGTERM stops every worker it started, warm, and exits 0; if
+it dies without that (SIGKILL), each worker it started gets SIGTERM, the same warm shutdown.
 Recipes and measured scale-up times: docs/operations.md, "Autoscaling".
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import logging
 import math
+import os
 import signal
 import subprocess
 import sys
@@ -31,6 +34,7 @@ log = logging.getLogger("bridge.autoscale")
 
 DESIRED = "agl_bridge_desired_slots"
 DEFAULT_WORKER = "{python} -m celery -A workers worker -P threads -c {slots} -Q {queue} -n autoscaled{n}@%h -l INFO"
+PR_SET_PDEATHSIG = 1
 STOP_WAIT_S = 900.0  # a warm shutdown waits for its episodes; at exit we wait this long, then SIGKILL
 
 
@@ -135,8 +139,12 @@ class Autoscaler:
         fill = {"python": sys.executable, "slots": self.args.slots_per_worker, "queue": self.args.queue, "n": self._seq}
         argv = [part.format(**fill) for part in self.template]
         # In this process's group: a Ctrl-C in the terminal, or a supervisor's signal to the group, reaches
-        # the workers as well, and each starts its warm shutdown.
-        self.workers.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL))
+        # the workers as well, and each starts its warm shutdown. If this process dies without its own stop
+        # (SIGKILL, a crash), each worker gets SIGTERM from the kernel: the same warm shutdown, never an orphan.
+        parent = os.getpid()
+        self.workers.append(
+            subprocess.Popen(argv, stdin=subprocess.DEVNULL, preexec_fn=lambda: _terminate_with(parent))
+        )
         log.info("started worker %d (pid %d): %s", self._seq, self.workers[-1].pid, " ".join(argv))
 
     def run(self) -> None:
@@ -155,6 +163,14 @@ class Autoscaler:
             except subprocess.TimeoutExpired:
                 worker.kill()
         self.http.close()
+
+
+def _terminate_with(parent: int) -> None:
+    """In a started worker, before it runs: SIGTERM when the autoscaler dies (Linux ``PR_SET_PDEATHSIG``; the
+    autoscaler starts workers from its main thread, whose end is the process's), at once if it already died."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
 from bridge.dispatch import metrics
 from bridge.ops.autoscale import DESIRED, Policy, desired_slots
+from tests.helpers import wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def policy(**overrides: float) -> Policy:
@@ -62,3 +69,24 @@ def test_it_reads_the_bridges_series_for_its_queue_and_nothing_else() -> None:
     assert desired_slots(text, "rollouts-val") == 40
     assert desired_slots(text, "other") is None
     assert desired_slots("# a standby exports no per-queue series\n", "rollouts") is None
+
+
+def test_workers_of_an_autoscaler_killed_with_sigkill_get_sigterm_not_orphaned(tmp_path: Path) -> None:
+    """The autoscaler dies without its stop: each worker it started still gets SIGTERM (its warm shutdown)."""
+    marker = tmp_path / "worker"
+    worker = (
+        "import os, signal, sys, time, pathlib; p = pathlib.Path(sys.argv[1]); "
+        "signal.signal(signal.SIGTERM, lambda *_: (p.write_text('term'), sys.exit(0))); "
+        "p.write_text(str(os.getpid())); time.sleep(120)"
+    )
+    argv = [sys.executable, "-m", "bridge", "autoscale", "--metrics-url", "http://127.0.0.1:9/metrics"]
+    argv += ["--min-workers", "1", "--interval", "0.2", "--", sys.executable, "-c", worker, str(marker)]
+    scaler = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: marker.exists() and marker.read_text().isdigit(), 30, "the autoscaler's worker")
+        scaler.kill()
+        scaler.wait(timeout=10)
+        wait_for(lambda: marker.read_text() == "term", 10, "SIGTERM to the orphaned worker")
+    finally:
+        scaler.kill()
+        scaler.wait()
