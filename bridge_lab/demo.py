@@ -145,8 +145,8 @@ def _tear_down(stack: LocalStack, source: Rollouts | None, rollout_ids: list[str
 
 @contextlib.contextmanager
 def _signals_ignored() -> Iterator[None]:
-    """SIGINT/SIGTERM/SIGHUP do nothing inside (the stop they would ask for is under way); SIGINT only hurries a
-    wait that ``stop_all`` turns into SIGKILL, so it stays a KeyboardInterrupt there."""
+    """SIGTERM and SIGHUP do nothing inside (the stop they would ask for is under way). SIGINT stays a
+    KeyboardInterrupt: ``stop_all`` takes it as "hurry" and goes straight to SIGKILL."""
     names = (signal.SIGTERM, signal.SIGHUP)
     saved = {signum: signal.getsignal(signum) for signum in names}
     for signum in names:
@@ -328,6 +328,7 @@ class StoreRollouts:
             store.close()
         if left:
             say(f"{len(left)} of the demo's rollouts are still unfinished in the Store (not cancelled in time)")
+
 
 class GatewayRollouts:
     """Agent Lightning 1.0: rollouts of the WebShop agent program created on the demo's own gateway with 1.0's

@@ -124,8 +124,9 @@ class ManagedProcess:
                 cwd=self.cwd,
                 start_new_session=True,
             )
-        self.started_at = reaper.start_time(self.proc.pid)  # with the pid, names this process: pids are reused
-        reaper.watch(self.proc.pid)  # killed with its group if this process dies without stopping it
+        # Killed with its group if this process dies without stopping it; the start time, with the pid, names this
+        # process (pids are reused).
+        self.started_at = reaper.watch(self.proc.pid)
 
     def wait_healthy(self) -> None:
         """Poll the probe until it passes; fail fast (with the log's tail) when the process exits first."""

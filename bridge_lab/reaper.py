@@ -45,10 +45,11 @@ class _Watch:
         self.groups: dict[int, int | None] = {}  # pgid -> its leader's start time
         self.process: subprocess.Popen[bytes] | None = None
 
-    def watch(self, pgid: int) -> None:
+    def watch(self, pgid: int) -> int | None:
         with self.lock:
-            self.groups[pgid] = start_time(pgid)
-            self._send(f"+{pgid} {self.groups[pgid]}\n")
+            started = self.groups[pgid] = start_time(pgid)
+            self._send(f"+{pgid} {started}\n")
+            return started
 
     def forget(self, pgid: int) -> None:
         with self.lock:
@@ -94,9 +95,10 @@ _WATCH = _Watch()
 os.register_at_fork(after_in_child=_WATCH.after_fork_in_child)
 
 
-def watch(pgid: int) -> None:
-    """Have the process group ``pgid`` killed when this process exits without calling ``forget`` for it."""
-    _WATCH.watch(pgid)
+def watch(pgid: int) -> int | None:
+    """Have the process group ``pgid`` killed when this process exits without calling ``forget`` for it; returns its
+    leader's start time (``start_time``), which names the group for ``ours``."""
+    return _WATCH.watch(pgid)
 
 
 def forget(pgid: int) -> None:
