@@ -172,7 +172,7 @@ class AttemptRun:
             kept = None if claim.first_start else self.reporter.pending()
             if kept is not None:  # the episode ran in an earlier delivery: deliver its report, nothing else
                 return self.reporter.deliver_kept(kept)
-            return self._run_leased(first_start=claim.first_start)
+            return self._run_leased(first_start=claim.first_start, ran_before=claim.ran_before)
         except Exception as exc:
             if is_retryable_before_progress(exc) or isinstance(
                 exc, (StoreError, DuplicateDelivery, Superseded, LeaseUnproven)
@@ -192,7 +192,7 @@ class AttemptRun:
 
     # --- phases ------------------------------------------------------------------------------
 
-    def _run_leased(self, *, first_start: bool) -> Outcome:
+    def _run_leased(self, *, first_start: bool, ran_before: bool) -> Outcome:
         dequeued_at = self.attempt.dequeued_at
         if first_start and self.guard.view_is_fresh(dequeued_at, alive_at=dequeued_at):
             self.guard.viewed(dequeued_at)  # the dequeue answer the bridge published moments ago
@@ -206,12 +206,14 @@ class AttemptRun:
             if reason is not None:
                 return skipped(self.log, f"not running: {reason}")
             assert isinstance(current, AttemptedRollout)
-            if current.attempt.status == AttemptStatus.RUNNING:
-                # A previous executor started this attempt and died (we now hold its expired lease). Its spans
-                # are already in the attempt: running again would mix two executions into one trace. (One
-                # that died before shipping a span left nothing behind, and its attempt is run here cleanly.)
+            if ran_before or current.attempt.status == AttemptStatus.RUNNING:
+                # An earlier executor's agent began this attempt and its lease lapsed (we hold it now). Its spans may
+                # be in the attempt already, or still on their way (a request queued at a busy Store, a process that
+                # stalled and wakes): running again would mix two executions into one trace and one reward. Failed,
+                # the Store's retry policy starts a clean attempt. (``running`` covers a mark lost with Redis's data.)
                 return self.reporter.failure(
-                    FailureClass.INFRA, "the worker executing this attempt was lost mid-episode; not re-run in place"
+                    FailureClass.INFRA,
+                    "the worker executing this attempt was lost after its agent began; not re-run in place",
                 )
             self.guard.viewed(sent_at)
         configured = self._configured_agent()
@@ -267,7 +269,10 @@ class AttemptRun:
         return self._run_attempt(body)
 
     def _run_attempt(self, body: Callable[[AttemptTelemetry, AttemptWatch], RunResult]) -> Outcome:
-        """Telemetry, heartbeat and report around one agent run (``body``): the same for every agent."""
+        """Telemetry, heartbeat and report around one agent run (``body``): the same for every agent. The agent begins
+        only once the lease records it (``Lease.mark_ran``): a later claim of the attempt then never runs it again."""
+        if not self.lease.mark_ran():
+            return skipped(self.log, "the lease lapsed before the agent began (another executor claimed the attempt)")
         telemetry = AttemptTelemetry(
             self.res.store,
             rollout_id=self.attempt.rollout_id,

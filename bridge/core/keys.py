@@ -132,6 +132,12 @@ def started(attempt_id: str) -> str:
     return f"{PREFIX}:started:{attempt_id}"
 
 
+def ran(attempt_id: str) -> str:
+    """Set by an executor, under its live lease, right before its agent begins: from then on the agent's writes may
+    reach the Store or the gateway at any time, so a later claim fails the attempt instead of running it again."""
+    return f"{PREFIX}:ran:{attempt_id}"
+
+
 def done(attempt_id: str) -> str:
     """Set once an attempt's final status was reported, so a redelivery never runs it again."""
     return f"{PREFIX}:done:{attempt_id}"

@@ -23,6 +23,8 @@ from bridge.core.models import ACTIVE_ATTEMPT, Attempt, AttemptStatus
 from bridge_lab.chaos.state import REPORTED, ChaosRun, FinalReport, ScenarioResult
 from bridge_lab.render import cell, to_text
 
+LOST_DESCRIBED = 5  # unfinished rollouts described in the notes (where each got stuck), the first ones
+
 
 def conclude(run: ChaosRun, fault: threading.Thread, observer: threading.Thread) -> ScenarioResult:
     """End a run whose rollouts finished (or whose deadline passed): wait for late reports, stop, audit."""
@@ -45,6 +47,8 @@ def audit(run: ChaosRun) -> ScenarioResult:
         status = run.first_final.get(rid)
         if status is None or final is None:
             result.lost += 1
+            if result.lost <= LOST_DESCRIBED:
+                run.note(_describe_lost(rid, final, attempts[rid], facts))
             continue
         meta = final.attempt.metadata or {}
         if status == "succeeded":
@@ -64,6 +68,20 @@ def audit(run: ChaosRun) -> ScenarioResult:
                 result.bad_reward += 1
     result.flipped = len(run.flipped)
     return result
+
+
+def _describe_lost(
+    rollout_id: str, latest: Any, attempts: list[Attempt], facts: dict[str, markers.LeaseMarkers]
+) -> str:
+    """What the Store and Redis show for a rollout that did not finish in time: where it got stuck."""
+    now = time.time()
+    status = getattr(latest, "status", "never seen")
+    steps = [
+        f"{a.attempt_id} {a.status} by {a.worker_id}, started {now - (a.start_time or now):.0f}s ago, "
+        f"heartbeat {now - (a.last_heartbeat_time or now):.0f}s ago, Redis {facts[a.attempt_id]}"
+        for a in attempts
+    ]
+    return f"unfinished {rollout_id} ({status}): " + ("; ".join(steps) or "no attempt")
 
 
 def _second_execution(run: ChaosRun, attempt: Attempt, fact: markers.LeaseMarkers) -> str | None:

@@ -45,9 +45,16 @@ def monitor(redis_client: redis.Redis) -> Iterator[HeartbeatMonitor]:
 
 
 def _attempt(
-    url: str, client: redis.Redis, monitor: HeartbeatMonitor, rollout: dict[str, Any], **settings: Any
+    url: str,
+    client: redis.Redis,
+    monitor: HeartbeatMonitor,
+    rollout: dict[str, Any],
+    *,
+    scope: str | None = None,
+    **settings: Any,
 ) -> V1Attempt:
-    scope = f"t-{uuid.uuid4().hex[:8]}"
+    """A delivery of ``rollout``'s attempt "0" in deployment ``scope`` (default: a fresh one)."""
+    scope = scope or f"t-{uuid.uuid4().hex[:8]}"
     model = V1Rollout.model_validate(rollout)
     capacity.mark_inflight(client, scope, QUEUE, attempt_key(model.rollout_id, "0"))
     fields: dict[str, Any] = {"agl_v1_url": url, "agl_v1_key": "k", "lease_ttl_s": 3.0, "heartbeat_interval_s": 1.0}
@@ -167,7 +174,7 @@ def test_the_program_deadline_is_the_gateways_timeout_clamped_to_what_the_tasks_
         return programs[-1]
 
     monkeypatch.setattr(attempt_module, "start_program", start)
-    covered = {"visibility_timeout_s": 76.0, "max_queue_wait_s": 10.0, "default_timeout_s": 30.0}
+    covered: dict[str, Any] = {"visibility_timeout_s": 76.0, "max_queue_wait_s": 10.0, "default_timeout_s": 30.0}
     rollout = gateway.add(f"r-{uuid.uuid4().hex[:6]}", "pkg:Agent", created_at=1.0, timeout_s=3600)
     attempt = _attempt(gateway.url, redis_client, monitor, rollout, **covered)
     started = time.monotonic()
@@ -177,3 +184,34 @@ def test_the_program_deadline_is_the_gateways_timeout_clamped_to_what_the_tasks_
     assert outcome.detail.startswith("timed out after 2s"), outcome
     assert took < 10.0, f"the program ran {took:.1f}s"
     assert programs and programs[0].killed
+
+
+# --- takeovers ------------------------------------------------------------------------------------------
+
+
+def test_a_takeover_never_starts_a_second_program_for_an_attempt_whose_program_began(
+    gateway: StubGateway,
+    redis_client: redis.Redis,
+    monitor: HeartbeatMonitor,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An earlier executor started this attempt's program, then stalled past its lease: its program may still post
+    spans and a reward under the attempt's id. The redelivery that takes the lease over reports the attempt failed
+    (``infra``) and starts no program of its own, so the attempt never holds two executions."""
+    started: list[FakeProgram] = []
+
+    def start(*args: Any) -> FakeProgram:
+        started.append(FakeProgram(exits_after_s=0.0))
+        return started[-1]
+
+    monkeypatch.setattr(attempt_module, "start_program", start)
+    rollout = gateway.add(f"r-{uuid.uuid4().hex[:6]}", "pkg:Agent", created_at=1.0)
+    first = _attempt(gateway.url, redis_client, monitor, rollout)
+    assert first.held.claim(60.0, renew=False).acquired and first.held.lease.mark_ran()  # its program began ...
+    redis_client.delete(first.held.lease.key)  # ... and its lease lapsed while its worker stalled
+    takeover = _attempt(gateway.url, redis_client, monitor, rollout, scope=first.scope)
+    outcome = takeover.run()
+    assert started == [], "a second program started in the attempt"
+    assert outcome.as_dict().get("failure_class") == "infra" and "not re-run in place" in outcome.detail, outcome
+    (patch,) = gateway.final_patches(rollout["rollout_id"])
+    assert patch["error_message"].startswith("[failure class: infra]"), patch

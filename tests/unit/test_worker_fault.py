@@ -29,6 +29,7 @@ from workers.execution import AttemptRun, Delivery
 from workers.lifecycle.resources import WorkerResources
 from workers.protocol import heartbeat
 from workers.protocol.heartbeat import HeartbeatMonitor
+from workers.protocol.lease import Lease
 from workers.protocol.reporting import ReportPending
 from workers.telemetry.courier import TraceCourier
 
@@ -61,6 +62,22 @@ def _attempt() -> tuple[str, str, dict[str, object]]:
         "attempt": {"rollout_id": rid, "attempt_id": aid, "sequence_id": 1, "start_time": now},
     }
     return rid, aid, payload
+
+
+def _serving_rollout(
+    rid: str, stored: dict[str, object], *, otherwise: int
+) -> tuple[LoopbackServer, list[tuple[str, str]]]:
+    """A Store that answers GET of rollout ``rid`` with ``stored`` and everything else with ``otherwise``; the
+    requests it saw, in order."""
+    seen: list[tuple[str, str]] = []
+
+    def answer(method: str, path: str) -> tuple[int, dict[str, str], bytes]:
+        seen.append((method, path))
+        if method == "GET" and path == f"/v1/agl/rollouts/{rid}":
+            return 200, {"Content-Type": "application/json"}, json.dumps(stored).encode()
+        return otherwise, {}, b""
+
+    return LoopbackServer(answer), seen
 
 
 def test_an_unexpected_error_is_reported_as_a_failed_attempt_not_left_to_reconcile(
@@ -130,15 +147,7 @@ def test_a_duplicate_that_comes_after_the_attempts_markers_expired_stops_at_the_
     payload["start_time"] = payload["attempt"]["start_time"] = time.time() - 3 * 24 * 3600  # type: ignore[index]
     stored = {**payload, "status": "succeeded"}
     stored["attempt"] = {**payload["attempt"], "status": "succeeded", "end_time": time.time() - 3 * 24 * 3600}  # type: ignore[dict-item]
-    seen: list[tuple[str, str]] = []
-
-    def answer(method: str, path: str) -> tuple[int, dict[str, str], bytes]:
-        seen.append((method, path))
-        if method == "GET" and path == f"/v1/agl/rollouts/{rid}":
-            return 200, {"Content-Type": "application/json"}, json.dumps(stored).encode()
-        return 500, {}, b""
-
-    server = LoopbackServer(answer)
+    server, seen = _serving_rollout(rid, stored, otherwise=500)
     res = _resources(server.url, redis_client)
     try:
         assert redis_client.exists(keys.done(aid), keys.started(aid), keys.owner(aid)) == 0  # all expired
@@ -186,4 +195,34 @@ def test_the_lease_stays_held_through_a_store_read_before_the_run_slower_than_it
             redis_client.delete(key)
         monitor.close()
         client.close()
+        server.close()
+
+
+def test_a_takeover_never_runs_an_attempt_again_whose_agent_began_even_while_the_store_shows_it_preparing(
+    redis_client: redis.Redis,
+) -> None:
+    """The redeliver race: an executor's agent began, then its process stalled past LEASE_TTL_S with its first span
+    batch still queued at a busy Store. A redelivery took the lapsed lease, read the attempt ``preparing`` and ran the
+    episode again in place; the stalled batch landed after, and the attempt held two executions and the wrong reward.
+    Now the takeover fails the attempt (``infra``) without running anything, whatever the Store shows."""
+    rid, aid, payload = _attempt()
+    stored = {**payload, "config": {"timeout_seconds": 600}}  # the Store shows the attempt preparing, no span yet
+    server, seen = _serving_rollout(rid, stored, otherwise=503)
+    res = _resources(server.url, redis_client)
+    try:
+        stalled = Lease(redis_client, aid, 5)
+        assert stalled.claim(60).acquired and stalled.mark_ran()  # its agent began ...
+        redis_client.delete(keys.lease(aid))  # ... and its lease lapsed while it stalled
+        with pytest.raises(ReportPending):  # the Store answers 503 to the report: kept for a Celery retry
+            Delivery(payload, celery_task_id=aid, expected_agent=None, res=res).execute()
+        kept = json.loads(redis_client.get(keys.pending_report(aid)) or "{}")
+        assert kept["status"] == "failed" and kept["metadata"]["failure_class"] == "infra", kept
+        assert "not re-run in place" in kept["metadata"]["error"], kept
+        reads = [path for method, path in seen if method == "GET"]
+        assert reads and all(path == f"/v1/agl/rollouts/{rid}" for path in reads)  # no resources read: nothing ran
+    finally:
+        for key in redis_client.scan_iter(f"*{aid}*"):
+            redis_client.delete(key)
+        res.monitor.close()
+        res.store.close()
         server.close()

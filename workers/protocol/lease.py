@@ -6,12 +6,14 @@ which is not its task id). ``agl:lease:<lease_id>`` says who executes it now and
 redelivery after a crash can take over; ``agl:owner:<lease_id>`` says who claimed it last, with
 an epoch each claim raises, and a renewal succeeds only for that owner and never after the done marker, so a
 stalled executor that was taken over learns so at its next renewal and stops without writing;
-``agl:started:<lease_id>`` marks a later claim as a takeover. A renewal after Redis lost its data restores all
-three, the higher epoch winning. Why: docs/architecture.md, "Guarantees" (Redelivery, Takeover).
+``agl:started:<lease_id>`` marks a later claim as a takeover, and ``agl:ran:<lease_id>`` (``Lease.mark_ran``, set
+under the live lease right before the agent begins) one that must not run the agent again. A renewal after Redis
+lost its data restores the first three, the higher epoch winning. Why: docs/architecture.md, "Guarantees"
+(Redelivery, Takeover).
 
 Public API, small because ``workers.execution``, ``workers.protocol.write_guard``, ``workers.protocol.reporting`` and
 ``workers.protocol.heartbeat`` share it:
-``Lease.claim``, ``Lease.renew`` (bool), ``Lease.release``, ``Lease.remaining_s``, ``Lease.holder``,
+``Lease.claim``, ``Lease.mark_ran``, ``Lease.renew`` (bool), ``Lease.release``, ``Lease.remaining_s``, ``Lease.holder``,
 ``Lease.valid_until`` (monotonic time up to which our lease is known to be live), ``renew_all`` (every
 lease of a process in one round trip), ``mark_done`` and ``free_slot``. Each takes a coordination client
 (``bridge.core.coordination``), whose answers are ``str``.
@@ -32,13 +34,14 @@ import redis
 
 from bridge.core import keys
 
-# KEYS: lease, done, started, owner. ARGV: our executor token, lease ttl ms, started/owner ttl s.
-# One round trip at task start: finished already? someone else executing? the first start of the attempt?
-# A claim raises the owner's epoch by one, so whoever held the attempt before can never renew it again.
+# KEYS: lease, done, started, owner, ran. ARGV: our executor token, lease ttl ms, started/owner ttl s.
+# One round trip at task start: finished already? someone else executing? the first start of the attempt? did an
+# earlier executor's agent begin? A claim raises the owner's epoch by one, so whoever held the attempt before can
+# never renew it again.
 _CLAIM = """
 local done = redis.call('get', KEYS[2])
-if done then return {0, done, ''} end
-if redis.call('exists', KEYS[1]) == 1 then return {1, '', ''} end
+if done then return {0, done, '', 0} end
+if redis.call('exists', KEYS[1]) == 1 then return {1, '', '', 0} end
 local owner = redis.call('get', KEYS[4])
 local epoch = 1
 if owner then epoch = (tonumber(string.match(owner, '^(%d+):')) or 0) + 1 end
@@ -47,7 +50,15 @@ redis.call('set', KEYS[1], token, 'PX', ARGV[2])
 redis.call('set', KEYS[4], token, 'EX', ARGV[3])
 local first = '0'
 if redis.call('set', KEYS[3], token, 'NX', 'EX', ARGV[3]) then first = '1' end
-return {2, first, token}
+return {2, first, token, redis.call('exists', KEYS[5])}
+"""
+
+# KEYS: lease, ran. ARGV: our token, ran ttl s. The mark is set only while the lease is ours: a claim that comes later
+# finds it, and one that came earlier took the lease, so this returns 0 and the agent never begins.
+_MARK_RAN = """
+if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('set', KEYS[2], ARGV[1], 'EX', ARGV[2])
+return 1
 """
 
 # KEYS: lease, owner, started, done of each lease in turn (4 per lease). ARGV: token, lease ttl ms, started/owner
@@ -109,6 +120,7 @@ def executor_id() -> str:
 class Claim:
     acquired: bool
     first_start: bool = False  # no executor started this attempt before (else: a takeover after a crash)
+    ran_before: bool = False  # an earlier executor's agent began (``Lease.mark_ran``): never run it again in place
     done_status: str | None = None  # the attempt was already reported with this status
 
 
@@ -153,13 +165,14 @@ class Lease:
         """
         self.started_ttl_s = max(1.0, started_ttl_s)
         sent = time.monotonic()
-        code, value, token = self._client.eval(
+        code, value, token, ran = self._client.eval(
             _CLAIM,
-            4,
+            5,
             self.key,
             keys.done(self.lease_id),
             keys.started(self.lease_id),
             keys.owner(self.lease_id),
+            keys.ran(self.lease_id),
             self._suffix,
             self.ttl_ms,
             max(1, int(self.started_ttl_s)),
@@ -169,7 +182,18 @@ class Lease:
         if int(code) == 2:
             self.token = token or self.token
             self.valid_until = sent + self.ttl_s
-        return Claim(int(code) == 2, first_start=value == "1")
+        return Claim(int(code) == 2, first_start=value == "1", ran_before=int(ran) == 1)
+
+    def mark_ran(self) -> bool:
+        """Record, while the lease is ours, that this executor's agent begins now; False when it is not ours any more
+        (taken over: the agent must not begin). Raises ``redis.RedisError`` when Redis cannot tell.
+
+        Why: a live executor's writes can reach the Store after its lease lapsed (a request queued at a busy Store, a
+        stalled process), and a takeover that saw the attempt ``preparing`` would run a second execution beside them
+        (docs/architecture.md, "Takeover"). Lost with Redis's data, the mark falls back to what the Store shows.
+        """
+        keep_s = max(1, int(self.started_ttl_s))
+        return bool(self._client.eval(_MARK_RAN, 2, self.key, keys.ran(self.lease_id), self.token, keep_s))
 
     def renew(self) -> bool:
         """Extend the lease if the attempt is still ours and unreported; False means stop without writing.

@@ -131,6 +131,9 @@ class V1Attempt:
                 return self._skip(Outcome(SKIPPED, "the rollout moved on before it started", FailureClass.CANCELLED))
             assert current is not None
             self.rollout = current  # the gateway's copy decides what runs, never the message's (docs/agl-v1.md)
+            if claim.ran_before:  # an earlier executor started its program, which may still be writing: not again
+                lost = "the worker executing this attempt was lost after its program started; not re-run in place"
+                return self._finish(Outcome(FAILED, lost, FailureClass.INFRA))
             return self._finish(self._execute())
         except (GatewayError, redis.RedisError) as exc:  # the task's result and the log: masked, as 0.3's errors
             outcome = Outcome(SKIPPED, f"not run: {exc}", FailureClass.INFRA)  # the record masks it
@@ -163,6 +166,8 @@ class V1Attempt:
         stopped = self._stopped()
         if stopped is not None:  # the node drains, or the lease went, before the program started
             return stopped
+        if not self.held.lease.mark_ran():  # a later claim of the attempt must never start a second program
+            return Outcome(SKIPPED, "the lease lapsed before the program started: not run", FailureClass.CANCELLED)
         try:
             program = start_program(self.settings, local.agent_class, env)
         except ProgramLost as exc:  # the server took the request and died: it may have started, never run it twice
