@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import pytest
 
 from bridge.core import process_state
-from tests import redis_for_tests, schedule
+from tests import cpu_load, redis_for_tests, schedule
 from workers.lifecycle import state
 
 pytest_plugins = ["pytester"]  # tests/unit/test_schedule.py runs collections of its own
@@ -46,7 +46,16 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     return schedule.LongestFirst(config, log)
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    cpu_load.add_option(parser)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    cpu_load.start(config)
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
+    cpu_load.stop()
     redis_for_tests.stop()
 
 

@@ -331,3 +331,15 @@ def process_alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
     except OSError:
         return False
+
+
+def over_services(services: LocalStack, **fields: Any) -> StackConfig:
+    """A stack on the session's services (its Store unless ``store_url`` is given, its broker, WebShop server and
+    LLM stand-in) with ``fields`` for the rest: workers, concurrency, bridge, log_dir, extra_env, ..."""
+    shared: dict[str, Any] = {
+        "store_url": services.store_url,
+        "broker_url": services.broker_url,
+        "webshop_url": services.webshop_url,
+        "llm_base_url": services.llm_base_url,
+    }
+    return StackConfig(**{**shared, **fields})

@@ -43,7 +43,7 @@ from bridge.core.logs import configure_logging
 from bridge.core.redact import redact_text
 from bridge.core.scope_check import ScopeMismatchError, ScopeWatch
 from bridge.core.settings import Settings
-from bridge.dispatch import metrics, repairs
+from bridge.dispatch import broker, metrics, repairs
 from bridge.dispatch.backlog import BacklogReader, LeaderExports
 from bridge.dispatch.leader import STANDBY_RETRY_S, LeaderLock
 
@@ -104,6 +104,7 @@ class LineDispatcher(ABC):
         self._next_reconcile = 0.0  # monotonic: when reconcile is due (``_reconcile_by``); at once on start
         self._next_gauges = 0.0
         self._suspects: dict[str, float] = {}  # the last plan's suspects: the next scan's
+        self._probe: broker.QueueProbe | None = None  # the broker's queues, opened on first use (``queue_probe``)
         self.scope_watch = ScopeWatch(
             client, self.scope, deployment_endpoint(settings), self.queues, who=who, strict=strict_scope
         )
@@ -152,6 +153,8 @@ class LineDispatcher(ABC):
             self._lock.release()
             self._exports.stop()
             self._close()
+            if self._probe is not None:
+                self._probe.close()
         self.logger.info("%s", self.stopped_message)
 
     def _tick_surviving(self) -> float:
@@ -219,6 +222,25 @@ class LineDispatcher(ABC):
             raise
         self._reconcile_by(started + self.settings.reconcile_interval_s)
         return done
+
+    def queue_probe(self) -> broker.QueueProbe:
+        """The read-only view of the broker's queues (depths, oldest message), opened once."""
+        if self._probe is None:
+            self._probe = broker.queues_for(self.settings, self.redis)
+        return self._probe
+
+    def drained_queues(self) -> frozenset[str]:
+        """This line's queues on which a lost message shows within seconds (``repairs.queue_wait_limit``): consumed,
+        holding no message in the broker, with a free slot for every attempt in flight. None when the slots or the
+        broker cannot be read: the scan then waits ``max_queue_wait_s``."""
+        try:
+            view = capacity.read_slots(self.redis, self.scope, self.queues)
+            rooms, served = view.rooms(), view.served()
+            probe = self.queue_probe()
+            return frozenset(q for q in self.queues if q in served and rooms.get(q, 0) >= 0 and probe.depth(q) == 0)
+        except (redis.RedisError, broker.BrokerReadError) as exc:
+            self.logger.debug("could not tell which queues are drained: %r", exc)
+            return frozenset()
 
     def _reconcile_by(self, when: float) -> None:
         """The next reconcile is due no later than ``when`` (monotonic); the earliest request wins."""

@@ -98,7 +98,6 @@ class V03Dispatcher(LineDispatcher):
         self._store_failures = 0
         self._broker_failures = 0
         self._empty_polls = 0
-        self._probe: broker.QueueProbe | None = None  # opened by the first gauge update
         self._hold = Hold(settings.max_held)  # claimed rollouts whose queue has no room now
         self._unserved_reported: set[str] = set()  # queues already logged as consumed by no worker
         self._coalescer = Coalescer(settings.coalesce_max_s)
@@ -133,8 +132,6 @@ class V03Dispatcher(LineDispatcher):
             self.hand_back(held.rollout, "shutdown")
 
     def _close(self) -> None:
-        if self._probe is not None:
-            self._probe.close()
         self.publisher.close()
 
     def tick(self) -> float:
@@ -369,6 +366,7 @@ class V03Dispatcher(LineDispatcher):
             max_queue_wait_s=self.settings.max_queue_wait_s,
             confirm_s=self.confirm_s,
             dead_ends=ended,
+            drained=self.drained_queues() if any(inflight.values()) else frozenset(),
         )
 
     def _drop_moved_on(self, drops: tuple[DropHeld, ...]) -> None:
@@ -461,12 +459,11 @@ class V03Dispatcher(LineDispatcher):
             capacity.record_held(self.redis, self.scope, held, served)
         except redis.RedisError:
             pass
-        if self._probe is None:
-            self._probe = broker.queues_for(self.settings, self.redis)
         try:
+            probe = self.queue_probe()
             for queue in self.queues:
-                metrics.QUEUE_DEPTH.labels(queue).set(self._probe.depth(queue))
-                metrics.OLDEST_QUEUED_AGE.labels(queue).set(self._probe.oldest_age(queue) or 0.0)
+                metrics.QUEUE_DEPTH.labels(queue).set(probe.depth(queue))
+                metrics.OLDEST_QUEUED_AGE.labels(queue).set(probe.oldest_age(queue) or 0.0)
                 oldest = capacity.oldest_inflight_age(self.redis, self.scope, queue)
                 metrics.OLDEST_IN_FLIGHT_AGE.labels(queue).set(oldest or 0.0)
         except (redis.RedisError, broker.BrokerReadError):

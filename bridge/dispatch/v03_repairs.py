@@ -16,8 +16,10 @@ rollout revived with no live attempt):
 * orphaned: an in-flight entry whose executor started (or finished) it and holds no lease: its slot is
   freed, and its attempt, if still active and unreported, counts as stranded.
 * lost in flight: an in-flight entry older than ``max_queue_wait_s`` that no executor started, holds or
-  finished: its message never reached the broker or expired unstarted. Its slot is freed, and its attempt,
-  if still active and ``preparing``, counts as stranded.
+  finished: its message never reached the broker or expired unstarted; on a drained queue (no message in the
+  broker, a free slot for every attempt in flight) already after ``LOST_ON_DRAINED_QUEUE_S``: the broker lost it
+  (``bridge.dispatch.repairs.queue_wait_limit``). Its slot is freed, and its attempt, if still active and
+  ``preparing``, counts as stranded (re-published while younger than ``max_queue_wait_s``).
 * moved on: a held rollout whose Store record is no longer a ``preparing`` rollout with our attempt
   ``preparing``: dropped from the hold, never published or handed back. Held rollouts the Store still
   shows as claimed are not stranded: they wait for room on purpose.
@@ -51,7 +53,7 @@ from bridge.core.models import (
     RolloutConfig,
     RolloutStatus,
 )
-from bridge.dispatch.repairs import confirm_suspects
+from bridge.dispatch.repairs import confirm_suspects, queue_wait_limit
 
 # Lost-in-flight entries: the next scan looks again when the youngest unstarted entry crosses the longest
 # queue wait (plus this margin), but not sooner than ``RESCAN_FLOOR_S`` from now.
@@ -78,6 +80,8 @@ class Facts:
     confirm_s: float
     # attempt id -> its rollout, for active rollouts whose latest attempt has finished (``dead_ends``)
     dead_ends: Mapping[str, AttemptedRollout] = field(default_factory=dict)
+    # queues on which a lost message shows within seconds (``LineDispatcher.drained_queues``)
+    drained: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -205,8 +209,12 @@ def plan_repairs(facts: Facts) -> Plan:
     }
     drops = _moved_on(facts.held, facts.active)
     stranded -= facts.held - {drop.attempt_id for drop in drops}  # held on purpose, not stranded
+
+    def wait_limit(aid: str) -> float:
+        return queue_wait_limit(queue_of[aid] in facts.drained, facts.max_queue_wait_s)
+
     unstarted = {aid for aid in queue_of if not (marks(aid).leased or marks(aid).started or marks(aid).done)}
-    lost = {aid for aid in unstarted if facts.now - recorded[aid] > facts.max_queue_wait_s}
+    lost = {aid for aid in unstarted if facts.now - recorded[aid] > wait_limit(aid)}
     dead = {aid for aid in facts.dead_ends if not marks(aid).leased}  # a leased one: its executor is still at it
 
     seen = orphans | stranded | lost | dead
@@ -225,7 +233,7 @@ def plan_repairs(facts: Facts) -> Plan:
     settles = tuple(_settle(facts.dead_ends[aid]) for aid in sorted(confirmed & dead))
 
     due = [first + facts.confirm_s + CONFIRM_MARGIN_S for first in suspects.values()]
-    waits = [recorded[aid] + facts.max_queue_wait_s + LOST_MARGIN_S - facts.now for aid in unstarted - lost]
+    waits = [recorded[aid] + wait_limit(aid) + LOST_MARGIN_S - facts.now for aid in unstarted - lost]
     if waits:
         due.append(facts.monotonic + max(RESCAN_FLOOR_S, min(waits)))
     return Plan(tuple(drops), tuple(frees), restarts, suspects, min(due, default=None), settles)

@@ -405,6 +405,7 @@ class V1Dispatcher(LineDispatcher):
             max_queue_wait_s=self.settings.max_queue_wait_s,
             confirm_s=self.confirm_s,
             max_reruns=self.settings.agl_v1_max_reruns,
+            drained=bool(inflight) and self.queue in self.drained_queues(),
         )
 
     def _repair(self, repair: Repair) -> None:

@@ -10,8 +10,9 @@ repairs out in order. Nothing here does I/O. For each running rollout's current 
 * hand-over (a draining worker's record): re-run under the next attempt id, not counted against
   ``AGL_V1_MAX_RERUNS``; left alone while an executor still holds the attempt.
 * leased or done: an executor runs or ran it: nothing to do.
-* never started: no in-flight entry, or one older than ``max_queue_wait_s``: published again under the same
-  id (the worker's lease and done marker drop a duplicate).
+* never started: no in-flight entry, or one older than ``max_queue_wait_s`` (on a drained queue, than
+  ``LOST_ON_DRAINED_QUEUE_S``: ``bridge.dispatch.repairs.queue_wait_limit``): published again under the same id (the
+  worker's lease and done marker drop a duplicate).
 * lost worker: started, unleased, not done: re-run under the next attempt id while the re-runs used
   (attempts numbered so far, less the hand-overs) stay under ``max_reruns``, else failed with the reason.
   An attempt id that is not a number cannot be followed by another: failed with the reason.
@@ -35,7 +36,7 @@ from dataclasses import dataclass
 from bridge.core.agl_v1 import FIRST_ATTEMPT, V1Rollout, attempt_key
 from bridge.core.markers import NO_TRACE, LeaseMarkers
 from bridge.core.outcome import Outcome
-from bridge.dispatch.repairs import confirm_suspects
+from bridge.dispatch.repairs import confirm_suspects, queue_wait_limit
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,7 @@ class V1Facts:
     max_queue_wait_s: float
     confirm_s: float
     max_reruns: int
+    drained: bool = False  # the line's queue shows a lost message within seconds (``LineDispatcher.drained_queues``)
 
 
 @dataclass(frozen=True)
@@ -148,7 +150,9 @@ def plan_v1_repairs(facts: V1Facts) -> V1Plan:
             repairs.append(ApplyKept(rollout.rollout_id, attempt_id, key, kept))
         elif not (marks.leased or marks.done):
             published = facts.inflight.get(key)
-            waiting = published is not None and facts.now - published <= facts.max_queue_wait_s
+            waiting = published is not None and facts.now - published <= queue_wait_limit(
+                facts.drained, facts.max_queue_wait_s
+            )
             if marks.started or not waiting:
                 unconfirmed[key] = rollout
     confirmed, suspects = confirm_suspects(set(unconfirmed), facts.suspects, facts.now, facts.confirm_s)

@@ -38,7 +38,17 @@ from bridge.core.message import TASK_NAME, task_kwargs
 from bridge.core.store import StoreClient
 from bridge_lab.procs import ManagedProcess
 from bridge_lab.stack import LocalStack, StackConfig
-from tests.helpers import attempts, cancel_unfinished, enqueue, reward_value, rollout, spans, split_tasks, wait_finished
+from tests.helpers import (
+    attempts,
+    cancel_unfinished,
+    enqueue,
+    over_services,
+    reward_value,
+    rollout,
+    spans,
+    split_tasks,
+    wait_finished,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.cost(165)]
 
@@ -183,11 +193,9 @@ def _behind_faults(
     assert store_pid is not None
     faults = StoreFaults(store.store_url, store_pid)
     stack = LocalStack(
-        StackConfig(
+        over_services(
+            services,
             store_url=faults.url,
-            broker_url=services.broker_url,
-            webshop_url=services.webshop_url,
-            llm_base_url=services.llm_base_url,
             workers=1,
             concurrency=1,
             bridge=bridge,

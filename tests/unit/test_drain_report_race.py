@@ -134,7 +134,7 @@ def soft_limit_handler() -> Iterator[None]:
 
 
 def _run_body(monkeypatch: pytest.MonkeyPatch, body: Callable[[Any, AttemptWatch], Result]) -> None:
-    monkeypatch.setattr(AttemptRun, "_run_leased", lambda run, *, first_start: run._run_attempt(body))
+    monkeypatch.setattr(AttemptRun, "_run_leased", lambda run, **_: run._run_attempt(body))
 
 
 def _main_thread_in(name: str) -> bool:

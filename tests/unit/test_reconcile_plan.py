@@ -19,6 +19,7 @@ from bridge.core.errors import StoreError, UnknownIdError
 from bridge.core.markers import LeaseMarkers
 from bridge.core.models import AttemptedRollout, Rollout, RolloutConfig
 from bridge.core.settings import load_settings
+from bridge.dispatch.repairs import LOST_ON_DRAINED_QUEUE_S
 from bridge.dispatch.v03 import V03Dispatcher
 from bridge.dispatch.v03_repairs import (
     DropHeld,
@@ -117,6 +118,23 @@ def test_an_entry_the_broker_never_took_is_freed_and_its_attempt_restarted(attem
     assert plan.frees == (FreeLost(QUEUE, "at-1", in_flight_s=WAIT + 5),)
     expected = HandBack(killed) if attempt_age_s > WAIT else Republish(killed, executor_died=False)
     assert plan.restarts == (expected,)
+
+
+def test_a_message_the_broker_lost_on_a_drained_queue_is_republished_within_seconds_not_after_the_queue_wait() -> None:
+    """A Redis crash before its append-only file synced took a published message: its entry is in flight, nobody
+    started it, and the queue is drained (no message in the broker, a free slot for every attempt in flight). Past
+    ``LOST_ON_DRAINED_QUEUE_S`` it is lost: freed and re-published, two scans ``confirm_s`` apart, instead of after
+    ``max_queue_wait_s`` (300 s by default: the straggler that held a whole batch for minutes)."""
+    lost = _rollout(1, age_s=LOST_ON_DRAINED_QUEUE_S + 2)
+    entries = {QUEUE: {"at-1": NOW - LOST_ON_DRAINED_QUEUE_S - 1}}
+    plan = _confirmed(_facts(lost, inflight=entries, drained=frozenset({QUEUE})))
+    assert plan.frees == (FreeLost(QUEUE, "at-1", in_flight_s=LOST_ON_DRAINED_QUEUE_S + 1),)
+    assert plan.restarts == (Republish(lost, executor_died=False),)
+    waiting = plan_repairs(_facts(lost, inflight=entries))  # messages still queued: it may be one of them
+    assert _nothing_done(waiting) and waiting.suspects == {}
+    young = plan_repairs(_facts(lost, inflight={QUEUE: {"at-1": NOW - 3}}, drained=frozenset({QUEUE})))
+    assert _nothing_done(young) and young.suspects == {}  # on its way to a worker: looked at again when it'd be lost
+    assert young.rescan_by == MONO + 10.0
 
 
 def test_a_dead_worker_hosts_started_attempts_are_freed_and_restarted_with_a_clock_of_their_own() -> None:

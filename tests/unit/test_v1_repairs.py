@@ -15,6 +15,7 @@ import pytest
 from bridge.core.agl_v1 import V1Rollout
 from bridge.core.markers import LeaseMarkers
 from bridge.core.outcome import ERROR_CHARS, FailureClass, Outcome, OutcomeStatus
+from bridge.dispatch.repairs import LOST_ON_DRAINED_QUEUE_S
 from bridge.dispatch.v1_repairs import (
     ApplyKept,
     Fail,
@@ -85,6 +86,18 @@ def test_a_message_that_never_started_is_published_again_under_the_same_id(infli
 def test_a_message_still_within_the_queue_wait_is_left_in_the_broker() -> None:
     plan = plan_v1_repairs(_facts(_rollout(1), inflight={"v1-r1-0": NOW - WAIT + 1}))
     assert plan == V1Plan((), {})
+
+
+def test_a_message_the_broker_lost_on_a_drained_queue_is_published_again_within_seconds() -> None:
+    """No message in the broker and a free slot for every attempt in flight: an entry nobody started for longer than
+    ``LOST_ON_DRAINED_QUEUE_S`` was lost with the broker, not waiting in it."""
+    rollout = _rollout(1)
+    entry = {"v1-r1-0": NOW - LOST_ON_DRAINED_QUEUE_S - 1}
+    plan = _confirmed(_facts(rollout, inflight=entry, drained=True))
+    assert plan.repairs == (Republish(rollout, "0", "v1-r1-0"),)
+    assert plan_v1_repairs(_facts(rollout, inflight=entry)) == V1Plan((), {})  # messages queued: it may wait there
+    young = {"v1-r1-0": NOW - 2}
+    assert plan_v1_repairs(_facts(rollout, inflight=young, drained=True)) == V1Plan((), {})  # on its way
 
 
 @pytest.mark.parametrize("marks", [LEASED, DONE, LeaseMarkers(leased=True, started=False, reported=None)])
