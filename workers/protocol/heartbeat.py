@@ -25,6 +25,7 @@ from typing import TypeVar, cast
 import redis
 from celery.exceptions import SoftTimeLimitExceeded
 
+from bridge.core.backoff import MAX_DOUBLINGS, backoff_delay
 from bridge.core.errors import StoreError, Superseded, TelemetryError, UnknownIdError
 from bridge.core.models import ACTIVE_ATTEMPT, RolloutConfig
 from bridge.core.store import ROLLOUTS_PER_READ, StoreClient
@@ -44,6 +45,9 @@ HEARTBEAT_TIMEOUT_S = 5.0
 RENEW_MAX_EVERY_S = 10.0  # at most this long between renewals (the bridge waits two of them after Redis data loss)
 LEASE_MARGIN_S = 1.0  # a Store call must end this long before the lease could lapse
 MIN_STORE_CALL_S = 0.5  # less lease left than this: wait for the next renewal instead of calling the Store
+# After a failed Store call the heartbeat thread waits before its next one: 0.5 s doubling (full jitter) to this cap.
+STORE_BACKOFF_BASE_S = 0.5
+STORE_BACKOFF_CAP_S = 4.0
 
 
 @dataclass(eq=False)
@@ -200,6 +204,32 @@ def span_flush_interval(streaming_s: float | None, unresponsive_s: float | None,
     return heartbeat_s if unresponsive_s else math.inf
 
 
+class StoreBackoff:
+    """When the heartbeat thread may call the Store again after a failure: it waits 0.5 s doubling (full jitter) up
+    to ``STORE_BACKOFF_CAP_S``, and again at once after a success.
+
+    A Store that was stopped or starved comes back with every request it queued meanwhile still to answer, the
+    ones whose clients gave up included. Clients that re-send at once, each tick, keep it behind for good (a 15 s
+    stop on a loaded machine kept every fence read failing 40 s after it, until the watchdog marked 31 attempts
+    unresponsive); a process that waits between failures lets it catch up, and still tries often enough to beat
+    within any ``unresponsive_seconds`` the Store allows.
+    """
+
+    def __init__(self) -> None:
+        self.failures = 0
+        self._until = 0.0  # monotonic
+
+    def waiting(self) -> bool:
+        return time.monotonic() < self._until
+
+    def failed(self) -> None:
+        self._until = time.monotonic() + backoff_delay(self.failures, STORE_BACKOFF_BASE_S, STORE_BACKOFF_CAP_S)
+        self.failures = min(self.failures + 1, MAX_DOUBLINGS)  # the cap is reached long before
+
+    def succeeded(self) -> None:
+        self.failures, self._until = 0, 0.0
+
+
 class HeartbeatMonitor:
     def __init__(
         self,
@@ -219,6 +249,7 @@ class HeartbeatMonitor:
         self._threads: list[threading.Thread] = []
         self._closed = threading.Event()
         self._renewals_failed = 0
+        self.store_backoff = StoreBackoff()
 
     def watch(self, watch: AttemptWatch) -> None:
         with self._lock:
@@ -296,6 +327,8 @@ class HeartbeatMonitor:
                 self.stop_for_drain(watches)
             except Exception:
                 log.exception("drain check failed")
+            if self.store_backoff.waiting():
+                continue  # the Store failed the last call: give it room before the next one
             for watch in watches:
                 try:
                     self._flush_if_due(watch)
@@ -341,13 +374,12 @@ class HeartbeatMonitor:
         The call must end while the latest renewal still guarantees that the attempt is ours; with Redis
         unreachable nobody can take the attempt over either, so the usual bound applies.
         """
-        cap = max(1.0, min(watch.interval_s, HEARTBEAT_TIMEOUT_S))
         if watch.lease_unknown:
-            return cap
+            return HEARTBEAT_TIMEOUT_S
         left = watch.lease.valid_until - time.monotonic() - LEASE_MARGIN_S
         if left < MIN_STORE_CALL_S:
             return None
-        return min(cap, left)
+        return min(HEARTBEAT_TIMEOUT_S, left)
 
     def flush_budget(self, watch: AttemptWatch) -> float | None:
         """Like ``store_budget``, but only while the latest renewal guarantees the lease, even with Redis unreachable.
@@ -360,7 +392,7 @@ class HeartbeatMonitor:
         left = watch.lease.valid_until - time.monotonic() - LEASE_MARGIN_S
         if left < MIN_STORE_CALL_S:
             return None
-        return min(max(1.0, min(watch.interval_s, HEARTBEAT_TIMEOUT_S)), left)
+        return min(HEARTBEAT_TIMEOUT_S, left)
 
     def _flush_if_due(self, watch: AttemptWatch) -> None:
         """Ship the attempt's buffered spans every ``flush_interval_s`` or once ``flush_max_pending`` are buffered,
@@ -376,11 +408,16 @@ class HeartbeatMonitor:
         budget = self.flush_budget(watch)
         if budget is None:
             return  # lost, or not renewed lately: write nothing until a renewal says it is ours
+        if self.store_backoff.waiting():
+            return
         try:
             # Bounded: a failed flush keeps the spans for the next tick instead of stalling this thread.
             telemetry.flush(deadline=time.time() + budget, timeout=budget)
         except TelemetryError as exc:
+            self.store_backoff.failed()
             log.warning("span flush for attempt %s failed, will retry: %s", watch.attempt_id, exc)
+        else:
+            self.store_backoff.succeeded()
 
     def beat_due(self, watches: Sequence[AttemptWatch]) -> None:
         """When any attempt's beat is due, beat every attempt that may call the Store now, with one read.
@@ -456,8 +493,10 @@ class HeartbeatMonitor:
         try:
             views = self._store.get_rollouts(own + others[:room], retries=0, timeout=timeout)
         except StoreError as exc:
+            self.store_backoff.failed()
             log.warning("fence read of %d attempts failed (will retry): %s", len(own), exc)
             return
+        self.store_backoff.succeeded()
         if listed and self._board is not None:
             views.update(self._board.read(self._store, others[room:], budget=timeout - (time.monotonic() - started)))
             ttl = LISTING_LAPSES_INTERVALS * min(w.interval_s for w in watches)
