@@ -116,9 +116,26 @@ class LeaderLock:
                     log.warning("this bridge lost the dispatch lock; it stops publishing and stands by")
                     return
             except redis.RedisError as exc:  # the fence runs out on its own if Redis stays away
+                if self._expired_unrenewed(term):
+                    log.warning("the dispatch lock expired while Redis was unreachable (%r); standing by", exc)
+                    return
                 log.warning("renewing the dispatch lock failed (%r); retrying in %.1fs", exc, RENEW_EVERY_S)
             except Exception:  # the thread outlives any surprise while the term lasts
                 log.exception("unexpected error renewing the dispatch lock")
+
+    def _expired_unrenewed(self, term: int) -> bool:
+        """End the term ``term`` if the key has expired in Redis by now (the fence ran out ``FENCE_MARGIN_S`` ago): the
+        lock is nobody's, so the next ``ensure`` takes it again like any bridge, and the renewal thread of a process
+        that lost Redis for good ends instead of retrying forever. True when the term is over."""
+        with self._state:
+            if self._term != term or not self.held:
+                return True
+            if time.monotonic() < self._valid_until + FENCE_MARGIN_S:
+                return False
+            self.held = False
+            self._term += 1
+        self._is_leader.set(0)
+        return True
 
     def release(self) -> None:
         with self._state:

@@ -133,3 +133,27 @@ def _closed_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def test_a_leader_that_lost_redis_for_good_ends_its_term_once_the_lock_expired(redis_client: redis.Redis) -> None:
+    """Its renewal thread retried every second for as long as the process lived (the suite's logs showed threads of
+    finished tests still retrying against Redis servers long gone). Once the key must have expired in Redis the
+    lock is nobody's: the term ends, the thread with it, and the next ``ensure`` competes for the lock anew."""
+    scope = f"leader-{uuid.uuid4().hex[:8]}"
+    key = keys.bridge_leader(scope)
+    leader = LeaderLock(redis_client, "bridge-lost-redis", scope=scope)
+    unreachable = coordination_client(f"redis://127.0.0.1:{_closed_port()}/0", socket_connect_timeout=0.2)
+    try:
+        assert leader.ensure() == (True, True)
+        renewer = leader._renewer
+        assert renewer is not None and renewer.is_alive()
+        leader._lock.redis = unreachable
+        wait_for(lambda: not leader.held, LEADER_TTL_S + 2 * RENEW_EVERY_S + 1, "the term ended")
+        renewer.join(timeout=RENEW_EVERY_S + 1)
+        assert not renewer.is_alive()
+        assert not redis_client.exists(key)  # it ended only once the key had expired
+        leader._lock.redis = redis_client  # Redis is back: the next tick takes the free lock like any bridge
+        assert leader.ensure() == (True, True)
+    finally:
+        leader.release()
+        redis_client.delete(key)
