@@ -44,6 +44,7 @@ class Line:
     published: Callable[[], list[str]]  # the rollout ids it published, in order
     refuse: Callable[[str], None]  # the broker refuses this rollout's publish
     other_line_key: Callable[[int], str]  # an in-flight entry of the other line
+    forget: Callable[[], None]  # drop what the fakes recorded (what was published, what was written)
 
 
 def _v03(client: redis.Redis) -> Line:
@@ -64,12 +65,17 @@ def _v03(client: redis.Redis) -> Line:
         publisher.fail = {*publisher.fail, rollout_id}
         publisher.error = PublishError("broker said no")
 
+    def forget() -> None:
+        publisher.published.clear()
+        store.requeued.clear()
+
     return Line(
         dispatcher,
         add_waiting,
         lambda: [rid for rid, _ in publisher.published],
         refuse,
         lambda n: f"v1-other{n}-0",
+        forget,
     )
 
 
@@ -92,7 +98,11 @@ def _v1(client: redis.Redis) -> Line:
     def refuse(rollout_id: str) -> None:
         app.refuse[rollout_id] = OperationalError("broker said no")
 
-    return Line(dispatcher, add_waiting, published, refuse, lambda n: f"at-other-{n}")
+    def forget() -> None:
+        app.sent.clear()
+        gateway.writes.clear()
+
+    return Line(dispatcher, add_waiting, published, refuse, lambda n: f"at-other-{n}", forget)
 
 
 @pytest.fixture(params=["v03", "v1"])
