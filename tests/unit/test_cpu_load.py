@@ -20,7 +20,7 @@ def test_cpu_load_starts_that_many_busy_loops_that_burn_cpu_and_stops_them() -> 
         before = [sum(p.cpu_times()[:2]) for p in loops]
         time.sleep(1.0)
         burnt = [sum(p.cpu_times()[:2]) - b for p, b in zip(loops, before, strict=True)]
-        assert all(seconds > 0.1 for seconds in burnt), burnt  # each takes a share of a core, not a sleep
+        assert all(seconds > 0.02 for seconds in burnt), burnt  # a share of a core (small when busy), no sleep
     finally:
         cpu_load.stop()
     assert cpu_load.running() == 0
