@@ -18,7 +18,7 @@ import httpx
 import pytest
 import redis
 
-from bridge.core import capacity
+from bridge.core import capacity, markers
 from bridge.core.agl_v1 import GatewayClient, V1Rollout, attempt_key
 from bridge.core.settings import Settings
 from tests.stub_gateway import StubGateway
@@ -196,8 +196,9 @@ def test_a_takeover_never_starts_a_second_program_for_an_attempt_whose_program_b
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """An earlier executor started this attempt's program, then stalled past its lease: its program may still post
-    spans and a reward under the attempt's id. The redelivery that takes the lease over reports the attempt failed
-    (``infra``) and starts no program of its own, so the attempt never holds two executions."""
+    spans and a reward under the attempt's id. The redelivery that takes the lease over starts no program of its own
+    and reports nothing: the attempt, started and neither leased nor done, is the dispatcher's lost worker, which runs
+    the rollout again under the next attempt id. The attempt never holds two executions."""
     started: list[FakeProgram] = []
 
     def start(*args: Any) -> FakeProgram:
@@ -212,6 +213,8 @@ def test_a_takeover_never_starts_a_second_program_for_an_attempt_whose_program_b
     takeover = _attempt(gateway.url, redis_client, monitor, rollout, scope=first.scope)
     outcome = takeover.run()
     assert started == [], "a second program started in the attempt"
-    assert outcome.as_dict().get("failure_class") == "infra" and "not re-run in place" in outcome.detail, outcome
-    (patch,) = gateway.final_patches(rollout["rollout_id"])
-    assert patch["error_message"].startswith("[failure class: infra]"), patch
+    assert outcome.state is None and outcome.as_dict().get("failure_class") == "infra", outcome
+    assert "not re-run in place" in outcome.detail, outcome
+    assert gateway.final_patches(rollout["rollout_id"]) == []  # the dispatcher decides, under the next attempt id
+    marks = markers.read_markers(redis_client, [first.state_key])[first.state_key]
+    assert marks.started and not marks.leased and not marks.done  # what the dispatcher's lost-worker rule reads

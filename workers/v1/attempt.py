@@ -132,8 +132,11 @@ class V1Attempt:
             assert current is not None
             self.rollout = current  # the gateway's copy decides what runs, never the message's (docs/agl-v1.md)
             if claim.ran_before:  # an earlier executor started its program, which may still be writing: not again
+                # Unreported and undone, the attempt is the dispatcher's lost worker: it runs the rollout again under
+                # the next attempt id (AGL_V1_MAX_RERUNS), with a state key of its own.
                 lost = "the worker executing this attempt was lost after its program started; not re-run in place"
-                return self._finish(Outcome(FAILED, lost, FailureClass.INFRA))
+                log.warning("%s %s", self.tag, lost)
+                return Outcome(SKIPPED, lost, FailureClass.INFRA)
             return self._finish(self._execute())
         except (GatewayError, redis.RedisError) as exc:  # the task's result and the log: masked, as 0.3's errors
             outcome = Outcome(SKIPPED, f"not run: {exc}", FailureClass.INFRA)  # the record masks it
