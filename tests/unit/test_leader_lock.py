@@ -95,10 +95,7 @@ def test_a_leader_whose_loop_blocks_past_the_ttl_keeps_the_lock(redis_client: re
 
 def test_a_leader_cut_off_from_redis_stops_publishing_before_its_lock_can_lapse(redis_client: redis.Redis) -> None:
     """The fence: ``valid()`` ends before the key can expire in Redis, so no standby leads while it still publishes."""
-    scope = f"leader-{uuid.uuid4().hex[:8]}"
-    key = keys.bridge_leader(scope)
-    leader = LeaderLock(redis_client, "bridge-cut-off", scope=scope)
-    unreachable = coordination_client(f"redis://127.0.0.1:{_closed_port()}/0", socket_connect_timeout=0.2)
+    leader, key, unreachable = _leader_and_a_dead_redis(redis_client, "bridge-cut-off")
     try:
         assert leader.ensure() == (True, True)
         leader._lock.redis = unreachable  # its renewals fail from now on; Redis keeps the last one's expiry
@@ -129,6 +126,13 @@ def test_a_leader_whose_lock_was_taken_notices_without_a_tick(redis_client: redi
         redis_client.delete(key)
 
 
+def _leader_and_a_dead_redis(client: redis.Redis, name: str) -> tuple[LeaderLock, str, redis.Redis]:
+    """A leader of a fresh scope on ``client``, its lock's key, and a client of a Redis that nothing serves."""
+    scope = f"leader-{uuid.uuid4().hex[:8]}"
+    unreachable = coordination_client(f"redis://127.0.0.1:{_closed_port()}/0", socket_connect_timeout=0.2)
+    return LeaderLock(client, name, scope=scope), keys.bridge_leader(scope), unreachable
+
+
 def _closed_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -139,10 +143,7 @@ def test_a_leader_that_lost_redis_for_good_ends_its_term_once_the_lock_expired(r
     """Its renewal thread retried every second for as long as the process lived (the suite's logs showed threads of
     finished tests still retrying against Redis servers long gone). Once the key must have expired in Redis the
     lock is nobody's: the term ends, the thread with it, and the next ``ensure`` competes for the lock anew."""
-    scope = f"leader-{uuid.uuid4().hex[:8]}"
-    key = keys.bridge_leader(scope)
-    leader = LeaderLock(redis_client, "bridge-lost-redis", scope=scope)
-    unreachable = coordination_client(f"redis://127.0.0.1:{_closed_port()}/0", socket_connect_timeout=0.2)
+    leader, key, unreachable = _leader_and_a_dead_redis(redis_client, "bridge-lost-redis")
     try:
         assert leader.ensure() == (True, True)
         renewer = leader._renewer
