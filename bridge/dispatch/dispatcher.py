@@ -231,7 +231,7 @@ class LineDispatcher(ABC):
 
     def drained_queues(self) -> frozenset[str]:
         """This line's queues on which a lost message shows within seconds (``repairs.queue_wait_limit``): consumed,
-        holding no message in the broker, with a free slot for every attempt in flight. None when the slots or the
+        holding no message in the broker, with a free slot for every attempt in flight. Empty when the slots or the
         broker cannot be read: the scan then waits ``max_queue_wait_s``."""
         try:
             view = capacity.read_slots(self.redis, self.scope, self.queues)
