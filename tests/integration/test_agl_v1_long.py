@@ -21,7 +21,11 @@ from bridge_lab.stack import LocalStack
 from tests.helpers import stack_for
 from tests.prerequisites import missing
 
-pytestmark = [pytest.mark.integration, pytest.mark.cost(45)]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.cost(45),
+    pytest.mark.nightly("a soak of one warm node: warm starts and their clean-up run in test_agl_v1.py every time"),
+]
 
 SLOTS = 4
 WARMUP = 100

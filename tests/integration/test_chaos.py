@@ -3,12 +3,11 @@
 The tests are the registry ``chaos.SCENARIOS`` itself, so a scenario added there runs here with the audit's
 checks: no rollout lost, no attempt executed twice in effect, no finished status flipped by a late report
 and no reward the WebShop server did not compute. ``CASES`` adds what proves each scenario's fault happened,
-its rollout count (100, fewer where the fault needs fewer) and its cost (tests/schedule.py);
-tests/unit/test_chaos_suite.py fails while a scenario has no case. The broker is a Redis of this module's own
-(append-only, so it can be restarted); the Store, WebShop server and LLM stand-in are the session's. Every
-scenario runs by default, each on its own; ``-m "not slow"`` leaves out those that wait for outages (bridge
-kill, Redis restart, Store outage, flaky environment), and ``python -m bridge chaos`` runs them all at once
-outside pytest.
+its rollout count (100, fewer where the fault needs fewer), its cost (tests/schedule.py) and, for a scenario that
+runs in the nightly-size run only (``pytest -m nightly``), why it can wait; tests/unit/test_chaos_suite.py fails
+while a scenario has no case. The broker is a Redis of this module's own (append-only, so it can be restarted); the
+Store, WebShop server and LLM stand-in are the session's. Each scenario runs on its own; ``slow`` marks those that wait
+for outages, and ``python -m bridge chaos`` runs them all at once outside pytest.
 """
 
 from __future__ import annotations
@@ -137,24 +136,52 @@ class Case:
     cost: float  # rough serial seconds (tests/schedule.py)
     rollouts: int = ROLLOUTS
     slow: bool = False  # waits for an outage: left out by -m "not slow"
+    nightly: str = ""  # why the scenario runs in the nightly-size run only (pytest -m nightly), or "" for every run
 
 
+# The default run keeps the three faults behind "no rollout lost, none executed twice" at full size (killed workers,
+# redelivered messages, a Store outage); the others run in the nightly-size run, each with a smaller test of the
+# same path in every run (named in its reason).
 CASES: dict[str, Case] = {
-    "malformed": Case(malformed, 25),
+    "malformed": Case(malformed, 25, nightly="inputs failing as class input: test_execution.py, on every run"),
     "redeliver": Case(redeliver, 30),
     "kill-workers": Case(kill_workers, 75),
-    "kill-bridge": Case(kill_bridge, 100, slow=True),
-    "restart-redis": Case(restart_redis, 40, slow=True),
+    "kill-bridge": Case(
+        kill_bridge, 100, slow=True, nightly="a claim stranded by a dead bridge: test_dispatch.py, on every run"
+    ),
+    "restart-redis": Case(
+        restart_redis, 40, slow=True, nightly="a message Redis lost: test_lost_message.py, on every run"
+    ),
     "store-outage": Case(store_outage, 57, slow=True),
-    "flaky-env-llm": Case(flaky_env_llm, 70, slow=True),
+    "flaky-env-llm": Case(
+        flaky_env_llm,
+        70,
+        slow=True,
+        nightly="env and llm failure classes: test_execution.py and test_execution_bad_answers.py, on every run",
+    ),
     # NaN purchases are drawn from the WebShop server's seeded fault stream, a fifth of them: 40 rollouts
     # make about 8, each retried.
-    "non-finite-reward": Case(non_finite_reward, 35, rollouts=40),
+    "non-finite-reward": Case(
+        non_finite_reward,
+        35,
+        rollouts=40,
+        nightly="a non-finite WebShop reward fails as env: test_execution_bad_answers.py, on every run",
+    ),
     # A quarter are val rollouts held by the bridge: 40 gives 10, of which the fault needs 4.
-    "cancel-while-held": Case(cancel_while_held, 60, rollouts=40),
+    "cancel-while-held": Case(
+        cancel_while_held,
+        60,
+        rollouts=40,
+        nightly="a held rollout cancelled stays cancelled: test_held_rollouts.py, on every run",
+    ),
     # 1% of WebShop requests stall, drawn from the server's seeded fault stream (the 14th is the first):
     # 40 rollouts make about 300 requests and so about 3 stalls, each abandoned at the 20 s deadline.
-    "blocking-agent": Case(blocking_agent, 50, rollouts=40),
+    "blocking-agent": Case(
+        blocking_agent,
+        50,
+        rollouts=40,
+        nightly="an agent blocked past its deadline: test_stuck_agents.py, on every run",
+    ),
 }
 UNLISTED = Case(lambda result: None, 60)  # a scenario without a case yet still runs, with the audit's checks
 
@@ -164,6 +191,7 @@ def _params() -> list[object]:
     for name in chaos.SCENARIOS:
         case = CASES.get(name, UNLISTED)
         marks = [pytest.mark.cost(case.cost), *([pytest.mark.slow] if case.slow else [])]
+        marks += [pytest.mark.nightly(case.nightly)] if case.nightly else []
         params.append(pytest.param(name, marks=marks, id=name))
     return params
 

@@ -20,7 +20,15 @@ from bridge_lab.procs import StackError
 from bridge_lab.stack import LocalStack
 from tests.prerequisites import missing
 
-pytestmark = [pytest.mark.integration, pytest.mark.chaos, pytest.mark.cost(320)]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.chaos,
+    pytest.mark.cost(320),
+    pytest.mark.nightly(
+        "a killed 1.0 worker, a restarted dispatcher, a drained worker: test_agl_v1.py and test_v1_worker_drain.py,"
+        " on every run"
+    ),
+]
 
 OPTIONS = chaos.V1Options(rollouts=8, sleep_s=3.0, gateway_pause_s=6.0, deadline_s=120.0, workers=2, concurrency=3)
 RESULTS: list[ScenarioResult] = []

@@ -75,6 +75,7 @@ def assert_clean(results: list[ClusterResult]) -> None:
         assert not r.figures["errors"], report
 
 
+@pytest.mark.nightly("a throughput figure, not a guarantee; the host-loss and partition tests run every time")
 def test_two_hosts_run_a_latency_bound_load_faster_under_distinct_names(
     bed: TestBed, tasks: list[dict[str, Any]]
 ) -> None:
@@ -114,6 +115,7 @@ def test_a_partitioned_host_is_taken_over_reports_nothing_late_and_returns(
 
 @pytest.mark.cost(72)
 @pytest.mark.slow
+@pytest.mark.nightly("the host loss over Redis and a RabbitMQ restart (test_rabbitmq.py) run every time")
 def test_with_rabbitmq_a_lost_host_rollouts_run_again_on_the_other(tmp_path: Path, tasks: list[dict[str, Any]]) -> None:
     """The same host loss with RabbitMQ as broker (a vhost of its own on the local server, relayed to the subnet)."""
     require(REASON and f"no multi-host test bed here: {REASON}")

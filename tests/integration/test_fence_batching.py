@@ -38,8 +38,13 @@ DETECTION_SLACK_S = 1.5  # the thread's tick, the read itself and this test's lo
 
 @pytest.fixture(params=["threads", "prefork"])
 def worker_stack(clean_store: LocalStack, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[LocalStack]:
-    # No reconcile during the test: its `GET /rollouts?status_in=…` would count as a batch read.
-    env = {"HEARTBEAT_INTERVAL_S": str(INTERVAL_S), "BRIDGE_RECONCILE_INTERVAL_S": "3600"}
+    # No reconcile and no backlog reading during the test: the bridge's `GET /rollouts?status_in=…` would count as a
+    # batch read (a backlog read every 5 s made one quiet run count 6 in 3 intervals).
+    env = {
+        "HEARTBEAT_INTERVAL_S": str(INTERVAL_S),
+        "BRIDGE_RECONCILE_INTERVAL_S": "3600",
+        "BRIDGE_BACKLOG_INTERVAL_S": "3600",
+    }
     with slow_episode_stack(clean_store, tmp_path, LLM_LATENCY_MS, env, concurrency=SLOTS, pool=request.param) as stack:
         yield stack
 

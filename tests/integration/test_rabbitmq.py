@@ -138,6 +138,7 @@ def test_an_expired_message_is_handed_back_and_the_next_runs(clean: LocalStack, 
 
 
 @pytest.mark.chaos
+@pytest.mark.nightly("RabbitMQ's restart and expiry run every time, and the same faults over Redis in test_chaos.py")
 @pytest.mark.parametrize("scenario", ["kill-workers", "redeliver"])
 def test_chaos_over_rabbitmq_loses_nothing(scenario: str, clean: LocalStack, tmp_path: Path) -> None:
     """SIGKILLed pool and main processes (RabbitMQ requeues their unacknowledged messages at once), and

@@ -21,7 +21,13 @@ from bridge_lab.stack import LocalStack
 from tests.helpers import cancel_unfinished, split_tasks
 from tests.integration.test_runner_agents import expected_reward
 
-pytestmark = [pytest.mark.integration, pytest.mark.chaos]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.chaos,
+    pytest.mark.nightly(
+        "the same faults with the WebShop agent (test_chaos.py) and LitAgents (test_litagent.py) run every time"
+    ),
+]
 
 ROLLOUTS = 100
 AGENT = "tests.integration.test_runner_agents:SlowAgent"

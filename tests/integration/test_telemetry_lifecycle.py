@@ -1,4 +1,4 @@
-"""Per-attempt telemetry: no growth over a thousand attempts, and an undeliverable reward span fails the attempt."""
+"""Per-attempt telemetry: no growth over hundreds of attempts, and an undeliverable reward span fails the attempt."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from workers.telemetry.spans import AttemptTelemetry
 
 pytestmark = [pytest.mark.integration, pytest.mark.cost(80)]
 
-ATTEMPTS = 1000
+ATTEMPTS = 400  # 300 measured: a kilobyte kept per attempt is 300 KiB, three times the bound
 WARMUP = 100
 FRAMES = 64  # deep enough that every allocation an attempt makes still shows this file's frame
 
@@ -42,7 +42,7 @@ def _open_fds() -> int:
     return len(os.listdir(f"/proc/{os.getpid()}/fd"))
 
 
-def test_a_thousand_attempt_providers_leave_no_threads_sockets_or_memory(services: LocalStack) -> None:
+def test_hundreds_of_attempt_providers_leave_no_threads_sockets_or_memory(services: LocalStack) -> None:
     created = httpx.post(f"{services.store_url}{API}/rollouts", json={"input": {"probe": True}}, timeout=30).json()
     rid, aid = created["rollout_id"], created["attempt"]["attempt_id"]
     store = StoreClient(services.store_url, retries=2)
@@ -84,7 +84,7 @@ def test_a_thousand_attempt_providers_leave_no_threads_sockets_or_memory(service
         assert threading.active_count() == threads
         assert _open_fds() <= fds + 2  # the shared client's pool may hold one more keep-alive socket
         # What remains is bounded caches (about 26 KiB measured); a TracerProvider per attempt kept ~1 KB each
-        # (its at-fork hook): 860 KiB here. 96 KiB is about 100 bytes per attempt.
+        # (its at-fork hook): 860 KiB over 900 attempts. 96 KiB is about 330 bytes per attempt.
         assert grown < 96 * 1024
 
     # On a thread of its own, warm-up and measurement alike: tracemalloc records each allocation's whole stack,

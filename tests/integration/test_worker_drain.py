@@ -183,9 +183,21 @@ def test_the_drain_s_forced_exit_ends_the_first_process_of_a_pid_namespace() -> 
 # --- agents that never return, as PID 1 of a PID namespace and without -----------------------------------------
 
 
+# Every run takes each pool once and each shape once (prefork as PID 1, as the image runs it; threads on its own
+# host); the other two pairs run in the nightly-size run.
+OTHER_PAIR = pytest.mark.nightly("each pool and each shape runs every time, in the other two pairs")
+
+
 @pytest.mark.cost(40)
-@pytest.mark.parametrize("pid_1", [False, True], ids=["own-host", "pid-1"])
-@pytest.mark.parametrize("pool", ["prefork", "threads"])
+@pytest.mark.parametrize(
+    ("pool", "pid_1"),
+    [
+        pytest.param("prefork", True, id="prefork-pid-1"),
+        pytest.param("threads", False, id="threads-own-host"),
+        pytest.param("prefork", False, id="prefork-own-host", marks=OTHER_PAIR),
+        pytest.param("threads", True, id="threads-pid-1", marks=OTHER_PAIR),
+    ],
+)
 def test_a_drained_worker_hands_over_what_its_agents_never_return(
     clean_store: LocalStack, tmp_path: Path, pool: str, pid_1: bool
 ) -> None:

@@ -23,7 +23,10 @@ import redis
 from bridge.core import keys
 from tests.unit.test_line_dispatcher import QUEUE, SLOTS, Line, line  # noqa: F401 (the fixture)
 
-pytestmark = pytest.mark.cost(40)  # 10,000 ticks of each line: about 20 s each on 2 busy cores
+pytestmark = [
+    pytest.mark.cost(40),  # 10,000 ticks of each line: about 20 s each on 2 busy cores
+    pytest.mark.nightly("a soak: the empty-poll bound and each line's waits are unit tests that run every time"),
+]
 
 TICKS = 10_000
 PHASE_TICKS = 500  # busy, then idle, and so on: 20 phases
