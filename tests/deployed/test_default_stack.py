@@ -62,9 +62,11 @@ def stack(compose_module: Callable[..., Project]) -> Iterator[Project]:
     yield project
 
 
-def run_fault(project: Project, fault: Callable[[ChaosRun], None]) -> tuple[ScenarioResult, int]:
-    """Enqueue a batch, run ``fault`` beside the observer, wait (bounded) until every rollout finished, audit.
-    Also returns how many rollouts ran more than one attempt (the fault cut theirs short)."""
+def run_fault(
+    project: Project, fault: Callable[[ChaosRun], None], batch: int = BATCH, deadline_s: float = DEADLINE_S
+) -> tuple[ScenarioResult, int]:
+    """Enqueue ``batch`` rollouts, run ``fault`` beside the observer, wait (bounded) until every rollout finished,
+    audit. Also returns how many rollouts ran more than one attempt (the fault cut theirs short)."""
     serving(project)
     services = LocalStack(
         StackConfig(
@@ -78,10 +80,10 @@ def run_fault(project: Project, fault: Callable[[ChaosRun], None]) -> tuple[Scen
     )
     started = time.monotonic()
     with StoreClient(services.store_url, retries=3) as store:
-        tasks = load_tasks("test", limit=BATCH)
+        tasks = load_tasks("test", limit=batch)
         rollouts = store.enqueue([{"input": task, "mode": "test", "config": RETRY_CONFIG} for task in tasks])
     run = ChaosRun(services, services, [r.rollout_id for r in rollouts])
-    result = run_with_fault(run, fault, DEADLINE_S)
+    result = run_with_fault(run, fault, deadline_s)
     rerun = sum(len(run.store.list_attempts(rid)) > 1 for rid in run.rollout_ids)
     run.close()
     result.seconds = round(time.monotonic() - started, 1)

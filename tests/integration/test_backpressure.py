@@ -132,6 +132,7 @@ def test_one_busy_queue_is_never_claimed_beyond_its_slots(clean_store: LocalStac
     assert dequeues <= 2 * 40 + 60, dequeues  # about one request per rollout while train is full, plus polls
 
 
+@pytest.mark.nightly("one queue held within its slots: the test above, every run")
 def test_a_mixed_load_keeps_each_queue_within_its_slots(clean_store: LocalStack, tmp_path: Path) -> None:
     """30 train and 10 val, shuffled: each queue's claims stay within its own slots (plus one batch)."""
     modes = ["train"] * 30 + ["val"] * 10

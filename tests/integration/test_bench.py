@@ -116,6 +116,7 @@ def test_bench_prints_every_figure_as_json(services: LocalStack, tmp_path: Path)
         assert 0 < result[figure] < 30_000, (figure, result[figure])
 
 
+@pytest.mark.nightly("a figure beside Agent Lightning's runner; the bench itself runs every time, in the test above")
 def test_bench_runs_the_agent_lightning_runner_and_the_floor_side_by_side(services: LocalStack, tmp_path: Path) -> None:
     # Its own Store, so that the Store's CPU is measured for every executor.
     result, table = _bench(

@@ -272,6 +272,7 @@ def test_agentops_tracer_with_a_multi_slot_threads_pool_stops_the_worker(service
     assert "AGENT_TRACER=agentops traces one attempt per process" in done.stderr
 
 
+@pytest.mark.nightly("the start-up checks that name the agent (test_dispatch.py, test_runner.py) run every time")
 def test_a_message_for_another_agent_fails_with_class_agent_naming_both(agent_stacks: AgentStacks) -> None:
     """The worker compares the message's agent with its own (configured path or class path), imports nothing."""
     stack = agent_stacks.get(AgentNode("make_float_agent", bridge=False))
@@ -295,6 +296,7 @@ def test_a_message_for_another_agent_fails_with_class_agent_naming_both(agent_st
     assert [v["status"] for v in views[2:]] == ["succeeded", "succeeded"]
 
 
+@pytest.mark.nightly("the wait a deadline abandons: tests/unit/test_abandonable_wait.py; prefork: test_stuck_agents.py")
 def test_an_agent_that_never_returns_ends_at_its_deadline_under_threads(agent_stacks: AgentStacks) -> None:
     """Under ``-P threads`` Celery enforces no time limit: the agent's LLM calls carry the attempt's deadline."""
     timeout_s = 12

@@ -29,7 +29,11 @@ from bridge_lab.stack import LocalStack
 from tests.helpers import cancel_unfinished, enqueue, stack_for, wait_finished
 from tests.prerequisites import missing
 
-pytestmark = [pytest.mark.integration, pytest.mark.cost(70)]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.cost(70),
+    pytest.mark.nightly("one pool shared by weight between both lines: test_slot_sharing.py, every run"),
+]
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "agl-v1-pace-key"

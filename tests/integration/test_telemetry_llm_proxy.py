@@ -180,6 +180,7 @@ def test_proxy_spans_land_in_the_attempt_and_the_proxy_adapter_gives_the_env_rew
     assert sum(finals) > 0
 
 
+@pytest.mark.nightly("the proxy's spans in the attempt and its adapter's reward: the test above, every run")
 def test_a_litagent_behind_the_proxy_gives_the_proxy_adapter_its_reward(
     agent_via_proxy: tuple[LocalStack, str],
 ) -> None:

@@ -183,9 +183,10 @@ def test_the_drain_s_forced_exit_ends_the_first_process_of_a_pid_namespace() -> 
 # --- agents that never return, as PID 1 of a PID namespace and without -----------------------------------------
 
 
-# Every run takes each pool once and each shape once (prefork as PID 1, as the image runs it; threads on its own
-# host); the other two pairs run in the nightly-size run.
-OTHER_PAIR = pytest.mark.nightly("each pool and each shape runs every time, in the other two pairs")
+# Every run takes prefork as PID 1, as the image runs it; the other three pairs run in the nightly-size run.
+OTHER_PAIR = pytest.mark.nightly(
+    "prefork as PID 1 runs every time; threads in test_v1_worker_drain.py and tests/unit/test_worker_drain.py"
+)
 
 
 @pytest.mark.cost(40)
@@ -193,7 +194,7 @@ OTHER_PAIR = pytest.mark.nightly("each pool and each shape runs every time, in t
     ("pool", "pid_1"),
     [
         pytest.param("prefork", True, id="prefork-pid-1"),
-        pytest.param("threads", False, id="threads-own-host"),
+        pytest.param("threads", False, id="threads-own-host", marks=OTHER_PAIR),
         pytest.param("prefork", False, id="prefork-own-host", marks=OTHER_PAIR),
         pytest.param("threads", True, id="threads-pid-1", marks=OTHER_PAIR),
     ],

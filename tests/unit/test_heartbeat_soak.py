@@ -65,6 +65,7 @@ def _held_by(directory: str) -> int:
     return sum(stat.size for stat in snapshot.statistics("filename"))
 
 
+@pytest.mark.nightly("a soak: the back-off and the round's rules are unit tests that run every time")
 def test_ten_thousand_monitor_ticks_busy_and_idle_leave_threads_files_and_memory_flat(
     redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
