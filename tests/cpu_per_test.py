@@ -14,6 +14,7 @@ import json
 import os
 import resource
 import tempfile
+import time
 from collections.abc import Generator
 from pathlib import Path
 
@@ -47,8 +48,6 @@ def pytest_configure_node(node: object) -> None:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None]:
-    import time
-
     cpu, wall = _cpu(), time.monotonic()
     yield
     _ROWS.append((item.nodeid, _cpu() - cpu, time.monotonic() - wall))

@@ -34,6 +34,7 @@ pytestmark = pytest.mark.deployed
 
 BATCH = 400
 DEADLINE_S = 600.0
+SLOTS = 8  # WORKER_CONCURRENCY's default: more attempts leased than that means both workers run episodes
 RECOVERY_GOAL_S = 60.0  # how much later than the unfaulted batch the faulted one may end (issue's goal, defaults)
 
 
@@ -95,7 +96,7 @@ def test_a_crash_of_redis_and_a_worker_mid_batch_costs_seconds_and_loses_nothing
     def crash(run: ChaosRun) -> None:
         ids["faulted"] = run.rollout_ids
         assert run.wait_progress(run.share(1 / 3), 300), "the batch never reached a third with episodes running"
-        assert run.wait_for(lambda: len(run.running()) > 8, 60), "both workers never ran episodes at once"
+        assert run.wait_for(lambda: len(run.running()) > SLOTS, 60), "both workers never ran episodes at once"
         fault_at.append(time.time())
         _crash(redis_id)
         _crash(worker_id)
