@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import pytest
 
 from bridge.core import process_state
-from tests import cpu_load, redis_for_tests, schedule
+from tests import collected_marks, cpu_load, redis_for_tests, schedule
 from workers.lifecycle import state
 
 pytest_plugins = ["pytester"]  # tests/unit/test_schedule.py runs collections of its own
@@ -38,6 +38,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook turns each item's group into its node id suffix
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    collected_marks.record(config, items)  # before -m deselects: tests/unit/test_runs.py reads every test's marks
     schedule.order(items, name_groups=config.pluginmanager.hasplugin("xdist"))
 
 

@@ -210,6 +210,7 @@ def test_init_with_an_agent_the_workers_do_not_run_names_them(cluster: LocalStac
     CeleryRunner(broker_url=cluster.broker_url).init(ScoredAgent())  # the agent they run passes
 
 
+@pytest.mark.nightly("localhost and 127.0.0.1 as one key scope: tests/unit/test_scope_spelling.py, every run")
 @pytest.mark.usefixtures("fork_like_a_trainer")
 def test_a_trainer_serving_its_own_store_at_localhost_reaches_workers_that_spell_it_127_0_0_1(
     cluster: LocalStack, tmp_path: Path

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from _pytest.mark.expression import Expression
 
-pytestmark = pytest.mark.cost(25)  # one collection of the whole suite (importing agentlightning)
+from tests import collected_marks
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNS = {"nightly": "nightly", "deployed": "deployed"}  # a run asked for by name -> its -m expression
@@ -34,7 +34,12 @@ def _default_expression() -> str:
 
 
 @pytest.fixture(scope="module")
-def collected(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+def collected(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    """Every test's marks: this session's own record when it collected the whole suite (the default run), else
+    one collection of the whole suite in a subprocess."""
+    recorded = collected_marks.whole_suite(request.config)
+    if recorded is not None:
+        return recorded
     target = tmp_path_factory.mktemp("collected") / "marks.json"
     argv = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0", "-m", "", "-p", "tests.collected_marks"]
     argv += ["-p", "no:cacheprovider"]
