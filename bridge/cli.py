@@ -17,6 +17,7 @@ from types import FrameType, ModuleType
 
 from bridge.core.errors import EXIT_CONFIG_ERROR, ConfigError
 from bridge.core.settings import load_settings
+from bridge.core.undumpable import make_undumpable
 
 DESCRIPTION = """\
 Move Agent Lightning rollouts from the Store into Celery.
@@ -63,7 +64,9 @@ class ToolUnavailable(RuntimeError):
 def _run(args: argparse.Namespace) -> int:
     from bridge.dispatch.service import run_bridge
 
-    return run_bridge(load_settings(), metrics_port=args.metrics_port)
+    settings = load_settings()
+    make_undumpable("bridge")
+    return run_bridge(settings, metrics_port=args.metrics_port)
 
 
 def _run_v1(args: argparse.Namespace) -> int:
@@ -78,9 +81,11 @@ def _run_v1(args: argparse.Namespace) -> int:
             "set AGL_V1_KEY in the environment or give --key-file PATH instead"
         )
     overrides = {k: v for k, v in (("agl_v1_url", args.server), ("agl_v1_key", _read_key(args.key_file))) if v}
+    settings = load_settings(**overrides)
     stop = threading.Event()
     install_signal_handlers(stop)
-    return run_v1(load_settings(**overrides), stop, metrics_port=args.metrics_port)
+    make_undumpable("1.0 dispatcher")
+    return run_v1(settings, stop, metrics_port=args.metrics_port)
 
 
 def _read_key(path: str | None) -> str | None:

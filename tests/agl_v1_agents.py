@@ -162,3 +162,63 @@ class ExitWith:
     def run(self) -> None:
         time.sleep(0.2)
         sys.exit(int(os.environ["EXIT_CODE"]))
+
+
+class Trespasser:
+    """A hostile program: with only what its environment gives it, tries each thing beyond its own rollout
+    against the relay its URLs name and against the gateway itself (``GATEWAY``, which a program could guess),
+    writes each answer's status to ``DUMP_FILE``, then posts its own reward as any program may."""
+
+    def run(self) -> None:
+        victim, gateway = os.environ["VICTIM"], os.environ["GATEWAY"]
+        base = os.environ["AGL_OPENAI_BASE_URL"]
+        relay = base[: base.index("/proxy/")]
+        own = base[len(relay) :].removesuffix("/openai/v1")
+        rollout, attempt = own.split("/")[3], own.split("/")[5]
+        tries = {
+            "list rollouts": ("GET", "/api/rollouts", None),
+            "read another rollout": ("GET", f"/api/rollouts/{victim}", None),
+            "read its own rollout": ("GET", f"/api/rollouts/{rollout}", None),
+            "patch another rollout": ("PATCH", f"/api/rollouts/{victim}", {"status": {"state": "failed"}}),
+            "delete another rollout": ("DELETE", f"/api/rollouts/{victim}", None),
+            "create a rollout": ("POST", "/api/rollouts", [{"input": {}, "config": {"local": {"agent_class": "a:B"}}}]),
+            "reward another attempt": (
+                "POST",
+                f"/api/rollouts/{victim}/attempt/0/events",
+                {"event_type": "reward", "data": {"value": 1.0}},
+            ),
+            "reward a made-up attempt": (
+                "POST",
+                f"/api/rollouts/{rollout}/attempt/{attempt}x/events",
+                {"event_type": "reward", "data": {"value": 1.0}},
+            ),
+            "read events": ("GET", f"/api/rollouts/{victim}/events", None),
+            "pause the proxy": ("POST", "/proxy/pause", {}),
+            "resume the proxy": ("POST", "/proxy/resume", {}),
+            "register a model server": ("POST", "/api/models", [{"url": "http://attacker.example/v1"}]),
+            "delete the model servers": ("DELETE", "/api/models", None),
+            "call another rollout's proxy": (
+                "POST",
+                f"/proxy/rollout/{victim}/attempt/0/mode/train/openai/v1/chat/completions",
+                {"model": "any", "messages": [{"role": "user", "content": "hi"}]},
+            ),
+            "climb out of its proxy path": (
+                "POST",
+                f"{own}/openai/v1/../../../../../../../api/rollouts",
+                [{"input": {}, "config": {"local": {"agent_class": "a:B"}}}],
+            ),
+        }
+        key = os.environ["AGL_KEY"]
+        seen: dict[str, dict[str, int]] = {}
+        with httpx.Client(timeout=10) as client:
+            for name, (method, path, body) in tries.items():
+                seen[name] = {}
+                for where, root in (("relay", relay), ("gateway", gateway)):
+                    for header in ({"Authorization": f"Bearer {key}"}, {"x-api-key": key}, {}):
+                        request = client.build_request(method, root + path, json=body, headers=header)
+                        request.url = request.url.copy_with(raw_path=path.encode())  # no client-side ".." folding
+                        label = f"{where} {next(iter(header), 'no key')}"
+                        seen[name][label] = client.send(request).status_code
+        with open(os.environ["DUMP_FILE"], "w") as out:
+            json.dump(seen, out)
+        _post_reward(0.125)

@@ -76,7 +76,8 @@ class Settings(BaseSettings):
     """Agent Lightning 1.0's gateway (`agl-server`) as this process reaches it: `python -m bridge v1` reads its
     rollouts, the workers report to it and give its proxy and events URLs to the agent programs."""
     agl_v1_key: str | None = Field(default=None, validation_alias="AGL_V1_KEY")
-    """The gateway's key (its `key`, AGL_KEY to agents): sent as a bearer token, and given to each agent program."""
+    """The gateway's key (its `key`): sent as a bearer token by the dispatcher and the workers, never given to an
+    agent program, whose AGL_KEY is a token of its attempt that the worker's relay accepts (docs/agl-v1.md)."""
     agl_v1_agent_python: str | None = Field(default=None, validation_alias="AGL_V1_AGENT_PYTHON")
     """The interpreter that runs 1.0 agent programs on the workers. Default: the worker's own."""
     agl_v1_max_reruns: int = Field(default=1, ge=0, le=10, validation_alias="AGL_V1_MAX_RERUNS")

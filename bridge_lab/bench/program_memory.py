@@ -38,6 +38,7 @@ from bridge_lab.stack import LocalStack, StackConfig
 from workers.agents import webshop_program
 from workers.v1.environment import program_environment
 from workers.v1.programs import ColdProgram
+from workers.v1.relay import process_relay
 
 KEY = "program-memory"
 FIELDS = {"Rss": "rss", "Pss": "pss", "Private_Clean": "uss", "Private_Dirty": "uss"}
@@ -97,7 +98,8 @@ def _start(
 ) -> Program:
     """Mark ``rollout`` running under attempt 0 and start its program as the worker does."""
     gateway.patch_status(rollout.rollout_id, state=V1State.RUNNING.value, last_attempt_id="0")
-    env = program_environment(rollout, "0", settings, worker_env=worker_env)
+    grant = process_relay(settings.agl_v1_url, settings.agl_v1_key).grant(rollout, "0")  # as the worker's attempt
+    env = program_environment(rollout, settings, attempt=grant.env, worker_env=worker_env)
     return Program(rollout.rollout_id, ColdProgram(python, webshop_program.AGENT_CLASS, env).process)
 
 

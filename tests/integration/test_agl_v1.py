@@ -291,9 +291,54 @@ def test_a_program_sees_only_the_allowed_environment_and_none_of_the_workers_sec
     assert {n: seen[n] for n in allowed if n in seen} == {n: worker_env[n] for n in allowed if n in seen}
     secrets = {worker_env[n] for n in ("CELERY_BROKER_URL", "REDIS_URL", "AGL_V1_KEY", "AGL_V1_SERVER_URL")}
     secrets |= {WORKER_OPENAI_KEY, WORKER_STORE_TOKEN}
-    assert not secrets & set(seen.values()) - {seen["AGL_KEY"]}  # AGL_KEY is 1.0's own: the gateway key
+    assert not secrets & set(seen.values())  # AGL_KEY is its attempt's token, never the gateway's key
+    assert seen["AGL_KEY"] != KEY and not seen["AGL_EVENT_URL"].startswith(v1.gateway)
     for name in ("REDIS_URL", "CELERY_BROKER_URL", "OPENAI_API_KEY", "AGENT_LIGHTNING_STORE_TOKEN", "AGL_V1_KEY"):
         assert name not in seen
+
+
+def test_a_hostile_program_is_refused_all_but_its_own_rollout_and_the_gateway_shows_no_effect(
+    v1: V1Stack, tmp_path: Path
+) -> None:
+    """docs/agl-v1.md, "The attempt relay": the program holds a token of its attempt, not the gateway's key; the
+    relay forwards its own model calls and events only, and the gateway refuses the token. The victim runs beside
+    it and ends with its own reward."""
+    gateway = GatewayClient(v1.gateway, key=KEY)
+    victim_config = {"local": {"agent_class": "tests.agl_v1_agents:SlowReward", "env_map": SLOW}, "timeout_seconds": 60}
+    [victim] = gateway.create_rollouts([{"input": {"sleep": 8, "reward": 0.5}, "config": victim_config}])
+    try:
+
+        def victim_is(state: V1State) -> bool:
+            current = gateway.get_rollout(victim.rollout_id)
+            return current is not None and current.status.state == state
+
+        wait_for(lambda: victim_is(V1State.RUNNING), 30, "the victim running")
+        dump = tmp_path / "tries.json"
+        task = {"path": str(dump), "victim": victim.rollout_id, "gateway": v1.gateway}
+        [hostile] = v1.train(
+            "Trespasser", [task], {"DUMP_FILE": "input.path", "VICTIM": "input.victim", "GATEWAY": "input.gateway"}
+        )
+        assert hostile["state"] == "succeeded" and hostile["reward"] == 0.125, hostile  # its own event passes
+        tried = json.loads(dump.read_text())
+        assert len(tried) == 15
+        for name, answers in tried.items():
+            for label, status in answers.items():
+                if label.startswith("relay"):
+                    assert status == 403, f"{name} through the relay ({label}): {status}"
+                else:  # the gateway refuses the token (401), or has no such route (404/405)
+                    assert status in (401, 404, 405), f"{name} at the gateway ({label}): {status}"
+        wait_for(lambda: victim_is(V1State.SUCCEEDED), 60, "the victim finished")
+        rewards = [e["data"]["value"] for e in gateway.events(victim.rollout_id, event_type="reward")]
+        assert rewards == [0.5], rewards  # no reward but its own, nothing patched or deleted
+        every = gateway.list_rollouts(*V1State)
+        assert victim.rollout_id in {r.rollout_id for r in every}  # not deleted
+        assert not [r for r in every if (r.config.local and r.config.local.agent_class) == "a:B"]  # none created
+        pause = gateway.proxy_pause()
+        assert pause is None or not pause.paused
+    finally:
+        gateway.close()
+    [after] = v1.train("AskAndReward", [{"question": "What is 3 + 3?", "reward": 0.75}], ASK)
+    assert after["state"] == "succeeded" and after["reward"] == 0.75  # the model server is still the trainer's
 
 
 def test_an_env_map_that_redirects_agl_event_url_fails_as_input_and_the_trap_hears_nothing(v1: V1Stack) -> None:

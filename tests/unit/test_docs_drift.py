@@ -102,7 +102,15 @@ FOREIGN_VARIABLES: dict[str, set[str]] = {
 """Variables the docs may name that another program reads, not ``bridge/core/settings.py``, by owner. The
 variables of docker compose, Flower and prometheus_client are ``FOREIGN`` in bridge_lab/configdoc.py."""
 
-NOT_VARIABLES = {"PR_SET_PDEATHSIG", "CAP_NET_ADMIN", "SO_LINGER", "PRECONDITION_FAILED", "BYPASS_S", "KEEPALIVE_S"}
+NOT_VARIABLES = {
+    "PR_SET_PDEATHSIG",
+    "CAP_NET_ADMIN",
+    "CAP_SYS_PTRACE",
+    "SO_LINGER",
+    "PRECONDITION_FAILED",
+    "BYPASS_S",
+    "KEEPALIVE_S",
+}
 """ALL_CAPS names in the docs that are no environment variable: constants of Linux, AMQP and this code."""
 
 FENCE = re.compile(r"^```([a-z]*)\n(.*?)^```", re.M | re.S)

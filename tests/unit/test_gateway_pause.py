@@ -165,6 +165,20 @@ def test_a_pause_that_outlasts_the_attempt_is_infra_never_llm_or_timeout() -> No
         server.close()
 
 
+def test_a_wait_for_the_pause_that_overshoots_the_deadline_is_still_the_pause(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A starved process wakes from its wait for the gateway past the attempt's deadline: the pause's (infra),
+    not a timeout of the rollout's."""
+    server = PausedGateway(None, retry_after="0.2")
+    real_sleep = llm_mod._sleep
+    monkeypatch.setattr(llm_mod, "_sleep", lambda delay, check_stop: real_sleep(delay + 1.0, check_stop))
+    try:
+        with pytest.raises(LLMPaused) as raised:
+            _chat(server.url, retries=6, deadline=time.time() + 1.0)
+        assert classify(raised.value) is FailureClass.INFRA and len(server.bodies) == 1
+    finally:
+        server.close()
+
+
 def test_the_docs_example_program_waits_out_a_pause(
     monkeypatch: pytest.MonkeyPatch, gateway_paused_for_five: PausedGateway
 ) -> None:

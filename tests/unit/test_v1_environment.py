@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from bridge import cli
-from bridge.core.agl_v1 import V1Rollout
+from bridge.core.agl_v1 import V1Rollout, agent_environment
 from bridge.core.errors import ConfigError, InvalidInputError
 from bridge.core.settings import Settings, load_settings
 from workers.protocol.failures import FailureClass, classify
@@ -54,13 +54,21 @@ def _settings(**overrides: Any) -> Settings:
     return load_settings(**{**base, **overrides})
 
 
+RELAY, TOKEN = "http://127.0.0.1:40123", "attempt-token"  # what workers.v1.relay gives the attempt
+
+
+def _env(rollout: V1Rollout, settings: Settings) -> dict[str, str]:
+    attempt = agent_environment(rollout, "0", agent_url=RELAY, key=TOKEN)
+    return program_environment(rollout, settings, attempt=attempt, worker_env=WORKER_ENV)
+
+
 def _rollout(env_map: dict[str, str] | None = None, agent_class: str = "myagents.qa:Agent") -> V1Rollout:
     local = {"agent_class": agent_class, "env_map": env_map or {"TASK": "input.question"}}
     return V1Rollout.model_validate({"rollout_id": "ro-1", "input": {"question": "2+2?"}, "config": {"local": local}})
 
 
 def test_a_program_gets_the_base_names_its_attempt_and_its_env_map_and_nothing_else() -> None:
-    env = program_environment(_rollout(), "0", _settings(), worker_env=WORKER_ENV)
+    env = _env(_rollout(), _settings())
     assert env == {
         "PATH": "/venv/bin:/usr/bin",
         "HOME": "/home/worker",
@@ -69,16 +77,16 @@ def test_a_program_gets_the_base_names_its_attempt_and_its_env_map_and_nothing_e
         "TZ": "UTC",
         "TMPDIR": "/scratch",
         "VIRTUAL_ENV": "/venv",
-        "AGL_KEY": "gateway-key-456",
-        "AGL_OPENAI_BASE_URL": f"{GATEWAY}/proxy/rollout/ro-1/attempt/0/mode/train/openai/v1",
-        "AGL_EVENT_URL": f"{GATEWAY}/api/rollouts/ro-1/attempt/0/events",
+        "AGL_KEY": TOKEN,
+        "AGL_OPENAI_BASE_URL": f"{RELAY}/proxy/rollout/ro-1/attempt/0/mode/train/openai/v1",
+        "AGL_EVENT_URL": f"{RELAY}/api/rollouts/ro-1/attempt/0/events",
         "TASK": "2+2?",
     }
 
 
 def test_the_operator_passes_more_names_with_agl_v1_pass_env() -> None:
     settings = _settings(agl_v1_pass_env="WEBSHOP_URL, PYTHONPATH,LD_LIBRARY_PATH,NOT_SET_HERE")
-    env = program_environment(_rollout(), "0", settings, worker_env=WORKER_ENV)
+    env = _env(_rollout(), settings)
     assert env["WEBSHOP_URL"] == "http://webshop.internal:3000" and env["PYTHONPATH"] == "/srv/agents"
     assert env["LD_LIBRARY_PATH"] == "/opt/cuda/lib64" and "NOT_SET_HERE" not in env
     assert "REDIS_URL" not in env and "OPENAI_API_KEY" not in env
@@ -136,7 +144,7 @@ def test_env_map_may_not_replace_what_the_operator_passes() -> None:
 def test_a_denied_env_map_name_refuses_the_rollout_as_input_naming_the_variable() -> None:
     rollout = _rollout({"TASK": "input.question", "AGL_EVENT_URL": "http://attacker.example/steal"})
     with pytest.raises(ProgramRefused) as refused:
-        program_environment(rollout, "0", _settings(), worker_env=WORKER_ENV)
+        _env(rollout, _settings())
     assert "AGL_EVENT_URL" in str(refused.value) and "env_map" in str(refused.value)
     assert classify(refused.value) == FailureClass.INPUT and isinstance(refused.value, InvalidInputError)
     assert isinstance(refused.value, ValueError)  # the attempt reports it failed without starting anything
@@ -146,17 +154,17 @@ def test_agent_modules_allow_their_modules_and_submodules_only() -> None:
     settings = _settings(agl_v1_agent_modules="myagents, workers.agents.")
     assert settings.agl_v1_agent_modules == ["myagents", "workers.agents"]
     for allowed in ("myagents:A", "myagents.qa:Agent", "myagents.qa.Agent", "workers.agents.webshop_program:P"):
-        program_environment(_rollout(agent_class=allowed), "0", settings, worker_env=WORKER_ENV)
+        _env(_rollout(agent_class=allowed), settings)
     for refused in ("myagents_evil:A", "os:system", "workers:app", "subprocess.Popen"):
         with pytest.raises(ProgramRefused, match="AGL_V1_AGENT_MODULES"):
-            program_environment(_rollout(agent_class=refused), "0", settings, worker_env=WORKER_ENV)
+            _env(_rollout(agent_class=refused), settings)
 
 
 def test_without_agent_modules_any_importable_class_runs_but_not_a_malformed_path() -> None:
-    program_environment(_rollout(agent_class="anything.at:All"), "0", _settings(), worker_env=WORKER_ENV)
+    _env(_rollout(agent_class="anything.at:All"), _settings())
     for bad in ("", "NoModule", "os:system; rm", ".relative:A", "a:b:c"):
         with pytest.raises(ProgramRefused, match="not module:Class"):
-            program_environment(_rollout(agent_class=bad), "0", _settings(), worker_env=WORKER_ENV)
+            _env(_rollout(agent_class=bad), _settings())
 
 
 def test_the_programs_output_loses_the_workers_secrets() -> None:

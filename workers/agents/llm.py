@@ -223,9 +223,10 @@ def chat(
     if timeout_s is None:
         timeout_s = _client_timeout(client)
     problem = ""
-    pause_logged = False
+    pause_logged = paused_last = False
     while True:
-        _stop_if_due(check_stop, deadline, problem)
+        _stop_if_due(check_stop, deadline, problem, paused_at=target.base_url if paused_last else None)
+        paused_last = False
         if before_call is not None:
             before_call()  # the rate limiter's wait runs the stop check itself
         options = _request_options(deadline, timeout_s, problem)
@@ -248,6 +249,7 @@ def chat(
                     pause_logged = True
                     log.warning("the LLM gateway is paused (%s): waiting", pause_reason(exc.response) or "no reason")
                 _sleep(paused, check_stop)
+                paused_last = True
                 continue
             worker_metrics.observe_llm(time.perf_counter() - started, "rate_limited", target.source)
             rate_limited += 1
@@ -295,10 +297,16 @@ def _llm_error(target: LLMTarget, message: str) -> LLMError:
     return LLMError(f"{message} ({target.key_withheld})" if target.key_withheld else message)
 
 
-def _stop_if_due(check_stop: Callable[[], None] | None, deadline: float | None, problem: str) -> None:
-    """Raise if the attempt must stop: its own stop check first (it knows why), then the deadline."""
+def _stop_if_due(
+    check_stop: Callable[[], None] | None, deadline: float | None, problem: str, *, paused_at: str | None = None
+) -> None:
+    """Raise if the attempt must stop: its own stop check first (it knows why), then the deadline. ``paused_at``:
+    the last wait was for the gateway there to resume, so a deadline reached is the pause's (``LLMPaused``),
+    however far the wait overshot on a busy machine."""
     if check_stop is not None:
         check_stop()
+    if deadline is not None and deadline - time.time() < MIN_TRY_S and paused_at is not None:
+        raise LLMPaused(f"the LLM gateway at {paused_at} stayed paused until the rollout's deadline")
     if deadline is not None and deadline - time.time() < MIN_TRY_S:
         last = f" (last try: {problem})" if problem else ""
         raise TimeoutError(f"the rollout's time budget ran out while calling the LLM{last}")

@@ -80,6 +80,13 @@ UNSERVED_HANDBACKS = Counter(
     ["line"],
 )
 ENV_ERRORS = Counter("agl_worker_env_errors_total", "Failed WebShop requests (retried or not)", ["op", "kind"])
+RELAY_REFUSED = Counter(
+    "agl_worker_relay_refused_total",
+    "1.0 agent programs' requests the attempt relay refused: no live token of an attempt (token), a route that is"
+    " not the attempt's own (route), past the relay's connections (connections)",
+    ["reason"],
+)
+RELAY_REASONS = ("token", "route", "connections")
 
 # --- set-up (worker main process) ---------------------------------------------------------------
 
@@ -125,6 +132,8 @@ def _export_zeros() -> None:
         ENV_ERRORS.labels(op, "transport")
     for op in ("acquire", "charge"):
         RATELIMIT_BYPASSED.labels(op)
+    for reason in RELAY_REASONS:
+        RELAY_REFUSED.labels(reason)
 
 
 # --- recording (any pool process) ---------------------------------------------------------------
@@ -171,6 +180,11 @@ def observe_llm(seconds: float, outcome: str, source: str) -> None:
 def observe_ratelimit_bypassed(op: str) -> None:
     """One limiter operation (``acquire``, ``charge``, ``refund``) that went ahead without Redis."""
     RATELIMIT_BYPASSED.labels(op).inc()
+
+
+def relay_refused(reason: str) -> None:
+    """One request of a 1.0 agent program the attempt relay refused (``RELAY_REASONS``)."""
+    RELAY_REFUSED.labels(reason).inc()
 
 
 def observe_env(op: str, seconds: float, outcome: int | str) -> None:

@@ -35,6 +35,7 @@ from bridge.core.message import DEFAULT_AGENT, TASK_NAME
 from bridge.core.settings import Settings, get_settings
 from bridge.core.store import StoreClient
 from bridge.core.tracing import setup_process_tracing
+from bridge.core.undumpable import make_undumpable
 from workers.agents import loading as agent_loading
 from workers.lifecycle import drain, state
 from workers.lifecycle import metrics as worker_metrics
@@ -187,6 +188,7 @@ def _pool_name(worker: Any) -> str:
 @signals.worker_init.connect
 def _on_worker_init(sender: Any = None, **_: Any) -> None:
     settings = _set_up_logging_and_tracing()
+    make_undumpable("worker")  # before the pool forks: every pool process holds the keys too
     try:
         scope = deployment_scope(settings)  # nothing names this deployment's keys: exit 2 (docs/agl-v1.md)
         agent_loading.check_tracer_pool(settings, _pool_name(sender), int(getattr(sender, "concurrency", 1) or 1))

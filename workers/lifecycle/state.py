@@ -7,7 +7,8 @@ Two kinds, in two objects that modules read at each use (``state.process.x``, ``
   listeners, the restart flag, the metrics exporter, the slot advertiser and the expired-message hand-back.
 * ``ProcessState``: what each process builds for itself on first use: its clients (Store, Redis, WebShop, the
   heartbeat monitor), the LLM HTTP client, its instance of the configured agent, LitAgent runners, LLM outages
-  seen, endpoints already warned about, its view of the node's drain, its hand-backs of unserved tasks.
+  seen, endpoints already warned about, its view of the node's drain, its hand-backs of unserved tasks, its 1.0
+  programs' relay.
 
 ``reset()`` starts both afresh (tests, between cases); ``reset(inherited=False)`` only the process's own, which the
 prefork child hook (``worker_process_init``) calls so a child never uses a client, lock or cache of its parent.
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     from workers.lifecycle.stuck import Pool, StuckThreads
     from workers.protocol.heartbeat import HeartbeatMonitor
     from workers.protocol.unserved import Refusals
+    from workers.v1.relay import AttemptRelay
     from workers.v1.server_supervisor import ProgramServer
 
 
@@ -81,6 +83,8 @@ class ProcessState:
     withheld_endpoints: set[str] = field(default_factory=set)  # LLM endpoints already named in a warning
     drain_clock: DrainClock = field(default_factory=_drain_clock)  # workers.lifecycle.drain
     refusals: Refusals = field(default_factory=_refusals)  # workers.protocol.unserved
+    relay_lock: threading.Lock = field(default_factory=threading.Lock)
+    relay: tuple[int, AttemptRelay] | None = None  # workers.v1.relay.process_relay: its 1.0 programs' gateway
 
 
 @dataclass

@@ -52,6 +52,7 @@ from workers.protocol.held import HeldAttempt
 from workers.v1.environment import output_redactor, program_environment
 from workers.v1.launch import start_program
 from workers.v1.programs import Program, ProgramLost, WarmProgram
+from workers.v1.relay import process_relay
 
 log = logging.getLogger("workers.v1")
 
@@ -163,7 +164,19 @@ class V1Attempt:
         if local is None or not local.agent_class:
             return Outcome(FAILED, "invalid rollout config: missing config.local.agent_class", FailureClass.INPUT)
         try:
-            env = program_environment(self.rollout, self.attempt_id, self.settings)
+            grant = process_relay(self.settings.agl_v1_url, self.settings.agl_v1_key).grant(
+                self.rollout, self.attempt_id
+            )
+        except ValueError as exc:  # an env_map path the input lacks
+            return Outcome(FAILED, str(exc), FailureClass.INPUT)
+        try:
+            return self._execute_with(local.agent_class, grant.env)
+        finally:
+            grant.revoke()  # a call of the program's after its attempt is refused
+
+    def _execute_with(self, agent_class: str, attempt_env: dict[str, str]) -> Outcome:
+        try:
+            env = program_environment(self.rollout, self.settings, attempt=attempt_env)
         except ValueError as exc:
             return Outcome(FAILED, str(exc), FailureClass.INPUT)
         stopped = self._stopped()
@@ -172,14 +185,14 @@ class V1Attempt:
         if not self.held.lease.mark_ran():  # a later claim of the attempt must never start a second program
             return Outcome(SKIPPED, "the lease lapsed before the program started: not run", FailureClass.CANCELLED)
         try:
-            program = start_program(self.settings, local.agent_class, env)
+            program = start_program(self.settings, agent_class, env)
         except ProgramLost as exc:  # the server took the request and died: it may have started, never run it twice
             return Outcome(FAILED, f"the agent's program server failed: {exc}", FailureClass.INFRA)
         tail = OutputTail()
         reader = threading.Thread(target=self._read_output, args=(program, tail), daemon=True)
         try:
             reader.start()
-            log.info("%s started %s (pid %d, %s start)", self.tag, local.agent_class, program.pid, program.start)
+            log.info("%s started %s (pid %d, %s start)", self.tag, agent_class, program.pid, program.start)
             ended = self._supervise(program)
         finally:
             # Every way out: children the program left behind at its exit, an exception, Celery's time limit.

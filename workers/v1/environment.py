@@ -4,8 +4,9 @@ Workers hold the operators' keys; a rollout's program gets only what it is owed:
 
 * ``program_environment`` builds its environment from nothing: the names of ``BASE_NAMES`` / ``BASE_PREFIXES``
   and of ``AGL_V1_PASS_ENV`` that the worker has, then the ``AGL_*`` variables 1.0's ``local`` runner gives
-  (``AGL_KEY``, ``AGL_OPENAI_BASE_URL``, ``AGL_EVENT_URL``), then the rollout's ``env_map`` entries. Nothing
-  else of the worker's environment (broker and Redis URLs, OPENAI_API_KEY, the Store token, AGL_V1_KEY).
+  (``AGL_KEY``, ``AGL_OPENAI_BASE_URL``, ``AGL_EVENT_URL``: the attempt relay's, with a token of the attempt's
+  own, ``workers.v1.relay``), then the rollout's ``env_map`` entries. Nothing else of the worker's environment
+  (broker and Redis URLs, OPENAI_API_KEY, the Store token, AGL_V1_KEY).
 * Before that it refuses, with ``ProgramRefused`` (failure class ``input``), a rollout whose ``env_map`` names a
   variable ``denied_reason`` denies, or whose ``agent_class`` is not an import path or lies outside
   ``AGL_V1_AGENT_MODULES``: the program never starts.
@@ -20,7 +21,7 @@ import re
 from collections.abc import Callable, Mapping
 from urllib.parse import unquote, urlsplit
 
-from bridge.core.agl_v1 import V1LocalConfig, V1Rollout, agent_environment
+from bridge.core.agl_v1 import V1LocalConfig, V1Rollout
 from bridge.core.errors import InvalidInputError
 from bridge.core.redact import redact_text
 from bridge.core.settings import Settings
@@ -105,10 +106,16 @@ def check_agent_class(agent_class: str, allowed: list[str]) -> None:
 
 
 def program_environment(
-    rollout: V1Rollout, attempt_id: str, settings: Settings, *, worker_env: Mapping[str, str] | None = None
+    rollout: V1Rollout,
+    settings: Settings,
+    *,
+    attempt: Mapping[str, str],
+    worker_env: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
-    """The whole environment of ``rollout``'s program for ``attempt_id`` (``worker_env``: default os.environ).
-    ProgramRefused when the rollout may not run here; ValueError when an env_map path is not in the input."""
+    """The whole environment of ``rollout``'s program (``worker_env``: default os.environ): the base, then
+    ``attempt``, its attempt's variables (``bridge.core.agl_v1.agent_environment``: the AGL_* ones, which
+    ``workers.v1.relay`` points at the relay with the attempt's token, and its env_map). ProgramRefused when the
+    rollout may not run here."""
     local = rollout.config.local or V1LocalConfig()
     check_agent_class(local.agent_class or "", settings.agl_v1_agent_modules)
     passed = frozenset(settings.agl_v1_pass_env)
@@ -117,7 +124,7 @@ def program_environment(
         if why is not None:
             raise ProgramRefused(f"invalid rollout config (input): config.local.env_map may not set {name}: {why}")
     env = base_environment(settings, worker_env)
-    env.update(agent_environment(rollout, attempt_id, agent_url=settings.agl_v1_url, key=settings.agl_v1_key))
+    env.update(attempt)
     return env
 
 

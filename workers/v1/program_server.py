@@ -17,7 +17,8 @@ The server's protocol, one Unix stream connection per program (the socket lies i
   program ended (as ``Popen.returncode``: negative for a signal) and its whole process group was killed;
 * the worker may send ``{"kill": true}``; a connection closed before the exit kills the program's group too.
 
-A forked program starts as a cold one does: it leads a new session, dies with its parent (PR_SET_PDEATHSIG),
+A forked program starts as a cold one does: it leads a new session, dies with its parent (PR_SET_PDEATHSIG), is
+non-dumpable (``seal``: no other program of its uid reads its token),
 has fd 0 on /dev/null, 1 and 2 on the output pipe and nothing else open, exactly the attempt's environment (plus
 what the interpreter adds at its start, as it adds it to a cold program's), the worker's cwd, the cold argv and
 ``sys.path``, the signal dispositions and mask the server started with, fresh ``sys.std*`` streams and the
@@ -45,7 +46,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
-PR_SET_PDEATHSIG = 1
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE = 1, 4
 MAX_REQUEST_BYTES = 8 * 2**20
 RECV_BYTES = 65536
 SERVER_MARKER = "agl-program-server"  # in the server's argument: how tools find a node's server among processes
@@ -61,6 +62,13 @@ def die_with_parent(parent_pid: int, signum: int = signal.SIGKILL) -> bool:
     except (OSError, AttributeError):
         return True
     return os.getppid() == parent_pid
+
+
+def seal() -> None:
+    """Make this program non-dumpable: another program of the same uid (without CAP_SYS_PTRACE) can then read
+    neither its environment (its attempt's token) nor its memory through ``/proc``, nor attach to it."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0)
 
 
 def run_program(path: str) -> int:
@@ -96,6 +104,7 @@ def cold_main() -> None:
     """A cold start: ``python -c`` with argv ``[agent_class, worker_pid]``."""
     if not die_with_parent(int(sys.argv[2])):
         os._exit(1)
+    seal()
     sys.exit(run_program(sys.argv[1]))
 
 
@@ -242,6 +251,7 @@ class Server:
         os.setsid()
         if not die_with_parent(self.pid):
             os._exit(1)
+        seal()
         signal.set_wakeup_fd(-1)
         for signum, handler in self.initial.handlers.items():
             if handler is None:  # set outside Python: neither changed here nor restorable
