@@ -25,18 +25,21 @@ Contract:
 
 from __future__ import annotations
 
+import http.client
 import http.server
 import logging
 import os
 import secrets
+import socket
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
-
-import httpx
+from urllib.parse import SplitResult, urlsplit
 
 from bridge.core.agl_v1 import V1Rollout, agent_environment
-from bridge.core.http import HTTPClient, shared_transport
+from bridge.core.errors import ConfigError
+from bridge.core.http import KEEPALIVE_S, default_tls
 from workers.lifecycle import metrics, state
 
 log = logging.getLogger("workers.v1.relay")
@@ -44,7 +47,8 @@ log = logging.getLogger("workers.v1.relay")
 MAX_BODY_BYTES = 16 * 1024 * 1024  # a chat completion's request, a long conversation included
 MAX_CONNECTIONS = 256  # open connections at once per relay; the rest answer 503 at once
 IDLE_S = 60.0  # a connection that sends nothing this long is closed (a kept-alive client reconnects)
-CONNECT_S, READ_S = 10.0, 900.0  # to the gateway; a model call may take minutes, the program's timeout ends it
+READ_S = 900.0  # to the gateway, each wait for bytes; a model call may take minutes, the program's timeout ends it
+READ_BYTES = 64 * 1024
 # Never forwarded either way: hop-by-hop headers, and the credentials the relay replaces.
 _DROPPED = frozenset(
     {
@@ -87,9 +91,9 @@ class AttemptRelay:
         self.gateway_url, self._key = gateway_url.rstrip("/"), key or ""
         self._grants: dict[str, frozenset[str]] = {}
         self._lock = threading.Lock()
-        self._client = HTTPClient(
-            timeout=httpx.Timeout(READ_S, connect=CONNECT_S), transport=shared_transport(MAX_CONNECTIONS)
-        )
+        self._target = urlsplit(self.gateway_url)
+        if self._target.scheme not in ("http", "https") or not self._target.hostname:
+            raise ConfigError(f"AGL_V1_SERVER_URL {gateway_url!r} is not an http(s) URL", setting="AGL_V1_SERVER_URL")
         self._server = _Server((host, 0), self)
         self.url = f"http://{host}:{self._server.server_address[1]}"
         self._thread = threading.Thread(
@@ -131,36 +135,43 @@ class AttemptRelay:
             return "route"
         return None
 
+    def upstream(self) -> Upstream:
+        """A new connection to the gateway, for one program connection's requests in turn."""
+        return Upstream(self._target)
+
     def forward(self, handler: _Handler, body: bytes) -> None:
         """Send the request to the gateway with its key and stream the answer back unchanged."""
         headers = {k: v for k, v in handler.headers.items() if k.lower() not in _DROPPED}
         if self._key:
             headers["Authorization"] = f"Bearer {self._key}"
-        request = self._client.build_request(
-            handler.command, self.gateway_url + handler.path, headers=headers, content=body
-        )
+        upstream = handler.upstream()
         try:
-            response = self._client.send(request, stream=True)
-        except httpx.HTTPError as exc:
+            response = upstream.send(handler.command, self._target.path + handler.path, headers, body)
+        except (OSError, http.client.HTTPException) as exc:
+            upstream.close()
             log.warning("the gateway did not answer a program's %s: %s", handler.command, type(exc).__name__)
             handler.answer(502, "the gateway did not answer\n")
             return
         try:
-            handler.send_response_only(response.status_code)
-            for name, value in response.headers.multi_items():
+            handler.send_response_only(response.status, response.reason)
+            for name, value in response.getheaders():
                 if name.lower() not in _DROPPED:
                     handler.send_header(name, value)
-            handler.send_header("Transfer-Encoding", "chunked")
+            length = response.getheader("content-length") or ""
+            framed = not length.isdigit()
+            if framed:
+                handler.send_header("Transfer-Encoding", "chunked")
+            else:
+                handler.send_header("Content-Length", length)
             handler.end_headers()
-            for chunk in response.iter_raw():  # as each part arrives (a chunk size would wait to fill it)
-                if chunk:
-                    handler.wfile.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
-            handler.wfile.write(b"0\r\n\r\n")
-            handler.wfile.flush()
-        except (httpx.HTTPError, OSError):
+            while chunk := response.read1(READ_BYTES):  # as each part arrives
+                handler.wfile.write(b"%x\r\n%b\r\n" % (len(chunk), chunk) if framed else chunk)
+            if framed:
+                handler.wfile.write(b"0\r\n\r\n")
+            upstream.done(response)
+        except (OSError, http.client.HTTPException):
+            upstream.close()
             handler.close_connection = True  # the answer was cut: the program's client sees a broken response
-        finally:
-            response.close()
 
     def close(self) -> None:
         """Stop serving and drop every token."""
@@ -168,7 +179,47 @@ class AttemptRelay:
             self._grants.clear()
         self._server.shutdown()
         self._server.server_close()
-        self._client.close()
+
+
+class Upstream:
+    """One kept-alive connection to the gateway (``http.client``: a few parsing steps per request where a pooled
+    client costs milliseconds), opened afresh when it sat idle past ``KEEPALIVE_S``: the gateway may have closed
+    it meanwhile, and a request sent on a closed connection cannot be told apart from one the gateway took."""
+
+    def __init__(self, target: SplitResult) -> None:
+        self._target = target
+        self._connection: http.client.HTTPConnection | None = None
+        self._idle_since = 0.0
+
+    def send(self, method: str, path: str, headers: dict[str, str], body: bytes) -> http.client.HTTPResponse:
+        if self._connection is not None and time.monotonic() - self._idle_since > KEEPALIVE_S:
+            self.close()
+        if self._connection is None:
+            self._connection = _connection(self._target)
+        self._connection.request(method, path, body=body, headers=headers)
+        return self._connection.getresponse()
+
+    def done(self, response: http.client.HTTPResponse) -> None:
+        """The answer was read whole: keep the connection unless the gateway is closing it."""
+        response.close()  # the connection takes the next request only once its answer is closed
+        if response.will_close:
+            self.close()
+        self._idle_since = time.monotonic()
+
+    def close(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+
+
+def _connection(target: SplitResult) -> http.client.HTTPConnection:
+    timeout = READ_S  # each wait for bytes: a model call may take minutes, the program's timeout ends it
+    if target.scheme == "https":
+        return http.client.HTTPSConnection(target.hostname or "", target.port, timeout=timeout, context=default_tls())
+    connection = http.client.HTTPConnection(target.hostname or "", target.port, timeout=timeout)
+    connection.connect()
+    connection.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return connection
 
 
 class _Server(http.server.ThreadingHTTPServer):
@@ -196,11 +247,33 @@ class _Server(http.server.ThreadingHTTPServer):
         finally:
             self._slots.release()
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A program that drops its connection mid-request is its own business: no traceback in the worker's log."""
+        log.debug("a program's connection to the relay failed", exc_info=True)
+
 
 class _Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     timeout = IDLE_S
     server: _Server
+    _upstream: Upstream | None = None
+
+    def setup(self) -> None:
+        super().setup()
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # headers and body in separate writes
+
+    def upstream(self) -> Upstream:
+        """This program connection's connection to the gateway, opened on first use."""
+        if self._upstream is None:
+            self._upstream = self.server.relay.upstream()
+        return self._upstream
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        finally:
+            if self._upstream is not None:
+                self._upstream.close()
 
     def _handle(self) -> None:
         relay = self.server.relay
