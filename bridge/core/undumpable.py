@@ -1,11 +1,11 @@
 """Keeping other processes of the same user out of a process that holds the operators' keys (docs/agl-v1.md,
 "Trust model").
 
-``make_undumpable`` clears the process's dumpable flag (``prctl(PR_SET_DUMPABLE, 0)``): a process of the same uid
-without ``CAP_SYS_PTRACE`` can then neither read the ``/proc`` entries that hold its secrets (``environ``, ``mem``,
-``fd``, ``maps``) nor attach to it, and a crash writes no core dump of its memory. A fork keeps the flag (every
+``make_undumpable`` clears the process's dumpable flag (``prctl(PR_SET_DUMPABLE, 0)``): a process of the same uid,
+not root, can then neither read the ``/proc`` entries that hold its secrets (``environ``, ``mem``, ``fd``, ``maps``)
+nor attach to it, and a crash writes no core dump of its memory. A fork keeps the flag (every
 process of a prefork pool); an ``exec`` clears it (the 1.0 program server and the programs, which hold none of the
-keys). Root, and a debugger run as root, still read it.
+keys). Root (a debugger run as root too) still reads it, even without CAP_SYS_PTRACE.
 """
 
 from __future__ import annotations

@@ -339,6 +339,8 @@ def test_a_hostile_program_is_refused_all_but_its_own_rollout_and_the_gateway_sh
         gateway.close()
     [after] = v1.train("AskAndReward", [{"question": "What is 3 + 3?", "reward": 0.75}], ASK)
     assert after["state"] == "succeeded" and after["reward"] == 0.75  # the model server is still the trainer's
+    logs = "".join(log.read_text(errors="replace") for log in v1.stack.log_dir.glob("worker*.log"))
+    assert f"1.0 programs run as uid {os.getuid()} like this worker, non-dumpable" in logs  # what it runs under
 
 
 def test_an_env_map_that_redirects_agl_event_url_fails_as_input_and_the_trap_hears_nothing(v1: V1Stack) -> None:

@@ -105,7 +105,6 @@ variables of docker compose, Flower and prometheus_client are ``FOREIGN`` in bri
 NOT_VARIABLES = {
     "PR_SET_PDEATHSIG",
     "CAP_NET_ADMIN",
-    "CAP_SYS_PTRACE",
     "SO_LINGER",
     "PRECONDITION_FAILED",
     "BYPASS_S",

@@ -1,5 +1,5 @@
 """A process that holds the keys keeps processes of its own user out (``bridge.core.undumpable``): its
-environment cannot be read through ``/proc`` by a process of the same uid without CAP_SYS_PTRACE, and a fork
+environment cannot be read through ``/proc`` by a process of the same uid that is not root, and a fork
 keeps the flag. The processes here leave root for an unprivileged uid (and their capabilities with it) by
 ``setresuid``, as a worker in the image runs as uid 1000."""
 

@@ -17,6 +17,7 @@ Everything these hooks keep lives in ``workers.lifecycle.state``.
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import sys
 import threading
@@ -195,6 +196,12 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
         _load_agent(settings)
         if settings.agl_v1_url and settings.agl_v1_warm_start:  # before the pool forks: one per node
             launch.node_server(settings)
+        if settings.agl_v1_url:
+            log.info(
+                "1.0 programs run as uid %d like this worker, non-dumpable, with a token of their attempt for this "
+                "worker's relay and never AGL_V1_KEY; no box of their own (docs/agl-v1.md, 'The attempt relay')",
+                os.getuid(),
+            )
     except ConfigError as error:  # Celery logs and ignores an Exception from a signal handler: exit here
         print(f"error: {error.message}", file=sys.stderr)
         log.critical("%s", error.message)

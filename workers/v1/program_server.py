@@ -65,8 +65,8 @@ def die_with_parent(parent_pid: int, signum: int = signal.SIGKILL) -> bool:
 
 
 def seal() -> None:
-    """Make this program non-dumpable: another program of the same uid (without CAP_SYS_PTRACE) can then read
-    neither its environment (its attempt's token) nor its memory through ``/proc``, nor attach to it."""
+    """Make this program non-dumpable: another program of the same uid (not root) can then read neither its
+    environment (its attempt's token) nor its memory through ``/proc``, nor attach to it."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0)
 
