@@ -9,10 +9,12 @@ use to the target each is built from.
 
 from __future__ import annotations
 
+import itertools
 import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from bridge.cli import LAB_PACKAGE, TOOLS
 
@@ -72,9 +74,12 @@ def image_name(image: str) -> str:
     return image.rsplit("/", 1)[-1].partition(":")[0]
 
 
-def command_argv(command: str | list[str]) -> list[str]:
-    """A container's command as argv: ``sh -c "exec ..."`` unwrapped, the image's init (``tini --``) dropped."""
+def command_argv(command: Any) -> list[str]:
+    """A container's command as argv: a leading ``setpriv --...`` (the user switch) dropped, ``sh -c "exec ..."``
+    unwrapped, the image's init (``tini --``) dropped."""
     argv = shlex.split(command) if isinstance(command, str) else [str(a) for a in command]
+    if argv[:1] == ["setpriv"]:
+        argv = list(itertools.dropwhile(lambda word: word.startswith("--"), argv[1:]))
     if argv[:2] == ["sh", "-c"]:
         argv = shlex.split(argv[2].replace("$$", "$"))
         argv = argv[1:] if argv[0] == "exec" else argv

@@ -10,6 +10,7 @@ each bought once; the 1.0 workers' memory limit holds at the documented `-c 8`.
 from __future__ import annotations
 
 import collections
+import json
 import time
 import uuid
 from collections.abc import Callable
@@ -135,6 +136,44 @@ def test_prometheus_returns_both_lines_backlog_series(lines: Project) -> None:
     assert wanted <= found, f"missing {wanted - found}; Prometheus has {sorted(found)}"
 
 
+# Run in the 1.0 worker container as the programs' uid: every process's uid, effective capabilities, command, and
+# whether its environment was readable and named AGL_V1_KEY (None: refused), this process left out.
+PROCESSES = """
+import json, os
+seen = {}
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    if int(pid) == os.getpid():
+        continue
+    try:
+        status = dict(line.split(":", 1) for line in open(f"/proc/{pid}/status").read().splitlines() if ":" in line)
+        command = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\\0", b" ").decode(errors="replace")
+    except OSError:
+        continue
+    try:
+        holds_key = b"AGL_V1_KEY=" in open(f"/proc/{pid}/environ", "rb").read()
+    except OSError:
+        holds_key = None
+    seen[pid] = [int(status["Uid"].split()[1]), status["CapEff"].strip(), command[:120], holds_key]
+print(json.dumps(seen))
+"""
+
+
+def test_a_process_of_the_programs_uid_reads_no_environment_that_holds_the_key(lines: Project) -> None:
+    """docs/agl-v1.md, "Trust model": in worker-agl-v1 as compose runs it, the inits that hold the container's
+    environment run as root, and the worker as the programs' uid 1000 without capabilities, non-dumpable: a process
+    of that uid (as a program is) reads none of their environments."""
+    out = lines.run("exec", "-T", "--user", "1000:1000", "worker-agl-v1", "python", "-c", PROCESSES).stdout
+    seen = {int(pid): row for pid, row in json.loads(out).items()}
+    print(f"\n[deployed] worker-agl-v1 processes: {seen}")
+    assert seen[1][0] == 0 and seen[1][3] is None, seen[1]  # the init: root, its environment refused
+    workers = [row for row in seen.values() if "celery" in row[2] and " worker " in f" {row[2]} "]
+    assert workers, seen
+    for uid, caps, command, holds_key in workers:
+        assert uid == 1000 and int(caps, 16) == 0, (uid, caps, command)
+        assert holds_key is None, f"{command}: its environment is readable"
+    assert not [row for row in seen.values() if row[3]], "a process of uid 1000 read AGL_V1_KEY"
+
+
 def test_a_1_0_worker_stopped_mid_program_hands_its_programs_over(lines: Project) -> None:
     lines.run("up", "-d", "--wait", "--wait-timeout", "480", "--scale", "worker-agl-v1=2", *SERVICES, timeout=600)
     victim = lines.container("worker-agl-v1")
@@ -157,4 +196,8 @@ def test_a_1_0_worker_stopped_mid_program_hands_its_programs_over(lines: Project
     state = docker_here.docker("inspect", "--format", "{{.State.ExitCode}} {{.State.OOMKilled}}", victim).stdout.split()
     print(f"\n[deployed] 1.0 worker stopped in {took[0]:.1f} s (grace {GRACE_S} s), exit {state}; batch {seconds} s")
     assert took[0] < GRACE_S + 4, f"docker stop took {took[0]:.1f} s: the drain did not bound the exit"
+    logged = docker_here.docker("logs", victim)
+    said = logged.stdout + logged.stderr
+    assert "[FATAL tini" not in said, said[-3000:]  # its init could not pass SIGTERM on: no drain at all
+    assert " handed over: " in said, said[-3000:]  # the running programs' attempts were handed over, not lost
     assert state[0] in ("0", "1") and state[1] == "false", state  # 1: the drain's forced exit, by design

@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
-import shlex
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +47,7 @@ NON_SETTINGS = {
     "RABBITMQ_DEFAULT_PASS",
     "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS",
     "REDISCLI_AUTH",  # redis-cli, in the Redis container's health check
+    "HOME",  # the 1.0 worker's, set where setpriv leaves root's (worker-agl-v1)
 }
 
 
@@ -64,22 +64,13 @@ def _compose() -> dict[str, Any]:
     return dict(yaml.safe_load((ROOT / "docker-compose.yml").read_text()))
 
 
-def _argv(command: Any) -> list[str]:
-    """A compose command as argv; ``sh -c "..."`` is unwrapped to the program it execs."""
-    argv = shlex.split(command) if isinstance(command, str) else [str(a) for a in command]
-    if argv[:2] == ["sh", "-c"]:
-        argv = shlex.split(argv[2].replace("$$", "$"))
-        argv = argv[1:] if argv[0] == "exec" else argv
-    return argv
-
-
 def test_compose_commands_exist_in_the_project() -> None:
     services = _compose()["services"]
     assert {"redis", "store", "webshop", "policy", "worker", "bridge", "flower"} <= set(services)
     for name, service in services.items():
         if not str(service.get("image", "")).startswith("agl-celery-bridge") or "command" not in service:
             continue
-        argv = _argv(service["command"])
+        argv = command_argv(service["command"])
         if argv[0] == "python":
             assert argv[1] == "-m" and importlib.util.find_spec(argv[2]) is not None, (name, argv)
             if argv[2] == "bridge":
@@ -176,7 +167,7 @@ def test_compose_refuses_the_example_env_and_flower_refuses_its_placeholder() ->
         load(COMPOSE, example)
     (placeholder,) = re.findall(r"^# FLOWER_BASIC_AUTH=(.*)$", (ROOT / ".env.example").read_text(), flags=re.M)
     flower = load(COMPOSE, {**example, "FLOWER_BASIC_AUTH": placeholder})["flower"]
-    assert _argv(flower["command"])[:3] == ["python", "-m", "bridge.ops.flower"]
+    assert command_argv(flower["command"])[:3] == ["python", "-m", "bridge.ops.flower"]
     assert login_problem(flower["environment"]) is not None
     flower = load(COMPOSE, {**example, **LOGIN})["flower"]
     assert login_problem(flower["environment"]) is None
@@ -371,7 +362,7 @@ def test_compose_runs_the_1_0_dispatcher_with_its_key_from_the_environment() -> 
     key = "a-gateway-key-of-ours"
     services = load(COMPOSE, {**LOGIN, "AGL_V1_KEY": key}, PROFILES)
     dispatcher = services["dispatcher-v1"]
-    argv = _argv(dispatcher["command"])
+    argv = command_argv(dispatcher["command"])
     assert argv[:4] == ["python", "-m", "bridge", "v1"] and "--key" not in argv
     port = argv[argv.index("--metrics-port") + 1]
     assert port == "9102" and dispatcher["ports"] == [f"127.0.0.1:9102:{port}"]
@@ -381,10 +372,10 @@ def test_compose_runs_the_1_0_dispatcher_with_its_key_from_the_environment() -> 
     for name, service in services.items():
         outside = {k: v for k, v in service.items() if k != "environment"}
         assert key not in json.dumps(outside), f"{name} carries the key outside its environment"
-    gateway = _argv(services["agl-gateway"]["command"])
+    gateway = command_argv(services["agl-gateway"]["command"])
     assert "key=${oc.env:AGL_V1_KEY}" in gateway  # Hydra reads it from the environment
     worker = services["worker-agl-v1"]
-    worker_argv = _argv(worker["command"])
+    worker_argv = command_argv(worker["command"])
     queue = worker_argv[worker_argv.index("-Q") + 1]
     for name in ("dispatcher-v1", "worker-agl-v1"):
         environment = services[name]["environment"]
@@ -401,9 +392,26 @@ def test_compose_runs_the_1_0_dispatcher_with_its_key_from_the_environment() -> 
 def test_compose_sizes_the_1_0_worker_by_the_documented_rule() -> None:
     """worker-agl-v1's mem_limit holds its -c slots of 1.0 programs by docs/performance.md's rule and figures."""
     worker = load(COMPOSE, LOGIN, ("agl-v1",))["worker-agl-v1"]
-    argv = _argv(worker["command"])
+    argv = command_argv(worker["command"])
     slots = int(argv[argv.index("-c") + 1])
     number, unit = re.fullmatch(r"(\d+)([kmg])", worker["mem_limit"]).groups()  # type: ignore[union-attr]
     limit_mib = int(number) * {"k": 1 / 1024, "m": 1, "g": 1024}[unit]
     assert limit_mib >= v1_worker_memory_mib(slots, ROOT / "docs/performance.md")
     assert limit_mib < v1_worker_memory_mib(2 * slots, ROOT / "docs/performance.md")  # and not slots twice over
+
+
+def test_the_1_0_workers_inits_run_as_root_and_the_worker_as_agl_with_no_capability() -> None:
+    """docs/agl-v1.md, "The container's inits": the inits hold the container's environment, so they run as root (no
+    program reads them) with only what setpriv needs, and the worker and its programs as agl without capabilities
+    (tests/deployed/test_agl_v1_stack.py reads the processes in the running container)."""
+    service = load(COMPOSE, LOGIN, ["agl-v1"])["worker-agl-v1"]
+    assert service["user"] == "0:0" and service["cap_drop"] == ["ALL"] and service["init"] is True
+    assert sorted(service["cap_add"]) == ["KILL", "SETGID", "SETPCAP", "SETUID"]  # KILL: tini signals the worker
+    command = service["command"]
+    setpriv, worker = command[: command.index("sh")], command[command.index("sh") :]
+    assert setpriv[0] == "setpriv" and {"--reuid=agl", "--regid=agl", "--clear-groups", "--no-new-privs"} <= set(
+        setpriv
+    )
+    assert {"--inh-caps=-all", "--bounding-set=-all"} <= set(setpriv)
+    assert worker[:2] == ["sh", "-c"] and worker[2].startswith("exec celery -A workers worker")
+    assert service["environment"]["HOME"] == "/home/agl"

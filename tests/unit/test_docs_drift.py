@@ -105,6 +105,10 @@ variables of docker compose, Flower and prometheus_client are ``FOREIGN`` in bri
 NOT_VARIABLES = {
     "PR_SET_PDEATHSIG",
     "CAP_NET_ADMIN",
+    "CAP_SETUID",
+    "CAP_SETGID",
+    "CAP_SETPCAP",
+    "CAP_KILL",
     "SO_LINGER",
     "PRECONDITION_FAILED",
     "BYPASS_S",
