@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+from typing import Any
 
 import httpx
 
@@ -222,3 +223,115 @@ class Trespasser:
         with open(os.environ["DUMP_FILE"], "w") as out:
             json.dump(seen, out)
         _post_reward(0.125)
+
+
+class Inmate:
+    """A hostile program in its box: tries, with what any program can call, to reach beyond it (the processes in
+    ``TARGETS``, a JSON object of names to pids, and every process it can see; ``SECRET_FILE``; ``OUTSIDE_DIR``;
+    other uids), and writes what it managed as JSON to ``FACTS_FILE``."""
+
+    def run(self) -> None:
+        import errno
+
+        own = {os.getpid()}
+        status = {}
+        with open("/proc/self/status") as lines:
+            for line in lines:
+                name, _, value = line.partition(":")
+                if name in ("Uid", "Gid", "Groups", "CapInh", "CapPrm", "CapEff", "CapAmb", "NoNewPrivs"):
+                    status[name] = value.split()
+        read: list[str] = []
+        seen = 0
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) in own:
+                continue
+            try:
+                if os.stat(f"/proc/{entry}").st_uid == os.getuid():
+                    continue  # its own processes
+            except OSError:
+                continue
+            seen += 1
+            for what in ("environ", "cwd", "fd", "mem", "maps"):
+                path = f"/proc/{entry}/{what}"
+                try:
+                    if what == "cwd":
+                        os.readlink(path)
+                    elif what == "fd":
+                        os.listdir(path)
+                    else:
+                        with open(path, "rb") as f:
+                            f.read(1)
+                    read.append(f"{entry}/{what}")
+                except OSError:
+                    pass
+        signalled = {}
+        for name, pid in json.loads(os.environ.get("TARGETS", "{}")).items():
+            try:
+                os.kill(int(pid), 0)
+                signalled[name] = "allowed"
+            except PermissionError:
+                signalled[name] = "refused"
+            except ProcessLookupError:
+                signalled[name] = "gone"
+
+        def attempt(action: Any) -> str:
+            try:
+                action()
+                return "done"
+            except OSError as exc:
+                return errno.errorcode.get(exc.errno or 0, str(exc))
+
+        def read_secret() -> None:
+            with open(os.environ["SECRET_FILE"]) as f:
+                f.read()
+
+        def write_outside() -> None:
+            with open(os.path.join(os.environ["OUTSIDE_DIR"], "written-by-a-program"), "w") as f:
+                f.write("x")
+
+        cwd = os.getcwd()
+        facts = {
+            "uid": os.getuid(),
+            "status": status,
+            "cwd": cwd,
+            "cwd_mode": oct(os.stat(cwd).st_mode & 0o7777),
+            "home": os.environ.get("HOME"),
+            "tmpdir": os.environ.get("TMPDIR"),
+            "umask": os.umask(0o077),
+            "seen": seen,
+            "read": read,
+            "signalled": signalled,
+            "secret": attempt(read_secret),
+            "outside": attempt(write_outside),
+            "setuid_0": attempt(lambda: os.setuid(0)),
+            "setuid_worker": attempt(lambda: os.setuid(int(os.environ.get("WORKER_UID", "0")))),
+        }
+        with open(os.environ["FACTS_FILE"], "w") as out:
+            json.dump(facts, out)
+
+
+class Hog:
+    """Runs into the limit ``HOG`` names (``memory``, ``files``, ``processes``: more than its box allows, each a
+    child that sleeps) and writes how far it got to ``FACTS_FILE`` first when asked; the error ends it."""
+
+    def run(self) -> None:
+        kind = os.environ["HOG"]
+        if kind == "memory":
+            hoard = []
+            while True:
+                hoard.append(bytearray(64 * 2**20))
+        if kind == "files":
+            files = []
+            while True:
+                files.append(open(os.devnull))  # noqa: SIM115
+        if kind == "processes":
+            children = 0
+            try:
+                while True:
+                    if os.fork() == 0:
+                        time.sleep(600)
+                        os._exit(0)
+                    children += 1
+            finally:
+                with open(os.environ["FACTS_FILE"], "w") as out:
+                    json.dump({"children": children}, out)

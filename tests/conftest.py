@@ -10,8 +10,11 @@ short modules fill the gaps around them (``tests/schedule.py``).
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -67,6 +70,18 @@ def fresh_process_state() -> Iterator[None]:
     yield
     state.reset()
     process_state.reset()
+
+
+@pytest.fixture
+def outbox() -> Iterator[Path]:
+    """A directory a boxed 1.0 program can write to (mode 1777 outside pytest's 0700 temporary directories), for
+    what a test's program reports; removed afterwards."""
+    path = Path(tempfile.mkdtemp(prefix="agl-test-outbox-"))
+    path.chmod(0o1777)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

@@ -107,6 +107,31 @@ class Settings(BaseSettings):
     """Also import the modules of AGL_V1_AGENT_MODULES (which must be set) in the program server at its start:
     the agents' own imports are then paid once per node. Only for agent modules that read no per-rollout variable
     and start no thread at import (docs/agl-v1.md, "Warm starts")."""
+    agl_v1_isolation: Literal["box", "none"] = Field(default="box", validation_alias="AGL_V1_ISOLATION")
+    """How 1.0 agent programs are contained. `box` (default): each program runs as a uid of its own
+    (AGL_V1_PROGRAM_UID_BASE plus its pid) with no groups, no capabilities and no_new_privs, in a private 0700
+    directory that is its cwd, HOME and TMPDIR, under the AGL_V1_PROGRAM_* limits; at its end everything of its
+    uid is killed and the directory removed. The worker needs CAP_SETUID and CAP_SETGID for it (root has them;
+    docs/agl-v1.md, "Boxes"), else it refuses to start. `none`: programs run as the worker's uid in its cwd (the
+    worker logs at start that they are not isolated)."""
+    agl_v1_program_uid_base: int = Field(
+        default=2_000_000_000, ge=1_000_000, le=4_000_000_000, validation_alias="AGL_V1_PROGRAM_UID_BASE"
+    )
+    """A boxed program runs as this uid plus its pid (a PID namespace's pids stay below 4,194,305): a range no
+    user, service or container's uid map on the host may overlap."""
+    agl_v1_program_memory_mb: int = Field(default=8192, ge=64, validation_alias="AGL_V1_PROGRAM_MEMORY_MB")
+    """A boxed program's address space, in MiB (RLIMIT_AS; a program that forks has it per process): past it an
+    allocation fails (Python's MemoryError) and the attempt fails, naming the limit."""
+    agl_v1_program_max_processes: int = Field(default=512, ge=8, validation_alias="AGL_V1_PROGRAM_MAX_PROCESSES")
+    """Processes and threads a boxed program may hold at once (RLIMIT_NPROC of its own uid)."""
+    agl_v1_program_max_open_files: int = Field(default=4096, ge=64, validation_alias="AGL_V1_PROGRAM_MAX_OPEN_FILES")
+    """Files and sockets a boxed program's process may hold open at once (RLIMIT_NOFILE)."""
+    agl_v1_program_cpu_s: int = Field(default=3600, ge=1, validation_alias="AGL_V1_PROGRAM_CPU_S")
+    """CPU seconds a boxed program's process may use (RLIMIT_CPU): then SIGXCPU ends it and the attempt fails,
+    naming the limit. The rollout's own timeout bounds its wall-clock time."""
+    agl_v1_program_max_file_mb: int = Field(default=1024, ge=1, validation_alias="AGL_V1_PROGRAM_MAX_FILE_MB")
+    """The largest file a boxed program may write, in MiB (RLIMIT_FSIZE): a write past it fails ("File too
+    large")."""
     agl_v1_publish_give_up_s: float = Field(default=600.0, gt=0, validation_alias="AGL_V1_PUBLISH_GIVE_UP_S")
     """How long `python -m bridge v1` keeps retrying (with backoff) a 1.0 rollout the broker will not take before it
     fails the rollout with the broker's error; meanwhile the rollouts behind it go on. An error that no retry can

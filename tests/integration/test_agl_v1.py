@@ -230,8 +230,8 @@ def test_a_crashing_agent_fails_with_its_error(v1: V1Stack) -> None:
     assert "about to fail" in rollout["error"]  # the program's own last lines
 
 
-def test_a_sleeping_agent_fails_at_its_timeout_with_its_processes_gone(v1: V1Stack, tmp_path: Path) -> None:
-    pid_file = tmp_path / "pids"
+def test_a_sleeping_agent_fails_at_its_timeout_with_its_processes_gone(v1: V1Stack, outbox: Path) -> None:
+    pid_file = outbox / "pids"
     started = time.monotonic()
     [rollout] = v1.train("Sleeping", [{"pid_file": str(pid_file)}], {"PID_FILE": "input.pid_file"}, timeout_s=10)
     assert rollout["state"] == "failed" and "timed out after 10s" in rollout["error"], rollout
@@ -273,10 +273,21 @@ def test_a_worker_killed_mid_run_runs_its_rollouts_again_once_under_a_new_attemp
         assert rollout["reward"] == rollout["input"]["reward"] and rollout["reward_events"] == 1
 
 
-def test_a_program_sees_only_the_allowed_environment_and_none_of_the_workers_secrets(
-    v1: V1Stack, tmp_path: Path
-) -> None:
-    dump = tmp_path / "env.json"
+def assert_clean_environment(seen: dict[str, str], worker_env: dict[str, str], mapped: set[str]) -> None:
+    """A program's environment: the base names the worker had, unchanged, its attempt's AGL_* and its env_map
+    (``mapped``), HOME and TMPDIR of its box, and nothing else."""
+    passed = {"PYTHONPATH", *webshop_program.PASS_ENV.split(",")}
+    allowed = {n for n in worker_env if n in BASE_NAMES or n.startswith(BASE_PREFIXES) or n in passed}
+    # Python itself sets LC_CTYPE in a C locale (PEP 538): the only name the program may add beside its box's
+    box = {"HOME", "TMPDIR"}  # its own directory (docs/agl-v1.md, "Boxes")
+    assert set(seen) - {"LC_CTYPE"} == (allowed | AGL_NAMES | box | mapped) - {"LC_CTYPE"}
+    same = allowed - box
+    assert {n: seen[n] for n in same if n in seen} == {n: worker_env[n] for n in same if n in seen}
+    assert seen["TMPDIR"] == seen["HOME"] + "/tmp" and seen["HOME"] != worker_env.get("HOME", os.environ["HOME"])
+
+
+def test_a_program_sees_only_the_allowed_environment_and_none_of_the_workers_secrets(v1: V1Stack, outbox: Path) -> None:
+    dump = outbox / "env.json"
     [rollout] = v1.train(
         "DumpEnv", [{"path": str(dump), "reward": 0.25}], {"DUMP_FILE": "input.path", "TASK_REWARD": "input.reward"}
     )
@@ -284,11 +295,7 @@ def test_a_program_sees_only_the_allowed_environment_and_none_of_the_workers_sec
     seen = json.loads(dump.read_text())
     [worker] = v1.stack.workers
     worker_env = worker.env or {}
-    passed = {"PYTHONPATH", *webshop_program.PASS_ENV.split(",")}
-    allowed = {n for n in worker_env if n in BASE_NAMES or n.startswith(BASE_PREFIXES) or n in passed}
-    # Python itself sets LC_CTYPE in a C locale (PEP 538): the only name the program may add
-    assert set(seen) - {"LC_CTYPE"} == (allowed | AGL_NAMES | {"DUMP_FILE", "TASK_REWARD"}) - {"LC_CTYPE"}
-    assert {n: seen[n] for n in allowed if n in seen} == {n: worker_env[n] for n in allowed if n in seen}
+    assert_clean_environment(seen, worker_env, {"DUMP_FILE", "TASK_REWARD"})
     secrets = {worker_env[n] for n in ("CELERY_BROKER_URL", "REDIS_URL", "AGL_V1_KEY", "AGL_V1_SERVER_URL")}
     secrets |= {WORKER_OPENAI_KEY, WORKER_STORE_TOKEN}
     assert not secrets & set(seen.values())  # AGL_KEY is its attempt's token, never the gateway's key
@@ -298,7 +305,7 @@ def test_a_program_sees_only_the_allowed_environment_and_none_of_the_workers_sec
 
 
 def test_a_hostile_program_is_refused_all_but_its_own_rollout_and_the_gateway_shows_no_effect(
-    v1: V1Stack, tmp_path: Path
+    v1: V1Stack, outbox: Path
 ) -> None:
     """docs/agl-v1.md, "The attempt relay": the program holds a token of its attempt, not the gateway's key; the
     relay forwards its own model calls and events only, and the gateway refuses the token. The victim runs beside
@@ -313,7 +320,7 @@ def test_a_hostile_program_is_refused_all_but_its_own_rollout_and_the_gateway_sh
             return current is not None and current.status.state == state
 
         wait_for(lambda: victim_is(V1State.RUNNING), 30, "the victim running")
-        dump = tmp_path / "tries.json"
+        dump = outbox / "tries.json"
         task = {"path": str(dump), "victim": victim.rollout_id, "gateway": v1.gateway}
         [hostile] = v1.train(
             "Trespasser", [task], {"DUMP_FILE": "input.path", "VICTIM": "input.victim", "GATEWAY": "input.gateway"}
@@ -340,7 +347,7 @@ def test_a_hostile_program_is_refused_all_but_its_own_rollout_and_the_gateway_sh
     [after] = v1.train("AskAndReward", [{"question": "What is 3 + 3?", "reward": 0.75}], ASK)
     assert after["state"] == "succeeded" and after["reward"] == 0.75  # the model server is still the trainer's
     logs = "".join(log.read_text(errors="replace") for log in v1.stack.log_dir.glob("worker*.log"))
-    assert f"1.0 programs run as uid {os.getuid()} like this worker, non-dumpable" in logs  # what it runs under
+    assert "1.0 programs run in boxes: each as uid 2000000000 plus its pid" in logs  # what it runs under
 
 
 def test_an_env_map_that_redirects_agl_event_url_fails_as_input_and_the_trap_hears_nothing(v1: V1Stack) -> None:
@@ -368,10 +375,10 @@ def test_an_env_map_that_redirects_agl_event_url_fails_as_input_and_the_trap_hea
     assert heard == [] and v1.started_lines(rollout["rollout_id"]) == 0  # the program never started
 
 
-def test_a_forged_message_runs_the_gateways_agent_class_never_the_messages(v1: V1Stack, tmp_path: Path) -> None:
+def test_a_forged_message_runs_the_gateways_agent_class_never_the_messages(v1: V1Stack, outbox: Path) -> None:
     """A broker writer publishes a task for a real rollout naming another agent class: the worker runs what the
     gateway holds. The dispatcher is stopped meanwhile, so the forged delivery is the one that runs."""
-    marker = tmp_path / "tattled"
+    marker = outbox / "tattled"
     task = {"sleep": 0.0, "reward": 0.75, "marker": str(marker)}
     v1.stack.process("v1-dispatcher").stop()
     gateway = GatewayClient(v1.gateway, key=KEY)
@@ -504,7 +511,7 @@ def test_a_program_server_killed_mid_run_fails_its_rollout_as_a_lost_program_and
 
 
 def test_under_prefork_warm_programs_crash_time_out_with_their_group_and_see_the_clean_environment(
-    v1: V1Stack, tmp_path: Path
+    v1: V1Stack, outbox: Path
 ) -> None:
     """Pool processes connect to the one server their main process started: a crashing program's output, a
     sleeping program killed at its deadline with its child, and the environment a program sees."""
@@ -519,24 +526,20 @@ def test_under_prefork_warm_programs_crash_time_out_with_their_group_and_see_the
         [crashed] = v1.train("Crashing", [{"question": "q", "reward": 1.0}], ASK)
         assert crashed["state"] == "failed" and "exited with code 1" in crashed["error"], crashed
         assert "about to fail" in crashed["error"] and "the agent broke on purpose" in crashed["error"]
-        pid_file = tmp_path / "pids"
+        pid_file = outbox / "pids"
         [slept] = v1.train("Sleeping", [{"pid_file": str(pid_file)}], {"PID_FILE": "input.pid_file"}, timeout_s=8)
         assert slept["state"] == "failed" and "timed out after 8s" in slept["error"], slept
         pids = [int(p) for p in pid_file.read_text().split()]
         wait_for(lambda: not any(process_alive(pid) for pid in pids), 10, "the agent's processes gone")
-        dump = tmp_path / "env.json"
+        dump = outbox / "env.json"
         [dumped] = v1.train(
             "DumpEnv", [{"path": str(dump), "reward": 0.25}], {"DUMP_FILE": "input.path", "TASK_REWARD": "input.reward"}
         )
         assert dumped["state"] == "succeeded", dumped
-        seen = json.loads(dump.read_text())
-        worker_env = worker.env or {}
-        passed = {"PYTHONPATH", *webshop_program.PASS_ENV.split(",")}
-        allowed = {n for n in worker_env if n in BASE_NAMES or n.startswith(BASE_PREFIXES) or n in passed}
-        assert set(seen) - {"LC_CTYPE"} == (allowed | AGL_NAMES | {"DUMP_FILE", "TASK_REWARD"}) - {"LC_CTYPE"}
+        assert_clean_environment(json.loads(dump.read_text()), worker.env or {}, {"DUMP_FILE", "TASK_REWARD"})
         assert getattr(_program_server(worker), "pid", None) == server.pid  # one server served every pool process
         log = worker.log_path.read_text(errors="replace")
-        assert log.count("warm start)") == 3 and "cold start)" not in log
+        assert log.count("warm start, boxed as uid") == 3 and "cold start" not in log
     finally:
         worker.stop()
         v1.stack.workers.remove(worker)

@@ -121,9 +121,9 @@ def test_children_a_program_leaves_behind_at_its_exit_are_killed(
     gateway: StubGateway,
     client: redis.Redis,
     monitor: HeartbeatMonitor,
-    tmp_path: Path,
+    outbox: Path,
 ) -> None:
-    pid_file = tmp_path / "pids"
+    pid_file = outbox / "pids"
     scope = f"t-{uuid.uuid4().hex[:8]}"
     rollout = gateway.add(
         f"child-{uuid.uuid4().hex[:6]}",
@@ -192,7 +192,7 @@ def test_a_program_that_fails_while_the_gateway_is_paused_is_infra_with_the_paus
 
 
 def test_a_timeout_in_a_pause_is_infra_with_the_pause_named(
-    gateway: StubGateway, client: redis.Redis, monitor: HeartbeatMonitor, tmp_path: Path
+    gateway: StubGateway, client: redis.Redis, monitor: HeartbeatMonitor, outbox: Path
 ) -> None:
     scope = f"t-{uuid.uuid4().hex[:8]}"
     gateway.paused = "weight update 8"
@@ -201,7 +201,7 @@ def test_a_timeout_in_a_pause_is_infra_with_the_pause_named(
         f"{AGENTS}:Sleeping",
         created_at=1.0,
         timeout_s=2,
-        task_input={"pid_file": str(tmp_path / "pids")},
+        task_input={"pid_file": str(outbox / "pids")},
         env_map={"PID_FILE": "input.pid_file"},
     )
     outcome = _attempt(gateway, client, monitor, rollout, scope).run()
@@ -213,13 +213,13 @@ def test_a_timeout_in_a_pause_is_infra_with_the_pause_named(
 
 
 def test_a_rollout_created_again_under_its_id_stops_the_old_program_within_a_watch_interval(
-    gateway: StubGateway, client: redis.Redis, monitor: HeartbeatMonitor, tmp_path: Path
+    gateway: StubGateway, client: redis.Redis, monitor: HeartbeatMonitor, outbox: Path
 ) -> None:
     """A restarted gateway forgets every rollout; a trainer that enqueues its batch again with its own ids creates
     new rollouts under old ids. The old program is not theirs: it is stopped at the next read and reports nothing."""
     scope = f"t-{uuid.uuid4().hex[:8]}"
     rid = f"again-{uuid.uuid4().hex[:6]}"
-    pid_file = tmp_path / "pids"
+    pid_file = outbox / "pids"
     task_input, env_map = {"pid_file": str(pid_file)}, {"PID_FILE": "input.pid_file"}
     rollout = gateway.add(rid, f"{AGENTS}:Sleeping", created_at=1000.0, task_input=task_input, env_map=env_map)
     attempt = _attempt(gateway, client, monitor, rollout, scope)

@@ -35,7 +35,9 @@ SLACK_S = 1.5
 
 
 @pytest.mark.parametrize("pool", ["threads", "prefork"])
-def test_a_drained_worker_hands_its_1_0_attempts_over(services: LocalStack, tmp_path: Path, pool: str) -> None:
+def test_a_drained_worker_hands_its_1_0_attempts_over(
+    services: LocalStack, tmp_path: Path, outbox: Path, pool: str
+) -> None:
     scope = f"v1drain-{uuid.uuid4().hex[:8]}"
     with StubGateway().serving() as gateway:
         env = {
@@ -56,7 +58,7 @@ def test_a_drained_worker_hands_its_1_0_attempts_over(services: LocalStack, tmp_
                 f"drain-{uuid.uuid4().hex[:6]}",
                 "tests.agl_v1_agents:Sleeping",
                 created_at=5.0,
-                task_input={"pid_file": str(tmp_path / "pids")},
+                task_input={"pid_file": str(outbox / "pids")},
                 env_map={"PID_FILE": "input.pid_file"},  # a program's environment is clean: never the worker's
             )
             rid = rollout["rollout_id"]
@@ -70,7 +72,7 @@ def test_a_drained_worker_hands_its_1_0_attempts_over(services: LocalStack, tmp_
                 task_id=task_id,
                 queue=QUEUE,
             )
-            pid_file = tmp_path / "pids"
+            pid_file = outbox / "pids"
             wait_for(lambda: pid_file.exists() and len(pid_file.read_text().split()) == 2, 30, "the program started")
             pids = [int(p) for p in pid_file.read_text().split()]
             assert client.exists(keys.lease(state_key))

@@ -87,6 +87,12 @@ RELAY_REFUSED = Counter(
     ["reason"],
 )
 RELAY_REASONS = ("token", "route", "connections")
+PROGRAMS_STARTED = Counter(
+    "agl_worker_programs_started_total",
+    "1.0 agent programs started, by start (warm, cold) and isolation (box: a uid and directory of its own under"
+    " limits; none: AGL_V1_ISOLATION=none)",
+    ["start", "isolation"],
+)
 
 # --- set-up (worker main process) ---------------------------------------------------------------
 
@@ -185,6 +191,11 @@ def observe_ratelimit_bypassed(op: str) -> None:
 def relay_refused(reason: str) -> None:
     """One request of a 1.0 agent program the attempt relay refused (``RELAY_REASONS``)."""
     RELAY_REFUSED.labels(reason).inc()
+
+
+def program_started(start: str, isolation: str) -> None:
+    """One 1.0 agent program started (``start``: warm or cold; ``isolation``: box or none)."""
+    PROGRAMS_STARTED.labels(start, isolation).inc()
 
 
 def observe_env(op: str, seconds: float, outcome: int | str) -> None:

@@ -17,7 +17,6 @@ Everything these hooks keep lives in ``workers.lifecycle.state``.
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import sys
 import threading
@@ -42,7 +41,7 @@ from workers.lifecycle import drain, state
 from workers.lifecycle import metrics as worker_metrics
 from workers.protocol import clock
 from workers.protocol.lease import free_slot
-from workers.v1 import launch
+from workers.v1 import box, launch
 
 log = logging.getLogger("workers.lifecycle.signals")
 
@@ -194,14 +193,10 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
         scope = deployment_scope(settings)  # nothing names this deployment's keys: exit 2 (docs/agl-v1.md)
         agent_loading.check_tracer_pool(settings, _pool_name(sender), int(getattr(sender, "concurrency", 1) or 1))
         _load_agent(settings)
+        if settings.agl_v1_url:
+            box.check_isolation(settings)  # before the pool forks: one box root per node
         if settings.agl_v1_url and settings.agl_v1_warm_start:  # before the pool forks: one per node
             launch.node_server(settings)
-        if settings.agl_v1_url:
-            log.info(
-                "1.0 programs run as uid %d like this worker, non-dumpable, with a token of their attempt for this "
-                "worker's relay and never AGL_V1_KEY; no box of their own (docs/agl-v1.md, 'The attempt relay')",
-                os.getuid(),
-            )
     except ConfigError as error:  # Celery logs and ignores an Exception from a signal handler: exit here
         print(f"error: {error.message}", file=sys.stderr)
         log.critical("%s", error.message)

@@ -47,10 +47,13 @@ from bridge.core.agl_v1 import (
 from bridge.core.outcome import FailureClass, Outcome, OutcomeStatus
 from bridge.core.settings import Settings
 from bridge.core.time_budget import clamp_to_broker
+from workers.lifecycle import metrics
 from workers.protocol.heartbeat import HEARTBEAT_TIMEOUT_S, TICK_S, HeartbeatMonitor
 from workers.protocol.held import HeldAttempt
+from workers.v1.box import isolation_of, limit_hit
 from workers.v1.environment import output_redactor, program_environment
 from workers.v1.launch import start_program
+from workers.v1.program_server import BOX_FAILED, BOX_FAILED_MARK
 from workers.v1.programs import Program, ProgramLost, WarmProgram
 from workers.v1.relay import process_relay
 
@@ -190,9 +193,18 @@ class V1Attempt:
             return Outcome(FAILED, f"the agent's program server failed: {exc}", FailureClass.INFRA)
         tail = OutputTail()
         reader = threading.Thread(target=self._read_output, args=(program, tail), daemon=True)
+        isolation = isolation_of(program.box, program.pid)
+        metrics.program_started(program.start, isolation.kind)
         try:
             reader.start()
-            log.info("%s started %s (pid %d, %s start)", self.tag, agent_class, program.pid, program.start)
+            log.info(
+                "%s started %s (pid %d, %s start, %s)",
+                self.tag,
+                agent_class,
+                program.pid,
+                program.start,
+                isolation.describe(),
+            )
             ended = self._supervise(program)
         finally:
             # Every way out: children the program left behind at its exit, an exception, Celery's time limit.
@@ -209,6 +221,12 @@ class V1Attempt:
                 f"the agent's program server died under it (the agent was killed with it):\n{last}",
                 FailureClass.INFRA,
             )
+        if ended == BOX_FAILED and BOX_FAILED_MARK in last:
+            return Outcome(FAILED, f"the agent did not run: {last}", FailureClass.INFRA)
+        limit = limit_hit(ended, last, self.settings)
+        if limit is not None:
+            detail = f"the agent ran into {limit}, {isolation.describe()}, and exited with code {ended}:\n{last}"
+            return Outcome(FAILED, detail, FailureClass.AGENT)
         return self._blame_pause(Outcome(FAILED, f"the agent exited with code {ended}:\n{last}", FailureClass.AGENT))
 
     def _blame_pause(self, outcome: Outcome) -> Outcome:

@@ -31,6 +31,7 @@ import sys
 from bridge.core.errors import ConfigError
 from bridge.core.settings import Settings
 from workers.lifecycle import state
+from workers.v1.box import program_box
 from workers.v1.programs import ColdProgram, Program
 from workers.v1.server_supervisor import ProgramServer
 
@@ -67,16 +68,17 @@ def stop_node_server() -> None:
 
 
 def start_program(settings: Settings, agent_class: str, env: dict[str, str]) -> Program:
-    """Start ``agent_class`` with ``env`` as ``AGL_V1_WARM_START`` says. ProgramLost: a warm start's server died
-    with the request."""
+    """Start ``agent_class`` with ``env`` as ``AGL_V1_WARM_START`` says, in a box of its own as
+    ``AGL_V1_ISOLATION`` says (``workers.v1.box``). ProgramLost: a warm start's server died with the request."""
     python = settings.agl_v1_agent_python or sys.executable
+    box = program_box(settings)
     if settings.agl_v1_warm_start:
         try:
             server = node_server(settings)
         except ConfigError as exc:
             log.error("%s: the program starts cold", exc.message)
         else:
-            program = server.start_program(agent_class, env)
+            program = server.start_program(agent_class, env, box)
             if program is not None:
                 return program
-    return ColdProgram(python, agent_class, env)
+    return ColdProgram(python, agent_class, env, box)

@@ -13,6 +13,7 @@ import signal
 import socket
 import struct
 import time
+from typing import Any
 
 from workers.v1.programs import ProgramLost, WarmProgram
 
@@ -22,16 +23,18 @@ CONNECT_WAIT_S = 5.0  # while a server is being replaced; then the program start
 REPLY_TIMEOUT_S = 30.0  # for the server's "forked" answer
 
 
-def request_program(socket_path: str, agent_class: str, env: dict[str, str]) -> WarmProgram | None:
-    """Ask the server at ``socket_path`` to fork ``agent_class`` with ``env``; None when no server answers within
-    ``CONNECT_WAIT_S`` (nothing was asked: the caller starts it cold). ProgramLost when the server took the
-    request and then died or did not answer (the program may have started: never start it again here)."""
+def request_program(
+    socket_path: str, agent_class: str, env: dict[str, str], box: dict[str, Any] | None = None
+) -> WarmProgram | None:
+    """Ask the server at ``socket_path`` to fork ``agent_class`` with ``env`` in ``box``; None when no server
+    answers within ``CONNECT_WAIT_S`` (nothing was asked: the caller starts it cold). ProgramLost when the server
+    took the request and then died or did not answer (the program may have started: never start it again here)."""
     sock = _connect(socket_path)
     if sock is None:
         return None
     read_fd, write_fd = os.pipe()
     try:
-        request = {"agent_class": agent_class, "env": env, "cwd": os.getcwd(), "worker_pid": os.getpid()}
+        request = {"agent_class": agent_class, "env": env, "cwd": os.getcwd(), "worker_pid": os.getpid(), "box": box}
         socket.send_fds(sock, [json.dumps(request).encode() + b"\n"], [write_fd])
         os.close(write_fd)
         write_fd = -1
@@ -52,7 +55,7 @@ def request_program(socket_path: str, agent_class: str, env: dict[str, str]) -> 
         if "error" in answer:
             raise ProgramLost(f"the program server refused it: {answer['error']}")
         sock.settimeout(None)
-        return WarmProgram(sock, int(answer["pid"]), read_fd, rest)
+        return WarmProgram(sock, int(answer["pid"]), read_fd, rest, box)
     except (OSError, ValueError, KeyError) as exc:
         sock.close()
         os.close(read_fd)

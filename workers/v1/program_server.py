@@ -46,7 +46,18 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
-PR_SET_PDEATHSIG, PR_SET_DUMPABLE = 1, 4
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 1, 4, 38
+_CAPABILITY_VERSION_3 = 0x20080522
+_CLONE_NEWNS, _MS_NOSUID, _MS_NODEV, _MS_BIND, _MS_REC, _MS_PRIVATE = 0x20000, 2, 4, 4096, 16384, 1 << 18
+BOX_FAILED = 125  # the exit code of a program whose box could not be made (it never ran): BOX_FAILED_MARK says why
+BOX_FAILED_MARK = "agl-box: not run:"
+_LIMITS = {  # a box's limits (``box["limits"]``) and the resource each one sets, soft and hard
+    "memory_bytes": "RLIMIT_AS",
+    "processes": "RLIMIT_NPROC",
+    "open_files": "RLIMIT_NOFILE",
+    "cpu_s": "RLIMIT_CPU",
+    "file_bytes": "RLIMIT_FSIZE",
+}
 MAX_REQUEST_BYTES = 8 * 2**20
 RECV_BYTES = 65536
 SERVER_MARKER = "agl-program-server"  # in the server's argument: how tools find a node's server among processes
@@ -69,6 +80,155 @@ def seal() -> None:
     environment (its attempt's token) nor its memory through ``/proc``, nor attach to it."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0)
+
+
+# --- the box: shared by both starts (docs/agl-v1.md, "Boxes"; the worker's side is ``workers.v1.box``) ----------
+
+
+def box_uid(uid_base: int, pid: int) -> int:
+    """The uid of the program whose process is ``pid``: unique among the programs alive in a PID namespace, and
+    never reused while anything of its box lives (the box is swept before its leader is reaped)."""
+    return uid_base + pid
+
+
+def enter_box(box: dict[str, Any] | None) -> list[str]:
+    """Put this process, a program before any of its code runs, in its box: the limits, its own uid and gid
+    (``box_uid``) with no groups, no capabilities (checked) and ``no_new_privs``, umask 077, and its own 0700
+    directory ``box["directory"]`` (with ``tmp`` in it) as cwd, HOME and TMPDIR; ``sys.path``'s entry for the
+    current directory becomes ``box["import_from"]`` (the worker's), so modules import as they did unboxed. Nothing when ``box`` is None (no
+    isolation: the operator's opt-out). Returns the paths shown in a mount namespace of its own
+    (``_show_interpreter``). OSError or RuntimeError when any step fails: the caller must not run it."""
+    if box is None:
+        return []
+    import resource
+    import tempfile
+
+    for name, value in box["limits"].items():
+        which = getattr(resource, _LIMITS[name])
+        _, hard = resource.getrlimit(which)
+        value = int(value) if hard == resource.RLIM_INFINITY else min(int(value), hard)
+        # CPU: SIGXCPU at the limit (the exit names it), SIGKILL a second later
+        resource.setrlimit(which, (value, value + 1 if name == "cpu_s" and value < hard else value))
+    uid = box_uid(int(box["uid_base"]), os.getpid())
+    if "" in sys.path:  # where ``python -c`` would import from: the worker's directory, not the box's
+        sys.path[sys.path.index("")] = str(box["import_from"])
+    shown = _show_interpreter()
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+    _drop_capabilities()
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+    with contextlib.suppress(ProcessLookupError):  # what a box of this uid left when its worker died: gone
+        os.kill(-1, signal.SIGKILL)
+    os.umask(0o077)
+    home = str(box["directory"])
+    os.mkdir(home, 0o700)  # fails on anything already there: nobody else's directory is ever taken
+    os.mkdir(os.path.join(home, "tmp"), 0o700)
+    os.chdir(home)
+    os.environ.update({"HOME": home, "TMPDIR": os.path.join(home, "tmp")})
+    tempfile.tempdir = None  # the server may have asked for it before: the program finds its own
+    return shown
+
+
+def _show_interpreter() -> list[str]:
+    """Where this interpreter's files (its prefixes and ``sys.path``) lie below a directory other uids cannot
+    search (a virtualenv in root's 0700 home), give this process a mount namespace of its own in which that
+    directory is an empty tmpfs holding only those paths, bound in. OSError naming the directory when this process
+    cannot (it needs CAP_SYS_ADMIN: the worker runs as root). Returns the paths shown so."""
+    wanted = {sys.prefix, sys.base_prefix, sys.exec_prefix, *sys.path}
+    paths = sorted({os.path.realpath(p) for p in wanted if p and os.path.isdir(p)})
+    closed: dict[str, list[str]] = {}
+    for path in paths:
+        ancestor = _closed_directory(path)
+        if ancestor == path:
+            raise OSError(f"{path} (the interpreter's) cannot be searched by other uids")
+        if ancestor is not None and not any(path.startswith(p + os.sep) for p in closed.get(ancestor, [])):
+            closed.setdefault(ancestor, []).append(path)
+    if not closed:
+        return []
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def mount(source: str | None, target: str, kind: str | None, flags: int, data: str | None = None) -> None:
+        encoded = [None if v is None else v.encode() for v in (source, target, kind, data)]
+        if libc.mount(*encoded[:3], ctypes.c_ulong(flags), encoded[3]) != 0:
+            raise OSError(ctypes.get_errno(), f"mount {source} on {target}")
+
+    if libc.unshare(_CLONE_NEWNS) != 0:
+        raise OSError(
+            ctypes.get_errno(),
+            f"the interpreter lies under {', '.join(closed)}, which other uids cannot search, and this worker cannot "
+            "make a mount namespace to show it (install it where others can read it, or run the worker as root)",
+        )
+    mount(None, "/", None, _MS_REC | _MS_PRIVATE)
+    for ancestor, inside in closed.items():
+        held = [os.open(path, os.O_PATH | os.O_DIRECTORY) for path in inside]
+        mount("tmpfs", ancestor, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755,size=1m")
+        for path, fd in zip(inside, held, strict=True):
+            os.makedirs(path, mode=0o755, exist_ok=True)
+            mount(f"/proc/self/fd/{fd}", path, None, _MS_BIND | _MS_REC)
+            os.close(fd)
+    return [path for inside in closed.values() for path in inside]
+
+
+def _closed_directory(path: str) -> str | None:
+    """The first directory on the way to ``path`` (itself included) that other uids cannot search, or None."""
+    current = os.sep
+    for part in [p for p in path.split(os.sep) if p]:
+        if not os.stat(current).st_mode & 0o001:
+            return current
+        current = os.path.join(current, part)
+    return None if os.stat(current).st_mode & 0o001 else current
+
+
+def _drop_capabilities() -> None:
+    """Empty this thread's capability sets (a uid change between nonzero uids keeps them), then check all five."""
+
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    class Data(ctypes.Structure):
+        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.capset(ctypes.byref(Header(_CAPABILITY_VERSION_3, 0)), (Data * 2)()) != 0:
+        raise OSError(ctypes.get_errno(), "capset")
+    with open("/proc/self/status") as status:
+        held = [line.split()[0] for line in status if line.startswith("Cap") and int(line.split()[1], 16)]
+    if [name for name in held if name != "CapBnd:"]:
+        raise RuntimeError(f"capabilities still held: {held}")
+
+
+def sweep_box(uid: int, directory: str, *, kill: bool = True) -> None:
+    """Kill every process of ``uid`` (what a program left running, in its session or out of it; unless ``kill`` is
+    False) and remove its directory, as ``uid`` itself: ``kill -1`` reaches exactly that uid's processes. Needs
+    CAP_SETUID and CAP_SETGID, as making the box did."""
+    import subprocess
+
+    script = ("kill -s KILL -1 2>/dev/null; " if kill else "") + 'exec rm -rf -- "$1"'
+    subprocess.run(
+        ["/bin/sh", "-c", script, "sh", directory],
+        user=uid,
+        group=uid,
+        extra_groups=[],
+        env={"PATH": "/usr/bin:/bin"},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        close_fds=True,
+        check=False,
+        timeout=60,
+    )
+
+
+def boxed_or_exit(box: dict[str, Any] | None) -> list[str]:
+    """``enter_box``, or exit ``BOX_FAILED`` with the reason on stderr: a program never runs half-boxed."""
+    try:
+        return enter_box(box)
+    except (OSError, RuntimeError, ValueError, KeyError, TypeError) as exc:
+        print(f"{BOX_FAILED_MARK} its box could not be made: {exc!r}", file=sys.stderr, flush=True)
+        os._exit(BOX_FAILED)
 
 
 def run_program(path: str) -> int:
@@ -101,11 +261,29 @@ def _exit_code(exc: SystemExit) -> int:
 
 
 def cold_main() -> None:
-    """A cold start: ``python -c`` with argv ``[agent_class, worker_pid]``."""
-    if not die_with_parent(int(sys.argv[2])):
+    """A cold start: ``python -c`` with argv ``[agent_class, worker_pid, box]`` (the box as JSON, ``null`` for
+    none), which the program then sees as ``[agent_class, worker_pid]``."""
+    box = json.loads(sys.argv.pop(3))
+    boxed_or_exit(box)
+    if not die_with_parent(int(sys.argv[2])):  # after the uid changed: that clears the parent-death signal
         os._exit(1)
     seal()
     sys.exit(run_program(sys.argv[1]))
+
+
+def probe_main() -> None:
+    """The worker's start-up check of the box (``workers.v1.box.check_isolation``), argv ``['probe', worker_pid,
+    box]``: make the box, print one JSON line of what it is from inside, remove its directory."""
+    box = json.loads(sys.argv[3])
+    shown = boxed_or_exit(box)
+    facts = {"uid": os.getuid(), "groups": os.getgroups(), "cwd": os.getcwd(), "shown": shown}
+    if box is not None and facts["uid"] != box_uid(int(box["uid_base"]), os.getpid()):
+        print(f"{BOX_FAILED_MARK} the probe runs as uid {facts['uid']}", file=sys.stderr)
+        sys.exit(BOX_FAILED)
+    os.chdir("/")
+    if box is not None:
+        shutil.rmtree(box["directory"], ignore_errors=True)
+    print(json.dumps(facts), flush=True)
 
 
 # --- the server ----------------------------------------------------------------------------------------
@@ -152,6 +330,7 @@ class Server:
         self.selector = selectors.DefaultSelector()
         self.connections: dict[int, Connection] = {}  # by the socket's fd
         self.children: dict[int, Connection | None] = {}  # pid -> its connection (None once that closed)
+        self.boxes: dict[int, tuple[int, str]] = {}  # pid -> its box's uid and directory, until swept
         self.stopping = False
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_r, False)
@@ -178,7 +357,7 @@ class Server:
                     self._on_readable(key.data)
             self._reap()
         for pid in list(self.children):
-            _kill_group(pid)
+            self._kill(pid)
         while self.children:
             try:
                 pid, status = os.waitpid(-1, 0)
@@ -223,6 +402,9 @@ class Server:
             request = json.loads(line)
             agent_class, env = str(request["agent_class"]), {str(k): str(v) for k, v in request["env"].items()}
             cwd, worker_pid = str(request["cwd"]), int(request["worker_pid"])
+            box = request.get("box")
+            if box is not None and not isinstance(box, dict):
+                raise TypeError("box is not an object")
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             self._refuse(connection, f"malformed request: {exc!r}")
             return
@@ -236,7 +418,7 @@ class Server:
         pid = os.fork()
         if pid == 0:
             try:
-                self._child(output, agent_class, env, cwd, worker_pid)
+                self._child(output, agent_class, env, cwd, worker_pid, box)
             except BaseException:
                 traceback.print_exc()
             finally:
@@ -244,14 +426,15 @@ class Server:
         os.close(output)
         connection.pid = pid
         self.children[pid] = connection
+        if box is not None:
+            self.boxes[pid] = (box_uid(int(box["uid_base"]), pid), str(box["directory"]))
         _send(connection.sock, {"pid": pid})
 
-    def _child(self, output: int, agent_class: str, env: dict[str, str], cwd: str, worker_pid: int) -> None:
+    def _child(
+        self, output: int, agent_class: str, env: dict[str, str], cwd: str, worker_pid: int, box: dict[str, Any] | None
+    ) -> None:
         gc.enable()
         os.setsid()
-        if not die_with_parent(self.pid):
-            os._exit(1)
-        seal()
         signal.set_wakeup_fd(-1)
         for signum, handler in self.initial.handlers.items():
             if handler is None:  # set outside Python: neither changed here nor restorable
@@ -268,10 +451,15 @@ class Server:
         os.closerange(3, os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 65536)
         os.environ.clear()
         os.environ.update({**self.initial.added_env, **env})
-        os.chdir(cwd)
         sys.argv = ["-c", agent_class, str(worker_pid)]
         sys.path[:] = self.initial.path
         _fresh_stdio()
+        if box is None:
+            os.chdir(cwd)
+        boxed_or_exit(box)
+        if not die_with_parent(self.pid):  # after the uid changed: that clears the parent-death signal
+            os._exit(1)
+        seal()
         code = run_program(agent_class)
         _finalize()
         os._exit(code)
@@ -296,8 +484,8 @@ class Server:
         connection.sock.close()
 
     def _reap(self) -> None:
-        """Each program that ended: kill what is left of its group while its pid is still held (not reaped, so
-        the group's id cannot be reused), then reap it and tell its worker."""
+        """Each program that ended: kill what is left of its group and box while its pid is still held (not
+        reaped, so neither the group's id nor the box's uid can be reused), then reap it and tell its worker."""
         while True:
             try:
                 info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
@@ -305,9 +493,16 @@ class Server:
                 return
             if info is None or info.si_pid == 0:
                 return
-            _kill_group(info.si_pid)
+            self._kill(info.si_pid)
             _, status = os.waitpid(info.si_pid, 0)
             self._ended(info.si_pid, status)
+
+    def _kill(self, pid: int) -> None:
+        """Kill the program's group and, when it has a box, everything of its uid; its directory goes too."""
+        _kill_group(pid)
+        box = self.boxes.pop(pid, None)
+        if box is not None:
+            sweep_box(*box)
 
     def _ended(self, pid: int, status: int) -> None:
         connection = self.children.pop(pid, None)

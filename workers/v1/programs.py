@@ -20,7 +20,9 @@ import socket
 import subprocess
 import time
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
+
+from workers.v1.program_server import box_uid, sweep_box
 
 log = logging.getLogger("workers.v1.programs")
 
@@ -46,6 +48,7 @@ class Program(Protocol):
     start: str  # "warm" or "cold"
     pid: int
     output_fd: int
+    box: dict[str, Any] | None  # the box it runs in (workers.v1.box), None when not isolated
 
     def wait(self, timeout: float) -> int | None: ...
 
@@ -57,9 +60,11 @@ class ColdProgram:
 
     start = "cold"
 
-    def __init__(self, python: str, agent_class: str, env: dict[str, str]) -> None:
+    def __init__(self, python: str, agent_class: str, env: dict[str, str], box: dict[str, Any] | None = None) -> None:
+        self.box = box
+        self._swept = False
         self.process = subprocess.Popen(
-            [python, "-c", bootstrap("cold_main"), agent_class, str(os.getpid())],
+            [python, "-c", bootstrap("cold_main"), agent_class, str(os.getpid()), json.dumps(box)],
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
@@ -70,13 +75,30 @@ class ColdProgram:
         self.pid, self.output_fd = self.process.pid, self.process.stdout.fileno()
 
     def wait(self, timeout: float) -> int | None:
-        try:
-            return self.process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return None
+        if self.box is None or self.process.returncode is not None:
+            try:
+                return self.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                return None
+        # Boxed: the box is swept while the leader is still unreaped, so its pid (and with it the uid) stays taken.
+        deadline, pause = time.monotonic() + timeout, 0.001
+        while os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            time.sleep(min(pause, left))
+            pause = min(pause * 2, 0.05)
+        self._sweep()
+        return self.process.wait()
+
+    def _sweep(self) -> None:
+        if self.box is not None and not self._swept and self.process.returncode is None:
+            self._swept = True
+            sweep_box(box_uid(int(self.box["uid_base"]), self.pid), str(self.box["directory"]))
 
     def kill(self) -> None:
         kill_group(self.pid)
+        self._sweep()
         try:
             self.process.wait(KILL_WAIT_S)
         except subprocess.TimeoutExpired:
@@ -88,8 +110,10 @@ class WarmProgram:
 
     start = "warm"
 
-    def __init__(self, sock: socket.socket, pid: int, output_fd: int, received: bytes = b"") -> None:
-        self.sock, self.pid, self.output_fd = sock, pid, output_fd
+    def __init__(
+        self, sock: socket.socket, pid: int, output_fd: int, received: bytes = b"", box: dict[str, Any] | None = None
+    ) -> None:
+        self.sock, self.pid, self.output_fd, self.box = sock, pid, output_fd, box
         self.code: int | None = None
         self.lost = False
         self._buffer = received  # what came after the "forked" line: the exit line of a program already done

@@ -190,6 +190,8 @@ class ProgramServer:
             return f"{self.directory} is not a private directory of this user: not used for the server's socket"
         return None
 
-    def start_program(self, agent_class: str, env: dict[str, str]) -> WarmProgram | None:
+    def start_program(
+        self, agent_class: str, env: dict[str, str], box: dict[str, Any] | None = None
+    ) -> WarmProgram | None:
         """``request_program`` of this node's server."""
-        return request_program(self.socket_path, agent_class, env)
+        return request_program(self.socket_path, agent_class, env, box)
