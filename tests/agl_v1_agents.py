@@ -260,7 +260,8 @@ class Inmate:
                         os.listdir(path)
                     else:
                         with open(path, "rb") as f:
-                            f.read(1)
+                            if not f.read(1):  # a kernel thread's: nothing to read
+                                continue
                     read.append(f"{entry}/{what}")
                 except OSError:
                     pass
@@ -311,11 +312,14 @@ class Inmate:
 
 
 class Hog:
-    """Runs into the limit ``HOG`` names (``memory``, ``files``, ``processes``: more than its box allows, each a
-    child that sleeps) and writes how far it got to ``FACTS_FILE`` first when asked; the error ends it."""
+    """Runs into the limit ``HOG`` names (``cpu``, ``memory``, ``files``, ``processes``: children that sleep) and,
+    for processes, writes how many it made to ``FACTS_FILE``; the error (or SIGXCPU) ends it."""
 
     def run(self) -> None:
         kind = os.environ["HOG"]
+        if kind == "cpu":
+            while True:
+                pass
         if kind == "memory":
             hoard = []
             while True:
@@ -335,3 +339,21 @@ class Hog:
             finally:
                 with open(os.environ["FACTS_FILE"], "w") as out:
                     json.dump({"children": children}, out)
+
+
+class Escapee:
+    """Leaves a process behind outside its session (a double fork and ``setsid``), writes its pid to
+    ``PID_FILE`` and exits 0: only a sweep of its uid finds it."""
+
+    def run(self) -> None:
+        read_end, write_end = os.pipe()
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                os.write(write_end, str(os.getpid()).encode())
+                time.sleep(600)
+            os._exit(0)
+        os.close(write_end)
+        pid = os.read(read_end, 64).decode()
+        with open(os.environ["PID_FILE"], "w") as out:
+            out.write(pid)

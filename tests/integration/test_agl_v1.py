@@ -305,11 +305,12 @@ def test_a_program_sees_only_the_allowed_environment_and_none_of_the_workers_sec
 
 
 def test_a_hostile_program_is_refused_all_but_its_own_rollout_and_the_gateway_shows_no_effect(
-    v1: V1Stack, outbox: Path
+    v1: V1Stack, outbox: Path, tmp_path: Path
 ) -> None:
     """docs/agl-v1.md, "The attempt relay": the program holds a token of its attempt, not the gateway's key; the
     relay forwards its own model calls and events only, and the gateway refuses the token. The victim runs beside
-    it and ends with its own reward."""
+    it and ends with its own reward. "Boxes": another program (``Inmate``) reads nothing of the worker, its program
+    server or the victim's program, signals none of them, and reads no file of the worker's."""
     gateway = GatewayClient(v1.gateway, key=KEY)
     victim_config = {"local": {"agent_class": "tests.agl_v1_agents:SlowReward", "env_map": SLOW}, "timeout_seconds": 60}
     [victim] = gateway.create_rollouts([{"input": {"sleep": 8, "reward": 0.5}, "config": victim_config}])
@@ -342,6 +343,7 @@ def test_a_hostile_program_is_refused_all_but_its_own_rollout_and_the_gateway_sh
         assert not [r for r in every if (r.config.local and r.config.local.agent_class) == "a:B"]  # none created
         pause = gateway.proxy_pause()
         assert pause is None or not pause.paused
+        _an_inmate_reaches_nothing_of_the_worker(v1, outbox, tmp_path)
     finally:
         gateway.close()
     [after] = v1.train("AskAndReward", [{"question": "What is 3 + 3?", "reward": 0.75}], ASK)
@@ -471,6 +473,23 @@ def test_a_drained_worker_hands_over_and_the_rollout_succeeds_under_the_next_att
 
 
 # --- warm starts (workers/v1/launch.py): the node's program server under both pools -------------------------
+
+
+def _an_inmate_reaches_nothing_of_the_worker(v1: V1Stack, outbox: Path, tmp_path: Path) -> None:
+    [worker] = v1.stack.workers
+    server = _program_server(worker)
+    secret = tmp_path / "worker.env"
+    secret.write_text(f"OPENAI_API_KEY={WORKER_OPENAI_KEY}\n")
+    secret.chmod(0o600)
+    targets = {"worker": worker.pid, "server": server.pid if server else 0}
+    task = {"facts": str(outbox / "inmate.json"), "targets": json.dumps(targets), "secret": str(secret)}
+    env_map = {"FACTS_FILE": "input.facts", "TARGETS": "input.targets", "SECRET_FILE": "input.secret"}
+    [inmate] = v1.train("Inmate", [{**task, "outside": str(tmp_path)}], {**env_map, "OUTSIDE_DIR": "input.outside"})
+    assert inmate["state"] == "succeeded", inmate
+    facts = json.loads((outbox / "inmate.json").read_text())
+    assert facts["uid"] >= 2_000_000_000 and int(facts["status"]["CapEff"][0], 16) == 0
+    assert facts["seen"] > 2 and facts["read"] == [] and set(facts["signalled"].values()) == {"refused"}
+    assert facts["secret"] == "EACCES" and facts["outside"] == "EACCES" and facts["setuid_0"] == "EPERM"
 
 
 def _program_server(worker: ManagedProcess) -> psutil.Process | None:

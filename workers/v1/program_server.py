@@ -106,9 +106,10 @@ def enter_box(box: dict[str, Any] | None) -> list[str]:
     for name, value in box["limits"].items():
         which = getattr(resource, _LIMITS[name])
         _, hard = resource.getrlimit(which)
-        value = int(value) if hard == resource.RLIM_INFINITY else min(int(value), hard)
+        unlimited = hard == resource.RLIM_INFINITY
+        value = int(value) if unlimited else min(int(value), hard)
         # CPU: SIGXCPU at the limit (the exit names it), SIGKILL a second later
-        resource.setrlimit(which, (value, value + 1 if name == "cpu_s" and value < hard else value))
+        resource.setrlimit(which, (value, value + 1 if name == "cpu_s" and (unlimited or value < hard) else value))
     uid = box_uid(int(box["uid_base"]), os.getpid())
     if "" in sys.path:  # where ``python -c`` would import from: the worker's directory, not the box's
         sys.path[sys.path.index("")] = str(box["import_from"])
@@ -206,7 +207,7 @@ def sweep_box(uid: int, directory: str, *, kill: bool = True) -> None:
     CAP_SETUID and CAP_SETGID, as making the box did."""
     import subprocess
 
-    script = ("kill -s KILL -1 2>/dev/null; " if kill else "") + 'exec rm -rf -- "$1"'
+    script = ("kill -s KILL -- -1 2>/dev/null; " if kill else "") + 'exec rm -rf -- "$1"'
     subprocess.run(
         ["/bin/sh", "-c", script, "sh", directory],
         user=uid,

@@ -1,0 +1,212 @@
+"""1.0 programs in their boxes (``workers.v1.box``, ``enter_box`` in ``workers.v1.program_server``), warm and cold,
+with real processes and no Celery: a hostile program (``Inmate``) reaches nothing beyond its box, a program that
+runs into a limit fails naming it, and nothing of a box outlives its program. The same under Celery's pools, with
+a real gateway: tests/integration/test_agl_v1.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from bridge.core.settings import Settings, load_settings
+from tests.helpers import wait_for
+from workers.v1 import box
+from workers.v1.environment import base_environment
+from workers.v1.program_server import box_uid
+from workers.v1.programs import ColdProgram, Program
+from workers.v1.server_supervisor import ProgramServer
+
+pytestmark = [pytest.mark.cost(10)]
+
+ROOT = Path(__file__).resolve().parents[2]
+AGENTS = "tests.agl_v1_agents"
+STARTS = ["warm", "cold"]
+
+
+@pytest.fixture(scope="module")
+def settings() -> Settings:
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    return load_settings(agl_v1_pass_env="PYTHONPATH", agl_v1_program_max_processes=32, agl_v1_program_memory_mb=768)
+
+
+@pytest.fixture(scope="module")
+def server(settings: Settings) -> Iterator[ProgramServer]:
+    started = ProgramServer(settings)
+    started.start()
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+def start(server: ProgramServer, settings: Settings, how: str, agent: str, **env: str) -> Program:
+    """A boxed program, as ``launch.start_program`` starts one."""
+    given = {**base_environment(settings), "AGL_KEY": "k", **env}
+    boxed = box.program_box(settings)
+    if how == "warm":
+        program = server.start_program(f"{AGENTS}:{agent}", given, boxed)
+        assert program is not None
+        return program
+    return ColdProgram(sys.executable, f"{AGENTS}:{agent}", given, boxed)
+
+
+def finish(program: Program, timeout_s: float = 60) -> tuple[int | None, str]:
+    """Its exit code and output, read as the attempt reads it: beside the wait (what it leaves running may hold the
+    pipe open until its box is swept)."""
+    out: list[bytes] = []
+
+    def read() -> None:
+        while chunk := os.read(program.output_fd, 4096):
+            out.append(chunk)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    code = program.wait(timeout_s)
+    program.kill()
+    reader.join(10)
+    return code, b"".join(out).decode(errors="replace")
+
+
+def uid_processes(uid: int) -> list[int]:
+    found = []
+    for process in psutil.process_iter(["uids"]):
+        uids = process.info["uids"]
+        if uids is not None and uid in (uids.real, uids.effective, uids.saved):
+            found.append(process.pid)
+    return found
+
+
+@pytest.mark.parametrize("how", STARTS)
+def test_a_hostile_program_reaches_nothing_beyond_its_box(
+    server: ProgramServer, settings: Settings, outbox: Path, tmp_path: Path, how: str
+) -> None:
+    """docs/agl-v1.md, "Boxes": its own uid with no capability, no other process's environ, cwd, fds or memory, no
+    signal to the worker, its server or another program, the worker's secret file and directory out of reach, and
+    its own 0700 directory, gone at its end."""
+    secret = tmp_path / "secret.env"  # as an operator's .env: 0600, the worker's
+    secret.write_text("OPENAI_API_KEY=sk-the-operators\n")
+    secret.chmod(0o600)
+    neighbour = start(server, settings, how, "SlowReward", TASK_SLEEP="30", TASK_REWARD="0", AGL_EVENT_URL="x")
+    try:
+        facts_file = outbox / f"inmate-{how}.json"
+        targets = {"worker": os.getpid(), "server": server.process.pid if server.process else 0}
+        targets["neighbour"] = neighbour.pid
+        inmate = start(
+            server,
+            settings,
+            how,
+            "Inmate",
+            FACTS_FILE=str(facts_file),
+            TARGETS=json.dumps(targets),
+            SECRET_FILE=str(secret),
+            OUTSIDE_DIR=str(ROOT),
+            WORKER_UID=str(os.getuid()),
+        )
+        uid = box_uid(settings.agl_v1_program_uid_base, inmate.pid)
+        code, output = finish(inmate)
+        assert code == 0, output
+        facts: dict[str, Any] = json.loads(facts_file.read_text())
+    finally:
+        neighbour.kill()
+    assert facts["uid"] == uid and facts["status"]["Uid"] == [str(uid)] * 4 and facts["status"]["Gid"] == [str(uid)] * 4
+    assert facts["status"].get("Groups", []) == []
+    for caps in ("CapInh", "CapPrm", "CapEff", "CapAmb"):
+        assert int(facts["status"][caps][0], 16) == 0, facts["status"]
+    assert facts["status"]["NoNewPrivs"] == ["1"]
+    assert facts["seen"] > 2 and facts["read"] == []  # it sees processes, and reads nothing of any of them
+    assert facts["signalled"] == {"worker": "refused", "server": "refused", "neighbour": "refused"}
+    assert facts["secret"] == "EACCES" and facts["outside"] == "EACCES"
+    assert facts["setuid_0"] == "EPERM" and facts["setuid_worker"] == "EPERM"
+    home = facts["cwd"]
+    assert facts["home"] == home and facts["tmpdir"] == home + "/tmp" and facts["cwd_mode"] == "0o700"
+    assert facts["umask"] == 0o077 and not (ROOT / "written-by-a-program").exists()
+    assert not os.path.exists(home) and uid_processes(uid) == []  # the box is gone with its program
+
+
+@pytest.mark.parametrize("how", STARTS)
+def test_what_a_program_leaves_running_dies_with_its_box_even_out_of_its_session(
+    server: ProgramServer, settings: Settings, outbox: Path, how: str
+) -> None:
+    pid_file = outbox / f"pids-{how}"
+    program = start(server, settings, how, "Escapee", PID_FILE=str(pid_file))
+    uid = box_uid(settings.agl_v1_program_uid_base, program.pid)
+    code, output = finish(program)
+    assert code == 0, output
+    escaped = int(pid_file.read_text())
+    assert psutil.Process(escaped).uids().real == uid or not psutil.pid_exists(escaped)
+    wait_for(lambda: uid_processes(uid) == [], 10, "every process of the box's uid gone")
+
+
+@pytest.mark.parametrize(
+    ("how", "hog", "named"),
+    [
+        ("warm", "memory", "AGL_V1_PROGRAM_MEMORY_MB=768"),
+        ("cold", "files", "AGL_V1_PROGRAM_MAX_OPEN_FILES=4096"),
+        ("warm", "processes", "AGL_V1_PROGRAM_MAX_PROCESSES=32"),
+    ],
+)
+def test_a_program_past_a_limit_fails_naming_it_and_its_box_goes(
+    server: ProgramServer, settings: Settings, outbox: Path, how: str, hog: str, named: str
+) -> None:
+    facts_file = outbox / f"hog-{hog}.json"
+    program = start(server, settings, how, "Hog", HOG=hog, FACTS_FILE=str(facts_file))
+    uid = box_uid(settings.agl_v1_program_uid_base, program.pid)
+    code, output = finish(program)
+    assert code == 1, output
+    limit = box.limit_hit(code, output, settings)
+    assert limit is not None and named in limit, output
+    if hog == "processes":  # it forked until its uid held the limit, and every child died with the box
+        assert 20 <= json.loads(facts_file.read_text())["children"] < settings.agl_v1_program_max_processes
+    wait_for(lambda: uid_processes(uid) == [], 10, "every process of the box's uid gone")
+
+
+def test_a_program_past_its_cpu_time_ends_by_sigxcpu_naming_the_limit(server: ProgramServer) -> None:
+    tight = load_settings(agl_v1_pass_env="PYTHONPATH", agl_v1_program_cpu_s=1)
+    program = start(server, tight, "warm", "Hog", HOG="cpu")
+    code, output = finish(program)
+    assert code == -24 and box.limit_hit(code, output, tight) == "its CPU time limit (AGL_V1_PROGRAM_CPU_S=1)"
+
+
+def test_a_worker_without_setuid_refuses_boxed_programs_with_one_line_naming_it() -> None:
+    """A worker without capabilities (as an ordinary user's, or a container's that drops them all): it does not
+    start, and says what to grant or set."""
+    code = (
+        "from bridge.core.settings import load_settings; from workers.v1 import box; "
+        "box.check_isolation(load_settings())"
+    )
+    done = subprocess.run(
+        ["setpriv", "--inh-caps=-all", "--bounding-set=-all", sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd="/",
+        env={**os.environ, "PYTHONPATH": str(ROOT), "AGL_V1_SERVER_URL": "http://127.0.0.1:9"},
+    )
+    assert done.returncode != 0
+    assert "lacks CAP_SETUID and CAP_SETGID" in done.stderr and "AGL_V1_ISOLATION=none" in done.stderr, done.stderr
+
+
+def test_an_env_file_others_can_read_stops_a_boxed_worker(tmp_path: Path, settings: Settings) -> None:
+    (tmp_path / ".env").write_text("REDIS_PASSWORD=p\n")
+    (tmp_path / ".env").chmod(0o644)
+    here = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        with pytest.raises(Exception, match=r"readable by every user.*chmod 600"):
+            box.check_isolation(settings)
+        (tmp_path / ".env").chmod(0o600)
+        started = time.monotonic()
+        box.check_isolation(settings)  # the probe: a real box of the worker's interpreter
+        assert time.monotonic() - started < 30
+    finally:
+        os.chdir(here)
