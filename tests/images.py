@@ -75,9 +75,11 @@ def image_name(image: str) -> str:
 
 
 def command_argv(command: Any) -> list[str]:
-    """A container's command as argv: a leading ``setpriv --...`` (the user switch) dropped, ``sh -c "exec ..."``
-    unwrapped, the image's init (``tini --``) dropped."""
+    """A container's command as argv: the image's init (``tini --``) and a ``setpriv --...`` (the user switch)
+    dropped, ``sh -c "exec ..."`` unwrapped, ``tini --`` dropped again."""
     argv = shlex.split(command) if isinstance(command, str) else [str(a) for a in command]
+    if argv[:2] == ["tini", "--"]:
+        argv = argv[2:]
     if argv[:1] == ["setpriv"]:
         argv = list(itertools.dropwhile(lambda word: word.startswith("--"), argv[1:]))
     if argv[:2] == ["sh", "-c"]:

@@ -14,6 +14,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 import pytest
@@ -39,6 +40,7 @@ GRACE_S = 8
 BATCH = 10  # more than one 1.0 worker's 8 slots: with all running, each of two containers runs some
 DEADLINE_S = 300.0
 MIB = 1024 * 1024
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -158,20 +160,64 @@ print(json.dumps(seen))
 """
 
 
+SETUID_SETGID = 0xC0  # CAP_SETGID (6) and CAP_SETUID (7)
+SITE = "/opt/agent/lib/python3.12/site-packages"
+
+
 def test_a_process_of_the_programs_uid_reads_no_environment_that_holds_the_key(lines: Project) -> None:
-    """docs/agl-v1.md, "Trust model": in worker-agl-v1 as compose runs it, the inits that hold the container's
-    environment run as root, and the worker as the programs' uid 1000 without capabilities, non-dumpable: a process
-    of that uid (as a program is) reads none of their environments."""
+    """docs/agl-v1.md, "Boxes" and "The container's inits": in worker-agl-v1 as compose runs it, the inits that hold
+    the container's environment run as root, the worker as agl (uid 1000) with SETUID and SETGID only, non-dumpable:
+    neither a process of the worker's uid nor one of a program's reads any of their environments."""
+    for reader in ("1000:1000", "2000000999:2000000999"):  # the worker's uid, then a program's
+        out = lines.run("exec", "-T", "--user", reader, "worker-agl-v1", "python", "-c", PROCESSES).stdout
+        seen = {int(pid): row for pid, row in json.loads(out).items()}
+        print(f"\n[deployed] worker-agl-v1 processes as {reader}: {seen}")
+        assert seen[1][0] == 0 and seen[1][3] is None, seen[1]  # the init: root, its environment refused
+        workers = [row for row in seen.values() if "celery" in row[2] and " worker " in f" {row[2]} "]
+        assert workers, seen
+        for uid, caps, command, holds_key in workers:
+            assert uid == 1000 and int(caps, 16) == SETUID_SETGID, (uid, caps, command)
+            assert holds_key is None, f"{command}: its environment is readable"
+        assert not [row for row in seen.values() if row[3]], f"a process of {reader} read AGL_V1_KEY"
+
+
+def test_a_hostile_program_in_the_container_reaches_nothing_beyond_its_box(lines: Project) -> None:
+    """The test suite's ``Inmate`` (tests/agl_v1_agents.py) as a 1.0 rollout on compose's gateway, run by
+    worker-agl-v1 as compose runs it: its own uid without capabilities, no process's environment, cwd, fds or
+    memory readable, no signal to the worker or its program server, the worker's files out of reach."""
+    lines.run("cp", str(ROOT / "tests/agl_v1_agents.py"), f"worker-agl-v1:{SITE}/agl_test_agents.py")
+    lines.run("exec", "-T", "--user", "0", "worker-agl-v1", "install", "-d", "-m", "1777", "/tmp/outbox")
+    lines.run("exec", "-T", "--user", "1000", "worker-agl-v1", "sh", "-c", "umask 077 && echo KEY=x > /home/agl/secret")
     out = lines.run("exec", "-T", "--user", "1000:1000", "worker-agl-v1", "python", "-c", PROCESSES).stdout
-    seen = {int(pid): row for pid, row in json.loads(out).items()}
-    print(f"\n[deployed] worker-agl-v1 processes: {seen}")
-    assert seen[1][0] == 0 and seen[1][3] is None, seen[1]  # the init: root, its environment refused
-    workers = [row for row in seen.values() if "celery" in row[2] and " worker " in f" {row[2]} "]
-    assert workers, seen
-    for uid, caps, command, holds_key in workers:
-        assert uid == 1000 and int(caps, 16) == 0, (uid, caps, command)
-        assert holds_key is None, f"{command}: its environment is readable"
-    assert not [row for row in seen.values() if row[3]], "a process of uid 1000 read AGL_V1_KEY"
+    rows = json.loads(out).items()
+    worker = min(int(pid) for pid, row in rows if "celery" in row[2] and " worker " in f" {row[2]} ")
+    server = [int(pid) for pid, row in rows if "agl-program-server" in row[2]]
+    task = {
+        "facts": "/tmp/outbox/inmate.json",
+        "targets": json.dumps({"worker": worker, "server": server[0] if server else 0}),
+        "secret": "/home/agl/secret",
+        "outside": "/home/agl",
+    }
+    env_map = {"FACTS_FILE": "facts", "TARGETS": "targets", "SECRET_FILE": "secret", "OUTSIDE_DIR": "outside"}
+    config = {"local": {"agent_class": "agl_test_agents:Inmate", "env_map": env_map}, "timeout_seconds": 60}
+    rollouts = GatewayRollouts(lines.url("GATEWAY_PUBLISH_PORT"), lines.env["AGL_V1_KEY"], timeout_s=60)
+    [created] = rollouts.gateway.create_rollouts([{"input": task, "config": config}])
+    deadline = time.monotonic() + 120
+    while (current := rollouts.gateway.get_rollout(created.rollout_id)) is None or current.status.state not in (
+        V1State.SUCCEEDED,
+        V1State.FAILED,
+    ):
+        assert time.monotonic() < deadline, current
+        time.sleep(1.0)
+    assert current.status.state == V1State.SUCCEEDED, (current, lines.logs())
+    facts = json.loads(lines.run("exec", "-T", "worker-agl-v1", "cat", "/tmp/outbox/inmate.json").stdout)
+    print(f"\n[deployed] the inmate's view: {facts}")
+    assert facts["uid"] >= 2_000_000_000 and facts["status"]["Uid"] == [str(facts["uid"])] * 4
+    assert all(int(facts["status"][caps][0], 16) == 0 for caps in ("CapInh", "CapPrm", "CapEff", "CapAmb"))
+    assert facts["status"]["NoNewPrivs"] == ["1"] and facts["seen"] >= 2 and facts["read"] == []
+    assert set(facts["signalled"].values()) == {"refused"}, facts["signalled"]
+    assert facts["secret"] == "EACCES" and facts["outside"] == "EACCES"
+    assert facts["setuid_0"] == "EPERM" and facts["setuid_worker"] == "EPERM"
 
 
 def test_a_1_0_worker_stopped_mid_program_hands_its_programs_over(lines: Project) -> None:

@@ -22,6 +22,7 @@ from bridge.core.settings import Settings, load_settings
 from tests.helpers import wait_for
 from workers.v1 import box
 from workers.v1.environment import base_environment
+from workers.v1.program_directories import pid_namespace
 from workers.v1.program_server import box_uid
 from workers.v1.programs import ColdProgram, Program
 from workers.v1.server_supervisor import ProgramServer
@@ -31,6 +32,8 @@ pytestmark = [pytest.mark.cost(10)]
 ROOT = Path(__file__).resolve().parents[2]
 AGENTS = "tests.agl_v1_agents"
 STARTS = ["warm", "cold"]
+SWEEP = [sys.executable, "-c", "import sys; from workers.v1 import program_directories as d; "]
+SWEEP[-1] += "print(d.sweep_stale_directories(sys.argv[1]))"
 
 
 @pytest.fixture(scope="module")
@@ -210,3 +213,31 @@ def test_an_env_file_others_can_read_stops_a_boxed_worker(tmp_path: Path, settin
         assert time.monotonic() - started < 30
     finally:
         os.chdir(here)
+
+
+def test_a_dead_workers_box_root_is_removed_with_its_programs_directories(outbox: Path) -> None:
+    """A worker SIGKILLed leaves its box root in TMPDIR, with directories of its programs' uids that the next
+    worker cannot remove as itself: the sweep (run as root without CAP_DAC_OVERRIDE, as a container's worker is
+    without it) removes each as its owner, then the root, and leaves a live worker's root alone."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    root = outbox / f"agl-v1-boxes-{pid_namespace():x}.{dead.pid}-abc"
+    inside = root / "0123456789abcdef"
+    (inside / "tmp").mkdir(parents=True)
+    (inside / "tmp" / "left").write_text("x")
+    for path in (inside, inside / "tmp", inside / "tmp" / "left"):
+        os.chown(path, 2_000_000_123, 2_000_000_123)
+        path.chmod(0o700)
+    root.chmod(0o1733)
+    live = outbox / f"agl-v1-boxes-{pid_namespace():x}.{os.getpid()}-def"
+    live.mkdir()
+    kept = "-all,+setuid,+setgid"
+    done = subprocess.run(
+        ["setpriv", f"--inh-caps={kept}", f"--ambient-caps={kept}", f"--bounding-set={kept}", *SWEEP, str(outbox)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert done.returncode == 0 and done.stdout.strip() == repr([str(root)]), done
+    assert not root.exists() and live.exists()

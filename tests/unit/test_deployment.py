@@ -400,10 +400,11 @@ def test_compose_sizes_the_1_0_worker_by_the_documented_rule() -> None:
     assert limit_mib < v1_worker_memory_mib(2 * slots, ROOT / "docs/performance.md")  # and not slots twice over
 
 
-def test_the_1_0_workers_inits_run_as_root_and_the_worker_as_agl_with_no_capability() -> None:
+def test_the_1_0_workers_inits_run_as_root_and_the_worker_as_agl_with_only_what_boxes_need() -> None:
     """docs/agl-v1.md, "The container's inits": the inits hold the container's environment, so they run as root (no
-    program reads them) with only what setpriv needs, and the worker and its programs as agl without capabilities
-    (tests/deployed/test_agl_v1_stack.py reads the processes in the running container)."""
+    program reads them) with only what setpriv needs, and the worker as agl with SETUID and SETGID alone, which
+    its programs' boxes need ("Boxes"; tests/deployed/test_agl_v1_stack.py reads the processes in the running
+    container)."""
     service = load(COMPOSE, LOGIN, ["agl-v1"])["worker-agl-v1"]
     assert service["user"] == "0:0" and service["cap_drop"] == ["ALL"] and service["init"] is True
     assert sorted(service["cap_add"]) == ["KILL", "SETGID", "SETPCAP", "SETUID"]  # KILL: tini signals the worker
@@ -412,6 +413,8 @@ def test_the_1_0_workers_inits_run_as_root_and_the_worker_as_agl_with_no_capabil
     assert setpriv[0] == "setpriv" and {"--reuid=agl", "--regid=agl", "--clear-groups", "--no-new-privs"} <= set(
         setpriv
     )
-    assert {"--inh-caps=-all", "--bounding-set=-all"} <= set(setpriv)
+    kept = "-all,+setuid,+setgid"
+    assert {f"--inh-caps={kept}", f"--ambient-caps={kept}", f"--bounding-set={kept}"} <= set(setpriv)
+    assert service["environment"].get("AGL_V1_ISOLATION") in (None, "box")
     assert worker[:2] == ["sh", "-c"] and worker[2].startswith("exec celery -A workers worker")
     assert service["environment"]["HOME"] == "/home/agl"

@@ -44,6 +44,7 @@ SETTINGS = {env_name(name) for name in Settings.model_fields}
 NON_SETTINGS = {
     "FLOWER_BASIC_AUTH",  # Flower
     "FLOWER_READ_ONLY",
+    "HOME",  # the 1.0 workers', set where setpriv leaves root's (overlays/agl-v1)
     "LITELLM_LOCAL_MODEL_COST_MAP",
     "PROMETHEUS_MULTIPROC_DIR",
     "REDIS_PASSWORD",  # the Redis container of components/redis
@@ -248,8 +249,7 @@ def test_commands_exist_in_the_project(rendered: dict[str, list[Manifest]]) -> N
                 argv = item.get("command") or item.get("args")
                 if item["image"].startswith("redis:"):
                     continue
-                if argv[:2] == ["tini", "--"]:  # the image's init, named where a command replaces its ENTRYPOINT
-                    argv = argv[2:]
+                argv = command_argv(argv)  # the image's init, where a command replaces its ENTRYPOINT, and setpriv
                 assert argv[0] in {"python", "celery"}, argv
                 if argv[0] == "python":
                     assert argv[1] == "-m" and importlib.util.find_spec(argv[2]), argv
@@ -884,3 +884,27 @@ def test_the_secret_check_bites(rendered: dict[str, list[Manifest]]) -> None:
     assert secret_findings(_mutated(rendered["agl-v1"], "Deployment", "agl-dispatcher-v1", key_file_elsewhere)) == [
         "agl-dispatcher-v1/dispatcher reads ['AGL_V1_KEY'], which it is not given"
     ]
+
+
+def test_the_1_0_workers_run_their_init_as_root_and_the_worker_with_only_what_boxes_need(
+    rendered: dict[str, list[Manifest]],
+) -> None:
+    """overlays/agl-v1 runs the 1.0 workers as docker-compose.yml does (docs/agl-v1.md, "Boxes"): tini as root with
+    four capabilities and no more, the worker through setpriv as uid 1000 keeping SETUID and SETGID only."""
+    pod = find(rendered["agl-v1"], "Deployment", "agl-worker")["spec"]["template"]["spec"]
+    worker = container(rendered["agl-v1"], "agl-worker")
+    assert pod["securityContext"]["runAsUser"] == 0 and pod["securityContext"]["seccompProfile"]["type"] == (
+        "RuntimeDefault"
+    )
+    capabilities = worker["securityContext"]["capabilities"]
+    assert capabilities["drop"] == ["ALL"] and sorted(capabilities["add"]) == ["KILL", "SETGID", "SETPCAP", "SETUID"]
+    assert worker["securityContext"]["allowPrivilegeEscalation"] is False
+    assert "privileged" not in worker["securityContext"]
+    command = worker["command"]
+    assert command[:3] == ["tini", "--", "setpriv"] and {"--reuid=1000", "--no-new-privs"} <= set(command)
+    kept = "-all,+setuid,+setgid"
+    assert {f"--inh-caps={kept}", f"--ambient-caps={kept}", f"--bounding-set={kept}"} <= set(command)
+    assert command_argv(command)[:4] == ["celery", "-A", "workers", "worker"]
+    for name in ("example", "external-broker"):  # the 0.3 workers run no programs: uid 1000, nothing added
+        other = container(rendered[name], "agl-worker")
+        assert "add" not in other["securityContext"]["capabilities"]

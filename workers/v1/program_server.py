@@ -95,9 +95,10 @@ def enter_box(box: dict[str, Any] | None) -> list[str]:
     """Put this process, a program before any of its code runs, in its box: the limits, its own uid and gid
     (``box_uid``) with no groups, no capabilities (checked) and ``no_new_privs``, umask 077, and its own 0700
     directory ``box["directory"]`` (with ``tmp`` in it) as cwd, HOME and TMPDIR; ``sys.path``'s entry for the
-    current directory becomes ``box["import_from"]`` (the worker's), so modules import as they did unboxed. Nothing when ``box`` is None (no
-    isolation: the operator's opt-out). Returns the paths shown in a mount namespace of its own
-    (``_show_interpreter``). OSError or RuntimeError when any step fails: the caller must not run it."""
+    current directory becomes ``box["import_from"]`` (the worker's), so modules import as they did unboxed.
+    Nothing when ``box`` is None (no isolation: the operator's opt-out). Returns the paths shown in a mount
+    namespace of its own (``_show_interpreter``). OSError or RuntimeError when any step fails: the caller must not
+    run it."""
     if box is None:
         return []
     import resource
