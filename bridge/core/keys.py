@@ -182,6 +182,12 @@ def worker_agent(scope: str, worker: str) -> str:
     return f"{PREFIX}:agent:{scope}:{worker}"
 
 
+def worker_isolation(scope: str, worker: str) -> str:
+    """How a worker node contains its 1.0 agent programs (``workers.v1.box.node_isolation``), refreshed with its slot
+    advertisement; absent for a node that runs no 1.0 programs. ``python -m bridge status`` shows it."""
+    return f"{PREFIX}:isolation:{scope}:{worker}"
+
+
 def scope_endpoint(scope: str) -> str:
     """The URL (redacted) whose digest a deployment's workers use as their scope, refreshed with their slot
     adverts: a process of another scope reads it to name both URLs when it suspects one Store under two

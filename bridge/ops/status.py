@@ -189,8 +189,10 @@ def _broker_part(settings: Settings, client: redis.Redis) -> tuple[dict[str, Any
             entry["slots"] += int(slots or 0)
         names = list(workers)
         stuck = client.mget([keys.worker_stuck(scope, name) for name in names]) if names else []
-        for name, count in zip(names, stuck, strict=True):
+        isolation = client.mget([keys.worker_isolation(scope, name) for name in names]) if names else []
+        for name, count, boxed in zip(names, stuck, isolation, strict=True):
             workers[name]["stuck_threads"] = int(count or 0)
+            workers[name]["program_isolation"] = boxed  # None: a node that runs no 1.0 programs
         held, unserved = capacity.read_held(client, scope)
         part["unserved"] = unserved
         if not workers:  # this deployment's workers under another spelling of its URL (bridge.core.scope_check)
@@ -310,6 +312,8 @@ def render(report: dict[str, Any]) -> str:
                 f"    ! {worker['stuck_threads']} agent threads stuck past their deadline (slots withheld;"
                 " MAX_STUCK_AGENT_THREADS restarts the worker)"
             )
+        if worker.get("program_isolation"):
+            lines.append(f"    1.0 programs: {worker['program_isolation']}")
         for task in worker["active"]:
             lines.append(f"    {task['task'] or task['attempt_id']}")
     if report["last_errors"]:

@@ -129,6 +129,8 @@ def test_both_leaders_export_in_flight_and_both_lines_waiting_once_and_status_re
     gateway = report["gateway"]
     assert gateway["ok"] and gateway["queuing"] == 2 and gateway["running"] == SLOTS, gateway
     assert gateway["oldest_queuing_s"] > 0 and not gateway["queuing_capped"], gateway
+    boxes = [worker.get("program_isolation") or "" for worker in report["workers"]]
+    assert boxes and all(b.startswith("box: uid 2000000000+pid, no capabilities") for b in boxes), boxes
 
     down = {**pool.stack.component_env(), "AGL_V1_SERVER_URL": f"http://127.0.0.1:{free_port()}"}
     done = subprocess.run(

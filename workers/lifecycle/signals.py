@@ -102,6 +102,8 @@ def _advertise(
         # Same lifetime as the slots: CeleryRunner.init reads which online workers run which agent,
         # and status how many threads each holds stuck.
         client.set(keys.worker_agent(scope, hostname), agent, ex=capacity.CAPACITY_TTL_S)
+        if state.node.isolation is not None:  # status shows how its 1.0 programs are contained
+            client.set(keys.worker_isolation(scope, hostname), state.node.isolation, ex=capacity.CAPACITY_TTL_S)
         if endpoint is not None:  # bridge.core.scope_check names it to a process that spells the URL otherwise
             client.set(keys.scope_endpoint(scope), endpoint, ex=capacity.CAPACITY_TTL_S)
         if stuck_now:
@@ -129,6 +131,7 @@ def _on_shutting_down(**_: Any) -> None:
             advert["client"].delete(
                 keys.worker_agent(advert["scope"], advert["hostname"]),
                 keys.worker_stuck(advert["scope"], advert["hostname"]),
+                keys.worker_isolation(advert["scope"], advert["hostname"]),
             )
         except redis.RedisError:
             pass

@@ -141,14 +141,29 @@ def _capabilities() -> int:
     return 0
 
 
+def node_isolation(settings: Settings) -> str:
+    """How this node contains its programs, in one line: what it advertises for ``python -m bridge status``."""
+    if settings.agl_v1_isolation == "none":
+        return "none: programs run as the worker's uid (AGL_V1_ISOLATION=none)"
+    return (
+        f"box: uid {settings.agl_v1_program_uid_base}+pid, no capabilities, own 0700 directory; limits "
+        f"{settings.agl_v1_program_memory_mb} MiB, {settings.agl_v1_program_max_processes} processes, "
+        f"{settings.agl_v1_program_max_open_files} files, {settings.agl_v1_program_cpu_s} s CPU, "
+        f"{settings.agl_v1_program_max_file_mb} MiB per file"
+    )
+
+
 def check_isolation(settings: Settings) -> None:
-    """At the worker's start: ConfigError when programs should be boxed and cannot be (see the module's contract)."""
+    """At the worker's start: ConfigError when programs should be boxed and cannot be (see the module's contract);
+    the node's ``node_isolation`` otherwise, for its adverts."""
+    state.node.isolation = None
     if settings.agl_v1_isolation == "none":
         log.warning(
             "AGL_V1_ISOLATION=none: 1.0 programs run as uid %d like this worker, in its cwd, without limits; a "
             "program can read every file this user can (docs/agl-v1.md, 'Boxes')",
             os.getuid(),
         )
+        state.node.isolation = node_isolation(settings)
         return
     held = _capabilities()
     missing = [name for bit, name in ((CAP_SETUID, "CAP_SETUID"), (CAP_SETGID, "CAP_SETGID")) if not held >> bit & 1]
@@ -176,6 +191,7 @@ def check_isolation(settings: Settings) -> None:
         limits(settings),
         f"; shown in a mount namespace of their own: {facts['shown']}" if facts.get("shown") else "",
     )
+    state.node.isolation = node_isolation(settings)
 
 
 def _probe(settings: Settings) -> dict[str, Any]:
