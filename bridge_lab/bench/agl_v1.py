@@ -6,7 +6,8 @@ programs (workers.agents.webshop_program), is enqueued by 1.0's own trainer clie
 
   celery  `python -m bridge v1` and one `celery -A workers worker -P threads -c SLOTS`, once for each start of
           --program-start: warm (forked from the node's program server), warm-agent (the same, the program's
-          own module preloaded too: AGL_V1_PRELOAD_AGENTS), cold (`python -c`);
+          own module preloaded too: AGL_V1_PRELOAD_AGENTS), cold (`python -c`), each program in its box, and
+          warm-unboxed (warm with AGL_V1_ISOLATION=none: what the boxes cost);
   local   1.0's `agl-controller runner_type=local`, SLOTS subprocesses, polling every --local-poll-s.
 
 With --restart, each runs the workload again with its controller (our dispatcher; 1.0's controller) stopped with
@@ -61,10 +62,23 @@ from workers.v1.program_server import SERVER_MARKER
 
 KEY = "bench-v1"
 AGENT_MODULE = webshop_program.AGENT_CLASS.partition(":")[0]
+_BOXED = {"AGL_V1_ISOLATION": "box"}
 STARTS: dict[str, dict[str, str]] = {  # the worker's settings for each way ours starts programs
-    "warm": {"AGL_V1_WARM_START": "true", "AGL_V1_PRELOAD_AGENTS": "false", "AGL_V1_AGENT_MODULES": ""},
-    "warm-agent": {"AGL_V1_WARM_START": "true", "AGL_V1_PRELOAD_AGENTS": "true", "AGL_V1_AGENT_MODULES": AGENT_MODULE},
-    "cold": {"AGL_V1_WARM_START": "false", "AGL_V1_PRELOAD_AGENTS": "false", "AGL_V1_AGENT_MODULES": ""},
+    "warm": {"AGL_V1_WARM_START": "true", "AGL_V1_PRELOAD_AGENTS": "false", "AGL_V1_AGENT_MODULES": "", **_BOXED},
+    "warm-agent": {
+        "AGL_V1_WARM_START": "true",
+        "AGL_V1_PRELOAD_AGENTS": "true",
+        "AGL_V1_AGENT_MODULES": AGENT_MODULE,
+        **_BOXED,
+    },
+    "cold": {"AGL_V1_WARM_START": "false", "AGL_V1_PRELOAD_AGENTS": "false", "AGL_V1_AGENT_MODULES": "", **_BOXED},
+    # warm without boxes (AGL_V1_ISOLATION=none): what containment costs (docs/agl-v1.md, "Boxes")
+    "warm-unboxed": {
+        "AGL_V1_WARM_START": "true",
+        "AGL_V1_PRELOAD_AGENTS": "false",
+        "AGL_V1_AGENT_MODULES": "",
+        "AGL_V1_ISOLATION": "none",
+    },
 }
 
 
