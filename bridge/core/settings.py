@@ -121,7 +121,8 @@ class Settings(BaseSettings):
     user, service or container's uid map on the host may overlap."""
     agl_v1_program_memory_mb: int = Field(default=8192, ge=64, validation_alias="AGL_V1_PROGRAM_MEMORY_MB")
     """A boxed program's address space, in MiB (RLIMIT_AS; a program that forks has it per process): past it an
-    allocation fails (Python's MemoryError) and the attempt fails, naming the limit."""
+    allocation fails (Python's MemoryError) and the attempt fails, naming the limit. Address space, not memory in
+    use: a program that reserves far more than it touches (CUDA, some JITs, many threads' arenas) needs more."""
     agl_v1_program_max_processes: int = Field(default=512, ge=8, validation_alias="AGL_V1_PROGRAM_MAX_PROCESSES")
     """Processes and threads a boxed program may hold at once (RLIMIT_NPROC of its own uid)."""
     agl_v1_program_max_open_files: int = Field(default=4096, ge=64, validation_alias="AGL_V1_PROGRAM_MAX_OPEN_FILES")

@@ -198,7 +198,12 @@ def test_a_hostile_program_in_the_container_reaches_nothing_beyond_its_box(lines
         "secret": "/home/agl/secret",
         "outside": "/home/agl",
     }
-    env_map = {"FACTS_FILE": "facts", "TARGETS": "targets", "SECRET_FILE": "secret", "OUTSIDE_DIR": "outside"}
+    env_map = {
+        "FACTS_FILE": "input.facts",
+        "TARGETS": "input.targets",
+        "SECRET_FILE": "input.secret",
+        "OUTSIDE_DIR": "input.outside",
+    }
     config = {"local": {"agent_class": "agl_test_agents:Inmate", "env_map": env_map}, "timeout_seconds": 60}
     rollouts = GatewayRollouts(lines.url("GATEWAY_PUBLISH_PORT"), lines.env["AGL_V1_KEY"], timeout_s=60)
     [created] = rollouts.gateway.create_rollouts([{"input": task, "config": config}])
@@ -209,7 +214,7 @@ def test_a_hostile_program_in_the_container_reaches_nothing_beyond_its_box(lines
     ):
         assert time.monotonic() < deadline, current
         time.sleep(1.0)
-    assert current.status.state == V1State.SUCCEEDED, (current, lines.logs())
+    assert current.status.state == V1State.SUCCEEDED, (current.status, lines.logs()[-4000:])
     facts = json.loads(lines.run("exec", "-T", "worker-agl-v1", "cat", "/tmp/outbox/inmate.json").stdout)
     print(f"\n[deployed] the inmate's view: {facts}")
     assert facts["uid"] >= 2_000_000_000 and facts["status"]["Uid"] == [str(facts["uid"])] * 4
