@@ -416,5 +416,7 @@ def test_the_1_0_workers_inits_run_as_root_and_the_worker_as_agl_with_only_what_
     kept = "-all,+setuid,+setgid"
     assert {f"--inh-caps={kept}", f"--ambient-caps={kept}", f"--bounding-set={kept}"} <= set(setpriv)
     assert service["environment"].get("AGL_V1_ISOLATION") in (None, "box")
+    # a name without a value would unset the image's ENV: the programs would run under the worker's interpreter
+    assert service["environment"]["AGL_V1_AGENT_PYTHON"] == "/opt/agent/bin/python"
     assert worker[:2] == ["sh", "-c"] and worker[2].startswith("exec celery -A workers worker")
     assert service["environment"]["HOME"] == "/home/agl"
