@@ -358,3 +358,23 @@ class Escapee:
         pid = os.read(read_end, 64).decode()
         with open(os.environ["PID_FILE"], "w") as out:
             out.write(pid)
+
+
+class Dialer:
+    """Connects to each ``host:port`` of ``DIAL`` (comma-separated) and writes, as JSON to ``FACTS_FILE``, which
+    answered (``ok``) and which did not (the error's name)."""
+
+    def run(self) -> None:
+        import socket
+
+        reached = {}
+        for target in os.environ["DIAL"].split(","):
+            host, _, port = target.rpartition(":")
+            try:
+                socket.create_connection((host, int(port)), timeout=5).close()
+                reached[target] = "ok"
+            except OSError as exc:
+                reached[target] = type(exc).__name__
+        with open(os.environ["FACTS_FILE"], "w") as out:
+            os.fchmod(out.fileno(), 0o644)
+            json.dump(reached, out)
