@@ -226,9 +226,9 @@ class Trespasser:
 
 
 class Inmate:
-    """A hostile program in its box: tries, with what any program can call, to reach beyond it (the processes in
-    ``TARGETS``, a JSON object of names to pids, and every process it can see; ``SECRET_FILE``; ``OUTSIDE_DIR``;
-    other uids), and writes what it managed as JSON to ``FACTS_FILE``."""
+    """A hostile program in its box: tries, with what any program can call, to reach beyond it (signal and
+    ``ptrace`` the processes in ``TARGETS``, a JSON object of names to pids; read every process it can see;
+    ``SECRET_FILE``; ``OUTSIDE_DIR``; other uids), and writes what it managed as JSON to ``FACTS_FILE``."""
 
     def run(self) -> None:
         import errno
@@ -265,7 +265,10 @@ class Inmate:
                     read.append(f"{entry}/{what}")
                 except OSError:
                     pass
-        signalled = {}
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        signalled, traced = {}, {}
         for name, pid in json.loads(os.environ.get("TARGETS", "{}")).items():
             try:
                 os.kill(int(pid), 0)
@@ -274,6 +277,11 @@ class Inmate:
                 signalled[name] = "refused"
             except ProcessLookupError:
                 signalled[name] = "gone"
+            if libc.ptrace(16, int(pid), None, None) == 0:  # PTRACE_ATTACH
+                traced[name] = "attached"
+                libc.ptrace(17, int(pid), None, None)  # PTRACE_DETACH
+            else:
+                traced[name] = errno.errorcode.get(ctypes.get_errno(), "?")
 
         def attempt(action: Any) -> str:
             try:
@@ -302,6 +310,7 @@ class Inmate:
             "seen": seen,
             "read": read,
             "signalled": signalled,
+            "traced": traced,
             "secret": attempt(read_secret),
             "outside": attempt(write_outside),
             "setuid_0": attempt(lambda: os.setuid(0)),

@@ -224,6 +224,7 @@ def test_a_hostile_program_in_the_container_reaches_nothing_beyond_its_box(lines
     assert all(int(facts["status"][caps][0], 16) == 0 for caps in ("CapInh", "CapPrm", "CapEff", "CapAmb"))
     assert facts["status"]["NoNewPrivs"] == ["1"] and facts["seen"] >= 2 and facts["read"] == []
     assert set(facts["signalled"].values()) == {"refused"}, facts["signalled"]
+    assert set(facts["traced"].values()) == {"EPERM"}, facts["traced"]
     assert facts["secret"] == "EACCES" and facts["outside"] == "EACCES"
     assert facts["setuid_0"] == "EPERM" and facts["setuid_worker"] == "EPERM"
 

@@ -489,6 +489,7 @@ def _an_inmate_reaches_nothing_of_the_worker(v1: V1Stack, outbox: Path, tmp_path
     facts = json.loads((outbox / "inmate.json").read_text())
     assert facts["uid"] >= 2_000_000_000 and int(facts["status"]["CapEff"][0], 16) == 0
     assert facts["seen"] > 2 and facts["read"] == [] and set(facts["signalled"].values()) == {"refused"}
+    assert set(facts["traced"].values()) == {"EPERM"}
     assert facts["secret"] == "EACCES" and facts["outside"] == "EACCES" and facts["setuid_0"] == "EPERM"
 
 

@@ -128,6 +128,7 @@ def test_a_hostile_program_reaches_nothing_beyond_its_box(
     assert facts["status"]["NoNewPrivs"] == ["1"]
     assert facts["seen"] > 2 and facts["read"] == []  # it sees processes, and reads nothing of any of them
     assert facts["signalled"] == {"worker": "refused", "server": "refused", "neighbour": "refused"}
+    assert facts["traced"] == {"worker": "EPERM", "server": "EPERM", "neighbour": "EPERM"}
     assert facts["secret"] == "EACCES" and facts["outside"] == "EACCES"
     assert facts["setuid_0"] == "EPERM" and facts["setuid_worker"] == "EPERM"
     home = facts["cwd"]
