@@ -201,12 +201,20 @@ def _stack_config(settings: Settings, args: argparse.Namespace) -> StackConfig:
     extra_env["QUEUE_BY_MODE"] = ",".join(f"{mode}={queue}" for mode, queue in settings.queue_by_mode.items())
     if v1:
         from workers.agents import webshop_program
+        from workers.v1 import box
 
         extra_env |= {
             "AGL_V1_SERVER_URL": f"http://127.0.0.1:{free_port()}",
             "AGL_V1_KEY": secrets.token_hex(16),
             "AGL_V1_PASS_ENV": webshop_program.PASS_ENV,  # what the WebShop program reads of the worker's settings
         }
+        missing = box.missing_capabilities()
+        if settings.agl_v1_isolation == "box" and missing:  # a workstation's user: show the demo, say what it lacks
+            say(
+                f"this user lacks {' and '.join(missing)}: the demo's 1.0 programs run unboxed (AGL_V1_ISOLATION=none);"
+                " a production worker refuses to start so (docs/agl-v1.md, 'Boxes')"
+            )
+            extra_env["AGL_V1_ISOLATION"] = "none"
     return StackConfig(
         store_url=store,
         store=not v1,

@@ -133,12 +133,14 @@ def limit_hit(code: int, output: str, settings: Settings) -> str | None:
     return None
 
 
-def _capabilities() -> int:
+def missing_capabilities() -> list[str]:
+    """What this process lacks of what making boxes needs (CAP_SETUID, CAP_SETGID); empty when it has both."""
+    held = 0
     with open("/proc/self/status") as status:
         for line in status:
             if line.startswith("CapEff:"):
-                return int(line.split()[1], 16)
-    return 0
+                held = int(line.split()[1], 16)
+    return [name for bit, name in ((CAP_SETUID, "CAP_SETUID"), (CAP_SETGID, "CAP_SETGID")) if not held >> bit & 1]
 
 
 def node_isolation(settings: Settings) -> str:
@@ -165,8 +167,7 @@ def check_isolation(settings: Settings) -> None:
         )
         state.node.isolation = node_isolation(settings)
         return
-    held = _capabilities()
-    missing = [name for bit, name in ((CAP_SETUID, "CAP_SETUID"), (CAP_SETGID, "CAP_SETGID")) if not held >> bit & 1]
+    missing = missing_capabilities()
     if missing:
         raise ConfigError(
             f"1.0 programs run in boxes of their own uid, and this worker (uid {os.getuid()}) lacks "

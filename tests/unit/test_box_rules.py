@@ -1,0 +1,46 @@
+"""The worker's side of a 1.0 program's box (``workers.v1.box``) without processes: which limit a failed program's
+exit names, and the demo on a machine whose user cannot make boxes (docs/agl-v1.md, "Boxes")."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+
+import pytest
+
+from bridge.core.settings import load_settings
+from bridge_lab import demo
+from workers.v1 import box
+
+
+@pytest.mark.parametrize(
+    ("code", "output", "named"),
+    [
+        (-signal.SIGXCPU, "", "AGL_V1_PROGRAM_CPU_S=3600"),
+        (1, "Traceback ...\nMemoryError\n", "AGL_V1_PROGRAM_MEMORY_MB=8192"),
+        (1, "OSError: [Errno 27] File too large\n", "AGL_V1_PROGRAM_MAX_FILE_MB=1024"),
+        (1, "OSError: [Errno 24] Too many open files\n", "AGL_V1_PROGRAM_MAX_OPEN_FILES=4096"),
+        (1, "BlockingIOError: [Errno 11] Resource temporarily unavailable\n", "AGL_V1_PROGRAM_MAX_PROCESSES=512"),
+        (1, "RuntimeError: can't start new thread\n", "AGL_V1_PROGRAM_MAX_PROCESSES=512"),
+    ],
+)
+def test_a_failed_programs_exit_names_the_limit_it_ran_into(code: int, output: str, named: str) -> None:
+    limit = box.limit_hit(code, output, load_settings())
+    assert limit is not None and named in limit
+
+
+def test_an_ordinary_failure_names_no_limit_and_an_unboxed_program_none() -> None:
+    assert box.limit_hit(1, "ValueError: the agent broke\n", load_settings()) is None
+    assert box.limit_hit(1, "MemoryError\n", load_settings(agl_v1_isolation="none")) is None
+
+
+def test_the_demo_runs_1_0_programs_unboxed_where_its_user_cannot_box_them_and_says_so(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = argparse.Namespace(agl="v1", workers=1, concurrency=2, pool="threads", no_flower=True, log_dir=None)
+    monkeypatch.setattr(box, "missing_capabilities", lambda: ["CAP_SETUID", "CAP_SETGID"])
+    config = demo._stack_config(load_settings(redis_key_scope="demo-test"), args)
+    assert config.extra_env["AGL_V1_ISOLATION"] == "none"
+    assert "lacks CAP_SETUID and CAP_SETGID: the demo's 1.0 programs run unboxed" in capsys.readouterr().err
+    monkeypatch.setattr(box, "missing_capabilities", lambda: [])
+    assert "AGL_V1_ISOLATION" not in demo._stack_config(load_settings(redis_key_scope="demo-test"), args).extra_env
