@@ -75,6 +75,7 @@ class FakeProgram:
 
     start = "cold"
     pid = 2**22 + 1  # never a process: kill() is the fake's own
+    box = None
 
     def __init__(self, exits_after_s: float) -> None:
         self.exits_at = time.monotonic() + exits_after_s
