@@ -41,12 +41,12 @@ class Crashing:
 
 
 class Sleeping:
-    """Starts a child of its own (to show the whole group is killed), writes both pids, then sleeps."""
+    """Starts a child of its own (to show the whole group is killed), writes both pids and its uid, then sleeps."""
 
     def run(self) -> None:
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
         with open(os.environ["PID_FILE"], "w") as out:
-            out.write(f"{os.getpid()} {child.pid}\n")
+            out.write(f"{os.getpid()} {child.pid} {os.getuid()}\n")
         time.sleep(600)
 
 
@@ -83,12 +83,12 @@ class Quick:
 
 
 class LeavesChild:
-    """Starts a child that outlives it, writes both pids to ``PID_FILE`` and exits 0 at once."""
+    """Starts a child that outlives it, writes both pids and its uid to ``PID_FILE`` and exits 0 at once."""
 
     def run(self) -> None:
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=False)
         with open(os.environ["PID_FILE"], "w") as out:
-            out.write(f"{os.getpid()} {child.pid}\n")
+            out.write(f"{os.getpid()} {child.pid} {os.getuid()}\n")
 
 
 class LongLine:
@@ -242,6 +242,7 @@ class Inmate:
                     status[name] = value.split()
         read: list[str] = []
         seen = 0
+        shown = []  # what every process shows any uid: its command line and status
         for entry in os.listdir("/proc"):
             if not entry.isdigit() or int(entry) in own:
                 continue
@@ -251,6 +252,12 @@ class Inmate:
             except OSError:
                 continue
             seen += 1
+            for what in ("cmdline", "status"):
+                try:
+                    with open(f"/proc/{entry}/{what}", "rb") as f:
+                        shown.append(f.read().decode(errors="replace"))
+                except OSError:
+                    pass
             for what in ("environ", "cwd", "fd", "mem", "maps"):
                 path = f"/proc/{entry}/{what}"
                 try:
@@ -309,6 +316,7 @@ class Inmate:
             "umask": os.umask(0o077),
             "seen": seen,
             "read": read,
+            "shown": shown,
             "signalled": signalled,
             "traced": traced,
             "secret": attempt(read_secret),

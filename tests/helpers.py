@@ -333,6 +333,22 @@ def process_alive(pid: int) -> bool:
         return False
 
 
+def program_alive(pid_file: Path) -> bool:
+    """Whether anything of the program that wrote ``pid_file`` still runs (``Sleeping``, ``LeavesChild`` in
+    tests/agl_v1_agents.py write their pid, their child's and their uid): in a box, any process of its uid (the pids
+    it wrote may be its own PID namespace's); unboxed, those two pids."""
+    pid, child, uid = (int(word) for word in pid_file.read_text().split())
+    if uid < 1_000_000:  # not a box's (AGL_V1_PROGRAM_UID_BASE is at least that)
+        return process_alive(pid) or process_alive(child)
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and os.stat(f"/proc/{entry}").st_uid == uid and process_alive(int(entry)):
+                return True
+        except OSError:
+            continue
+    return False
+
+
 def over_services(services: LocalStack, **fields: Any) -> StackConfig:
     """A stack on the session's services (its Store unless ``store_url`` is given, its broker, WebShop server and
     LLM stand-in) with ``fields`` for the rest: workers, concurrency, bridge, log_dir, extra_env, ..."""

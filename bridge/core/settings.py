@@ -119,6 +119,10 @@ class Settings(BaseSettings):
     )
     """A boxed program runs as this uid plus its pid (a PID namespace's pids stay below 4,194,305): a range no
     user, service or container's uid map on the host may overlap."""
+    agl_v1_program_pid_namespace: bool = Field(default=True, validation_alias="AGL_V1_PROGRAM_PID_NAMESPACE")
+    """Where the worker holds CAP_SYS_ADMIN (root outside a container), also give each boxed program PID and mount
+    namespaces of its own: it sees no other process, and is PID 1 of its namespace (signals it has no handler for
+    are ignored, as for any PID 1). False: the uid alone keeps it from the others' /proc entries and signals."""
     agl_v1_program_memory_mb: int = Field(default=8192, ge=64, validation_alias="AGL_V1_PROGRAM_MEMORY_MB")
     """A boxed program's address space, in MiB (RLIMIT_AS; a program that forks has it per process): past it an
     allocation fails (Python's MemoryError) and the attempt fails, naming the limit. Address space, not memory in

@@ -20,7 +20,7 @@ from bridge.core import capacity, keys
 from bridge.core.agl_v1 import V1Rollout, attempt_key, scoped_attempt_key
 from bridge.core.coordination import coordination_client
 from bridge.core.settings import Settings
-from tests.helpers import TEST_REDIS_URL, process_alive, wait_for
+from tests.helpers import TEST_REDIS_URL, program_alive, wait_for
 from tests.stub_gateway import StubGateway
 from workers.protocol.heartbeat import HeartbeatMonitor
 from workers.v1.attempt import OUTPUT_TAIL_BYTES, OutputTail, V1Attempt
@@ -134,9 +134,8 @@ def test_children_a_program_leaves_behind_at_its_exit_are_killed(
     )
     outcome = _attempt(gateway, client, monitor, rollout, scope).run()
     assert outcome.state == "succeeded", outcome
-    pids = [int(p) for p in pid_file.read_text().split()]
-    assert len(pids) == 2
-    wait_for(lambda: not any(process_alive(p) for p in pids), 5, "the program's child gone")
+    assert len(pid_file.read_text().split()) == 3
+    wait_for(lambda: not program_alive(pid_file), 5, "the program's child gone")
 
 
 def test_a_crashing_program_fails_with_class_agent_and_a_bounded_output_tail(
@@ -226,8 +225,7 @@ def test_a_rollout_created_again_under_its_id_stops_the_old_program_within_a_wat
     result: dict = {}
     runner = threading.Thread(target=lambda: result.update(outcome=attempt.run()))
     runner.start()
-    wait_for(lambda: pid_file.exists() and len(pid_file.read_text().split()) == 2, 30, "the program started")
-    pids = [int(p) for p in pid_file.read_text().split()]
+    wait_for(lambda: pid_file.exists() and len(pid_file.read_text().split()) == 3, 30, "the program started")
     renewed = gateway.add(rid, f"{AGENTS}:Sleeping", created_at=2000.0, task_input=task_input, env_map=env_map)
     with gateway.lock:
         gateway.rollouts[rid]["status"].update(state="queuing", last_attempt_id=None)
@@ -237,7 +235,7 @@ def test_a_rollout_created_again_under_its_id_stops_the_old_program_within_a_wat
     outcome = result["outcome"]
     assert outcome.state is None and "moved on" in outcome.detail, outcome
     assert took < 1.0 + 2.0, f"stopped {took:.1f}s after the rollout was created again (watch interval 1 s)"
-    wait_for(lambda: not any(process_alive(p) for p in pids), 5, "the old program's processes gone")
+    wait_for(lambda: not program_alive(pid_file), 5, "the old program's processes gone")
     assert gateway.final_patches(rid) == []
     assert renewed["status"]["created_at"] == 2000.0
     assert capacity.inflight_count(client, scope, QUEUE) == 0

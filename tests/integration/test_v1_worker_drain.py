@@ -23,7 +23,7 @@ from bridge.core import capacity, keys
 from bridge.core.agl_v1 import V1_TASK_NAME, V1Rollout, attempt_key, scoped_attempt_key
 from bridge.core.coordination import coordination_client
 from bridge_lab.stack import LocalStack
-from tests.helpers import process_alive, stack_for, wait_for
+from tests.helpers import program_alive, stack_for, wait_for
 from tests.stub_gateway import StubGateway
 
 pytestmark = [pytest.mark.integration, pytest.mark.cost(40)]
@@ -73,8 +73,7 @@ def test_a_drained_worker_hands_its_1_0_attempts_over(
                 queue=QUEUE,
             )
             pid_file = outbox / "pids"
-            wait_for(lambda: pid_file.exists() and len(pid_file.read_text().split()) == 2, 30, "the program started")
-            pids = [int(p) for p in pid_file.read_text().split()]
+            wait_for(lambda: pid_file.exists() and len(pid_file.read_text().split()) == 3, 30, "the program started")
             assert client.exists(keys.lease(state_key))
 
             drained = stack.workers[0]
@@ -92,7 +91,7 @@ def test_a_drained_worker_hands_its_1_0_attempts_over(
             assert client.get(keys.done(state_key)) == "handover"
             assert not client.exists(keys.lease(state_key))
             assert gateway.final_patches(rid) == []  # never reported failed
-            assert not any(process_alive(p) for p in pids), "the program or its child outlived the drain"
+            assert not program_alive(pid_file), "the program or its child outlived the drain"
             assert capacity.inflight_count(client, scope, QUEUE) == 0, "the slot was not freed"
             sender.close()
     print(f"{pool}: exited {exited:.2f} s after SIGTERM")

@@ -99,6 +99,7 @@ def program_box(settings: Settings) -> dict[str, Any] | None:
         "uid_base": settings.agl_v1_program_uid_base,
         "directory": os.path.join(box_root(), secrets.token_hex(12)),
         "import_from": os.getcwd(),
+        "pid_namespace": settings.agl_v1_program_pid_namespace,
         "limits": limits(settings),
     }
 
@@ -143,12 +144,13 @@ def missing_capabilities() -> list[str]:
     return [name for bit, name in ((CAP_SETUID, "CAP_SETUID"), (CAP_SETGID, "CAP_SETGID")) if not held >> bit & 1]
 
 
-def node_isolation(settings: Settings) -> str:
+def node_isolation(settings: Settings, namespaces: bool = False) -> str:
     """How this node contains its programs, in one line: what it advertises for ``python -m bridge status``."""
     if settings.agl_v1_isolation == "none":
         return "none: programs run as the worker's uid (AGL_V1_ISOLATION=none)"
+    seen = "own PID and mount namespaces" if namespaces else "other processes visible"
     return (
-        f"box: uid {settings.agl_v1_program_uid_base}+pid, no capabilities, own 0700 directory; limits "
+        f"box: uid {settings.agl_v1_program_uid_base}+pid, no capabilities, own 0700 directory, {seen}; limits "
         f"{settings.agl_v1_program_memory_mb} MiB, {settings.agl_v1_program_max_processes} processes, "
         f"{settings.agl_v1_program_max_open_files} files, {settings.agl_v1_program_cpu_s} s CPU, "
         f"{settings.agl_v1_program_max_file_mb} MiB per file"
@@ -183,16 +185,18 @@ def check_isolation(settings: Settings) -> None:
         )
     sweep_stale_directories()
     facts = _probe(settings)
+    namespaces = bool(facts.get("namespaces"))
     log.info(
         "1.0 programs run in boxes: each as uid %d plus its pid, no capabilities, its own 0700 directory in %s, "
-        "limits %s%s; with a token of their attempt for this worker's relay, never AGL_V1_KEY (docs/agl-v1.md, "
-        "'Boxes')",
+        "limits %s, %s%s; with a token of their attempt for this worker's relay, never AGL_V1_KEY "
+        "(docs/agl-v1.md, 'Boxes')",
         settings.agl_v1_program_uid_base,
         box_root(),
         limits(settings),
-        f"; shown in a mount namespace of their own: {facts['shown']}" if facts.get("shown") else "",
+        "PID and mount namespaces of their own" if namespaces else "no PID namespace (no CAP_SYS_ADMIN)",
+        f"; shown in their mount namespace: {facts['shown']}" if facts.get("shown") else "",
     )
-    state.node.isolation = node_isolation(settings)
+    state.node.isolation = node_isolation(settings, namespaces)
 
 
 def _probe(settings: Settings) -> dict[str, Any]:

@@ -48,7 +48,8 @@ from typing import Any
 
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 1, 4, 38
 _CAPABILITY_VERSION_3 = 0x20080522
-_CLONE_NEWNS, _MS_NOSUID, _MS_NODEV, _MS_BIND, _MS_REC, _MS_PRIVATE = 0x20000, 2, 4, 4096, 16384, 1 << 18
+_CLONE_NEWNS, _CLONE_NEWPID, _CAP_SYS_ADMIN = 0x20000, 0x20000000, 21
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_BIND, _MS_REC, _MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
 BOX_FAILED = 125  # the exit code of a program whose box could not be made (it never ran): BOX_FAILED_MARK says why
 BOX_FAILED_MARK = "agl-box: not run:"
 _LIMITS = {  # a box's limits (``box["limits"]``) and the resource each one sets, soft and hard
@@ -91,16 +92,27 @@ def box_uid(uid_base: int, pid: int) -> int:
     return uid_base + pid
 
 
-def enter_box(box: dict[str, Any] | None) -> list[str]:
-    """Put this process, a program before any of its code runs, in its box: the limits, its own uid and gid
-    (``box_uid``) with no groups, no capabilities (checked) and ``no_new_privs``, umask 077, and its own 0700
-    directory ``box["directory"]`` (with ``tmp`` in it) as cwd, HOME and TMPDIR; ``sys.path``'s entry for the
-    current directory becomes ``box["import_from"]`` (the worker's), so modules import as they did unboxed.
-    Nothing when ``box`` is None (no isolation: the operator's opt-out). Returns the paths shown in a mount
-    namespace of its own (``_show_interpreter``). OSError or RuntimeError when any step fails: the caller must not
-    run it."""
+@dataclass
+class Boxed:
+    """What a program's box turned out to be, from inside."""
+
+    shown: list[str] = field(default_factory=list)  # interpreter paths shown in its mount namespace
+    namespaces: bool = False  # PID and mount namespaces of its own, with its own /proc
+
+
+def enter_box(box: dict[str, Any] | None, parent_pid: int) -> Boxed:
+    """Put this process, a program before any of its code runs, in its box, dying with ``parent_pid`` (the worker or
+    the program server): the limits, its own uid and gid (``box_uid``) with no groups, no capabilities (checked) and
+    ``no_new_privs``, umask 077, and its own 0700 directory ``box["directory"]`` (with ``tmp`` in it) as cwd, HOME
+    and TMPDIR; ``sys.path``'s entry for the current directory becomes ``box["import_from"]`` (the worker's), so
+    modules import as they did unboxed. Where this process holds CAP_SYS_ADMIN it also gets PID and mount namespaces
+    of its own (``_own_namespaces``: it sees no process but its own). With ``box`` None (the operator's opt-out) it
+    only dies with its parent. OSError or RuntimeError when any step fails: the caller must not run it; the process
+    exits 1 when the parent is gone."""
     if box is None:
-        return []
+        if not die_with_parent(parent_pid):
+            os._exit(1)
+        return Boxed()
     import resource
     import tempfile
 
@@ -111,19 +123,20 @@ def enter_box(box: dict[str, Any] | None) -> list[str]:
         value = int(value) if unlimited else min(int(value), hard)
         # CPU: SIGXCPU at the limit (the exit names it), SIGKILL a second later
         resource.setrlimit(which, (value, value + 1 if name == "cpu_s" and (unlimited or value < hard) else value))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file of a program's memory
     uid = box_uid(int(box["uid_base"]), os.getpid())
     if "" in sys.path:  # where ``python -c`` would import from: the worker's directory, not the box's
         sys.path[sys.path.index("")] = str(box["import_from"])
-    shown = _show_interpreter()
-    os.setgroups([])
-    os.setresgid(uid, uid, uid)
-    os.setresuid(uid, uid, uid)
-    _drop_capabilities()
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
-    with contextlib.suppress(ProcessLookupError):  # what a box of this uid left when its worker died: gone
-        os.kill(-1, signal.SIGKILL)
+    cpu_s = float(box["limits"].get("cpu_s", 0)) or None
+    boxed = _own_namespaces(uid, parent_pid, pid_namespace=bool(box.get("pid_namespace", True)), cpu_s=cpu_s)
+    _become(uid)
+    if boxed.namespaces:  # the keeper outside killed what a box of this uid left; this one dies with the keeper
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    else:
+        with contextlib.suppress(ProcessLookupError):  # what a box of this uid left when its worker died: gone
+            os.kill(-1, signal.SIGKILL)
+        if not die_with_parent(parent_pid):  # after the uid changed: that clears the parent-death signal
+            os._exit(1)
     os.umask(0o077)
     home = str(box["directory"])
     os.mkdir(home, 0o700)  # fails on anything already there: nobody else's directory is ever taken
@@ -131,14 +144,31 @@ def enter_box(box: dict[str, Any] | None) -> list[str]:
     os.chdir(home)
     os.environ.update({"HOME": home, "TMPDIR": os.path.join(home, "tmp")})
     tempfile.tempdir = None  # the server may have asked for it before: the program finds its own
-    return shown
+    return boxed
 
 
-def _show_interpreter() -> list[str]:
-    """Where this interpreter's files (its prefixes and ``sys.path``) lie below a directory other uids cannot
-    search (a virtualenv in root's 0700 home), give this process a mount namespace of its own in which that
-    directory is an empty tmpfs holding only those paths, bound in. OSError naming the directory when this process
-    cannot (it needs CAP_SYS_ADMIN: the worker runs as root). Returns the paths shown so."""
+def _become(uid: int) -> None:
+    """Take ``uid`` as every uid and gid, no groups, no capability, ``no_new_privs``."""
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+    _drop_capabilities()
+    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+
+
+def _own_namespaces(uid: int, parent_pid: int, *, pid_namespace: bool, cpu_s: float | None = None) -> Boxed:
+    """Namespaces for the box, where they are needed or can be had (this process still holds its privileges).
+
+    With CAP_SYS_ADMIN (and ``pid_namespace``): mount and PID namespaces of its own. This process stays outside as
+    the box's keeper: it forks the program, takes ``uid``, kills what an earlier box of that uid left, lets the
+    program go on, waits for it and exits as it did (a signal's death re-raised), dying with ``parent_pid``
+    meanwhile. The program is PID 1 of its namespace with a /proc of its own, and dies with the keeper. As PID 1 it
+    never gets SIGXCPU (the kernel drops it): a program SIGKILLed with ``cpu_s`` spent ends the keeper by SIGXCPU.
+
+    Its interpreter's paths below a directory other uids cannot search (a virtualenv in root's 0700 home) are
+    shown in that directory's place: an empty tmpfs with only those paths bound in (without ``pid_namespace``, in
+    a mount namespace alone). Without CAP_SYS_ADMIN: nothing, unless such paths exist (OSError naming them)."""
     wanted = {sys.prefix, sys.base_prefix, sys.exec_prefix, *sys.path}
     paths = sorted({os.path.realpath(p) for p in wanted if p and os.path.isdir(p)})
     closed: dict[str, list[str]] = {}
@@ -148,8 +178,14 @@ def _show_interpreter() -> list[str]:
             raise OSError(f"{path} (the interpreter's) cannot be searched by other uids")
         if ancestor is not None and not any(path.startswith(p + os.sep) for p in closed.get(ancestor, [])):
             closed.setdefault(ancestor, []).append(path)
-    if not closed:
-        return []
+    if not _holds_capability(_CAP_SYS_ADMIN):
+        if closed:
+            raise OSError(
+                f"the interpreter lies under {', '.join(closed)}, which other uids cannot search, and this worker "
+                "cannot make a mount namespace to show it (install it where others can read it, or run the worker "
+                "as root)"
+            )
+        return Boxed()
     libc = ctypes.CDLL(None, use_errno=True)
 
     def mount(source: str | None, target: str, kind: str | None, flags: int, data: str | None = None) -> None:
@@ -157,12 +193,10 @@ def _show_interpreter() -> list[str]:
         if libc.mount(*encoded[:3], ctypes.c_ulong(flags), encoded[3]) != 0:
             raise OSError(ctypes.get_errno(), f"mount {source} on {target}")
 
-    if libc.unshare(_CLONE_NEWNS) != 0:
-        raise OSError(
-            ctypes.get_errno(),
-            f"the interpreter lies under {', '.join(closed)}, which other uids cannot search, and this worker cannot "
-            "make a mount namespace to show it (install it where others can read it, or run the worker as root)",
-        )
+    if not pid_namespace and not closed:
+        return Boxed()
+    if libc.unshare(_CLONE_NEWNS | (_CLONE_NEWPID if pid_namespace else 0)) != 0:
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS | CLONE_NEWPID)")
     mount(None, "/", None, _MS_REC | _MS_PRIVATE)
     for ancestor, inside in closed.items():
         held = [os.open(path, os.O_PATH | os.O_DIRECTORY) for path in inside]
@@ -171,7 +205,54 @@ def _show_interpreter() -> list[str]:
             os.makedirs(path, mode=0o755, exist_ok=True)
             mount(f"/proc/self/fd/{fd}", path, None, _MS_BIND | _MS_REC)
             os.close(fd)
-    return [path for inside in closed.values() for path in inside]
+    shown = [path for inside in closed.values() for path in inside]
+    if not pid_namespace:
+        return Boxed(shown)
+    go_r, go_w = os.pipe()
+    program = os.fork()
+    if program == 0:  # the program: PID 1 of its namespace; waits until the keeper swept the uid
+        os.close(go_w)
+        if os.read(go_r, 1) != b"1":
+            os._exit(1)
+        os.close(go_r)
+        mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+        return Boxed(shown, namespaces=True)
+    os.close(go_r)
+    _keep(program, uid, parent_pid, go_w, cpu_s)
+    raise AssertionError("unreachable")  # _keep exits
+
+
+def _keep(program: int, uid: int, parent_pid: int, go: int, cpu_s: float | None) -> None:
+    """The keeper's life (``_own_namespaces``); it never returns."""
+    try:
+        _become(uid)
+        if not die_with_parent(parent_pid):
+            os._exit(1)
+        with contextlib.suppress(ProcessLookupError):  # what a box of this uid left when its worker died: gone
+            os.kill(-1, signal.SIGKILL)  # the program is still root's here: not among them
+        os.write(go, b"1")
+        os.close(go)
+        _, status, usage = os.wait4(program, 0)
+    except BaseException:
+        os.kill(program, signal.SIGKILL)
+        os._exit(BOX_FAILED)
+    if os.WIFSIGNALED(status):
+        signum = os.WTERMSIG(status)
+        if signum == signal.SIGKILL and cpu_s is not None and usage.ru_utime + usage.ru_stime >= cpu_s:
+            signum = signal.SIGXCPU  # the hard CPU limit's SIGKILL: its soft SIGXCPU never reached PID 1
+        with contextlib.suppress(OSError, ValueError):
+            signal.signal(signum, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, [signum])
+            os.kill(os.getpid(), signum)
+    os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+
+
+def _holds_capability(bit: int) -> bool:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("CapEff:"):
+                return bool(int(line.split()[1], 16) >> bit & 1)
+    return False
 
 
 def _closed_directory(path: str) -> str | None:
@@ -224,10 +305,10 @@ def sweep_box(uid: int, directory: str, *, kill: bool = True) -> None:
     )
 
 
-def boxed_or_exit(box: dict[str, Any] | None) -> list[str]:
+def boxed_or_exit(box: dict[str, Any] | None, parent_pid: int) -> Boxed:
     """``enter_box``, or exit ``BOX_FAILED`` with the reason on stderr: a program never runs half-boxed."""
     try:
-        return enter_box(box)
+        return enter_box(box, parent_pid)
     except (OSError, RuntimeError, ValueError, KeyError, TypeError) as exc:
         print(f"{BOX_FAILED_MARK} its box could not be made: {exc!r}", file=sys.stderr, flush=True)
         os._exit(BOX_FAILED)
@@ -266,9 +347,7 @@ def cold_main() -> None:
     """A cold start: ``python -c`` with argv ``[agent_class, worker_pid, box]`` (the box as JSON, ``null`` for
     none), which the program then sees as ``[agent_class, worker_pid]``."""
     box = json.loads(sys.argv.pop(3))
-    boxed_or_exit(box)
-    if not die_with_parent(int(sys.argv[2])):  # after the uid changed: that clears the parent-death signal
-        os._exit(1)
+    boxed_or_exit(box, int(sys.argv[2]))
     seal()
     sys.exit(run_program(sys.argv[1]))
 
@@ -277,10 +356,17 @@ def probe_main() -> None:
     """The worker's start-up check of the box (``workers.v1.box.check_isolation``), argv ``['probe', worker_pid,
     box]``: make the box, print one JSON line of what it is from inside, remove its directory."""
     box = json.loads(sys.argv[3])
-    shown = boxed_or_exit(box)
-    facts = {"uid": os.getuid(), "groups": os.getgroups(), "cwd": os.getcwd(), "shown": shown}
-    if box is not None and facts["uid"] != box_uid(int(box["uid_base"]), os.getpid()):
-        print(f"{BOX_FAILED_MARK} the probe runs as uid {facts['uid']}", file=sys.stderr)
+    boxed = boxed_or_exit(box, int(sys.argv[2]))
+    facts: dict[str, Any] = {
+        "uid": os.getuid(),
+        "groups": os.getgroups(),
+        "cwd": os.getcwd(),
+        "shown": boxed.shown,
+        "namespaces": boxed.namespaces,
+        "processes": sum(entry.isdigit() for entry in os.listdir("/proc")),
+    }
+    if box is not None and os.getuid() < int(box["uid_base"]):
+        print(f"{BOX_FAILED_MARK} the probe runs as uid {os.getuid()}", file=sys.stderr)
         sys.exit(BOX_FAILED)
     os.chdir("/")
     if box is not None:
@@ -458,9 +544,7 @@ class Server:
         _fresh_stdio()
         if box is None:
             os.chdir(cwd)
-        boxed_or_exit(box)
-        if not die_with_parent(self.pid):  # after the uid changed: that clears the parent-death signal
-            os._exit(1)
+        boxed_or_exit(box, self.pid)
         seal()
         code = run_program(agent_class)
         _finalize()
