@@ -96,6 +96,7 @@ class NodeState:
     program_server_failed: str | None = None  # why this process's start of it failed: not tried for every program
     box_root: str | None = None  # the node's 1.0 programs' box root (workers.v1.box)
     isolation: str | None = None  # how the node boxes its 1.0 programs, as it advertises it (workers.v1.box)
+    box_namespaces: bool = False  # whether its boxes get PID namespaces (the start-up probe's finding)
     clock_offset_s: float = 0.0  # the Store's clock minus ours (workers.protocol.clock)
     pool: Pool = field(default_factory=_pool)  # how tasks run (workers.lifecycle.stuck)
     stuck_threads: StuckThreads = field(default_factory=_stuck_threads)

@@ -54,12 +54,14 @@ class Isolation:
     kind: str  # "box" or "none"
     uid: int | None
     limits: dict[str, int]
+    namespaces: bool = False  # PID and mount namespaces of its own
 
     def describe(self) -> str:
         if self.kind == "none" or self.uid is None:
             return "not isolated (AGL_V1_ISOLATION=none)"
         shown = ", ".join(f"{name} {value}" for name, value in self.limits.items())
-        return f"boxed as uid {self.uid} ({shown})"
+        where = ", own PID namespace" if self.namespaces else ""
+        return f"boxed as uid {self.uid}{where} ({shown})"
 
 
 def limits(settings: Settings) -> dict[str, int]:
@@ -107,7 +109,9 @@ def program_box(settings: Settings) -> dict[str, Any] | None:
 def isolation_of(box: dict[str, Any] | None, pid: int) -> Isolation:
     if box is None:
         return Isolation("none", None, {})
-    return Isolation("box", program_server.box_uid(int(box["uid_base"]), pid), dict(box["limits"]))
+    uid = program_server.box_uid(int(box["uid_base"]), pid)
+    namespaces = bool(box.get("pid_namespace")) and state.node.box_namespaces  # as the start-up probe found
+    return Isolation("box", uid, dict(box["limits"]), namespaces)
 
 
 def limit_hit(code: int, output: str, settings: Settings) -> str | None:
@@ -197,6 +201,7 @@ def check_isolation(settings: Settings) -> None:
         f"; shown in their mount namespace: {facts['shown']}" if facts.get("shown") else "",
     )
     state.node.isolation = node_isolation(settings, namespaces)
+    state.node.box_namespaces = namespaces
 
 
 def _probe(settings: Settings) -> dict[str, Any]:
