@@ -233,8 +233,10 @@ def _keep(program: int, uid: int, parent_pid: int, go: int, cpu_s: float | None)
         os.write(go, b"1")
         os.close(go)
         _, status, usage = os.wait4(program, 0)
-    except BaseException:
+    except BaseException as exc:
         os.kill(program, signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            os.write(2, f"{BOX_FAILED_MARK} its box's keeper failed: {exc!r}\n".encode())
         os._exit(BOX_FAILED)
     if os.WIFSIGNALED(status):
         signum = os.WTERMSIG(status)
