@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -254,3 +255,19 @@ def test_a_dead_workers_box_root_is_removed_with_its_programs_directories(outbox
     )
     assert done.returncode == 0 and done.stdout.strip() == repr([str(root)]), done
     assert not root.exists() and live.exists()
+
+
+def test_a_tmpdir_other_uids_cannot_search_still_holds_the_boxes_and_is_left_clean(
+    settings: Settings, server: ProgramServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TMPDIR below a 0700 directory (pytest's own, here): the box root is shown in the program's mount namespace,
+    and the box's directory is gone after it, as the worker's user removes it."""
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    monkeypatch.setenv("TMPDIR", str(private))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    program = start(server, settings, "cold", "Quick")
+    code, output = finish(program)
+    assert code == 0 and "quick" in output, output
+    [root] = list(private.iterdir())  # the node's box root, and nothing left in it
+    assert root.name.startswith("agl-v1-boxes-") and list(root.iterdir()) == []

@@ -128,7 +128,13 @@ def enter_box(box: dict[str, Any] | None, parent_pid: int) -> Boxed:
     if "" in sys.path:  # where ``python -c`` would import from: the worker's directory, not the box's
         sys.path[sys.path.index("")] = str(box["import_from"])
     cpu_s = float(box["limits"].get("cpu_s", 0)) or None
-    boxed = _own_namespaces(uid, parent_pid, pid_namespace=bool(box.get("pid_namespace", True)), cpu_s=cpu_s)
+    boxed = _own_namespaces(
+        uid,
+        parent_pid,
+        pid_namespace=bool(box.get("pid_namespace", True)),
+        cpu_s=cpu_s,
+        root=os.path.dirname(str(box["directory"])),
+    )
     _become(uid)
     if boxed.namespaces:  # the keeper outside killed what a box of this uid left; this one dies with the keeper
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -157,7 +163,9 @@ def _become(uid: int) -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
 
 
-def _own_namespaces(uid: int, parent_pid: int, *, pid_namespace: bool, cpu_s: float | None = None) -> Boxed:
+def _own_namespaces(
+    uid: int, parent_pid: int, *, pid_namespace: bool, cpu_s: float | None = None, root: str | None = None
+) -> Boxed:
     """Namespaces for the box, where they are needed or can be had (this process still holds its privileges).
 
     With CAP_SYS_ADMIN (and ``pid_namespace``): mount and PID namespaces of its own. This process stays outside as
@@ -166,24 +174,26 @@ def _own_namespaces(uid: int, parent_pid: int, *, pid_namespace: bool, cpu_s: fl
     meanwhile. The program is PID 1 of its namespace with a /proc of its own, and dies with the keeper. As PID 1 it
     never gets SIGXCPU (the kernel drops it): a program SIGKILLed with ``cpu_s`` spent ends the keeper by SIGXCPU.
 
-    Its interpreter's paths below a directory other uids cannot search (a virtualenv in root's 0700 home) are
-    shown in that directory's place: an empty tmpfs with only those paths bound in (without ``pid_namespace``, in
-    a mount namespace alone). Without CAP_SYS_ADMIN: nothing, unless such paths exist (OSError naming them)."""
-    wanted = {sys.prefix, sys.base_prefix, sys.exec_prefix, *sys.path}
+    Its interpreter's paths and the box ``root`` its directory is made in, where they lie below a directory other
+    uids cannot search (a virtualenv in root's 0700 home, a private TMPDIR), are shown in that directory's place:
+    an empty tmpfs with only those paths bound in (without ``pid_namespace``, in a mount namespace alone). Without
+    CAP_SYS_ADMIN: nothing, unless such paths exist (OSError naming them)."""
+    wanted = {sys.prefix, sys.base_prefix, sys.exec_prefix, *sys.path, *([root] if root else [])}
     paths = sorted({os.path.realpath(p) for p in wanted if p and os.path.isdir(p)})
     closed: dict[str, list[str]] = {}
     for path in paths:
         ancestor = _closed_directory(path)
-        if ancestor == path:
+        if ancestor == path and path != root:
             raise OSError(f"{path} (the interpreter's) cannot be searched by other uids")
         if ancestor is not None and not any(path.startswith(p + os.sep) for p in closed.get(ancestor, [])):
             closed.setdefault(ancestor, []).append(path)
     if not _holds_capability(_CAP_SYS_ADMIN):
         if closed:
+            hidden = sorted(path for inside in closed.values() for path in inside)
             raise OSError(
-                f"the interpreter lies under {', '.join(closed)}, which other uids cannot search, and this worker "
-                "cannot make a mount namespace to show it (install it where others can read it, or run the worker "
-                "as root)"
+                f"{', '.join(hidden)} (the interpreter's, or the box root in TMPDIR) lie under {', '.join(closed)}, "
+                "which other uids cannot search, and this worker cannot make a mount namespace to show them "
+                "(install the interpreter and point TMPDIR where others can search, or run the worker as root)"
             )
         return Boxed()
     libc = ctypes.CDLL(None, use_errno=True)
@@ -287,24 +297,31 @@ def _drop_capabilities() -> None:
 
 def sweep_box(uid: int, directory: str, *, kill: bool = True) -> None:
     """Kill every process of ``uid`` (what a program left running, in its session or out of it; unless ``kill`` is
-    False) and remove its directory, as ``uid`` itself: ``kill -1`` reaches exactly that uid's processes. Needs
-    CAP_SETUID and CAP_SETGID, as making the box did."""
+    False), as ``uid`` itself: ``kill -1`` reaches exactly that uid's processes. Then remove its directory: as the
+    caller where it may (root: a TMPDIR that other uids cannot search included), else as ``uid``. Needs CAP_SETUID
+    and CAP_SETGID, as making the box did."""
     import subprocess
 
-    script = ("kill -s KILL -- -1 2>/dev/null; " if kill else "") + 'exec rm -rf -- "$1"'
-    subprocess.run(
-        ["/bin/sh", "-c", script, "sh", directory],
-        user=uid,
-        group=uid,
-        extra_groups=[],
-        env={"PATH": "/usr/bin:/bin"},
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        close_fds=True,
-        check=False,
-        timeout=60,
-    )
+    def run_as_uid(*argv: str) -> None:
+        subprocess.run(
+            argv,
+            user=uid,
+            group=uid,
+            extra_groups=[],
+            env={"PATH": "/usr/bin:/bin"},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            close_fds=True,
+            check=False,
+            timeout=60,
+        )
+
+    if kill:
+        run_as_uid("/bin/sh", "-c", "kill -s KILL -- -1 2>/dev/null")
+    shutil.rmtree(directory, ignore_errors=True)
+    if os.path.lexists(directory):  # the caller may not (a container's worker): its owner may
+        run_as_uid("/bin/rm", "-rf", "--", directory)
 
 
 def boxed_or_exit(box: dict[str, Any] | None, parent_pid: int) -> Boxed:
