@@ -113,8 +113,8 @@ def test_a_killed_warm_program_takes_its_whole_group_with_it(
 ) -> None:
     pid_file = tmp_path / "pids"
     program = warm(server, "Sleeping", env_for(settings, PID_FILE=str(pid_file)))
-    wait_for(lambda: len(pid_file.read_text().split()) == 2 if pid_file.exists() else False, 30, "both pids")
-    pids = [int(p) for p in pid_file.read_text().split()]
+    wait_for(lambda: len(pid_file.read_text().split()) == 3 if pid_file.exists() else False, 30, "both pids")
+    pids = [int(p) for p in pid_file.read_text().split()[:2]]
     assert pids[0] == program.pid and program.wait(0.2) is None  # still running: no exit code yet
     program.kill()
     assert program.code == -signal.SIGKILL
@@ -127,7 +127,7 @@ def test_children_a_warm_program_leaves_behind_at_its_exit_are_killed(
     pid_file = tmp_path / "pids"
     program = warm(server, "LeavesChild", env_for(settings, PID_FILE=str(pid_file)))
     assert program.wait(30) == 0
-    pids = [int(p) for p in pid_file.read_text().split()]
+    pids = [int(p) for p in pid_file.read_text().split()[:2]]
     wait_for(lambda: not any(process_alive(pid) for pid in pids), 10, "the child it left gone")
     program.kill()
 
@@ -147,8 +147,8 @@ def test_a_program_dies_with_the_worker_process_that_asked_for_it(
     try:
         assert asker.stdout is not None
         int(asker.stdout.readline())
-        wait_for(lambda: pid_file.exists() and len(pid_file.read_text().split()) == 2, 30, "both pids")
-        pids = [int(p) for p in pid_file.read_text().split()]
+        wait_for(lambda: pid_file.exists() and len(pid_file.read_text().split()) == 3, 30, "both pids")
+        pids = [int(p) for p in pid_file.read_text().split()[:2]]
         asker.kill()
         asker.wait(10)
         wait_for(lambda: not any(process_alive(pid) for pid in pids), 10, "the program and its child gone")
@@ -174,7 +174,7 @@ def test_a_node_that_dies_takes_its_server_and_programs_with_it(settings: Settin
         pid_text, directory = node.stdout.readline().decode().split()
         server_pid = int(pid_text)
         assert os.path.isdir(directory) and Path(directory).name.startswith("agl-v1-programs-")
-        wait_for(lambda: pid_file.exists() and len(pid_file.read_text().split()) == 2, 30, "both pids")
+        wait_for(lambda: pid_file.exists() and len(pid_file.read_text().split()) == 3, 30, "both pids")
         program_pid = int(pid_file.read_text().split()[0])
         node.kill()
         node.wait(10)
@@ -183,7 +183,7 @@ def test_a_node_that_dies_takes_its_server_and_programs_with_it(settings: Settin
     finally:
         node.kill()
         node.wait(10)
-        for pid in [int(p) for p in pid_file.read_text().split()] if pid_file.exists() else []:
+        for pid in [int(p) for p in pid_file.read_text().split()[:2]] if pid_file.exists() else []:
             kill_group(pid)
 
 
@@ -192,8 +192,8 @@ def test_a_server_killed_under_its_program_loses_it_and_a_new_server_serves_the_
 ) -> None:
     pid_file = tmp_path / "pids"
     program = warm(server, "Sleeping", env_for(settings, PID_FILE=str(pid_file)))
-    wait_for(lambda: pid_file.exists() and len(pid_file.read_text().split()) == 2, 30, "both pids")
-    pids = [int(p) for p in pid_file.read_text().split()]
+    wait_for(lambda: pid_file.exists() and len(pid_file.read_text().split()) == 3, 30, "both pids")
+    pids = [int(p) for p in pid_file.read_text().split()[:2]]
     assert server.process is not None
     old = server.process.pid
     os.kill(old, signal.SIGKILL)

@@ -616,6 +616,8 @@ class Server:
 
 
 def _kill_group(pid: int) -> None:
+    if pid < 1:  # killpg(0) would be the server's own group
+        return
     try:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):

@@ -155,6 +155,9 @@ class WarmProgram:
 
 
 def kill_group(pid: int) -> None:
-    """SIGKILL the process group ``pid`` leads; nothing if it is gone."""
+    """SIGKILL the process group ``pid`` leads; nothing if it is gone. ValueError for a pid below 1: killpg(0) would
+    be the caller's own group."""
+    if pid < 1:
+        raise ValueError(f"no process group {pid}")
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
