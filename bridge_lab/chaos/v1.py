@@ -105,6 +105,9 @@ class V1ChaosStack:
         self.gateway_url = f"http://127.0.0.1:{self.port}"
         pythonpath = os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))
         env = {**V1_CHAOS_ENV, "AGL_V1_SERVER_URL": self.gateway_url, "AGL_V1_KEY": KEY, "PYTHONPATH": pythonpath}
+        # The audit finds each program by the pid its start event names: a PID namespace would make it 1. The boxes
+        # keep their uid, directory and limits.
+        env["AGL_V1_PROGRAM_PID_NAMESPACE"] = "false"
         self.stack = LocalStack(
             StackConfig(
                 store=False,
