@@ -333,6 +333,19 @@ def process_alive(pid: int) -> bool:
         return False
 
 
+@contextlib.contextmanager
+def serving_programs(settings: Any) -> Iterator[Any]:
+    """A 1.0 program server (``workers.v1.server_supervisor.ProgramServer``) started for ``settings``, stopped after."""
+    from workers.v1.server_supervisor import ProgramServer
+
+    started = ProgramServer(settings)
+    started.start()
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
 def program_alive(pid_file: Path) -> bool:
     """Whether anything of the program that wrote ``pid_file`` still runs (``Sleeping``, ``LeavesChild`` in
     tests/agl_v1_agents.py write their pid, their child's and their uid): in a box, any process of its uid (the pids

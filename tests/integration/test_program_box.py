@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from bridge.core.settings import Settings, load_settings
-from tests.helpers import wait_for
+from tests.helpers import serving_programs, wait_for
 from workers.v1 import box
 from workers.v1.environment import base_environment
 from workers.v1.program_directories import pid_namespace
@@ -45,12 +45,8 @@ def settings() -> Settings:
 
 @pytest.fixture(scope="module")
 def server(settings: Settings) -> Iterator[ProgramServer]:
-    started = ProgramServer(settings)
-    started.start()
-    try:
+    with serving_programs(settings) as started:
         yield started
-    finally:
-        started.stop()
 
 
 def start(server: ProgramServer, settings: Settings, how: str, agent: str, **env: str) -> Program:

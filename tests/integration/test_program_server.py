@@ -24,7 +24,7 @@ import pytest
 from bridge.core.errors import ConfigError
 from bridge.core.settings import Settings, load_settings
 from bridge_lab.agl_v1_env import v1_virtualenv
-from tests.helpers import process_alive, wait_for
+from tests.helpers import process_alive, serving_programs, wait_for
 from workers.lifecycle import state
 from workers.v1 import launch, program_client
 from workers.v1.environment import base_environment
@@ -45,12 +45,8 @@ def settings() -> Settings:
 @pytest.fixture(scope="module")
 def server(settings: Settings) -> Iterator[ProgramServer]:
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    started = ProgramServer(settings)
-    started.start()
-    try:
+    with serving_programs(settings) as started:
         yield started
-    finally:
-        started.stop()
 
 
 def env_for(settings: Settings, **extra: str) -> dict[str, str]:
