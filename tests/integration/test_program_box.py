@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from bridge.core.settings import Settings, load_settings
-from tests.helpers import serving_programs, wait_for
+from tests.helpers import program_alive, serving_programs, wait_for
 from workers.v1 import box
 from workers.v1.environment import base_environment
 from workers.v1.program_directories import pid_namespace
@@ -75,6 +75,12 @@ def finish(program: Program, timeout_s: float = 60) -> tuple[int | None, str]:
     program.kill()
     reader.join(10)
     return code, b"".join(out).decode(errors="replace")
+
+
+def holding(capabilities: str, *argv: str) -> list[str]:
+    """``argv`` run with only ``capabilities`` (setpriv's syntax), in every set a child inherits."""
+    kept = capabilities
+    return ["setpriv", f"--inh-caps={kept}", f"--ambient-caps={kept}", f"--bounding-set={kept}", *argv]
 
 
 def uid_processes(uid: int) -> list[int]:
@@ -190,6 +196,44 @@ def test_a_program_past_its_cpu_time_ends_by_sigxcpu_naming_the_limit(server: Pr
     assert code == -24 and box.limit_hit(code, output, tight) == "its CPU time limit (AGL_V1_PROGRAM_CPU_S=1)"
 
 
+def kill_running_programs(outbox: str) -> None:
+    """Start ``Sleeping`` warm and cold (no PID namespace, as in a container), kill each while it runs, and print
+    for each how it ended: its exit code, and whether anything of its uid outlived the kill by 5 s."""
+    settings = load_settings(agl_v1_pass_env="PYTHONPATH", agl_v1_program_pid_namespace=False)
+    report: dict[str, Any] = {}
+    with serving_programs(settings) as server:
+        for how in STARTS:
+            pid_file = Path(outbox) / f"sleeping-{how}"
+            program = start(server, settings, how, "Sleeping", PID_FILE=str(pid_file))
+            wait_for(lambda f=pid_file: f.exists() and len(f.read_text().split()) == 3, 30, "the program's pids")  # type: ignore[misc]
+            program.kill()
+            deadline = time.monotonic() + 5
+            while program_alive(pid_file) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            report[how] = {"code": program.wait(1), "alive": program_alive(pid_file)}
+    print(json.dumps(report))
+
+
+def test_a_worker_without_cap_kill_kills_its_running_programs_and_all_they_started(outbox: Path) -> None:
+    """The worker's kill of a running program (a stop, a cancel, a lost lease), warm and cold, from a worker that
+    holds CAP_SETUID and CAP_SETGID but not CAP_KILL, as docker-compose.yml's worker-agl-v1 runs: a signal from its
+    uid to a box's is refused, so the kill goes as the box's uid. (Kept besides, for this test's sake only:
+    CAP_SYS_ADMIN to show this machine's interpreter, which lies in root's 0700 home, in the box's mount namespace,
+    and CAP_DAC_READ_SEARCH to read the pids the program wrote.)"""
+    kept = "-all,+setuid,+setgid,+sys_admin,+dac_read_search"
+    done = subprocess.run(
+        holding(kept, sys.executable, "-c", f"from {__name__} import kill_running_programs as k; k({str(outbox)!r})"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(outbox)},
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report == {how: {"code": -9, "alive": False} for how in STARTS}, done.stderr
+
+
 def test_a_worker_without_setuid_refuses_boxed_programs_with_one_line_naming_it() -> None:
     """A worker without capabilities (as an ordinary user's, or a container's that drops them all): it does not
     start, and says what to grant or set."""
@@ -243,7 +287,7 @@ def test_a_dead_workers_box_root_is_removed_with_its_programs_directories(outbox
     live.mkdir()
     kept = "-all,+setuid,+setgid"
     done = subprocess.run(
-        ["setpriv", f"--inh-caps={kept}", f"--ambient-caps={kept}", f"--bounding-set={kept}", *SWEEP, str(outbox)],
+        holding(kept, *SWEEP, str(outbox)),
         capture_output=True,
         text=True,
         timeout=60,

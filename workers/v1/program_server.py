@@ -15,7 +15,8 @@ The server's protocol, one Unix stream connection per program (the socket lies i
   (SCM_RIGHTS), the write end of the pipe the program's output goes to;
 * replies, JSON lines: ``{"pid": N}`` once forked (or ``{"error": "..."}``), then ``{"exit": code}`` once the
   program ended (as ``Popen.returncode``: negative for a signal) and its whole process group was killed;
-* the worker may send ``{"kill": true}``; a connection closed before the exit kills the program's group too.
+* the worker may send ``{"kill": true}``; a connection closed before the exit kills the program's group too (and
+  everything of a boxed program's uid, as that uid: the server needs no CAP_KILL).
 
 A forked program starts as a cold one does: it leads a new session, dies with its parent (PR_SET_PDEATHSIG), is
 non-dumpable (``seal``: no other program of its uid reads its token),
@@ -295,33 +296,39 @@ def _drop_capabilities() -> None:
         raise RuntimeError(f"capabilities still held: {held}")
 
 
+def kill_box(uid: int) -> None:
+    """SIGKILL every process of ``uid`` (a box's program and what it left running, in its session or out of it), as
+    ``uid`` itself: ``kill -1`` reaches exactly that uid's processes, and needs no CAP_KILL (a container's worker
+    has none), only CAP_SETUID and CAP_SETGID, as making the box did."""
+    _run_as_uid(uid, "/bin/sh", "-c", "kill -s KILL -- -1 2>/dev/null")
+
+
 def sweep_box(uid: int, directory: str, *, kill: bool = True) -> None:
-    """Kill every process of ``uid`` (what a program left running, in its session or out of it; unless ``kill`` is
-    False), as ``uid`` itself: ``kill -1`` reaches exactly that uid's processes. Then remove its directory: as the
-    caller where it may (root: a TMPDIR that other uids cannot search included), else as ``uid``. Needs CAP_SETUID
-    and CAP_SETGID, as making the box did."""
-    import subprocess
-
-    def run_as_uid(*argv: str) -> None:
-        subprocess.run(
-            argv,
-            user=uid,
-            group=uid,
-            extra_groups=[],
-            env={"PATH": "/usr/bin:/bin"},
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            close_fds=True,
-            check=False,
-            timeout=60,
-        )
-
+    """``kill_box`` (unless ``kill`` is False), then remove the box's directory: as the caller where it may (root: a
+    TMPDIR that other uids cannot search included), else as ``uid``."""
     if kill:
-        run_as_uid("/bin/sh", "-c", "kill -s KILL -- -1 2>/dev/null")
+        kill_box(uid)
     shutil.rmtree(directory, ignore_errors=True)
     if os.path.lexists(directory):  # the caller may not (a container's worker): its owner may
-        run_as_uid("/bin/rm", "-rf", "--", directory)
+        _run_as_uid(uid, "/bin/rm", "-rf", "--", directory)
+
+
+def _run_as_uid(uid: int, *argv: str) -> None:
+    import subprocess
+
+    subprocess.run(
+        argv,
+        user=uid,
+        group=uid,
+        extra_groups=[],
+        env={"PATH": "/usr/bin:/bin"},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        close_fds=True,
+        check=False,
+        timeout=60,
+    )
 
 
 def boxed_or_exit(box: dict[str, Any] | None, parent_pid: int) -> Boxed:
@@ -500,7 +507,7 @@ class Server:
             if connection.pid is None:
                 self._start(connection, line)
             elif json.loads(line).get("kill") and connection.pid in self.children:
-                _kill_group(connection.pid)
+                self._kill(connection.pid, sweep=False)
         if connection.pid is None and len(connection.buffer) > MAX_REQUEST_BYTES:
             self._refuse(connection, f"request over {MAX_REQUEST_BYTES} bytes")
 
@@ -576,7 +583,7 @@ class Server:
     def _close(self, connection: Connection) -> None:
         """The worker closed (or lost) the connection: a program it still had is killed with its group."""
         if connection.pid is not None and self.children.get(connection.pid) is connection:
-            _kill_group(connection.pid)
+            self._kill(connection.pid, sweep=False)
             self.children[connection.pid] = None
         for fd in connection.fds:
             os.close(fd)
@@ -602,12 +609,19 @@ class Server:
             _, status = os.waitpid(info.si_pid, 0)
             self._ended(info.si_pid, status)
 
-    def _kill(self, pid: int) -> None:
-        """Kill the program's group and, when it has a box, everything of its uid; its directory goes too."""
+    def _kill(self, pid: int, *, sweep: bool = True) -> None:
+        """Kill the program's group and, when it has a box, everything of its uid (as that uid: the server may lack
+        CAP_KILL); with ``sweep``, its box's directory goes too (at the reap: the pid, and so the uid, is still
+        held)."""
         _kill_group(pid)
-        box = self.boxes.pop(pid, None)
-        if box is not None:
+        box = self.boxes.get(pid)
+        if box is None:
+            return
+        if sweep:
+            del self.boxes[pid]
             sweep_box(*box)
+        else:
+            kill_box(box[0])
 
     def _ended(self, pid: int, status: int) -> None:
         connection = self.children.pop(pid, None)
