@@ -75,7 +75,7 @@ def assert_clean(results: list[ClusterResult]) -> None:
         assert not r.figures["errors"], report
 
 
-@pytest.mark.nightly("a throughput figure, not a guarantee; the host-loss and partition tests run every time")
+@pytest.mark.nightly("a throughput figure, not a guarantee; the host-loss test runs every time")
 def test_two_hosts_run_a_latency_bound_load_faster_under_distinct_names(
     bed: TestBed, tasks: list[dict[str, Any]]
 ) -> None:
@@ -101,6 +101,10 @@ def test_a_lost_host_rollouts_run_again_on_the_other_within_the_bound(
 
 
 @pytest.mark.slow
+@pytest.mark.nightly(
+    "a host taken over: the lost-host test above, every time; a report kept back after a takeover: "
+    "tests/unit/test_unproven_lease.py and test_report_path.py, every time"
+)
 def test_a_partitioned_host_is_taken_over_reports_nothing_late_and_returns(
     bed: TestBed, tasks: list[dict[str, Any]], tmp_path: Path
 ) -> None:

@@ -101,7 +101,13 @@ class EventTap:
             self._thread.join(timeout=10)  # the receiver checks once a second
 
 
-@pytest.mark.parametrize(("pool", "concurrency"), [("prefork", 8), ("threads", 16)])
+@pytest.mark.parametrize(
+    ("pool", "concurrency"),
+    [
+        ("prefork", 8),
+        pytest.param("threads", 16, marks=pytest.mark.nightly("the same events under prefork, every time")),
+    ],
+)
 def test_every_task_event_reaches_the_monitor_under_each_recommended_pool(
     clean_store: LocalStack, tmp_path: Path, pool: str, concurrency: int
 ) -> None:

@@ -36,7 +36,12 @@ SINGLE_READ = f"GET {API}/rollouts/{{rollout_id}}"
 DETECTION_SLACK_S = 1.5  # the thread's tick, the read itself and this test's log polling on a loaded machine
 
 
-@pytest.fixture(params=["threads", "prefork"])
+@pytest.fixture(
+    params=[
+        pytest.param("threads", marks=pytest.mark.nightly("prefork, whose bound is the tighter, runs every time")),
+        "prefork",
+    ]
+)
 def worker_stack(clean_store: LocalStack, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[LocalStack]:
     # No reconcile and no backlog reading during the test: the bridge's `GET /rollouts?status_in=…` would count as a
     # batch read (a backlog read every 5 s made one quiet run count 6 in 3 intervals).

@@ -109,6 +109,10 @@ def _user_environment(where: Path) -> dict[str, str]:
     return env
 
 
+@pytest.mark.nightly(
+    "a whole training recipe: the README's example agent on the workers (the test above) and the Runner's contract "
+    "(test_runner.py), every time"
+)
 def test_train_calc_runs_as_its_docstring_says(services: LocalStack, tmp_path: Path) -> None:
     """Every line of the recipe, with only the addresses replaced by this session's (the Store, the broker, the
     LLM stand-in): the documented worker command must start and serve (it exited 2 without a Store URL), and

@@ -183,20 +183,18 @@ def test_the_drain_s_forced_exit_ends_the_first_process_of_a_pid_namespace() -> 
 # --- agents that never return, as PID 1 of a PID namespace and without -----------------------------------------
 
 
-# Every run takes prefork as PID 1, as the image runs it; the other three pairs run in the nightly-size run.
-OTHER_PAIR = pytest.mark.nightly(
-    "prefork as PID 1 runs every time; threads in test_v1_worker_drain.py and tests/unit/test_worker_drain.py"
-)
-
-
 @pytest.mark.cost(40)
+@pytest.mark.nightly(
+    "the hand-over within the grace (the test above) and the forced exit as PID 1 run every time; agents that never "
+    "return: test_stuck_agents.py (prefork), tests/unit/test_worker_drain.py and test_v1_worker_drain.py"
+)
 @pytest.mark.parametrize(
     ("pool", "pid_1"),
     [
         pytest.param("prefork", True, id="prefork-pid-1"),
-        pytest.param("threads", False, id="threads-own-host", marks=OTHER_PAIR),
-        pytest.param("prefork", False, id="prefork-own-host", marks=OTHER_PAIR),
-        pytest.param("threads", True, id="threads-pid-1", marks=OTHER_PAIR),
+        pytest.param("threads", False, id="threads-own-host"),
+        pytest.param("prefork", False, id="prefork-own-host"),
+        pytest.param("threads", True, id="threads-pid-1"),
     ],
 )
 def test_a_drained_worker_hands_over_what_its_agents_never_return(
