@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import argparse
 import signal
+import subprocess
 
 import pytest
 
+from bridge.core.errors import ConfigError
 from bridge.core.settings import load_settings
 from bridge_lab import demo
 from workers.v1 import box
@@ -44,3 +46,20 @@ def test_the_demo_runs_1_0_programs_unboxed_where_its_user_cannot_box_them_and_s
     assert "lacks CAP_SETUID and CAP_SETGID: the demo's 1.0 programs run unboxed" in capsys.readouterr().err
     monkeypatch.setattr(box, "missing_capabilities", lambda: [])
     assert "AGL_V1_ISOLATION" not in demo._stack_config(load_settings(redis_key_scope="demo-test"), args).extra_env
+
+
+@pytest.mark.parametrize(
+    ("pid_namespace", "named"), [(True, "AGL_V1_PROGRAM_PID_NAMESPACE=false"), (False, "box cannot be made")]
+)
+def test_a_probe_whose_namespace_mounts_are_refused_names_the_setting_that_goes_without(
+    monkeypatch: pytest.MonkeyPatch, pid_namespace: bool, named: str
+) -> None:
+    """Where a security module refuses the mounts (AppArmor's docker-default), the start-up check says how to box
+    programs without the namespaces, rather than only that the box failed."""
+    refused = "agl-box-failed: its box could not be made: PermissionError(13, 'mount None on /')"
+    monkeypatch.setattr(
+        box.subprocess, "run", lambda argv, **_: subprocess.CompletedProcess(argv, 125, "", refused + "\n")
+    )
+    settings = load_settings(agl_v1_program_pid_namespace=pid_namespace)
+    with pytest.raises(ConfigError, match=named):
+        box._probe(settings)

@@ -402,20 +402,21 @@ def test_compose_sizes_the_1_0_worker_by_the_documented_rule() -> None:
 
 def test_the_1_0_workers_inits_run_as_root_and_the_worker_as_agl_with_only_what_boxes_need() -> None:
     """docs/agl-v1.md, "The container's inits": the inits hold the container's environment, so they run as root (no
-    program reads them) with only what setpriv needs, and the worker as agl with SETUID and SETGID alone, which
-    its programs' boxes need ("Boxes"; tests/deployed/test_agl_v1_stack.py reads the processes in the running
-    container)."""
+    program reads them) with only what setpriv needs, and the worker as agl with SETUID, SETGID and SYS_ADMIN
+    alone, which its programs' boxes need ("Boxes": their uids, their PID namespaces;
+    tests/deployed/test_agl_v1_stack.py reads the processes in the running container)."""
     service = load(COMPOSE, LOGIN, ["agl-v1"])["worker-agl-v1"]
     assert service["user"] == "0:0" and service["cap_drop"] == ["ALL"] and service["init"] is True
-    assert sorted(service["cap_add"]) == ["KILL", "SETGID", "SETPCAP", "SETUID"]  # KILL: tini signals the worker
+    assert sorted(service["cap_add"]) == ["KILL", "SETGID", "SETPCAP", "SETUID", "SYS_ADMIN"]  # KILL: tini's signals
     command = service["command"]
     setpriv, worker = command[: command.index("sh")], command[command.index("sh") :]
     assert setpriv[0] == "setpriv" and {"--reuid=agl", "--regid=agl", "--clear-groups", "--no-new-privs"} <= set(
         setpriv
     )
-    kept = "-all,+setuid,+setgid"
+    kept = "-all,+setuid,+setgid,+sys_admin"
     assert {f"--inh-caps={kept}", f"--ambient-caps={kept}", f"--bounding-set={kept}"} <= set(setpriv)
     assert service["environment"].get("AGL_V1_ISOLATION") in (None, "box")
+    assert service["environment"].get("AGL_V1_PROGRAM_PID_NAMESPACE") in (None, "true")
     # a name without a value would unset the image's ENV: the programs would run under the worker's interpreter
     assert service["environment"]["AGL_V1_AGENT_PYTHON"] == "/opt/agent/bin/python"
     assert worker[:2] == ["sh", "-c"] and worker[2].startswith("exec celery -A workers worker")

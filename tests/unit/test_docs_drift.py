@@ -110,6 +110,7 @@ NOT_VARIABLES = {
     "CAP_SETPCAP",
     "CAP_KILL",
     "CAP_SYS_ADMIN",
+    "SYS_ADMIN",  # the same capability as docker compose and Kubernetes spell it
     "SO_LINGER",
     "PRECONDITION_FAILED",
     "BYPASS_S",

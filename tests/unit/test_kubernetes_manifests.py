@@ -890,19 +890,25 @@ def test_the_1_0_workers_run_their_init_as_root_and_the_worker_with_only_what_bo
     rendered: dict[str, list[Manifest]],
 ) -> None:
     """overlays/agl-v1 runs the 1.0 workers as docker-compose.yml does (docs/agl-v1.md, "Boxes"): tini as root with
-    four capabilities and no more, the worker through setpriv as uid 1000 keeping SETUID and SETGID only."""
+    five capabilities and no more, the worker through setpriv as uid 1000 keeping SETUID, SETGID and SYS_ADMIN only."""
     pod = find(rendered["agl-v1"], "Deployment", "agl-worker")["spec"]["template"]["spec"]
     worker = container(rendered["agl-v1"], "agl-worker")
     assert pod["securityContext"]["runAsUser"] == 0 and pod["securityContext"]["seccompProfile"]["type"] == (
         "RuntimeDefault"
     )
     capabilities = worker["securityContext"]["capabilities"]
-    assert capabilities["drop"] == ["ALL"] and sorted(capabilities["add"]) == ["KILL", "SETGID", "SETPCAP", "SETUID"]
+    assert capabilities["drop"] == ["ALL"] and sorted(capabilities["add"]) == [
+        "KILL",
+        "SETGID",
+        "SETPCAP",
+        "SETUID",
+        "SYS_ADMIN",
+    ]
     assert worker["securityContext"]["allowPrivilegeEscalation"] is False
     assert "privileged" not in worker["securityContext"]
     command = worker["command"]
     assert command[:3] == ["tini", "--", "setpriv"] and {"--reuid=1000", "--no-new-privs"} <= set(command)
-    kept = "-all,+setuid,+setgid"
+    kept = "-all,+setuid,+setgid,+sys_admin"
     assert {f"--inh-caps={kept}", f"--ambient-caps={kept}", f"--bounding-set={kept}"} <= set(command)
     assert command_argv(command)[:4] == ["celery", "-A", "workers", "worker"]
     for name in ("example", "external-broker"):  # the 0.3 workers run no programs: uid 1000, nothing added

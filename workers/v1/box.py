@@ -197,7 +197,9 @@ def check_isolation(settings: Settings) -> None:
         settings.agl_v1_program_uid_base,
         box_root(),
         limits(settings),
-        "PID and mount namespaces of their own" if namespaces else "no PID namespace (no CAP_SYS_ADMIN)",
+        "PID and mount namespaces of their own"
+        if namespaces
+        else "no PID namespace (AGL_V1_PROGRAM_PID_NAMESPACE=false, or no CAP_SYS_ADMIN)",
         f"; shown in their mount namespace: {facts['shown']}" if facts.get("shown") else "",
     )
     state.node.isolation = node_isolation(settings, namespaces)
@@ -220,6 +222,12 @@ def _probe(settings: Settings) -> dict[str, Any]:
         raise ConfigError(f"the boxed probe of {python} did not run: {exc}", setting="AGL_V1_ISOLATION") from exc
     if done.returncode != 0:
         why = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+        if settings.agl_v1_program_pid_namespace and ("mount" in why or "unshare" in why):
+            raise ConfigError(
+                f"a 1.0 program's PID and mount namespaces cannot be made here ({why}; a security module such as "
+                "AppArmor may refuse the mounts): AGL_V1_PROGRAM_PID_NAMESPACE=false boxes programs by uid alone",
+                setting="AGL_V1_PROGRAM_PID_NAMESPACE",
+            )
         raise ConfigError(f"a 1.0 program's box cannot be made here: {why}", setting="AGL_V1_ISOLATION")
     facts: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return facts
