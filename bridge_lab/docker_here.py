@@ -12,7 +12,7 @@
   =========================  ==============================================================================
   ``agl-local/debian:12``    debootstrap minbase bookworm with the host's CA bundle and apt sources
   ``agl-local/python:3.11``  that plus Debian's python3.11, a virtualenv at /usr/local (pip as upstream's)
-  ``agl-local/python:3.12``  the Debian root plus this machine's pyenv 3.12 interpreter at /usr/local
+  ``agl-local/python:3.12``  the Debian root plus this machine's own CPython 3.12 prefix at /usr/local
   ``agl-local/redis:7``      Debian's redis-server (7.0), a stand-in for ``redis:7-alpine``
   ``agl-local/rabbitmq:3``   Debian's rabbitmq-server (3.10), a stand-in for ``rabbitmq:3.13-alpine``
   ``agl-local/prometheus:2`` Debian's prometheus (2.42), a stand-in for ``prom/prometheus``
@@ -33,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +43,6 @@ SOCKET = ROOT / "docker.sock"
 SUITE = "bookworm"
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
-PYENV_312 = Path(os.environ.get("AGL_PYTHON312_PREFIX", "/root/.pyenv/versions/3.12.1"))
 
 DEBIAN = "agl-local/debian:12"
 PYTHON311 = "agl-local/python:3.11"
@@ -283,19 +282,47 @@ def build_python311() -> None:
         _import(root, PYTHON311)
 
 
+def python312_prefix(environ: Mapping[str, str] | None = None) -> Path:
+    """A self-contained CPython 3.12 prefix on this machine (Debian bookworm packages none), the first of:
+    ``AGL_PYTHON312_PREFIX``; the prefix of ``python3.12`` on the PATH, unless that is the system's ``/usr``;
+    pyenv's newest 3.12 (``PYENV_ROOT``, else ``~/.pyenv``). DockerHereError saying what to install when none is."""
+    env = os.environ if environ is None else environ
+    given = env.get("AGL_PYTHON312_PREFIX")
+    if given:
+        if not (Path(given) / "bin/python3.12").exists():
+            raise DockerHereError(f"AGL_PYTHON312_PREFIX={given} holds no bin/python3.12")
+        return Path(given)
+    found = shutil.which("python3.12", path=env.get("PATH"))
+    if found:
+        prefix = Path(found).resolve().parent.parent
+        if prefix != Path("/usr") and (prefix / "lib/python3.12").is_dir():
+            return prefix
+    pyenv = Path(env.get("PYENV_ROOT") or Path(env.get("HOME", "~")).expanduser() / ".pyenv") / "versions"
+    versions = sorted(
+        (p for p in pyenv.glob("3.12.*") if (p / "bin/python3.12").exists() and p.name[5:].isdigit()),
+        key=lambda p: int(p.name[5:]),
+    )
+    if versions:
+        return versions[-1]
+    raise DockerHereError(
+        "no CPython 3.12 of its own prefix here (AGL_PYTHON312_PREFIX, python3.12 on the PATH, pyenv's versions): "
+        "install one (`pyenv install 3.12`, or a python.org build with `make altinstall` into a prefix of its own) "
+        "and set AGL_PYTHON312_PREFIX to it if it is on none of those"
+    )
+
+
 def build_python312() -> None:
-    if not (PYENV_312 / "bin/python3.12").exists():
-        raise DockerHereError(f"no Python 3.12 at {PYENV_312} (set AGL_PYTHON312_PREFIX to a CPython 3.12 prefix)")
+    prefix = python312_prefix()
     with _scratch() as tmp:
         root = Path(tmp) / "root"
         _debootstrap(root, f"ca-certificates,{PYTHON312_LIBS}")
         skip = shutil.ignore_patterns("test", "idlelib", "tkinter", "__pycache__", "_sandboxing_*")
-        shutil.copytree(PYENV_312, root / "usr/local", ignore=skip, symlinks=True, dirs_exist_ok=True)
+        shutil.copytree(prefix, root / "usr/local", ignore=skip, symlinks=True, dirs_exist_ok=True)
         for script in (root / "usr/local/bin").iterdir():  # pip's scripts name the interpreter where pyenv put it
             if (
                 script.is_file()
                 and not script.is_symlink()
-                and script.read_bytes().startswith(b"#!" + bytes(PYENV_312))
+                and script.read_bytes().startswith(b"#!" + bytes(prefix))
             ):
                 text = script.read_bytes().split(b"\n", 1)
                 script.write_bytes(b"#!/usr/local/bin/python3.12\n" + (text[1] if len(text) > 1 else b""))

@@ -90,6 +90,7 @@ FOREIGN_VARIABLES: dict[str, set[str]] = {
         "AGL_V1_WHEEL",
         "AGL_DOCKER_ROOT",
         "AGL_PYTHON312_PREFIX",
+        "AGL_WHEELHOUSE",
         "AGL_DEPLOYED_IMAGES",
         "POLICY_LATENCY_MS",
         "PYTHON312",
