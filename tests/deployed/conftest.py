@@ -10,6 +10,7 @@ on free loopback ports, taken down with their volumes (``down -v``) at the end o
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import time
@@ -30,6 +31,8 @@ OVERRIDE = Path(__file__).with_name("compose.local.yml")
 TAGS = {target: f"{name}:latest" for name, target in {**IMAGES, **INTERPRETER_IMAGES}.items()}
 """Each Dockerfile target and the image name docker-compose.yml and the Kubernetes manifests give it."""
 FLOWER_LOGIN = "deployed-tests:" + uuid.uuid4().hex
+PASSED_ON = ("PATH", "HOME", "TMPDIR", "LANG")
+"""All that compose gets of the test run's own environment: none of the developer's settings reach a project."""
 
 
 @dataclass
@@ -96,11 +99,13 @@ class Project:
     ports: dict[str, int] = field(default_factory=dict)
 
     def run(self, *args: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess[str]:
-        argv = [self.engine.compose, "-p", self.name, "-f", str(ROOT / "docker-compose.yml"), "-f", str(OVERRIDE)]
+        """``docker compose`` of this project, hermetic: the repository's `.env` is not read (`--env-file
+        /dev/null`), and of this process's environment only ``PASSED_ON``; the project's ``env`` is all it is set."""
+        argv = [self.engine.compose, "--env-file", os.devnull, "-p", self.name]
+        argv += ["-f", str(ROOT / "docker-compose.yml"), "-f", str(OVERRIDE)]
         argv += [word for profile in self.profiles for word in ("--profile", profile)]
-        done = subprocess.run(
-            [*argv, *args], cwd=ROOT, env={**os.environ, **self.env}, text=True, capture_output=True, timeout=timeout
-        )
+        env = {name: os.environ[name] for name in PASSED_ON if name in os.environ} | self.env
+        done = subprocess.run([*argv, *args], cwd=ROOT, env=env, text=True, capture_output=True, timeout=timeout)
         if check and done.returncode != 0:
             raise AssertionError(f"docker compose {' '.join(args)} failed ({done.returncode}):\n{done.stderr[-6000:]}")
         return done
@@ -124,6 +129,32 @@ class Project:
         """Redis as the host reaches it (compose.local.yml publishes it on REDIS_PUBLISH_PORT)."""
         password = self.env.get("REDIS_PASSWORD")
         return f"redis://{f':{password}@' if password else ''}127.0.0.1:{self.ports['REDIS_PUBLISH_PORT']}/0"
+
+
+def services(project: Project) -> dict[str, str]:
+    """Container id -> service, for every running container of the project."""
+    ids = project.run("ps", "-q").stdout.split()
+    labels = '{{index .Config.Labels "com.docker.compose.service"}}'
+    return {cid: docker_here.docker("inspect", "--format", labels, cid).stdout.strip() for cid in ids}
+
+
+def process_uids(container: str) -> list[tuple[int, str]]:
+    """Every process in ``container`` as the host's process table shows it: its real uid and its command line
+    (not ``docker exec id -u``, which is the exec's own user)."""
+    rows = docker_here.docker("top", container, "-eo", "ruid,args").stdout.splitlines()[1:]
+    return [(int(row.split(None, 1)[0]), row.split(None, 1)[1]) for row in rows if row.strip()]
+
+
+def assert_secrets_placed(project: Project, values: dict[str, str], allowed: dict[str, set[str]]) -> None:
+    """Each secret's value is in a running container's environment (`docker inspect`) if and only if ``allowed``
+    names that container's service for it."""
+    assert values, "no secret to look for"
+    for cid, service in services(project).items():
+        env = "\n".join(json.loads(docker_here.docker("inspect", "--format", "{{json .Config.Env}}", cid).stdout))
+        for name, value in values.items():
+            assert (value in env) == (service in allowed[name]), (
+                f"{service} {'holds' if value in env else 'lacks'} {name}; allowed for {sorted(allowed[name])}"
+            )
 
 
 @contextlib.contextmanager

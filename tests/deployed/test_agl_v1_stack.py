@@ -23,8 +23,9 @@ from bridge.core.agl_v1 import V1State
 from bridge_lab import docker_here
 from bridge_lab.chaos.scenarios import CHAOS_ENV
 from bridge_lab.demo import GatewayRollouts
-from tests.deployed.conftest import Project
+from tests.deployed.conftest import Project, assert_secrets_placed, process_uids, services
 from tests.deployed.test_compose_stack import run_batch
+from tests.unit.test_compose_environment import SECRETS
 from webshop_env.goals import load_tasks
 
 pytestmark = pytest.mark.deployed
@@ -46,6 +47,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def lines(compose_module: Callable[..., Project]) -> Project:
     env = {**CHAOS_ENV, "AGL_V1_KEY": uuid.uuid4().hex, "WORKER_SHUTDOWN_GRACE_S": str(GRACE_S)}
+    env["WEBSHOP_TOKEN"] = f"secret-webshop-token-{uuid.uuid4().hex}"
     project = compose_module(["standin", "agl-v1", "agl-v1-gateway", "monitoring"], POLICY_LATENCY_MS="1000", **env)
     project.run("up", "-d", "--wait", "--wait-timeout", "480", *SERVICES, timeout=600)
     register = [{"model": GATEWAY_MODEL, "endpoint": "http://policy:8000/v1"}]  # as the gateway's container sees it
@@ -64,13 +66,15 @@ def run_v1_batch(
     project: Project, size: int, during: Callable[[GatewayRollouts, list[str]], None] | None = None
 ) -> float:
     """Create ``size`` WebShop rollouts on the gateway, call ``during`` while they run, wait (bounded) until all
-    finished, and check the audit: every one succeeded, the rewards are exactly the purchases the WebShop server
-    recorded meanwhile (one per rollout: a program run twice in effect buys twice), none changed after it finished.
+    finished, and check the audit: every one succeeded, each rollout's reward is the one purchase the WebShop server
+    recorded meanwhile for its task (a program run twice in effect buys twice), none changed after it finished.
     Returns the batch's wall seconds."""
     before = len(purchases(project))
     rollouts = GatewayRollouts(project.url("GATEWAY_PUBLISH_PORT"), project.env["AGL_V1_KEY"], timeout_s=150)
     started = time.monotonic()
-    ids = rollouts.enqueue(load_tasks("test", limit=size), "test")
+    tasks = load_tasks("test", limit=size)
+    assert len({task["task_id"] for task in tasks}) == size  # one purchase per task tells the rollouts apart
+    ids = rollouts.enqueue(tasks, "test")
     if during is not None:
         during(rollouts, ids)
     poll = rollouts.poll()
@@ -84,10 +88,41 @@ def run_v1_batch(
     assert [e.status for e in ended] == ["succeeded"] * size, (ended, project.logs())
     time.sleep(3.0)  # a late report would land now
     assert poll(ids) == states, "a finished rollout changed"
-    bought = [float(str(item["reward"])) for item in purchases(project)[before:]]
-    assert sorted(bought) == sorted(float(e.reward or 0.0) for e in ended) and len(bought) == size, (bought, ended)
+    bought: dict[str, list[float]] = collections.defaultdict(list)
+    for item in purchases(project)[before:]:
+        bought[str(item["task_id"])].append(float(str(item["reward"])))
+    for task, rid, end in zip(tasks, ids, ended, strict=True):
+        assert end.reward is not None and bought[task["task_id"]] == [end.reward], (rid, task, end, dict(bought))
+    assert sum(map(len, bought.values())) == size, dict(bought)
     rollouts.close(ids)
     return seconds
+
+
+def test_each_1_0_container_runs_each_process_as_the_files_say(lines: Project) -> None:
+    """From the host's process table: in worker-agl-v1 only the inits are root's (docker-init, tini: they hold the
+    environment no program may read), the worker and its program server are agl's (1000) and anything else is a
+    program's box uid; dispatcher-v1 and agl-gateway run everything as 1000."""
+    seen = set()
+    for cid, service in services(lines).items():
+        if service not in ("worker-agl-v1", "dispatcher-v1", "agl-gateway"):
+            continue
+        seen.add(service)
+        processes = process_uids(cid)
+        if service != "worker-agl-v1":
+            assert processes and {uid for uid, _ in processes} == {1000}, (service, processes)
+            continue
+        roots = [args for uid, args in processes if uid == 0]
+        assert roots and all("docker-init" in args or "tini" in args for args in roots), processes
+        assert any(uid == 1000 and "celery" in args for uid, args in processes), processes
+        assert all(uid in (0, 1000) or uid >= 2_000_000_000 for uid, _ in processes), processes
+    assert seen == {"worker-agl-v1", "dispatcher-v1", "agl-gateway"}, seen
+
+
+def test_each_secret_of_the_1_0_line_reaches_exactly_the_containers_that_read_it(lines: Project) -> None:
+    """AGL_V1_KEY (the gateway's one key), the Redis password and the WebShop token, in every running container of
+    the four profiles, against SECRETS (tests/unit/test_compose_environment.py)."""
+    names = ("AGL_V1_KEY", "REDIS_PASSWORD", "WEBSHOP_TOKEN")
+    assert_secrets_placed(lines, {name: lines.env[name] for name in names}, SECRETS)
 
 
 def test_both_lines_run_their_rollouts_side_by_side(lines: Project) -> None:
@@ -110,10 +145,20 @@ def cgroup_memory(container_id: str) -> tuple[int, int]:
 def test_the_workers_held_their_memory_limit(lines: Project, service: str) -> None:
     """After the batches above (tests run in file order), each worker having run 8 episodes or programs at once
     (compose's `-c 8` for both), its cgroup's peak stayed under compose's `mem_limit`."""
-    peak, limit = cgroup_memory(lines.container(service))
-    print(f"\n[deployed] {service} -c 8: peak {peak / MIB:.0f} MiB of its {limit / MIB:.0f} MiB limit")
+    container = lines.container(service)
+    peak, limit = cgroup_memory(container)
+    killed, restarts = docker_here.docker(
+        "inspect", "--format", "{{.State.OOMKilled}} {{.RestartCount}}", container
+    ).stdout.split()
+    kills = "cat /sys/fs/cgroup/memory.events || cat /sys/fs/cgroup/memory/memory.oom_control"  # v2, else v1
+    events = docker_here.docker("exec", container, "sh", "-c", kills).stdout  # both count them as "oom_kill N"
+    oom_kills = int(dict(line.split() for line in events.splitlines()).get("oom_kill", "0"))
+    print(f"\n[deployed] {service} -c 8: peak {peak / MIB:.0f} MiB of its {limit / MIB:.0f} MiB limit; ", end="")
+    print(f"OOMKilled {killed}, restarts {restarts}, oom_kill {oom_kills}")
     assert limit == 1024 * MIB, f"compose's mem_limit 1g is not the container's: {limit}"
-    assert peak < limit, (peak, limit)
+    # A cgroup never goes past its limit: what shows a limit too small is a kill, of the worker or of a process in it
+    # (with `restart: unless-stopped` an OOM-killed worker would come back with a fresh, low peak).
+    assert (killed, restarts, oom_kills) == ("false", "0", 0), (killed, restarts, events)
 
 
 def test_prometheus_returns_both_lines_backlog_series(lines: Project) -> None:
@@ -231,10 +276,17 @@ def test_a_hostile_program_in_the_container_reaches_nothing_beyond_its_box(lines
     assert facts["setuid_0"] == "EPERM" and facts["setuid_worker"] == "EPERM"
 
 
+def running_programs(container: str) -> list[str]:
+    """The boxed programs running in ``container`` (their uid is AGL_V1_PROGRAM_UID_BASE or above), as the host's
+    process table shows them: their keepers and the programs in their PID namespaces."""
+    return [args for uid, args in process_uids(container) if uid >= 2_000_000_000]
+
+
 def test_a_1_0_worker_stopped_mid_program_hands_its_programs_over(lines: Project) -> None:
     lines.run("up", "-d", "--wait", "--wait-timeout", "480", "--scale", "worker-agl-v1=2", *SERVICES, timeout=600)
     victim = lines.container("worker-agl-v1")
     took: list[float] = []
+    programs: list[int] = []
 
     def stop_when_both_run(rollouts: GatewayRollouts, ids: list[str]) -> None:
         deadline = time.monotonic() + 120
@@ -245,6 +297,7 @@ def test_a_1_0_worker_stopped_mid_program_hands_its_programs_over(lines: Project
             time.sleep(0.5)
         else:
             raise AssertionError("the batch never ran on both 1.0 workers")
+        programs.append(len(running_programs(victim)))
         started = time.monotonic()
         docker_here.docker("stop", victim, timeout=960)  # compose's stop_grace_period (15 min) is the container's
         took.append(time.monotonic() - started)
@@ -256,5 +309,8 @@ def test_a_1_0_worker_stopped_mid_program_hands_its_programs_over(lines: Project
     logged = docker_here.docker("logs", victim)
     said = logged.stdout + logged.stderr
     assert "[FATAL tini" not in said, said[-3000:]  # its init could not pass SIGTERM on: no drain at all
-    assert " handed over: " in said, said[-3000:]  # the running programs' attempts were handed over, not lost
+    handed = said.count(" handed over: ")  # each running program's attempt, handed over rather than lost
+    print(f"[deployed] programs running in it at the stop: {programs[0]}; attempts handed over: {handed}")
+    assert programs[0] >= 1, "no program ran in the stopped container: the stop proved nothing"
+    assert 1 <= handed <= 8, said[-3000:]
     assert state[0] in ("0", "1") and state[1] == "false", state  # 1: the drain's forced exit, by design

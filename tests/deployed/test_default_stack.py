@@ -30,7 +30,7 @@ from bridge_lab.chaos.run import run_with_fault
 from bridge_lab.chaos.scenarios import CHAOS_ENV, RETRY_CONFIG
 from bridge_lab.chaos.state import ChaosRun, ScenarioResult
 from bridge_lab.stack import LocalStack, StackConfig
-from tests.deployed.conftest import FLOWER_LOGIN, Project
+from tests.deployed.conftest import FLOWER_LOGIN, Project, assert_secrets_placed, process_uids, services
 from tests.deployed.test_compose_stack import run_batch
 from tests.unit.test_compose_environment import SECRETS
 from webshop_env.goals import load_tasks
@@ -117,32 +117,21 @@ def test_the_default_stack_runs_a_webshop_batch(stack: Project) -> None:
     print(f"\n[deployed] default stack + standin: {seconds}")
 
 
-def services(project: Project) -> dict[str, str]:
-    """Container id -> service, for every running container of the project."""
-    ids = project.run("ps", "-q").stdout.split()
-    labels = '{{index .Config.Labels "com.docker.compose.service"}}'
-    return {cid: docker_here.docker("inspect", "--format", labels, cid).stdout.strip() for cid in ids}
-
-
-def test_each_container_of_ours_runs_as_uid_1000(stack: Project) -> None:
+def test_each_container_of_ours_runs_every_process_as_uid_1000(stack: Project) -> None:
+    """Every process of each container of ours, its init (PID 1) included, as the host's process table shows it."""
     running = services(stack)
     assert set(OURS) <= set(running.values()), running
     for cid, service in running.items():
         if service in OURS:
-            uid = docker_here.docker("exec", cid, "id", "-u").stdout.strip()
-            assert uid == "1000", f"{service} runs as uid {uid}"
+            processes = process_uids(cid)
+            assert processes and {uid for uid, _ in processes} == {1000}, (service, processes)
 
 
 def test_each_secret_reaches_exactly_the_containers_that_read_it(stack: Project) -> None:
     """`docker inspect`'s environment of every container against SECRETS (the services that may hold each one):
     a secret set in .env is in a container's environment if and only if that service reads it."""
     secrets = {**SECRET_VALUES, "FLOWER_BASIC_AUTH": FLOWER_LOGIN, "REDIS_PASSWORD": stack.env["REDIS_PASSWORD"]}
-    for cid, service in services(stack).items():
-        env = "\n".join(json.loads(docker_here.docker("inspect", "--format", "{{json .Config.Env}}", cid).stdout))
-        for name, value in secrets.items():
-            assert (value in env) == (service in SECRETS[name]), (
-                f"{service} {'holds' if value in env else 'lacks'} {name}; SECRETS allows {sorted(SECRETS[name])}"
-            )
+    assert_secrets_placed(stack, secrets, SECRETS)
 
 
 def test_flower_refuses_a_request_without_its_login(stack: Project) -> None:

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
+import redis
 
 from bridge.core.store import StoreClient
 from bridge_lab import docker_here
@@ -35,6 +36,7 @@ pytestmark = pytest.mark.deployed
 BATCH = 400
 DEADLINE_S = 600.0
 SLOTS = 8  # WORKER_CONCURRENCY's default: more attempts leased than that means both workers run episodes
+MARKER = "deployed-test:written-before-the-crash"
 RECOVERY_GOAL_S = 60.0  # how much later than the unfaulted batch the faulted one may end (issue's goal, defaults)
 
 
@@ -90,6 +92,7 @@ def test_a_crash_of_redis_and_a_worker_mid_batch_costs_seconds_and_loses_nothing
     assert plain.clean and plain.succeeded == BATCH, (_figures(plain), stack.logs())
 
     redis_id, worker_id = stack.container("redis"), stack.container("worker", 1)
+    client = redis.Redis.from_url(stack.redis_url, socket_timeout=10)
     before = {cid: _restarts(cid) for cid in (redis_id, worker_id)}
     fault_at: list[float] = []
 
@@ -97,6 +100,8 @@ def test_a_crash_of_redis_and_a_worker_mid_batch_costs_seconds_and_loses_nothing
         ids["faulted"] = run.rollout_ids
         assert run.wait_progress(run.share(1 / 3), 300), "the batch never reached a third with episodes running"
         assert run.wait_for(lambda: len(run.running()) > SLOTS, 60), "both workers never ran episodes at once"
+        client.set(MARKER, "written before the crash")
+        time.sleep(1.5)  # `appendfsync everysec`: synced to the append-only file on the volume by now
         fault_at.append(time.time())
         _crash(redis_id)
         _crash(worker_id)
@@ -114,6 +119,9 @@ def test_a_crash_of_redis_and_a_worker_mid_batch_costs_seconds_and_loses_nothing
         f"{rerun} rollouts ran a second attempt; restarts {list(restarted.values())} (Redis, worker)"
     )
     assert fault_at, faulted.notes
+    # What Redis held a second before the crash came back from its append-only file (without it, the marker and
+    # every message and lease of the batch would be gone).
+    assert client.get(MARKER) == b"written before the crash", "Redis came back without its append-only file"
     assert all(count >= 1 for count in restarted.values()), f"the restart policy did not bring both back: {restarted}"
     assert faulted.clean and faulted.succeeded == BATCH, (_figures(faulted), stack.logs())
     assert faulted.seconds - plain.seconds <= RECOVERY_GOAL_S, _figures(faulted)
