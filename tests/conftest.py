@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,6 +38,12 @@ signal.signal(signal.SIGTERM, _interrupt)
 # bundled model cost map instead of fetching one (three failing fetches with 6 s of back-off otherwise); child
 # processes inherit it.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+# Bytecode caches (git-ignored __pycache__) are written even where PYTHONDONTWRITEBYTECODE is set: without them each
+# of the run's hundreds of processes compiles the project again, and each test process rewrites every test module's
+# asserts (pytest caches that as bytecode too). docs/test-suite.md, "What it costs".
+sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook turns each item's group into its node id suffix
