@@ -122,6 +122,9 @@ def start_v1_dispatcher(
 def train(venv: Path, spec: dict[str, Any], timeout_s: float = 240.0) -> list[dict[str, Any]]:
     """Run 1.0's trainer client (``bridge_lab.agl_v1_trainer``) on ``spec``: one dict per finished rollout.
     StackError with its stderr if it fails."""
+    from workers.v1.box import ISOLATION_EVENT
+
+    spec = {"isolation_event": ISOLATION_EVENT, **spec}
     done = subprocess.run(
         [str(venv / "bin/python"), str(TRAINER), json.dumps(spec)], capture_output=True, text=True, timeout=timeout_s
     )

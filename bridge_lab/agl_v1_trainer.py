@@ -3,8 +3,9 @@ registers the gateway's model, enqueues one rollout per task and waits for all o
 then prints one JSON line per completed rollout (with the gateway's enqueue, running and finished times).
 
 Usage: ``<1.0 virtualenv>/bin/python bridge_lab/agl_v1_trainer.py '<json>'`` with ``gateway``, ``key``,
-``model_endpoint``, ``agent_class``, ``env_map``, ``timeout_s`` and ``tasks`` (a list of dicts, the rollouts'
-inputs). Never imported by this project's runtime: it needs agentlightning 1.0.
+``model_endpoint``, ``agent_class``, ``env_map``, ``timeout_s``, ``tasks`` (a list of dicts, the rollouts'
+inputs) and ``isolation_event`` (the event type under which workers record each attempt's box). Never
+imported by this project's runtime: it needs agentlightning 1.0.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ def main() -> None:
                     "triplets": [len(t.response["token_ids"]) for t in done.triplets],
                     "prompt_tokens": [len(t.prompt["token_ids"]) for t in done.triplets],
                     "reward_events": sum(e["event_type"] == "reward" for e in done.events),
+                    "isolation": [e["data"] for e in done.events if e["event_type"] == spec["isolation_event"]],
                     "attempts": sorted({e["attempt_id"] for e in done.events}),
                     "model_versions": [
                         e["data"].get("model_version") for e in done.events if e["event_type"] == "model_request"

@@ -319,11 +319,7 @@ def build_python312() -> None:
         skip = shutil.ignore_patterns("test", "idlelib", "tkinter", "__pycache__", "_sandboxing_*")
         shutil.copytree(prefix, root / "usr/local", ignore=skip, symlinks=True, dirs_exist_ok=True)
         for script in (root / "usr/local/bin").iterdir():  # pip's scripts name the interpreter where pyenv put it
-            if (
-                script.is_file()
-                and not script.is_symlink()
-                and script.read_bytes().startswith(b"#!" + bytes(prefix))
-            ):
+            if script.is_file() and not script.is_symlink() and script.read_bytes().startswith(b"#!" + bytes(prefix)):
                 text = script.read_bytes().split(b"\n", 1)
                 script.write_bytes(b"#!/usr/local/bin/python3.12\n" + (text[1] if len(text) > 1 else b""))
         subprocess.run(["chroot", str(root), "ldconfig"], check=True)

@@ -248,6 +248,14 @@ class GatewayClient:
         params = {"event_type": event_type} if event_type else None
         return list(self._send("GET", f"/api/rollouts/{rollout_id}/events", params=params).json())
 
+    def post_event(
+        self, rollout_id: str, attempt_id: str, event_type: str, data: dict[str, Any], timeout_s: float = 2.0
+    ) -> None:
+        """Record an event of the attempt, as a program posts its reward; one try within ``timeout_s`` (GatewayError
+        when it fails): for what the worker adds beside the program, which is never worth holding an attempt up."""
+        path = f"/api/rollouts/{rollout_id}/attempt/{attempt_id}/events"
+        self._send("POST", path, json={"event_type": event_type, "data": data}, retries=0, timeout=timeout_s)
+
     def get_rollout(self, rollout_id: str) -> V1Rollout | None:
         """The rollout, or None when the gateway no longer has it (the trainer deletes finished ones)."""
         response = self._send("GET", f"/api/rollouts/{rollout_id}", allow=(404,))

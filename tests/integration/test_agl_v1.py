@@ -131,6 +131,10 @@ def test_every_rollout_succeeds_with_the_agents_reward_and_token_triplets_and_no
         assert rollout["prompt_tokens"] and all(n > 0 for n in rollout["prompt_tokens"])
         assert rollout["attempts"] == ["0"] and rollout["reward_events"] == 1
         assert v1.started_lines(rollout["rollout_id"]) == 1
+        # the box the program ran in, as the trainer reads it beside the rollout (docs/agl-v1.md, "Boxes")
+        [box] = rollout["isolation"]
+        assert box["kind"] == "box" and box["uid"] >= 2_000_000_000 and box["start"] == "warm", box
+        assert box["pid_namespace"] is True and box["limits"]["processes"] == 512 and box["host"], box
 
 
 def test_1_0_tasks_a_0_3_only_worker_receives_go_back_to_the_broker_and_run_once_on_the_1_0_worker(

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 import time
 
@@ -50,7 +51,7 @@ from bridge.core.time_budget import clamp_to_broker
 from workers.lifecycle import metrics
 from workers.protocol.heartbeat import HEARTBEAT_TIMEOUT_S, TICK_S, HeartbeatMonitor
 from workers.protocol.held import HeldAttempt
-from workers.v1.box import isolation_of, limit_hit
+from workers.v1.box import ISOLATION_EVENT, Isolation, isolation_of, limit_hit
 from workers.v1.environment import output_redactor, program_environment
 from workers.v1.launch import start_program
 from workers.v1.program_server import BOX_FAILED, BOX_FAILED_MARK
@@ -205,6 +206,7 @@ class V1Attempt:
                 program.start,
                 isolation.describe(),
             )
+            self._record(isolation, program)
             ended = self._supervise(program)
         finally:
             # Every way out: children the program left behind at its exit, an exception, Celery's time limit.
@@ -228,6 +230,15 @@ class V1Attempt:
             detail = f"the agent ran into {limit}, {isolation.describe()}, and exited with code {ended}:\n{last}"
             return Outcome(FAILED, detail, FailureClass.AGENT)
         return self._blame_pause(Outcome(FAILED, f"the agent exited with code {ended}:\n{last}", FailureClass.AGENT))
+
+    def _record(self, isolation: Isolation, program: Program) -> None:
+        """The box the program runs in, as an event of its attempt on the gateway, where the trainer reads it beside
+        the rollout; a gateway that does not take it costs a warning, never the attempt."""
+        data = {**isolation.record(), "start": program.start, "host": socket.gethostname()}
+        try:
+            self.gateway.post_event(self.rollout.rollout_id, self.attempt_id, ISOLATION_EVENT, data)
+        except GatewayError as exc:
+            log.warning("%s could not record its box on the gateway: %s", self.tag, exc)
 
     def _blame_pause(self, outcome: Outcome) -> Outcome:
         """A program that timed out or failed while the trainer had the gateway's proxy paused ended because of the

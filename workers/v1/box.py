@@ -12,8 +12,9 @@ Contract:
   (``box_root``: mode 1733 in TMPDIR, so a program makes its own directory there and lists or removes no other),
   and the limits; None under ``none``;
 * ``limit_hit`` names the limit a failed program ran into, from its exit and its last output;
-* ``Isolation`` is what an attempt records of the box it ran in: in its log line, its outcome's detail when it
-  failed, and ``agl_worker_programs_started_total{start, isolation}``.
+* ``Isolation`` is what an attempt records of the box it ran in: an ``ISOLATION_EVENT`` of the attempt on the
+  gateway, its log line, its outcome's detail when it failed, and ``agl_worker_programs_started_total{start,
+  isolation}``.
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ from workers.v1.programs import bootstrap
 log = logging.getLogger("workers.v1.box")
 
 CAP_SETGID, CAP_SETUID = 6, 7
+ISOLATION_EVENT = "agl_celery_bridge.isolation"
+"""The event type under which each attempt's box is recorded on the 1.0 gateway (``Isolation.record``, plus the
+start and the worker's host); 1.0's trainer keeps events of types it does not know beside the rollout."""
 PROBE_TIMEOUT_S = 60.0
 _root_lock = threading.Lock()
 
@@ -55,6 +59,10 @@ class Isolation:
     uid: int | None
     limits: dict[str, int]
     namespaces: bool = False  # PID and mount namespaces of its own
+
+    def record(self) -> dict[str, Any]:
+        """What the attempt's ``ISOLATION_EVENT`` on the gateway holds, for the trainer to read."""
+        return {"kind": self.kind, "uid": self.uid, "pid_namespace": self.namespaces, "limits": dict(self.limits)}
 
     def describe(self) -> str:
         if self.kind == "none" or self.uid is None:
