@@ -377,6 +377,16 @@ class Escapee:
             out.write(pid)
 
 
+class Litterer:
+    """Leaves a file in each directory of ``LITTER`` (comma-separated: /tmp, /dev/shm, a world-writable folder)
+    named ``LITTER_NAME``, and exits 0."""
+
+    def run(self) -> None:
+        for directory in os.environ["LITTER"].split(","):
+            with open(os.path.join(directory, os.environ["LITTER_NAME"]), "w") as out:
+                out.write("left for the next program of this uid\n")
+
+
 class Dialer:
     """Connects to each ``host:port`` of ``DIAL`` (comma-separated) and writes, as JSON to ``FACTS_FILE``, which
     answered (``ok``) and which did not (the error's name)."""

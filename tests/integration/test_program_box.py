@@ -166,6 +166,21 @@ def test_what_a_program_leaves_running_dies_with_its_box_even_out_of_its_session
     wait_for(lambda: uid_processes(uid) == [], 10, "every process of the box's uid gone")
 
 
+@pytest.mark.parametrize("how", STARTS)
+def test_what_a_program_leaves_in_the_shared_temporary_directories_goes_with_its_box(
+    server: ProgramServer, settings: Settings, outbox: Path, how: str
+) -> None:
+    """/tmp and /dev/shm: a file left there would be readable by the next program whose pid, and so uid, is the
+    same. (A world-writable folder another uid made there keeps what the program wrote: the tests' outbox.)"""
+    name = f"litter-{how}-{os.getpid()}"
+    places = [Path("/tmp"), Path("/dev/shm")]
+    program = start(server, settings, how, "Litterer", LITTER=",".join(map(str, places)), LITTER_NAME=name)
+    code, output = finish(program)
+    assert code == 0, output
+    left = [str(place / name) for place in places if (place / name).exists()]
+    assert left == [], left
+
+
 @pytest.mark.parametrize(
     ("how", "hog", "named"),
     [
@@ -206,11 +221,13 @@ def kill_running_programs(outbox: str) -> None:
             pid_file = Path(outbox) / f"sleeping-{how}"
             program = start(server, settings, how, "Sleeping", PID_FILE=str(pid_file))
             wait_for(lambda f=pid_file: f.exists() and len(f.read_text().split()) == 3, 30, "the program's pids")  # type: ignore[misc]
+            kept = pid_file.with_name(f"kept-{how}")  # this process's: the box's own files in TMPDIR go with it
+            kept.write_text(pid_file.read_text())
             program.kill()
             deadline = time.monotonic() + 5
-            while program_alive(pid_file) and time.monotonic() < deadline:
+            while program_alive(kept) and time.monotonic() < deadline:
                 time.sleep(0.05)
-            report[how] = {"code": program.wait(1), "alive": program_alive(pid_file)}
+            report[how] = {"code": program.wait(1), "alive": program_alive(kept)}
     print(json.dumps(report))
 
 

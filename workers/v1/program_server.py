@@ -62,6 +62,7 @@ _LIMITS = {  # a box's limits (``box["limits"]``) and the resource each one sets
 }
 MAX_REQUEST_BYTES = 8 * 2**20
 RECV_BYTES = 65536
+SHARED_TEMP = ("/tmp", "/var/tmp", "/dev/shm")  # writable by every uid: a box's files there go with it
 SERVER_MARKER = "agl-program-server"  # in the server's argument: how tools find a node's server among processes
 
 # --- the program: shared by both starts ----------------------------------------------------------------
@@ -304,10 +305,21 @@ def kill_box(uid: int) -> None:
 
 
 def sweep_box(uid: int, directory: str, *, kill: bool = True) -> None:
-    """``kill_box`` (unless ``kill`` is False), then remove the box's directory: as the caller where it may (root: a
-    TMPDIR that other uids cannot search included), else as ``uid``."""
+    """``kill_box`` and remove every entry of ``uid`` at the top of the shared temporary directories (``SHARED_TEMP``
+    and TMPDIR: what the program left there would outlive it, readable by the next program given its uid), unless
+    ``kill`` is False (a dead worker's box root, whose uids may be live programs' now). Then remove the box's
+    directory: as the caller where it may (root: a TMPDIR that other uids cannot search included), else as
+    ``uid``."""
     if kill:
-        kill_box(uid)
+        import shlex
+        import tempfile
+
+        places = [path for path in dict.fromkeys((*SHARED_TEMP, tempfile.gettempdir())) if os.path.isdir(path)]
+        # Its own entries at their top level go whole (a folder another uid made world-writable there is its maker's
+        # to keep: a test's outbox, for one).
+        where = " ".join(map(shlex.quote, places))
+        litter = f"find {where} -mindepth 1 -maxdepth 1 -xdev -user {uid} -exec rm -rf -- {{}} +" if places else "true"
+        _run_as_uid(uid, "/bin/sh", "-c", f"kill -s KILL -- -1 2>/dev/null; {litter} 2>/dev/null; true")
     shutil.rmtree(directory, ignore_errors=True)
     if os.path.lexists(directory):  # the caller may not (a container's worker): its owner may
         _run_as_uid(uid, "/bin/rm", "-rf", "--", directory)
