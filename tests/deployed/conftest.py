@@ -141,8 +141,8 @@ def services(project: Project) -> dict[str, str]:
 def process_uids(container: str) -> list[tuple[int, str]]:
     """Every process in ``container`` as the host's process table shows it: its real uid and its command line
     (not ``docker exec id -u``, which is the exec's own user)."""
-    rows = docker_here.docker("top", container, "-eo", "ruid,args").stdout.splitlines()[1:]
-    return [(int(row.split(None, 1)[0]), row.split(None, 1)[1]) for row in rows if row.strip()]
+    rows = docker_here.docker("top", container, "-eo", "pid,ruid,args").stdout.splitlines()[1:]  # docker needs pid
+    return [(int(row.split(None, 2)[1]), row.split(None, 2)[2]) for row in rows if row.strip()]
 
 
 def assert_secrets_placed(project: Project, values: dict[str, str], allowed: dict[str, set[str]]) -> None:

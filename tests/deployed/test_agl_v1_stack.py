@@ -205,14 +205,14 @@ print(json.dumps(seen))
 """
 
 
-SETUID_SETGID = 0xC0  # CAP_SETGID (6) and CAP_SETUID (7)
+BOX_CAPABILITIES = 0x2000C0  # CAP_SETGID (6), CAP_SETUID (7) and CAP_SYS_ADMIN (21)
 SITE = "/opt/agent/lib/python3.12/site-packages"
 
 
 def test_a_process_of_the_programs_uid_reads_no_environment_that_holds_the_key(lines: Project) -> None:
     """docs/agl-v1.md, "Boxes" and "The container's inits": in worker-agl-v1 as compose runs it, the inits that hold
-    the container's environment run as root, the worker as agl (uid 1000) with SETUID and SETGID only, non-dumpable:
-    neither a process of the worker's uid nor one of a program's reads any of their environments."""
+    the container's environment run as root, the worker as agl (uid 1000) with SETUID, SETGID and SYS_ADMIN only,
+    non-dumpable: neither a process of the worker's uid nor one of a program's reads any of their environments."""
     for reader in ("1000:1000", "2000000999:2000000999"):  # the worker's uid, then a program's
         out = lines.run("exec", "-T", "--user", reader, "worker-agl-v1", "python", "-c", PROCESSES).stdout
         seen = {int(pid): row for pid, row in json.loads(out).items()}
@@ -221,7 +221,7 @@ def test_a_process_of_the_programs_uid_reads_no_environment_that_holds_the_key(l
         workers = [row for row in seen.values() if "celery" in row[2] and " worker " in f" {row[2]} "]
         assert workers, seen
         for uid, caps, command, holds_key in workers:
-            assert uid == 1000 and int(caps, 16) == SETUID_SETGID, (uid, caps, command)
+            assert uid == 1000 and int(caps, 16) == BOX_CAPABILITIES, (uid, caps, command)
             assert holds_key is None, f"{command}: its environment is readable"
         assert not [row for row in seen.values() if row[3]], f"a process of {reader} read AGL_V1_KEY"
         servers = [row[2] for row in seen.values() if "agl_program" in row[2]]
