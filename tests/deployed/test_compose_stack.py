@@ -14,7 +14,8 @@ import pytest
 
 from bridge.core.models import FINISHED_ROLLOUT, AttemptedRollout
 from bridge_lab.demo import StoreRollouts
-from tests.deployed.conftest import Project
+from tests.deployed.conftest import Project, assert_secrets_placed
+from tests.unit.test_compose_environment import SECRETS
 from webshop_env.goals import load_tasks
 
 pytestmark = pytest.mark.deployed
@@ -59,7 +60,8 @@ def run_batch(project: Project, *up_args: str) -> dict[str, float]:
 
 
 def test_the_stack_on_rabbitmq_runs_the_same_batch(compose: Callable[..., Project]) -> None:
-    """Profile `rabbitmq` with COMPOSE_BROKER_URL as .env.example says: the rollouts go through its queue."""
+    """Profile `rabbitmq` with COMPOSE_BROKER_URL as .env.example says: the rollouts go through its queue, and the
+    RabbitMQ password and the broker URL are in exactly the running containers that read them."""
     password = uuid.uuid4().hex
     project = compose(
         ["standin", "rabbitmq"],
@@ -67,6 +69,10 @@ def test_the_stack_on_rabbitmq_runs_the_same_batch(compose: Callable[..., Projec
         COMPOSE_BROKER_URL=f"amqp://agl:{password}@rabbitmq:5672//",
     )
     seconds = run_batch(project)
+    # The password reaches the broker's clients inside COMPOSE_BROKER_URL, and nowhere else but the broker.
+    allowed = {**SECRETS, "RABBITMQ_PASSWORD": SECRETS["RABBITMQ_PASSWORD"] | SECRETS["COMPOSE_BROKER_URL"]}
+    values = {name: project.env[name] for name in ("RABBITMQ_PASSWORD", "COMPOSE_BROKER_URL")}
+    assert_secrets_placed(project, values, allowed)
     queues = project.run("exec", "-T", "rabbitmq", "rabbitmqctl", "-q", "list_queues", "name", "consumers").stdout
     assert any(line.split()[:1] == ["rollouts"] and int(line.split()[1]) >= 1 for line in queues.splitlines()), queues
     print(f"\n[deployed] default stack + standin + rabbitmq: {seconds}")
