@@ -199,15 +199,38 @@ def test_redis_restarted_mid_batch(stack: Project) -> None:
 
 
 def test_store_paused_for_15_s(stack: Project) -> None:
-    """`docker compose pause store` for 15 s: reports and dispatch wait, nothing is lost or reported twice."""
+    """`docker compose pause store` for 15 s: reports and dispatch wait, nothing is lost or reported twice. That
+    they waited is shown: an episode that bought during the pause (the WebShop server was not paused) has its
+    attempt ended in the Store only after it, with that purchase's reward."""
+    window: list[float] = []
+    ids: list[str] = []
 
     def pause(run: ChaosRun) -> None:
+        ids.extend(run.rollout_ids)
         assert both_workers_busy(run), "the batch never had both workers busy"
         stack.run("pause", "store")
+        window.append(time.time())
         time.sleep(15)
+        window.append(time.time())
         stack.run("unpause", "store")
         run.note("paused 15 s")
 
     result, _ = run_fault(stack, pause)
     result.name = "store paused 15 s"
     assert_clean(stack, result)
+    ledger = httpx.get(f"{stack.url('WEBSHOP_PUBLISH_PORT')}/purchases", timeout=30).json()["items"]
+    bought = {item["session_id"]: item for item in ledger if window[0] < item["time"] < window[1]}
+    with StoreClient(stack.url("STORE_PORT"), retries=3) as store:
+        attempts = [attempt for rid in ids for attempt in store.list_attempts(rid)]
+    waited = [
+        attempt
+        for attempt in attempts
+        if str((attempt.metadata or {}).get("env_session_id")) in bought
+        and attempt.end_time is not None
+        and attempt.end_time >= window[1]
+    ]
+    print(f"[deployed] bought while the Store was paused: {len(bought)}; their reports waited for it: {len(waited)}")
+    assert waited, f"no episode's report waited for the paused Store ({len(bought)} bought during the pause)"
+    for attempt in waited:
+        meta = attempt.metadata or {}
+        assert meta["reward"] == bought[str(meta["env_session_id"])]["reward"], meta
