@@ -297,29 +297,35 @@ def _drop_capabilities() -> None:
         raise RuntimeError(f"capabilities still held: {held}")
 
 
-def kill_box(uid: int) -> None:
+def kill_box(uid: int, *, litter: bool = False) -> None:
     """SIGKILL every process of ``uid`` (a box's program and what it left running, in its session or out of it), as
     ``uid`` itself: ``kill -1`` reaches exactly that uid's processes, and needs no CAP_KILL (a container's worker
-    has none), only CAP_SETUID and CAP_SETGID, as making the box did."""
-    _run_as_uid(uid, "/bin/sh", "-c", "kill -s KILL -- -1 2>/dev/null")
+    has none), only CAP_SETUID and CAP_SETGID, as making the box did. With ``litter``, also remove that uid's entries
+    at the top of the shared temporary directories (``_shared_temp``), whole: what a program left there would
+    outlive it, readable by the next program given its uid (a folder another uid made world-writable there is its
+    maker's to keep: a test's outbox, for one)."""
+    script = "kill -s KILL -- -1 2>/dev/null"
+    places = _shared_temp() if litter else ""
+    if places:
+        script += f"; find {places} -mindepth 1 -maxdepth 1 -xdev -user {uid} -exec rm -rf -- {{}} + 2>/dev/null"
+    _run_as_uid(uid, "/bin/sh", "-c", script + "; true")
+
+
+def _shared_temp() -> str:
+    """``SHARED_TEMP`` and this process's TMPDIR, those that exist, quoted for the shell."""
+    import shlex
+    import tempfile
+
+    places = dict.fromkeys((*SHARED_TEMP, tempfile.gettempdir()))
+    return " ".join(shlex.quote(path) for path in places if os.path.isdir(path))
 
 
 def sweep_box(uid: int, directory: str, *, kill: bool = True) -> None:
-    """``kill_box`` and remove every entry of ``uid`` at the top of the shared temporary directories (``SHARED_TEMP``
-    and TMPDIR: what the program left there would outlive it, readable by the next program given its uid), unless
-    ``kill`` is False (a dead worker's box root, whose uids may be live programs' now). Then remove the box's
-    directory: as the caller where it may (root: a TMPDIR that other uids cannot search included), else as
-    ``uid``."""
+    """``kill_box`` with its litter, unless ``kill`` is False (a dead worker's box root, whose uids may be live
+    programs' now). Then remove the box's directory: as the caller where it may (root: a TMPDIR that other uids
+    cannot search included), else as ``uid``."""
     if kill:
-        import shlex
-        import tempfile
-
-        places = [path for path in dict.fromkeys((*SHARED_TEMP, tempfile.gettempdir())) if os.path.isdir(path)]
-        # Its own entries at their top level go whole (a folder another uid made world-writable there is its maker's
-        # to keep: a test's outbox, for one).
-        where = " ".join(map(shlex.quote, places))
-        litter = f"find {where} -mindepth 1 -maxdepth 1 -xdev -user {uid} -exec rm -rf -- {{}} +" if places else "true"
-        _run_as_uid(uid, "/bin/sh", "-c", f"kill -s KILL -- -1 2>/dev/null; {litter} 2>/dev/null; true")
+        kill_box(uid, litter=True)
     shutil.rmtree(directory, ignore_errors=True)
     if os.path.lexists(directory):  # the caller may not (a container's worker): its owner may
         _run_as_uid(uid, "/bin/rm", "-rf", "--", directory)
