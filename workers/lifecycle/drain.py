@@ -125,19 +125,23 @@ def interrupt_main_thread() -> None:
     os.kill(os.getpid(), signal.SIGUSR1)
 
 
+TIMER_LAG_S = 0.2  # the timer after the thread: the thread's clean exit first wherever threads still run
+
+
 def exit_by(deadline: float) -> None:
     """End this (main) process at ``deadline`` if it is still there: by then its attempts were handed over, and
     what remains is Celery's own exit (pool children, atexit hooks), measured at up to 6 s on a loaded host.
 
     Never through a signal's default action: the kernel drops those for the first process of a PID namespace, which
-    a worker is in a container without an init. A thread calls ``os._exit``, and a real-time timer's SIGALRM runs a
-    handler that does the same on the main thread, also once the interpreter finalizes and daemon threads no longer
-    run. Prefork children then see their pipe close and exit."""
+    a worker is in a container without an init. A thread calls ``os._exit`` (status 1), and ``TIMER_LAG_S`` later a
+    real-time timer's SIGALRM runs a handler that does the same on the main thread, for when daemon threads no
+    longer run (the interpreter finalizing); where finalizing had also reset that handler, SIGALRM's default action
+    ends the process (status 142 under an init). Prefork children then see their pipe close and exit."""
     delay = max(0.01, deadline - time.time())
     threading.Thread(target=_exit_after, args=(delay,), name="drain-exit", daemon=True).start()
     try:
         signal.signal(signal.SIGALRM, lambda signum, frame: _exit_now())
-        signal.setitimer(signal.ITIMER_REAL, delay)
+        signal.setitimer(signal.ITIMER_REAL, delay + TIMER_LAG_S)
     except ValueError:  # not the main thread: signal.signal refuses; the thread alone ends it
         pass
 
