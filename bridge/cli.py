@@ -41,6 +41,10 @@ TOOLS: dict[str, tuple[str, str]] = {
         "bridge_lab.bench.agl_v1",
         "Agent Lightning 1.0 rollouts on our workers beside 1.0's own local runner",
     ),
+    "preflight": (
+        "bridge.ops.preflight",
+        "refuse a docker compose stack that cannot work (no LLM, no gateway, a placeholder password)",
+    ),
     "autoscale": ("bridge.ops.autoscale", "follow agl_bridge_desired_slots: start and stop local worker processes"),
     "chaos": (
         "bridge_lab.chaos.run",

@@ -67,9 +67,15 @@ FOREIGN: dict[str, tuple[Variable, ...]] = {
             "COMPOSE_BROKER_URL",
             "docker compose only: the broker inside compose's network (default its redis; this one for "
             "`--profile rabbitmq`).",
-            "amqp://agl:change-me@rabbitmq:5672//",
+            "amqp://agl:<RABBITMQ_PASSWORD>@rabbitmq:5672//",
         ),
-        Variable("RABBITMQ_PASSWORD", "docker compose only: the password of that profile's RabbitMQ.", "change-me"),
+        Variable(
+            "RABBITMQ_PASSWORD",
+            "docker compose only: the password of that profile's RabbitMQ. Required with `--profile rabbitmq`: "
+            "compose refuses to start RabbitMQ without one of 12+ characters that is no placeholder "
+            "(preflight-rabbitmq), before RabbitMQ makes its user.",
+            "",
+        ),
         Variable(
             "RABBITMQ_CONSUMER_TIMEOUT_MS",
             "docker compose only: that RabbitMQ's consumer_timeout in ms (set BROKER_CONSUMER_TIMEOUT_S to match).",
@@ -145,8 +151,9 @@ FOREIGN: dict[str, tuple[Variable, ...]] = {
         Variable(
             "GRAFANA_ADMIN_PASSWORD",
             "Grafana's admin password (profile `monitoring`; user admin, on http://127.0.0.1:3001, no anonymous "
-            "access).",
-            "change-me",
+            "access). Required with `--profile monitoring`: compose refuses to start Grafana without one of 12+ "
+            "characters that is no placeholder (preflight-monitoring).",
+            "",
         ),
         *(
             Variable(name, f"The {what} image compose runs (a private registry's copy of it, for one).", default)

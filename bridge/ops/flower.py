@@ -16,8 +16,8 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
-MIN_PASSWORD_CHARS = 12
-PLACEHOLDERS = frozenset({"change-me", "changeme", "change_me", "password", "admin", "secret", "flower"})
+from bridge.ops.preflight import MIN_PASSWORD_CHARS, PLACEHOLDERS
+
 TRUE = frozenset({"1", "true", "yes", "on", "t", "y"})
 FLOWER_INSTALL = "pip install 'agl-celery-bridge[flower]' (from a clone: pip install -e '.[flower]')"
 

@@ -65,9 +65,9 @@ SECRETS = {  # variable of .env -> the services that may get its value
     "AGL_V1_KEY": {"dispatcher-v1", "worker-agl-v1", "agl-gateway"},
     "COMPOSE_BROKER_URL": {"bridge", "dispatcher-v1", "worker", "worker-agl-v1", "flower"},
     "FLOWER_BASIC_AUTH": {"flower"},
-    "RABBITMQ_PASSWORD": {"rabbitmq"},
+    "RABBITMQ_PASSWORD": {"rabbitmq", "preflight-rabbitmq"},
     "REDIS_PASSWORD": {"redis", "bridge", "dispatcher-v1", "worker", "worker-agl-v1", "flower"},
-    "GRAFANA_ADMIN_PASSWORD": {"grafana"},
+    "GRAFANA_ADMIN_PASSWORD": {"grafana", "preflight-monitoring"},
 }
 BROKERS = {"CELERY_BROKER_URL", "REDIS_URL"}  # may hold a password: only for the services that use a broker
 CONTAINER_VARIABLES = {"HOSTNAME"}  # set by Docker in every container

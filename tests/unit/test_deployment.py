@@ -48,6 +48,8 @@ NON_SETTINGS = {
     "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS",
     "REDISCLI_AUTH",  # redis-cli, in the Redis container's health check
     "HOME",  # the 1.0 worker's, set where setpriv leaves root's (worker-agl-v1)
+    "RABBITMQ_PASSWORD",  # what preflight-rabbitmq and preflight-monitoring check (python -m bridge preflight)
+    "GRAFANA_ADMIN_PASSWORD",
 }
 
 
@@ -89,6 +91,35 @@ def test_compose_commands_exist_in_the_project() -> None:
     assert services["policy"]["profiles"] == ["standin"]
 
 
+PREFLIGHTS = {  # service -> the one-shot check it waits for (python -m bridge preflight)
+    "worker": "preflight",
+    "bridge": "preflight",
+    "flower": "preflight",
+    "dispatcher-v1": "preflight-v1",
+    "worker-agl-v1": "preflight-v1",
+    "rabbitmq": "preflight-rabbitmq",
+    "grafana": "preflight-monitoring",
+}
+
+
+def test_a_stack_that_cannot_work_waits_for_a_preflight_that_refuses_it() -> None:
+    """Each service that cannot work without an LLM, a gateway or a password of the operator's own starts only
+    once its profile's preflight exited 0, and each preflight is in the same profiles as what waits for it."""
+    services = _compose()["services"]
+    for name, preflight in PREFLIGHTS.items():
+        assert services[name]["depends_on"][preflight] == {"condition": "service_completed_successfully"}, name
+        assert services[name].get("profiles") == services[preflight].get("profiles"), name
+        argv = command_argv(services[preflight]["command"])
+        assert argv[:4] == ["python", "-m", "bridge", "preflight"] and services[preflight]["restart"] == "no"
+    checks = {name: command_argv(services[name]["command"]) for name in set(PREFLIGHTS.values())}
+    assert checks["preflight"][4:6] == ["--llm", "${OPENAI_API_BASE:-http://policy:8000/v1}"]
+    assert services["worker"]["environment"]["OPENAI_API_BASE"] == checks["preflight"][5]  # one address, checked
+    assert checks["preflight-v1"][4:] == ["--gateway", services["worker-agl-v1"]["environment"]["AGL_V1_SERVER_URL"]]
+    assert checks["preflight-rabbitmq"][4:] == ["--password", "RABBITMQ_PASSWORD"]
+    assert checks["preflight-monitoring"][4:] == ["--password", "GRAFANA_ADMIN_PASSWORD"]
+    assert services["rabbitmq"]["environment"]["RABBITMQ_DEFAULT_PASS"] == "${RABBITMQ_PASSWORD:-}"  # no default
+
+
 def test_compose_variables_are_settings_or_documented() -> None:
     text = (ROOT / "docker-compose.yml").read_text()
     settings = {env_name(name) for name in Settings.model_fields}
@@ -123,7 +154,10 @@ def test_every_port_binds_loopback_unless_told_and_grafana_needs_a_login() -> No
     assert [_host_ip(port) for port in opened["flower"]["ports"]] == ["0.0.0.0"]
     grafana = {str(k).upper(): str(v) for k, v in services["grafana"]["environment"].items()}
     assert not [k for k in grafana if k.startswith("GF_AUTH_ANONYMOUS")], grafana
-    assert grafana.get("GF_SECURITY_ADMIN_PASSWORD"), "Grafana's admin password comes from GRAFANA_ADMIN_PASSWORD"
+    assert not grafana.get("GF_SECURITY_ADMIN_PASSWORD"), "Grafana's admin password has no default"
+    given = load(COMPOSE, {**LOGIN, "GRAFANA_ADMIN_PASSWORD": "an-own-password"}, PROFILES)["grafana"]["environment"]
+    assert given["GF_SECURITY_ADMIN_PASSWORD"] == "an-own-password"
+    assert services["grafana"]["depends_on"]["preflight-monitoring"]["condition"] == "service_completed_successfully"
     assert _host_ip("127.0.0.1:3001:3000") == "127.0.0.1" and _host_ip("3001:3000") == _host_ip("9090") == ""
 
 
@@ -186,7 +220,7 @@ def test_the_compose_checker_bites(tmp_path: Path) -> None:
         ),
         "port": (text.replace('"127.0.0.1:${STORE_PORT:-4747}:4747"', '"127.0.0.300:4747:4747"', 1), "host address"),
         "volume": (text.replace("      - redis-data:/data", "      - redis-dat:/data", 1), "undefined volume"),
-        "duration": (text.replace("stop_grace_period: 15m", "stop_grace_period: 15 minutes", 1), "invalid duration"),
+        "duration": (text.replace("stop_grace_period: 30s", "stop_grace_period: 30 seconds", 1), "invalid duration"),
         "condition": (text.replace("condition: service_healthy", "condition: healthy", 1), "unknown condition"),
         "interpolation": (text.replace("${STORE_PORT:-4747}", "${STORE PORT}", 1), "invalid interpolation"),
         "top level": (text + "\nvolume:\n  extra:\n", "at top level"),
@@ -262,6 +296,10 @@ def test_each_compose_service_runs_from_the_leanest_target_that_has_what_its_com
         "bridge": "runtime",
         "dispatcher-v1": "runtime",
         "flower": "flower",
+        "preflight": "runtime",
+        "preflight-v1": "runtime",
+        "preflight-rabbitmq": "runtime",
+        "preflight-monitoring": "runtime",
     }
 
 
