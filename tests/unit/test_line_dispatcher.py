@@ -27,6 +27,7 @@ from bridge.dispatch import metrics
 from bridge.dispatch.dispatcher import LineDispatcher
 from bridge.dispatch.leader import STANDBY_RETRY_S
 from bridge.dispatch.v03 import V03Dispatcher
+from tests.helpers import line_of
 from tests.unit.test_dispatch_survival import Publisher, Store, _rollout
 from tests.unit.test_v1_dispatch import FakeApp, FakeGateway
 from tests.unit.test_v1_dispatch import _dispatcher as v1_dispatcher
@@ -189,7 +190,7 @@ def test_while_the_other_line_waits_a_line_starts_no_more_than_its_share(line: L
     for _ in range(3):
         line.dispatcher._tick_surviving()
     assert len(line.published()) == SLOTS // 2  # 3 slots free, but half the pool is the other line's
-    lines = [slot_share.line_of(key) for key in capacity.inflight_ids(redis_client, scope, QUEUE)]
+    lines = [line_of(key) for key in capacity.inflight_ids(redis_client, scope, QUEUE)]
     assert lines.count(line.dispatcher.line) == SLOTS // 2
 
 
