@@ -91,6 +91,11 @@ class DropHeld:
     attempt_id: str
     store_says: str  # what the Store shows for it now, for the log
 
+    @property
+    def key(self) -> str:
+        """The attempt it concerns."""
+        return self.attempt_id
+
 
 @dataclass(frozen=True)
 class FreeLost:
@@ -100,6 +105,11 @@ class FreeLost:
     attempt_id: str
     in_flight_s: float
 
+    @property
+    def key(self) -> str:
+        """The attempt it concerns."""
+        return self.attempt_id
+
 
 @dataclass(frozen=True)
 class FreeOrphan:
@@ -107,6 +117,11 @@ class FreeOrphan:
 
     queue: str
     attempt_id: str
+
+    @property
+    def key(self) -> str:
+        """The attempt it concerns."""
+        return self.attempt_id
 
 
 @dataclass(frozen=True)
@@ -116,6 +131,11 @@ class Republish:
     rollout: AttemptedRollout
     executor_died: bool  # an executor started it; else it was lost before any executor saw it
 
+    @property
+    def key(self) -> str:
+        """The attempt it concerns."""
+        return self.rollout.attempt.attempt_id
+
 
 @dataclass(frozen=True)
 class HandBack:
@@ -123,6 +143,11 @@ class HandBack:
     executor that died (run again in place, it would keep that start's deadline)."""
 
     rollout: AttemptedRollout
+
+    @property
+    def key(self) -> str:
+        """The attempt it concerns."""
+        return self.rollout.attempt.attempt_id
 
 
 @dataclass(frozen=True)
@@ -132,6 +157,11 @@ class Settle:
 
     rollout: AttemptedRollout
     status: str
+
+    @property
+    def key(self) -> str:
+        """The attempt it concerns."""
+        return self.rollout.attempt.attempt_id
 
 
 @dataclass(frozen=True)
@@ -144,6 +174,16 @@ class Plan:
     suspects: Mapping[str, float]  # the next scan's ``Facts.suspects``: seen now, not confirmed yet
     rescan_by: float | None  # monotonic: the next scan is due no later than this (None: the usual interval)
     settles: tuple[Settle, ...] = ()  # dead ends, settled as the Store's retry policy would have
+
+    @property
+    def repairs(self) -> tuple[DropHeld | FreeLost | FreeOrphan | Republish | HandBack | Settle, ...]:
+        """Every repair, in the order they are carried out: drops, frees, restarts, settles."""
+        return (*self.drops, *self.frees, *self.restarts, *self.settles)
+
+    @property
+    def made(self) -> int:
+        """What a scan reports: the attempts re-published or handed back, and the dead ends settled."""
+        return len(self.restarts) + len(self.settles)
 
 
 def active_attempts(rollouts: Iterable[Rollout]) -> dict[str, AttemptedRollout]:
