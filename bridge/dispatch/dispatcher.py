@@ -174,9 +174,8 @@ class LineDispatcher(ABC, Generic[Claim]):
     def _task(self, claim: Claim) -> Task:
         """The message of ``claim``: task name, arguments, task id (its in-flight key), queue, time limits."""
 
-    @abstractmethod
     def _sent(self, claim: Claim, task: Task) -> None:
-        """``claim`` is in the broker (counted as published already)."""
+        """``claim`` is in the broker, counted as published (default: nothing more)."""
 
     @abstractmethod
     def _refused(self, claim: Claim, error: Exception) -> None:
@@ -203,9 +202,9 @@ class LineDispatcher(ABC, Generic[Claim]):
         """Per queue, the claims the line holds unpublished: part of its backlog (default: none)."""
         return {}
 
-    @abstractmethod
     def _give_back_all(self) -> None:
-        """On shutdown, before the lock is released: give back what was claimed and never published."""
+        """On shutdown, before the lock is released: give back what was claimed and never published (default:
+        nothing, as for a line that takes a rollout from its source only by publishing it)."""
 
     def _close(self) -> None:
         """On shutdown, last: close what the line opened (default: its publisher)."""

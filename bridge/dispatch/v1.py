@@ -182,9 +182,6 @@ class V1Dispatcher(LineDispatcher[V1Attempt]):
             self.scope,
         )
 
-    def _give_back_all(self) -> None:
-        """Nothing: the 1.0 line takes a rollout from the gateway only by publishing it."""
-
     def _round(self, view: capacity.SlotView) -> float:
         """List the queuing rollouts, fail those this project cannot read, and start as many as the share leaves
         room for; a rollout whose refused publish waits for its next try is skipped."""
