@@ -11,9 +11,9 @@ refused cleared from the in-flight set and given back. It owns as well:
 
 * one error policy (``_tick_surviving``): a Redis error is counted (``agl_bridge_broker_errors_total``) and the loop
   backs off from 0.5 s doubling to 10 s; an error of the line's upstream (``upstream_errors``: the Store, the
-  gateway) is counted by the line and backs off from 1 s doubling to 30 s; anything else is a loop error, with the
-  line's ``error_wait_s``; after each, a reconcile is due by the time the loop goes on (what the error left half
-  done is repaired there);
+  gateway) is counted in the line's series and backs off as the line says (``upstream_backoff``); anything else is a
+  loop error, with the line's ``error_wait_s``; after each, a reconcile is due by the time the loop goes on (what the
+  error left half done is repaired there);
 * the reconcile schedule and the one repair runner: at once on taking the lead, every
   ``BRIDGE_RECONCILE_INTERVAL_S`` after a scan, sooner where asked (``_reconcile_by``), ``FACTS_RETRY_S`` after a
   scan whose facts could not be read; each repair of the line's plan carried out on its own, so one failing
@@ -58,7 +58,6 @@ from bridge.dispatch.publisher import Publisher, Task
 GAUGES_EVERY_S = 1.0
 FACTS_RETRY_S = 10.0  # a scan whose facts could not be read is tried again this much later
 REDIS_BACKOFF = (0.5, 10.0)  # a Redis error: the loop waits from 0.5 s, doubling to 10 s
-UPSTREAM_BACKOFF = (1.0, 30.0)  # an error of the line's upstream (the Store, the gateway): from 1 s, doubling to 30 s
 MAX_BACKOFF_STEPS = 5
 
 Claim = TypeVar("Claim")  # what a line claims and publishes: a Store's rollout, a gateway's attempt
@@ -115,6 +114,9 @@ class LineDispatcher(ABC, Generic[Claim]):
     upstream_errors: ClassVar[tuple[type[Exception], ...]] = ()  # the line's source failing: backed off, counted
     upstream_counter: ClassVar[tuple[Counter, str]]  # where an upstream error is counted: the series, its kind
     upstream_call: ClassVar[str]  # how the log names the call that failed
+    # The backoff after an upstream error, from its first wait doubling to its cap: long where a call whose answer
+    # is lost may have claimed work (a dequeue), short where it claims nothing (a listing).
+    upstream_backoff: ClassVar[tuple[float, float]] = (1.0, 30.0)
     waiting_gauges: ClassVar[tuple[Gauge, Gauge]]  # the line's waiting rollouts per queue, and the oldest's age
 
     def __init__(
@@ -255,7 +257,7 @@ class LineDispatcher(ABC, Generic[Claim]):
         except self.upstream_errors as exc:
             series, kind = self.upstream_counter
             series.labels(kind).inc()
-            wait = self._backoff("upstream", *UPSTREAM_BACKOFF)
+            wait = self._backoff("upstream", *self.upstream_backoff)
             self.logger.warning("%s failed (%s); retry in %.1fs", self.upstream_call, exc, wait)
         except Exception:
             metrics.LOOP_ERRORS.inc()

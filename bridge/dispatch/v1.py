@@ -149,7 +149,8 @@ class V1Dispatcher(LineDispatcher[V1Attempt]):
     facts_errors = ()  # a gateway or Redis error is the loop's: counted, and the scan is due again at once
     upstream_errors = (GatewayError,)
     upstream_counter = (metrics.GATEWAY_ERRORS, "dispatch")
-    upstream_call = "gateway listing"
+    upstream_call = "a gateway request"
+    upstream_backoff = (1.0, ERROR_WAIT_S)  # a listing claims nothing: a gateway back is served within 5 s
     waiting_gauges = (metrics.GATEWAY_WAITING, metrics.GATEWAY_OLDEST_WAITING)
 
     def __init__(self, settings: Settings, gateway: GatewayClient, client: redis.Redis, stop: threading.Event) -> None:
