@@ -84,84 +84,72 @@ class Facts:
     drained: frozenset[str] = frozenset()
 
 
+class _OfAttempt:
+    attempt_id: str
+
+    @property
+    def key(self) -> str:
+        """The attempt a repair concerns (``bridge.dispatch.dispatcher.Repair``)."""
+        return self.attempt_id
+
+
+class _OfRollout:
+    rollout: AttemptedRollout
+
+    @property
+    def key(self) -> str:
+        """The attempt a repair concerns (``bridge.dispatch.dispatcher.Repair``)."""
+        return self.rollout.attempt.attempt_id
+
+
 @dataclass(frozen=True)
-class DropHeld:
+class DropHeld(_OfAttempt):
     """Drop a held rollout the Store moved on from: neither published nor handed back."""
 
     attempt_id: str
     store_says: str  # what the Store shows for it now, for the log
 
-    @property
-    def key(self) -> str:
-        """The attempt it concerns."""
-        return self.attempt_id
-
 
 @dataclass(frozen=True)
-class FreeLost:
+class FreeLost(_OfAttempt):
     """Free the slot of an in-flight entry whose message never reached the broker or expired unstarted."""
 
     queue: str
     attempt_id: str
     in_flight_s: float
 
-    @property
-    def key(self) -> str:
-        """The attempt it concerns."""
-        return self.attempt_id
-
 
 @dataclass(frozen=True)
-class FreeOrphan:
+class FreeOrphan(_OfAttempt):
     """Free the slot of an in-flight entry whose executor started it and is gone (no lease)."""
 
     queue: str
     attempt_id: str
 
-    @property
-    def key(self) -> str:
-        """The attempt it concerns."""
-        return self.attempt_id
-
 
 @dataclass(frozen=True)
-class Republish:
+class Republish(_OfRollout):
     """Publish a stranded attempt again under the same task id (the worker's lease makes a duplicate harmless)."""
 
     rollout: AttemptedRollout
     executor_died: bool  # an executor started it; else it was lost before any executor saw it
 
-    @property
-    def key(self) -> str:
-        """The attempt it concerns."""
-        return self.rollout.attempt.attempt_id
-
 
 @dataclass(frozen=True)
-class HandBack:
+class HandBack(_OfRollout):
     """Hand a stranded ``preparing`` attempt back to the Store queue: too old to start in time, or started by an
     executor that died (run again in place, it would keep that start's deadline)."""
 
     rollout: AttemptedRollout
 
-    @property
-    def key(self) -> str:
-        """The attempt it concerns."""
-        return self.rollout.attempt.attempt_id
-
 
 @dataclass(frozen=True)
-class Settle:
+class Settle(_OfRollout):
     """Write ``status`` (what the Store's retry policy derives from the finished latest attempt) on a rollout
     the Store left active with no live attempt, if a re-read still shows it so (``why_not_settle``)."""
 
     rollout: AttemptedRollout
     status: str
-
-    @property
-    def key(self) -> str:
-        """The attempt it concerns."""
-        return self.rollout.attempt.attempt_id
 
 
 @dataclass(frozen=True)
