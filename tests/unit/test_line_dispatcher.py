@@ -3,10 +3,10 @@
 behind the real ``GatewayClient`` and a fake Celery app), on this test's Redis database.
 
 What each test proves, for either line: a standby publishes nothing; a new leader reconciles at once; an error a tick
-lets out is counted by kind, the loop goes on after the line's pause and a reconcile is due by then; a scan schedules
-the next after ``BRIDGE_RECONCILE_INTERVAL_S`` and the earliest request wins; the line starts no more than its share
-of the slots while the other line waits; a refused publish leaves no in-flight entry; every freed slot wakes the line
-on its own list; shutdown releases the lock.
+lets out is counted by kind, the loop backs off (Redis, the line's upstream) or pauses (a bug) and a reconcile is due
+by then; a scan schedules the next after ``BRIDGE_RECONCILE_INTERVAL_S`` and the earliest request wins; the line
+starts no more than its share of the slots while the other line waits; a refused publish leaves no in-flight entry;
+every freed slot wakes the line on its own list; shutdown releases the lock.
 """
 
 from __future__ import annotations
