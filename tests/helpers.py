@@ -31,12 +31,17 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from bridge.core import keys
+from bridge.core import keys, slot_share
 from bridge.core.store import API
 from bridge_lab.stack import LocalStack, StackConfig
 from tests import redis_for_tests
 
 TEST_REDIS_URL = redis_for_tests.url()  # this process's own database or server (tests/redis_for_tests.py)
+
+
+def line_of(attempt_key: str) -> str:
+    """The line that published an in-flight entry: the 1.0 dispatcher's task ids start ``v1-``."""
+    return slot_share.V1 if attempt_key.startswith(slot_share.V1_PREFIX) else slot_share.V03
 
 
 def drop_adverts(client: redis.Redis, scope: str, queue: str) -> list[str]:

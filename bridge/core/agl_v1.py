@@ -122,11 +122,6 @@ def scoped_attempt_key(scope: str, rollout: V1Rollout, attempt_id: str) -> str:
     return f"{scope}:{generation}:{attempt_key(rollout.rollout_id, attempt_id)}"
 
 
-def next_attempt(attempt_id: str | None) -> str:
-    """The id of the attempt that re-runs ``attempt_id``'s rollout."""
-    return str(int(attempt_id or FIRST_ATTEMPT) + 1)
-
-
 @dataclass(frozen=True)
 class ProxyPause:
     """The gateway's proxy pause (``GET /proxy/state``): the trainer pauses it around a weight update, and until it

@@ -84,11 +84,6 @@ return {size, v1, tostring(usage03), tostring(usage1), tostring(episode)}
 """
 
 
-def line_of(attempt_key: str) -> str:
-    """The line that published an in-flight entry."""
-    return V1 if attempt_key.startswith(V1_PREFIX) else V03
-
-
 def entitlements(total: float, wants: Mapping[str, float], weights: Mapping[str, float]) -> dict[str, float]:
     """Weighted max-min fair split of ``total`` slots: each line gets at most what it wants; the rest is shared in
     proportion to ``weights`` (missing: 1) among the lines that want more. Lines wanting nothing get 0."""

@@ -1,32 +1,33 @@
-"""Publishing a dequeued rollout as the Celery task ``workers.run_rollout``, by name.
+"""Publishing one attempt as a Celery task, by name, for either line: the one publisher.
 
-The task id is the attempt id (the idempotency key end to end). The message carries the rollout as the
-Store returned it, which holds no secret; Flower's ``argsrepr``/``kwargsrepr`` show the ids and the start of
-the instruction. A rollout must end (hard limit) before the broker redelivers it (``BROKER_VISIBILITY_TIMEOUT_S``,
-RabbitMQ: ``BROKER_CONSUMER_TIMEOUT_S``, less ``BRIDGE_MAX_QUEUE_WAIT_S``); a ``timeout_seconds`` that asks
-for more is clamped to the longest budget the broker covers, with a warning and
-``agl_bridge_timeouts_clamped_total``. Why clamp rather than fail: docs/architecture.md, "Guarantees" (Time
-limits) and "Design choices".
+A line builds the ``Task`` (its name, arguments, task id, queue, time limits and expiry); ``Publisher.send`` puts it
+in the broker with the client's bounded retries (``BRIDGE_PUBLISH_RETRIES``) and raises PublishError when the broker
+did not take it. The task id is the attempt id (the idempotency key end to end); ``describe`` is what Flower shows,
+never a secret. A message must end (hard limit) before the broker redelivers it (``BROKER_VISIBILITY_TIMEOUT_S``,
+RabbitMQ: ``BROKER_CONSUMER_TIMEOUT_S``, less ``BRIDGE_MAX_QUEUE_WAIT_S``): ``clamp_timeout``, the one clamp both
+lines build their time limits through, lowers a ``timeout_seconds`` that asks for more to the longest budget the
+broker covers, with a warning and ``agl_bridge_timeouts_clamped_total``. Why clamp rather than fail:
+docs/architecture.md, "Guarantees" (Time limits) and "Design choices".
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, Self, TypeVar
 
+from celery import Celery
 from kombu.exceptions import OperationalError
 
 from bridge.core.errors import PublishError
-from bridge.core.message import publishing_app, task_kwargs
-from bridge.core.models import AttemptedRollout
+from bridge.core.message import publishing_app
 from bridge.core.settings import Settings
-from bridge.core.time_budget import clamp_to_broker, hard_time_limit, soft_time_limit
+from bridge.core.time_budget import clamp_to_broker
 from bridge.dispatch import metrics
 
 log = logging.getLogger("bridge.publisher")
-
-_INSTRUCTION_PREVIEW = 60
 
 BROKER_REFUSALS: tuple[type[BaseException], ...] = (OperationalError, OSError, ConnectionError)
 """What a publish raises when the broker did not take the message (after the client's own retries): transient,
@@ -46,44 +47,50 @@ def retry_policy(settings: Settings) -> dict[str, Any]:
     }
 
 
-def describe(rollout: AttemptedRollout) -> str:
-    """What monitoring shows for a task: ids and the start of the instruction, never secrets."""
-    instruction = ""
-    if isinstance(rollout.input, dict) and isinstance(rollout.input.get("instruction"), str):
-        instruction = rollout.input["instruction"][:_INSTRUCTION_PREVIEW]
-    ids = f"rollout={rollout.rollout_id} attempt={rollout.attempt.attempt_id}"
-    return f"{ids} mode={rollout.mode} instruction={instruction!r}"
+@dataclass(frozen=True)
+class Task:
+    """One attempt's message as a line builds it: ``describe`` is what monitoring shows (ids, never secrets);
+    ``expires``: seconds the message may wait in the broker (None: no expiry)."""
+
+    name: str
+    task_id: str
+    queue: str
+    kwargs: dict[str, Any]
+    soft_time_limit: float
+    time_limit: float
+    describe: str
+    expires: float | None = None
 
 
 class Publisher:
-    def __init__(self, settings: Settings, *, agent: str | None = None) -> None:
-        """``agent``: the agent path every message names, so a worker running another agent refuses it
-        (default ``AGENT``; ``bridge.runner.CeleryRunner`` passes the class path of the trainer's agent)."""
-        self.app, self._task = publishing_app(settings)
+    def __init__(self, settings: Settings, *, agent: str | None = None, app: Celery | None = None) -> None:
+        """``agent``: the agent path every 0.3 message names, so a worker running another agent refuses it
+        (default ``AGENT``; ``bridge.runner.CeleryRunner`` passes the class path of the trainer's agent). ``app``:
+        the Celery app to send through (default: the bridge's, ``bridge.core.message.publishing_app``)."""
+        self.app = app if app is not None else publishing_app(settings)[0]
         self._settings = settings
         self.agent = agent or settings.agent
 
-    def publish(self, rollout: AttemptedRollout, queue: str) -> None:
-        """Send one task; the broker client retries connection errors with its own bounded policy."""
-        settings = self._settings
-        rollout = clamp_timeout(rollout, settings)
-        timeout = rollout.config.timeout_seconds
+    def send(self, task: Task) -> None:
+        """Send one task; the broker client retries connection errors with its own bounded policy. Raises
+        PublishError when the broker did not take it (``BROKER_REFUSALS``)."""
         options: dict[str, Any] = {
-            "task_id": rollout.attempt.attempt_id,
-            "queue": queue,
-            "expires": settings.max_queue_wait_s,
-            "soft_time_limit": soft_time_limit(settings, timeout),
-            "time_limit": hard_time_limit(settings, timeout),
+            "task_id": task.task_id,
+            "queue": task.queue,
+            "soft_time_limit": task.soft_time_limit,
+            "time_limit": task.time_limit,
             "argsrepr": "()",
-            "kwargsrepr": describe(rollout),
-            **retry_policy(settings),
+            "kwargsrepr": task.describe,
+            **retry_policy(self._settings),
         }
+        if task.expires is not None:
+            options["expires"] = task.expires
         started = time.perf_counter()
         try:
-            self._task.apply_async(kwargs=task_kwargs(rollout, queue, self.agent), **options)
+            self.app.send_task(task.name, kwargs=task.kwargs, **options)
         except BROKER_REFUSALS as exc:
-            raise PublishError(f"broker did not take rollout {rollout.rollout_id}: {exc!r}") from exc
-        log.debug("published %s to %s in %.1f ms", describe(rollout), queue, (time.perf_counter() - started) * 1e3)
+            raise PublishError(f"broker did not take {task.describe}: {exc!r}") from exc
+        log.debug("published %s to %s in %.1f ms", task.describe, task.queue, (time.perf_counter() - started) * 1e3)
 
     def close(self) -> None:
         """Close the broker connections and pools of this publisher's Celery app (idempotent)."""
@@ -93,15 +100,33 @@ class Publisher:
             log.warning("could not close the publisher's broker connections: %r", exc)
 
 
-def clamp_timeout(rollout: AttemptedRollout, settings: Settings) -> AttemptedRollout:
-    """The rollout as it is published: unchanged, or with ``timeout_seconds`` lowered to what the broker covers."""
+class _TimedConfig(Protocol):
+    @property
+    def timeout_seconds(self) -> float | None: ...
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self: ...
+
+
+class _Timed(Protocol):
+    @property
+    def config(self) -> _TimedConfig: ...
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self: ...
+
+
+Timed = TypeVar("Timed", bound=_Timed)
+
+
+def clamp_timeout(rollout: Timed, settings: Settings, ids: str, *, agl_v1: bool = False) -> Timed:
+    """The rollout as it is published: unchanged, or with ``config.timeout_seconds`` lowered to what the broker
+    covers (``published_timeout``; a 1.0 rollout's in whole seconds, ``agl_v1``)."""
     asked = rollout.config.timeout_seconds
     if not asked or asked <= 0:
         return rollout
-    bound = published_timeout(asked, settings, f"rollout={rollout.rollout_id} attempt={rollout.attempt.attempt_id}")
+    bound = published_timeout(asked, settings, ids, agl_v1=agl_v1)
     if bound == asked:
         return rollout
-    config = rollout.config.model_copy(update={"timeout_seconds": bound})
+    config = rollout.config.model_copy(update={"timeout_seconds": int(bound) if agl_v1 else bound})
     return rollout.model_copy(update={"config": config})
 
 

@@ -23,9 +23,11 @@ a late span revived with no live attempt). Workers do not
 mark attempts ``running`` (their first span does), so the lease is what tells a started attempt from a
 stranded one; nothing but a drop is repaired before it looked so on two scans ``confirm_s`` apart.
 
-The leader lock, the loop's survival, the reconcile schedule, the share and the in-flight accounting are the
-one dispatcher's. Every Redis key the loop uses is scoped by its Store (``self.scope``), so deployments sharing a
-Redis neither count each other's slots nor contend for one lock.
+The tick's template, the error policy (a dequeue that fails backs off), the leader lock, the reconcile schedule and
+repair runner, the share, the publishing and the in-flight accounting are the one dispatcher's; this line supplies its
+round (share, hold, dequeue, place), its task (``rollout_task``), the hand-back, its facts and planner. Every Redis
+key the loop uses is scoped by its Store (``self.scope``), so deployments sharing a Redis neither count each other's
+slots nor contend for one lock.
 """
 
 from __future__ import annotations
@@ -37,25 +39,28 @@ from collections.abc import Callable
 
 import redis
 
-from bridge.core import capacity, handback, line_demand, markers, slot_share
-from bridge.core.backoff import MAX_DOUBLINGS, backoff_delay
-from bridge.core.errors import PublishError, StoreError, UnknownIdError
+from bridge.core import capacity, handback, markers, slot_share
+from bridge.core.backoff import MAX_DOUBLINGS
+from bridge.core.errors import StoreError, UnknownIdError
+from bridge.core.message import TASK_NAME, task_kwargs
 from bridge.core.models import AttemptedRollout, RolloutStatus
 from bridge.core.redact import redact_url
 from bridge.core.settings import Settings
 from bridge.core.store import StoreClient
+from bridge.core.time_budget import hard_time_limit, soft_time_limit
 from bridge.dispatch import broker, metrics, placement
 from bridge.dispatch.backlog import BacklogReader, store_reader
 from bridge.dispatch.coalesce import Coalescer
-from bridge.dispatch.dispatcher import LineDispatcher, StopSignal
+from bridge.dispatch.dispatcher import LineDispatcher, Repair, StopSignal
 from bridge.dispatch.hold import Hold
-from bridge.dispatch.publisher import Publisher, describe
+from bridge.dispatch.publisher import Publisher, Task, clamp_timeout
 from bridge.dispatch.v03_repairs import (
     DropHeld,
     Facts,
     FreeLost,
     FreeOrphan,
     HandBack,
+    Plan,
     Republish,
     Settle,
     active_attempts,
@@ -68,9 +73,37 @@ log = logging.getLogger("bridge.dispatch.v03")
 
 FULL_CAPACITY_WAIT_S = 0.2
 UNEXPECTED_ERROR_WAIT_S = 1.0
+_INSTRUCTION_PREVIEW = 60
 
 
-class V03Dispatcher(LineDispatcher):
+def describe(rollout: AttemptedRollout) -> str:
+    """What monitoring shows for a task: ids and the start of the instruction, never secrets."""
+    instruction = ""
+    if isinstance(rollout.input, dict) and isinstance(rollout.input.get("instruction"), str):
+        instruction = rollout.input["instruction"][:_INSTRUCTION_PREVIEW]
+    ids = f"rollout={rollout.rollout_id} attempt={rollout.attempt.attempt_id}"
+    return f"{ids} mode={rollout.mode} instruction={instruction!r}"
+
+
+def rollout_task(rollout: AttemptedRollout, queue: str, settings: Settings, agent: str) -> Task:
+    """A claimed rollout's message, ``workers.run_rollout``: task id = attempt id, the rollout exactly as the Store
+    returned it (its ``timeout_seconds`` clamped to what the broker covers) and the agent it expects, soft and hard
+    limits from that timeout, an expiry of ``BRIDGE_MAX_QUEUE_WAIT_S``."""
+    rollout = clamp_timeout(rollout, settings, f"rollout={rollout.rollout_id} attempt={rollout.attempt.attempt_id}")
+    timeout = rollout.config.timeout_seconds
+    return Task(
+        name=TASK_NAME,
+        task_id=rollout.attempt.attempt_id,
+        queue=queue,
+        kwargs=task_kwargs(rollout, queue, agent),
+        soft_time_limit=soft_time_limit(settings, timeout),
+        time_limit=hard_time_limit(settings, timeout),
+        describe=describe(rollout),
+        expires=settings.max_queue_wait_s,
+    )
+
+
+class V03Dispatcher(LineDispatcher[AttemptedRollout]):
     """The 0.3 line on the one dispatcher (``bridge.dispatch.dispatcher``): a Store's rollouts, dequeued within
     each queue's room, held, coalesced and placed per queue, published by task name."""
 
@@ -80,6 +113,10 @@ class V03Dispatcher(LineDispatcher):
     stopped_message = "bridge stopped"
     logger = log
     facts_errors = (StoreError, redis.RedisError)
+    upstream_errors = (StoreError,)
+    upstream_counter = (metrics.STORE_ERRORS, "dequeue")
+    upstream_call = "dequeue"
+    waiting_gauges = (metrics.STORE_WAITING, metrics.STORE_OLDEST_WAITING)
 
     def __init__(
         self,
@@ -94,9 +131,6 @@ class V03Dispatcher(LineDispatcher):
         """``strict_scope``: raise ScopeMismatchError from ``run`` when this Store's workers appear only under
         another spelling of its URL (``bridge.core.scope_check``), instead of logging it (``CeleryRunner``)."""
         self.store = store
-        self.publisher = publisher
-        self._store_failures = 0
-        self._broker_failures = 0
         self._empty_polls = 0
         self._hold = Hold(settings.max_held)  # claimed rollouts whose queue has no room now
         self._unserved_reported: set[str] = set()  # queues already logged as consumed by no worker
@@ -106,6 +140,7 @@ class V03Dispatcher(LineDispatcher):
         super().__init__(
             settings,
             redis_client,
+            publisher,
             stop,
             queues=settings.all_queues(),
             lock_owner=settings.dispatcher_id,
@@ -131,26 +166,10 @@ class V03Dispatcher(LineDispatcher):
         for held in self._hold.take_all():  # claimed, never published: give them back rather than strand them
             self.hand_back(held.rollout, "shutdown")
 
-    def _close(self) -> None:
-        self.publisher.close()
-
-    def tick(self) -> float:
-        """One round; returns how long to wait before the next."""
-        try:
-            if not self._lead():
-                return self._standby()
-            self._reconcile_if_due()  # before the slots are read: what it re-publishes takes slots this tick sees
-            view = capacity.read_slots(self.redis, self.scope, self.queues)
-            self._broker_failures = 0
-        except redis.RedisError as exc:
-            metrics.BROKER_ERRORS.inc()
-            self._broker_failures += 1
-            wait = backoff_delay(min(self._broker_failures, 5), base_s=0.5, cap_s=10.0)  # min: 2**n stays a float
-            log.warning("broker unreachable (%r); not dequeuing, retry in %.1fs", exc, wait)
-            return wait
+    def _round(self, view: capacity.SlotView) -> float:
+        """Share, place what is held, then claim within the room: a batch while every consumed queue has room, one
+        rollout while some are full, none while all are (``bridge.dispatch.placement``)."""
         rooms, served = view.rooms(), view.served()
-        if self._gauges_due():
-            self._update_gauges(view, rooms, served)
         self._share_slots(view, rooms, served)
         self._place_held(rooms, served)
         if self._hold.waits_on(served):  # a consumed queue is full and its rollout waits: claim nothing more
@@ -162,21 +181,12 @@ class V03Dispatcher(LineDispatcher):
             if self._hold.room() == 0:
                 log.debug("the hold is full (%d rollouts): claiming nothing until one goes out", len(self._hold))
             return self._wait_for_slot(gather_for=0 if self._hold else view.slots())
+        metrics.DEQUEUE_REQUESTS.inc()
         try:
-            metrics.DEQUEUE_REQUESTS.inc()
-            batch = self.store.dequeue(limit, self.settings.dispatcher_id)
-            self._store_failures = 0
+            batch = self.store.dequeue(limit, self.settings.dispatcher_id)  # a StoreError is the loop's: backoff
         except UnknownIdError as exc:  # never expected for dequeue; do not spin on it
             log.error("dequeue rejected: %s", exc)
             return self.settings.poll_max_s
-        except StoreError as exc:
-            metrics.STORE_ERRORS.labels("dequeue").inc()
-            self._store_failures += 1
-            wait = backoff_delay(min(self._store_failures, 5), base_s=1.0, cap_s=30.0)
-            log.warning("dequeue failed (%s); retry in %.1fs", exc, wait)
-            # A dequeue whose answer was lost may have claimed rollouts: reconcile soon.
-            self._reconcile_by(time.monotonic() + wait)
-            return wait
         metrics.DEQUEUED.inc(len(batch))
         self._last_dequeue = (len(batch) >= limit, self._backlog.latest)
         for rollout in batch:
@@ -186,9 +196,9 @@ class V03Dispatcher(LineDispatcher):
         return self._next_poll(found_work=bool(batch))
 
     def _share_slots(self, view: capacity.SlotView, rooms: dict[str, int], served: set[str]) -> None:
-        """Beside a 1.0 dispatcher, cut the default queue's room to this line's fair share and publish this
-        line's demand (``bridge.core.slot_share``): the Store's waiting rollouts (the last backlog reading, unless a
-        dequeue since said more: a full batch, at least the queue's slots; a short one, none) and those held."""
+        """Beside a 1.0 dispatcher, cut the default queue's room to this line's fair share (``_share``), this line's
+        demand the Store's waiting rollouts (the last backlog reading, unless a dequeue since said more: a full
+        batch, at least the queue's slots; a short one, none) and those held."""
         queue = self.settings.default_queue
         if queue not in served:
             return
@@ -197,14 +207,7 @@ class V03Dispatcher(LineDispatcher):
         waiting = latest.waiting.get(queue, 0) if latest is not None else 0
         if self._last_dequeue is not None and self._last_dequeue[1] is latest:  # the dequeue is the fresher news:
             waiting = max(waiting, total) if self._last_dequeue[0] else 0  # full: more wait; short: none do
-        try:
-            allowed = self._claimable(
-                queue, total=total, room=rooms[queue], waiting=waiting + self._hold.by_queue().get(queue, 0)
-            )
-        except redis.RedisError as exc:  # the slots were just read: a blip; this tick goes without sharing
-            log.debug("slot sharing skipped this tick: %r", exc)
-            return
-        rooms[queue] = min(rooms[queue], allowed)
+        self._share(view, rooms, waiting + self._hold.by_queue().get(queue, 0))
 
     def _next_poll(self, *, found_work: bool) -> float:
         """poll_min_s after work was found; each empty poll doubles the wait (jittered) up to poll_max_s,
@@ -257,12 +260,7 @@ class V03Dispatcher(LineDispatcher):
         if not self._hold or not self._lock.valid():  # the fence: only a leader publishes what it holds
             return
         for held in self._hold.placeable(rooms, served):
-            try:
-                self.dispatch(held.rollout)
-            except Exception:
-                metrics.LOOP_ERRORS.inc()
-                log.exception("[rollout=%s attempt=%s] unexpected error publishing it", *_ids(held.rollout))
-                self.hand_back(held.rollout, "error")
+            self.dispatch(held.rollout)  # an error publishing it hands it back (``_unsendable``)
         for held in self._hold.overdue(served, self.settings.max_queue_wait_s):
             log.warning(
                 "[rollout=%s] queue %s full for %.0fs: handing it back",
@@ -274,30 +272,27 @@ class V03Dispatcher(LineDispatcher):
         self._unserved_reported &= {queue for queue in self._hold.by_queue() if queue not in served}
 
     def dispatch(self, rollout: AttemptedRollout) -> bool:
-        """Publish, or hand back; returns True when the rollout is in the broker."""
-        queue = self.settings.queue_for_mode(rollout.mode)
-        aid = rollout.attempt.attempt_id
-        try:
-            self._mark_inflight(queue, aid)
-            self.publisher.publish(rollout, queue)
-        except (PublishError, redis.RedisError) as exc:
-            metrics.BROKER_ERRORS.inc()
-            log.error("could not publish %s: %s; handing it back", describe(rollout), exc)
-            self._forget_inflight(queue, aid)
-            self.hand_back(rollout, "publish_failed")
-            return False
-        except Exception:  # not the broker saying no: our bug or a library's; the rollout goes back all the same
-            metrics.LOOP_ERRORS.inc()
-            log.exception("unexpected error publishing %s; handing it back", describe(rollout))
-            self._forget_inflight(queue, aid)
-            self.hand_back(rollout, "error")
-            return False
-        metrics.PUBLISHED.labels(queue, slot_share.V03).inc()
+        """Publish (``LineDispatcher._send``), or hand back; returns True when the rollout is in the broker."""
+        return self._send(rollout)
+
+    def _task(self, claim: AttemptedRollout) -> Task:
+        return rollout_task(claim, self.settings.queue_for_mode(claim.mode), self.settings, self.publisher.agent)
+
+    def _sent(self, claim: AttemptedRollout, task: Task) -> None:
         self._coalescer.dispatched()
-        if rollout.attempt.start_time:
-            metrics.DISPATCH_LATENCY.observe(max(0.0, time.time() - rollout.attempt.start_time))
-        log.info("[rollout=%s attempt=%s task=%s] published to %s", rollout.rollout_id, aid, aid, queue)
-        return True
+        if claim.attempt.start_time:
+            metrics.DISPATCH_LATENCY.observe(max(0.0, time.time() - claim.attempt.start_time))
+        aid = task.task_id
+        log.info("[rollout=%s attempt=%s task=%s] published to %s", claim.rollout_id, aid, aid, task.queue)
+
+    def _refused(self, claim: AttemptedRollout, error: Exception) -> None:
+        log.error("could not publish %s: %s; handing it back", describe(claim), error)
+        self.hand_back(claim, "publish_failed")
+
+    def _unsendable(self, claim: AttemptedRollout, error: Exception) -> None:
+        metrics.LOOP_ERRORS.inc()  # the rollout goes back all the same
+        log.exception("unexpected error publishing %s; handing it back", describe(claim))
+        self.hand_back(claim, "error")
 
     def hand_back(self, rollout: AttemptedRollout, reason: str) -> None:
         """Put a claimed rollout back at the tail of the Store queue, if it is still live and unstarted.
@@ -322,28 +317,21 @@ class V03Dispatcher(LineDispatcher):
 
     # --- repair ----------------------------------------------------------------------------------
 
-    def reconcile(self) -> int:
-        """One scan on the dispatcher's schedule (``LineDispatcher._scan``): read the facts, plan
-        (``bridge.dispatch.v03_repairs``), apply the plan; returns how many attempts were re-published or handed
-        back, plus the dead-end rollouts it settled or tried to. The plan may ask for the next scan sooner (a
-        suspect to confirm, a young in-flight entry to look at again)."""
-        return self._scan(self._repair)
+    def _plan(self) -> Plan:
+        """Read the facts and plan (``bridge.dispatch.v03_repairs``): re-publish or hand back stranded attempts,
+        free slots, drop held rollouts the Store moved on from, settle dead ends. The plan may ask for the next
+        scan sooner (a suspect to confirm, a young in-flight entry to look at again)."""
+        return plan_repairs(self._reconcile_facts())
 
-    def _repair(self) -> int:
-        plan = plan_repairs(self._reconcile_facts())
-        self._suspects = dict(plan.suspects)
-        self._drop_moved_on(plan.drops)
-        if plan.suspects:
-            log.info("%d attempts look stranded or orphaned; re-checking in %.0fs", len(plan.suspects), self.confirm_s)
-        if plan.rescan_by is not None:
-            self._reconcile_by(plan.rescan_by)
-        for free in plan.frees:
-            self._free_slot(free)
-        for restart in plan.restarts:
-            self._restart(restart)
-        for settle in plan.settles:
-            self._settle(settle)
-        return len(plan.restarts) + len(plan.settles)
+    def _carry_out(self, repair: Repair) -> None:
+        if isinstance(repair, DropHeld):
+            self._drop_moved_on(repair)
+        elif isinstance(repair, FreeLost | FreeOrphan):
+            self._free_slot(repair)
+        elif isinstance(repair, Republish | HandBack):
+            self._restart(repair)
+        elif isinstance(repair, Settle):
+            self._settle(repair)
 
     def _reconcile_facts(self) -> Facts:
         """What a scan plans from; stale in-flight entries (older than any task could live) are pruned first."""
@@ -369,19 +357,18 @@ class V03Dispatcher(LineDispatcher):
             drained=self.drained_queues() if any(inflight.values()) else frozenset(),
         )
 
-    def _drop_moved_on(self, drops: tuple[DropHeld, ...]) -> None:
-        store_says = {drop.attempt_id: drop.store_says for drop in drops}
-        for held in self._hold.discard(store_says):
+    def _drop_moved_on(self, drop: DropHeld) -> None:
+        for held in self._hold.discard({drop.attempt_id: drop.store_says}):
             log.warning(
                 "[rollout=%s attempt=%s] held for queue %s, but the Store moved on (%s): dropped, not published",
                 held.rollout.rollout_id,
                 held.attempt_id,
                 held.queue,
-                store_says[held.attempt_id],
+                drop.store_says,
             )
 
     def _free_slot(self, free: FreeLost | FreeOrphan) -> None:
-        self._forget_inflight(free.queue, free.attempt_id)
+        self._clear_inflight(free.queue, free.attempt_id)
         if isinstance(free, FreeLost):
             metrics.STRANDED_IN_FLIGHT.labels(slot_share.V03).inc()
             log.warning(
@@ -447,12 +434,16 @@ class V03Dispatcher(LineDispatcher):
             return FULL_CAPACITY_WAIT_S  # the next tick's slot count reports the outage
         return self._coalescer.wait_s(gather_for) if woken and gather_for else 0.0
 
-    def _update_gauges(self, view: capacity.SlotView, free: dict[str, int], served: set[str]) -> None:
-        self.scope_watch.check(served)
-        self._exports.active = True
+    def _held(self) -> dict[str, int]:
+        return self._hold.by_queue()
+
+    def _line_gauges(self, view: capacity.SlotView) -> None:
+        """Free slots, held rollouts and unserved queues; the broker's depth and oldest message; the oldest
+        in-flight entry."""
+        free, served = view.rooms(), view.served()
         held = self._hold.by_queue()
-        self._update_autoscaling_gauges(view, free, held)
         for queue in self.queues:
+            metrics.FREE_SLOTS.labels(queue).set(free.get(queue, 0))
             metrics.HELD.labels(queue).set(held.get(queue, 0))
             metrics.UNSERVED.labels(queue).set(0 if queue in served else 1)
         try:
@@ -468,31 +459,6 @@ class V03Dispatcher(LineDispatcher):
                 metrics.OLDEST_IN_FLIGHT_AGE.labels(queue).set(oldest or 0.0)
         except (redis.RedisError, broker.BrokerReadError):
             pass
-
-    def _update_autoscaling_gauges(self, view: capacity.SlotView, free: dict[str, int], held: dict[str, int]) -> None:
-        """Slots, free slots, in flight, and from the last backlog reading the Store's waiting rollouts and the
-        desired slots per queue: in flight + waiting + held + the 1.0 line's published backlog
-        (``bridge.core.line_demand``; docs/operations.md, "Autoscaling signal")."""
-        totals = view.totals()
-        backlog = self._backlog.latest
-        now = time.time()
-        own: dict[str, int] = {}
-        others: dict[str, dict[str, int]] = {}
-        if backlog is not None:  # this line's backlog for the other line's leader, and the other's
-            own = {queue: backlog.waiting.get(queue, 0) + held.get(queue, 0) for queue in self.queues}
-            others = self._demand.others(own)
-        for queue in self.queues:
-            inflight = view.inflight.get(queue, 0)
-            metrics.SLOTS.labels(queue).set(totals.get(queue, 0))
-            metrics.FREE_SLOTS.labels(queue).set(free.get(queue, 0))
-            metrics.IN_FLIGHT.labels(queue).set(inflight)
-            if backlog is None:  # none read yet in this leader term: export nothing rather than a false 0
-                continue
-            waiting = backlog.waiting.get(queue, 0)
-            metrics.STORE_WAITING.labels(queue).set(waiting)
-            metrics.STORE_OLDEST_WAITING.labels(queue).set(backlog.oldest_age(queue, now))
-            desired = line_demand.desired_slots(inflight, own[queue], others.get(queue, {}))
-            metrics.DESIRED_SLOTS.labels(queue).set(desired)
 
 
 def _ids(rollout: AttemptedRollout) -> tuple[str, str]:

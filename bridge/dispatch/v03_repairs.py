@@ -84,8 +84,26 @@ class Facts:
     drained: frozenset[str] = frozenset()
 
 
+class _OfAttempt:
+    attempt_id: str
+
+    @property
+    def key(self) -> str:
+        """The attempt a repair concerns (``bridge.dispatch.dispatcher.Repair``)."""
+        return self.attempt_id
+
+
+class _OfRollout:
+    rollout: AttemptedRollout
+
+    @property
+    def key(self) -> str:
+        """The attempt a repair concerns (``bridge.dispatch.dispatcher.Repair``)."""
+        return self.rollout.attempt.attempt_id
+
+
 @dataclass(frozen=True)
-class DropHeld:
+class DropHeld(_OfAttempt):
     """Drop a held rollout the Store moved on from: neither published nor handed back."""
 
     attempt_id: str
@@ -93,7 +111,7 @@ class DropHeld:
 
 
 @dataclass(frozen=True)
-class FreeLost:
+class FreeLost(_OfAttempt):
     """Free the slot of an in-flight entry whose message never reached the broker or expired unstarted."""
 
     queue: str
@@ -102,7 +120,7 @@ class FreeLost:
 
 
 @dataclass(frozen=True)
-class FreeOrphan:
+class FreeOrphan(_OfAttempt):
     """Free the slot of an in-flight entry whose executor started it and is gone (no lease)."""
 
     queue: str
@@ -110,7 +128,7 @@ class FreeOrphan:
 
 
 @dataclass(frozen=True)
-class Republish:
+class Republish(_OfRollout):
     """Publish a stranded attempt again under the same task id (the worker's lease makes a duplicate harmless)."""
 
     rollout: AttemptedRollout
@@ -118,7 +136,7 @@ class Republish:
 
 
 @dataclass(frozen=True)
-class HandBack:
+class HandBack(_OfRollout):
     """Hand a stranded ``preparing`` attempt back to the Store queue: too old to start in time, or started by an
     executor that died (run again in place, it would keep that start's deadline)."""
 
@@ -126,7 +144,7 @@ class HandBack:
 
 
 @dataclass(frozen=True)
-class Settle:
+class Settle(_OfRollout):
     """Write ``status`` (what the Store's retry policy derives from the finished latest attempt) on a rollout
     the Store left active with no live attempt, if a re-read still shows it so (``why_not_settle``)."""
 
@@ -144,6 +162,16 @@ class Plan:
     suspects: Mapping[str, float]  # the next scan's ``Facts.suspects``: seen now, not confirmed yet
     rescan_by: float | None  # monotonic: the next scan is due no later than this (None: the usual interval)
     settles: tuple[Settle, ...] = ()  # dead ends, settled as the Store's retry policy would have
+
+    @property
+    def repairs(self) -> tuple[DropHeld | FreeLost | FreeOrphan | Republish | HandBack | Settle, ...]:
+        """Every repair, in the order they are carried out: drops, frees, restarts, settles."""
+        return (*self.drops, *self.frees, *self.restarts, *self.settles)
+
+    @property
+    def made(self) -> int:
+        """What a scan reports: the attempts re-published or handed back, and the dead ends settled."""
+        return len(self.restarts) + len(self.settles)
 
 
 def active_attempts(rollouts: Iterable[Rollout]) -> dict[str, AttemptedRollout]:

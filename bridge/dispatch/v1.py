@@ -29,10 +29,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import redis
 
-from bridge.core import capacity, keys, line_demand, markers, slot_share
+from bridge.core import capacity, keys, markers, slot_share
 from bridge.core.agl_v1 import (
     FIRST_ATTEMPT,
     V1_TASK_NAME,
@@ -55,17 +56,18 @@ from bridge.core.settings import Settings
 from bridge.core.time_budget import v1_time_limits
 from bridge.dispatch import metrics
 from bridge.dispatch.backlog import BacklogReader, gateway_reader
-from bridge.dispatch.dispatcher import LineDispatcher, start_process
-from bridge.dispatch.publisher import BROKER_REFUSALS, published_timeout, retry_policy
+from bridge.dispatch.dispatcher import LineDispatcher, Repair, start_process
+from bridge.dispatch.leader import STANDBY_RETRY_S
+from bridge.dispatch.publisher import Publisher, Task, clamp_timeout
 from bridge.dispatch.v1_repairs import (
     ApplyKept,
     Fail,
     FreeSlot,
-    Repair,
     Republish,
     Rerun,
     Unreadable,
     V1Facts,
+    V1Plan,
     current_key,
     plan_v1_repairs,
 )
@@ -78,6 +80,13 @@ ERROR_WAIT_S = 5.0
 REFUSAL_BACKOFF_BASE_S = 1.0  # a refused publish is tried again after this, doubling up to the cap
 REFUSAL_BACKOFF_CAP_S = 30.0
 INPUT, INFRA = "input", "infra"  # the failure classes of the rollouts the dispatcher fails, as the workers name them
+
+
+class V1Attempt(NamedTuple):
+    """What the 1.0 line publishes: a rollout's attempt."""
+
+    rollout: V1Rollout
+    attempt_id: str
 
 
 @dataclass
@@ -128,7 +137,7 @@ class PublishRefusals:
         return len(self._refused)
 
 
-class V1Dispatcher(LineDispatcher):
+class V1Dispatcher(LineDispatcher[V1Attempt]):
     """The 1.0 line on the one dispatcher (``bridge.dispatch.dispatcher``): a gateway's queuing rollouts published
     as ``workers.run_v1_rollout`` on the default queue, repaired by the plan of ``bridge.dispatch.v1_repairs``."""
 
@@ -138,15 +147,20 @@ class V1Dispatcher(LineDispatcher):
     stopped_message = "1.0 dispatcher stopped"
     logger = log
     facts_errors = ()  # a gateway or Redis error is the loop's: counted, and the scan is due again at once
+    upstream_errors = (GatewayError,)
+    upstream_counter = (metrics.GATEWAY_ERRORS, "dispatch")
+    upstream_call = "a gateway request"
+    upstream_backoff = (1.0, ERROR_WAIT_S)  # a listing claims nothing: a gateway back is served within 5 s
+    waiting_gauges = (metrics.GATEWAY_WAITING, metrics.GATEWAY_OLDEST_WAITING)
 
     def __init__(self, settings: Settings, gateway: GatewayClient, client: redis.Redis, stop: threading.Event) -> None:
         self.gateway = gateway
         self.queue = settings.default_queue
-        self.app = base_app(settings, "bridge-v1")
         self._state_keys: dict[str, str] = {}  # attempt key -> its scoped state key (``_facts``)
         super().__init__(  # the workers' slots: the same cluster as the 0.3 line
             settings,
             client,
+            Publisher(settings, app=base_app(settings, "bridge-v1")),
             stop,
             queues=[self.queue],
             lock_owner=f"{settings.dispatcher_id}-v1",
@@ -169,22 +183,9 @@ class V1Dispatcher(LineDispatcher):
             self.scope,
         )
 
-    def _give_back_all(self) -> None:
-        """Nothing: the 1.0 line takes a rollout from the gateway only by publishing it."""
-
-    def _close(self) -> None:
-        self.app.close()
-
-    def tick(self) -> float:
-        """One round; returns how long to wait before the next."""
-        if not self._lead():
-            return self._standby()
-        self._reconcile_if_due()
-        view = capacity.read_slots(self.redis, self.scope, self.settings.all_queues())
-        if self._gauges_due():
-            self._update_gauges(view)
-        rooms = view.rooms()
-        self.scope_watch.check(view.served())
+    def _round(self, view: capacity.SlotView) -> float:
+        """List the queuing rollouts, fail those this project cannot read, and start as many as the share leaves
+        room for; a rollout whose refused publish waits for its next try is skipped."""
         total = view.totals().get(self.queue, 0)
         if self.queue not in view.served() or total < 1:
             return IDLE_POLL_S
@@ -196,10 +197,12 @@ class V1Dispatcher(LineDispatcher):
         now = time.time()
         self.refusals.forget_stale(now)
         waiting = [r for r in queuing if not self.refusals.waiting(r.rollout_id, now)]
-        room = self._claimable(self.queue, total=total, room=rooms[self.queue], waiting=len(waiting))
+        rooms = view.rooms()
+        self._share(view, rooms, len(waiting))
+        room = max(0, rooms[self.queue])
         for rollout in waiting[:room]:
             if not self._lock.valid():  # the fence: leadership lapsed while this tick ran
-                return self._standby()
+                return STANDBY_RETRY_S
             try:
                 self._start(rollout)
             except GatewayError as exc:  # this rollout's call failed: it is still queuing, the next tick lists it
@@ -208,24 +211,6 @@ class V1Dispatcher(LineDispatcher):
             self._wait_for_freed([self.queue], IDLE_POLL_S)
             return 0.0
         return BUSY_POLL_S if waiting or malformed else IDLE_POLL_S
-
-    def _update_gauges(self, view: capacity.SlotView) -> None:
-        """The queue's slots and attempts in flight (every line's), and from the last gateway reading its queuing
-        rollouts, the oldest's age and the desired slots, which add the 0.3 line's published backlog
-        (``bridge.core.line_demand``)."""
-        self._exports.active = True
-        queue = self.queue
-        inflight = view.inflight.get(queue, 0)
-        metrics.IN_FLIGHT.labels(queue).set(inflight)
-        metrics.SLOTS.labels(queue).set(view.totals().get(queue, 0))
-        backlog = self._backlog.latest
-        if backlog is None:  # none read yet in this leader term: export nothing rather than a false 0
-            return
-        waiting = backlog.waiting.get(queue, 0)
-        others = self._demand.others({queue: waiting}).get(queue, {})
-        metrics.GATEWAY_WAITING.labels(queue).set(waiting)
-        metrics.GATEWAY_OLDEST_WAITING.labels(queue).set(backlog.oldest_age(queue, time.time()))
-        metrics.DESIRED_SLOTS.labels(queue).set(line_demand.desired_slots(inflight, waiting, others))
 
     # --- one rollout ---------------------------------------------------------------------------
 
@@ -246,58 +231,49 @@ class V1Dispatcher(LineDispatcher):
             log.warning("[v1 rollout=%s] published; marking it running failed: %s", rollout.rollout_id, exc)
 
     def _publish(self, rollout: V1Rollout, attempt_id: str) -> bool:
-        """Send the attempt's task; True when the broker took it. A refusal (``BROKER_REFUSALS``, after the
-        client's own retries) leaves the rollout as it is, to be tried again after a backoff, and fails it once
-        refused for ``AGL_V1_PUBLISH_GIVE_UP_S``; any other error fails it at once, since no retry cures it."""
-        rid = rollout.rollout_id
-        key = attempt_key(rid, attempt_id)
-        rollout = self._covered(rollout, attempt_id)
-        soft, hard = v1_time_limits(self.settings, rollout.config.timeout_seconds)
-        self._mark_inflight(self.queue, key)
-        try:
-            self.app.send_task(
-                V1_TASK_NAME,
-                kwargs={"rollout": rollout.model_dump(mode="json"), "attempt_id": attempt_id, "queue": self.queue},
-                task_id=key,
-                queue=self.queue,
-                soft_time_limit=soft,
-                time_limit=hard,
-                argsrepr="()",
-                kwargsrepr=f"v1 rollout={rid} attempt={attempt_id}",
-                **retry_policy(self.settings),
-            )
-        except BROKER_REFUSALS as exc:
-            self._forget_inflight(self.queue, key)
-            now = time.time()
-            refused_for = self.refusals.since(rid, now)
-            delay = self.refusals.refused(rid, now)
-            said = redact_text(str(exc))  # for the log and the gateway, as 0.3 masks every error
-            if delay is not None:
-                log.warning("[v1 rollout=%s] the broker did not take it (%s); trying again in %.0fs", rid, said, delay)
-                return False
-            self._fail(rid, attempt_id, f"the broker did not take the rollout for {refused_for:.0f}s: {said}", INFRA)
-            return False
-        except Exception as exc:
-            self._forget_inflight(self.queue, key)
-            self.refusals.forget(rid)
-            why = f"the rollout could not be published: {redact_error(exc)}"
-            log.error("[v1 rollout=%s attempt=%s] %s", rid, attempt_id, why)  # no traceback: its text is not masked
-            self._fail(rid, attempt_id, why, INFRA)
-            return False
-        self.refusals.forget(rid)
-        metrics.PUBLISHED.labels(self.queue, slot_share.V1).inc()
-        log.info("[v1 rollout=%s attempt=%s] published to %s", rid, attempt_id, self.queue)
-        return True
+        """Send the attempt's task (``LineDispatcher._send``); True when the broker took it. A refusal leaves the
+        rollout as it is, to be tried again after a backoff, and fails it once refused for
+        ``AGL_V1_PUBLISH_GIVE_UP_S``; any other error fails it at once, since no retry cures it."""
+        return self._send(V1Attempt(rollout, attempt_id))
 
-    def _covered(self, rollout: V1Rollout, attempt_id: str) -> V1Rollout:
-        """The rollout as published: its ``timeout_seconds`` lowered to what the broker covers, if longer."""
-        asked = rollout.config.timeout_seconds
-        ids = f"v1 rollout={rollout.rollout_id} attempt={attempt_id}"
-        bound = published_timeout(asked, self.settings, ids, agl_v1=True)
-        if bound == asked:
-            return rollout
-        config = rollout.config.model_copy(update={"timeout_seconds": int(bound)})
-        return rollout.model_copy(update={"config": config})
+    def _task(self, claim: V1Attempt) -> Task:
+        """``workers.run_v1_rollout``, task id ``attempt_key``; the rollout's time budget clamped to what the broker
+        covers, the limits above it (``v1_time_limits``)."""
+        rid, attempt_id = claim.rollout.rollout_id, claim.attempt_id
+        ids = f"v1 rollout={rid} attempt={attempt_id}"
+        rollout = clamp_timeout(claim.rollout, self.settings, ids, agl_v1=True)
+        soft, hard = v1_time_limits(self.settings, rollout.config.timeout_seconds)
+        return Task(
+            name=V1_TASK_NAME,
+            task_id=attempt_key(rid, attempt_id),
+            queue=self.queue,
+            kwargs={"rollout": rollout.model_dump(mode="json"), "attempt_id": attempt_id, "queue": self.queue},
+            soft_time_limit=soft,
+            time_limit=hard,
+            describe=ids,
+        )
+
+    def _sent(self, claim: V1Attempt, task: Task) -> None:
+        self.refusals.forget(claim.rollout.rollout_id)
+        log.info("[v1 rollout=%s attempt=%s] published to %s", claim.rollout.rollout_id, claim.attempt_id, task.queue)
+
+    def _refused(self, claim: V1Attempt, error: Exception) -> None:
+        rid = claim.rollout.rollout_id
+        now = time.time()
+        refused_for = self.refusals.since(rid, now)
+        delay = self.refusals.refused(rid, now)
+        said = redact_text(str(error.__cause__ or error))  # for the log and the gateway, as 0.3 masks every error
+        if delay is not None:
+            log.warning("[v1 rollout=%s] the broker did not take it (%s); trying again in %.0fs", rid, said, delay)
+            return
+        self._fail(rid, claim.attempt_id, f"the broker did not take the rollout for {refused_for:.0f}s: {said}", INFRA)
+
+    def _unsendable(self, claim: V1Attempt, error: Exception) -> None:
+        rid = claim.rollout.rollout_id
+        self.refusals.forget(rid)
+        why = f"the rollout could not be published: {redact_error(error)}"
+        log.error("[v1 rollout=%s attempt=%s] %s", rid, claim.attempt_id, why)  # no traceback: its text is not masked
+        self._fail(rid, claim.attempt_id, why, INFRA)
 
     def _fail(self, rollout_id: str, attempt_id: str, why: str, failure_class: str) -> None:
         """Fail the attempt on the gateway if it is still current (``GatewayClient.finish``), counted by class and
@@ -325,34 +301,13 @@ class V1Dispatcher(LineDispatcher):
 
     # --- repairs -------------------------------------------------------------------------------
 
-    def reconcile(self) -> int:
-        """One scan on the dispatcher's schedule (``LineDispatcher._scan``): read the facts, plan
-        (``bridge.dispatch.v1_repairs``), carry out each repair on its own; returns the repairs planned."""
-        return self._scan(self._repair_all)
-
-    def _repair_all(self) -> int:
+    def _plan(self) -> V1Plan:
+        """Read the facts (the gateway's running rollouts, failing those this project cannot read) and plan
+        (``bridge.dispatch.v1_repairs``)."""
         running, malformed = self.gateway.list_checked(V1State.RUNNING, limit=100_000)
         for bad in malformed:
             self._fail_malformed(bad)
-        plan = plan_v1_repairs(self._facts(running))
-        self._suspects = dict(plan.suspects)
-        for repair in plan.repairs:
-            try:
-                self._repair(repair)
-            except (GatewayError, redis.RedisError) as exc:
-                log.warning(
-                    "[v1 %s] repair %s not done: %s; the next reconcile tries again",
-                    repair.key,
-                    type(repair).__name__,
-                    redact_text(str(exc)),
-                )
-            except Exception:
-                log.exception(
-                    "[v1 %s] unexpected error in repair %s; the next reconcile tries again",
-                    repair.key,
-                    type(repair).__name__,
-                )
-        return len(plan.repairs)
+        return plan_v1_repairs(self._facts(running))
 
     def _state_key(self, key: str) -> str:
         """The deployment-scoped name of attempt ``key``'s Redis state, as the last ``_facts`` read it."""
@@ -402,13 +357,14 @@ class V1Dispatcher(LineDispatcher):
             handovers=handovers,
             suspects=dict(self._suspects),
             now=now,
+            monotonic=time.monotonic(),
             max_queue_wait_s=self.settings.max_queue_wait_s,
             confirm_s=self.confirm_s,
             max_reruns=self.settings.agl_v1_max_reruns,
             drained=bool(inflight) and self.queue in self.drained_queues(),
         )
 
-    def _repair(self, repair: Repair) -> None:
+    def _carry_out(self, repair: Repair) -> None:
         if isinstance(repair, ApplyKept):
             self._apply(repair)
         elif isinstance(repair, Republish):

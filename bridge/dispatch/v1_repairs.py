@@ -48,7 +48,8 @@ class Unreadable:
 
 @dataclass(frozen=True)
 class V1Facts:
-    """One scan's reading and the settings its rules use; ``now`` is epoch seconds for every clock here."""
+    """One scan's reading and the settings its rules use. Clocks: ``now`` epoch seconds (in-flight entries),
+    ``monotonic`` the dispatcher's scheduling clock (``suspects``), as in the 0.3 line's facts."""
 
     running: Mapping[str, V1Rollout]  # attempt key of its current attempt -> the running rollout
     inflight: Mapping[str, float]  # attempt key -> when it was recorded in flight (``v1-`` entries only)
@@ -57,6 +58,7 @@ class V1Facts:
     handovers: Mapping[str, int]  # rollout id -> attempts of it handed over by draining workers
     suspects: Mapping[str, float]  # attempt key -> when a scan first saw it in need of a re-publish or re-run
     now: float
+    monotonic: float  # the dispatcher's scheduling clock, of ``suspects``
     max_queue_wait_s: float
     confirm_s: float
     max_reruns: int
@@ -119,6 +121,12 @@ Repair = ApplyKept | Republish | Rerun | Fail | FreeSlot
 class V1Plan:
     repairs: tuple[Repair, ...]  # in the order of the running rollouts' keys, then the freed slots
     suspects: Mapping[str, float]  # the next scan's ``V1Facts.suspects``
+    rescan_by: float | None = None  # the 1.0 plan asks for no earlier scan
+
+    @property
+    def made(self) -> int:
+        """What a scan reports: the repairs planned."""
+        return len(self.repairs)
 
 
 def current_key(rollout: V1Rollout) -> str:
@@ -155,7 +163,7 @@ def plan_v1_repairs(facts: V1Facts) -> V1Plan:
             )
             if marks.started or not waiting:
                 unconfirmed[key] = rollout
-    confirmed, suspects = confirm_suspects(set(unconfirmed), facts.suspects, facts.now, facts.confirm_s)
+    confirmed, suspects = confirm_suspects(set(unconfirmed), facts.suspects, facts.monotonic, facts.confirm_s)
     for key in sorted(confirmed):
         rollout = unconfirmed[key]
         attempt_id = rollout.status.last_attempt_id or FIRST_ATTEMPT

@@ -18,12 +18,13 @@ import redis
 
 from bridge.core import capacity, keys
 from bridge.core.coordination import coordination_client
+from bridge.core.message import DEFAULT_AGENT
 from bridge.core.models import AttemptedRollout
 from bridge.core.settings import Settings, load_settings
 from bridge.core.store import API, StoreClient
 from bridge.core.time_budget import hard_time_limit, longest_timeout_s, soft_time_limit
-from bridge.dispatch.publisher import Publisher
-from bridge.dispatch.v03 import V03Dispatcher
+from bridge.dispatch.publisher import Publisher, Task
+from bridge.dispatch.v03 import V03Dispatcher, rollout_task
 from bridge_lab.stack import LocalStack
 from tests.helpers import attempts, enqueue, rollout, split_tasks, stack_for, wait_finished
 from workers.telemetry.spans import AttemptTelemetry
@@ -90,8 +91,10 @@ class _RecordingPublisher:
     def __init__(self) -> None:
         self.published: list[str] = []
 
-    def publish(self, rollout: AttemptedRollout, queue: str) -> None:
-        self.published.append(rollout.attempt.attempt_id)
+    agent = DEFAULT_AGENT
+
+    def send(self, task: Task) -> None:
+        self.published.append(task.task_id)  # the attempt id
 
 
 def _quick_dispatcher(
@@ -273,7 +276,7 @@ def test_a_timeout_the_broker_cannot_cover_is_clamped_at_publish(clean_store: Lo
     queue = f"test-clamp-{uuid.uuid4().hex[:8]}"
     try:
         for claimed in store.dequeue(3, settings.dispatcher_id):
-            Publisher(settings).publish(claimed, queue)
+            Publisher(settings).send(rollout_task(claimed, queue, settings, settings.agent))
         messages = [json.loads(raw) for raw in client.lrange(queue, 0, -1)]
         assert len(messages) == 3
         for message in messages:

@@ -32,7 +32,7 @@ from bridge.dispatch import leader
 from bridge_lab.agl_v1_env import start_gateway, start_v1_dispatcher, v1_virtualenv
 from bridge_lab.procs import ManagedProcess, StackError, free_port
 from bridge_lab.stack import LocalStack
-from tests.helpers import cancel_unfinished, enqueue, metric_samples, split_tasks, stack_for, wait_for
+from tests.helpers import cancel_unfinished, enqueue, line_of, metric_samples, split_tasks, stack_for, wait_for
 from tests.prerequisites import missing
 
 pytestmark = [pytest.mark.integration, pytest.mark.cost(70)]
@@ -61,7 +61,7 @@ class Pool:
         self.gateway.create_rollouts([{**item, "rollout_id": secrets.token_hex(16)} for _ in range(count)])
 
     def lines_in_flight(self) -> list[str]:
-        return [slot_share.line_of(key) for key in capacity.inflight_ids(self.client, self.stack.scope, "rollouts")]
+        return [line_of(key) for key in capacity.inflight_ids(self.client, self.stack.scope, "rollouts")]
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,7 @@ from bridge.core.coordination import coordination_client
 from bridge_lab.agl_v1_env import start_gateway, start_v1_dispatcher, v1_virtualenv
 from bridge_lab.procs import StackError, free_port
 from bridge_lab.stack import LocalStack
-from tests.helpers import cancel_unfinished, enqueue, stack_for, wait_finished
+from tests.helpers import cancel_unfinished, enqueue, line_of, stack_for, wait_finished
 from tests.prerequisites import missing
 
 pytestmark = [
@@ -53,13 +53,13 @@ class Run:
     both_waiting_from: float  # the first sample in which both lines' published demand was above zero
 
     def lifetimes(self, line: str) -> list[float]:
-        return [last - first for key, (first, last) in self.seen.items() if slot_share.line_of(key) == line]
+        return [last - first for key, (first, last) in self.seen.items() if line_of(key) == line]
 
     def contested_until(self) -> float:
         """When the first line had published its last rollout: up to then both lines had rollouts waiting."""
         last_start = {line: 0.0 for line in slot_share.LINES}
         for key, (first, _) in self.seen.items():
-            line = slot_share.line_of(key)
+            line = line_of(key)
             last_start[line] = max(last_start[line], first)
         return min(last_start.values())
 
@@ -67,7 +67,7 @@ class Run:
         """Each line's slot-seconds in flight between ``since`` and ``until``."""
         held = dict.fromkeys(slot_share.LINES, 0.0)
         for key, (first, last) in self.seen.items():
-            held[slot_share.line_of(key)] += max(0.0, min(last, until) - max(first, since))
+            held[line_of(key)] += max(0.0, min(last, until) - max(first, since))
         return held
 
 

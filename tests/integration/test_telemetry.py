@@ -185,10 +185,13 @@ REPUBLISH = """
 import json, sys
 from bridge.core.models import AttemptedRollout
 from bridge.dispatch.publisher import Publisher
+from bridge.dispatch.v03 import rollout_task
 from bridge.core.settings import get_settings
-publisher = Publisher(get_settings())
+settings = get_settings()
+publisher = Publisher(settings)
 for item in json.load(sys.stdin):
-    publisher.publish(AttemptedRollout.model_validate(item), get_settings().default_queue)
+    rollout = AttemptedRollout.model_validate(item)
+    publisher.send(rollout_task(rollout, settings.default_queue, settings, publisher.agent))
 """
 
 
@@ -268,15 +271,18 @@ class Count(SpanProcessor):
 setup_process_tracing("leak-check")            # what `python -m bridge run` does
 trace.get_tracer_provider().add_span_processor(Count())
 from bridge.core.models import AttemptedRollout
+from bridge.core.message import TASK_NAME
 from bridge.dispatch.publisher import Publisher
+from bridge.dispatch.v03 import rollout_task
 publisher = Publisher(get_settings())
 queue = os.environ["LEAK_QUEUE"]
 n = int(os.environ["LEAK_N"])
 for i in range(n):
     rid, aid = f"ro-leak{i:07d}", f"at-{uuid.uuid4().hex[:8]}"
-    publisher.publish(AttemptedRollout.model_validate(
-        {"rollout_id": rid, "input": {"instruction": "x"}, "attempt": {"rollout_id": rid, "attempt_id": aid}}), queue)
-registry = getattr(publisher._task, "__otel_task_span", {})
+    rollout = AttemptedRollout.model_validate(
+        {"rollout_id": rid, "input": {"instruction": "x"}, "attempt": {"rollout_id": rid, "attempt_id": aid}})
+    publisher.send(rollout_task(rollout, queue, get_settings(), publisher.agent))
+registry = getattr(publisher.app.tasks[TASK_NAME], "__otel_task_span", {})
 result = {"published": n, "started": Count.started, "ended": Count.ended, "registry": len(registry),
           "context_leaked": trace.get_current_span().get_span_context().is_valid}
 # Control: the known leak, publishing by name a task this process has not registered.

@@ -183,6 +183,7 @@ def test_what_arrives_for_an_attempt_a_re_run_superseded_leaves_the_rollout_on_i
         handovers={},
         suspects={key: 0.0},
         now=CONFIRM_S,
+        monotonic=CONFIRM_S,
         max_queue_wait_s=300.0,
         confirm_s=CONFIRM_S,
         max_reruns=1,
@@ -274,9 +275,9 @@ def test_a_rollout_finished_after_the_listing_keeps_its_attempt_and_its_re_run_p
     )
     watched = _Meanwhile(gateway.url, key=KEY)
     dispatcher = V1Dispatcher(settings, watched, client, threading.Event())
-    dispatcher.app.close()
+    dispatcher.publisher.close()
     broker = _Broker()
-    dispatcher.app = broker
+    dispatcher.publisher.app = broker
     dispatcher.confirm_s = 0.0  # one scan confirms a lost worker: the two-scan rule is the planner's
     rollout = gateway.started()
     rid = rollout.rollout_id

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from bridge.core.agl_v1 import V1Rollout, agent_environment, attempt_key, next_attempt
+from bridge.core.agl_v1 import V1Rollout, agent_environment, attempt_key
 
 
 def rollout(**config: object) -> V1Rollout:
@@ -45,6 +45,5 @@ def test_a_path_the_input_lacks_is_an_error_naming_it() -> None:
         agent_environment(rollout(env_map={"X": "input.meta.missing"}), "0", agent_url="http://gw", key=None)
 
 
-def test_attempts_are_named_alike_on_both_sides_and_numbered_on() -> None:
+def test_attempts_are_named_alike_on_both_sides() -> None:
     assert attempt_key("r1", "0") == "v1-r1-0"
-    assert next_attempt("0") == "1" and next_attempt(None) == "1" and next_attempt("4") == "5"

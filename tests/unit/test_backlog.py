@@ -14,10 +14,12 @@ from prometheus_client import Gauge
 
 from bridge.core import capacity, keys, line_demand
 from bridge.core.errors import StoreUnavailable
+from bridge.core.message import DEFAULT_AGENT
 from bridge.core.models import AttemptedRollout, Rollout
 from bridge.core.settings import Settings, load_settings
 from bridge.dispatch import metrics
 from bridge.dispatch.backlog import gateway_backlog, read_backlog, split
+from bridge.dispatch.publisher import Task
 from bridge.dispatch.v03 import V03Dispatcher
 
 QUEUES = "train=rollouts-train,val=rollouts-val,test=rollouts-val"
@@ -72,8 +74,10 @@ class Publisher:
     def __init__(self) -> None:
         self.published: list[str] = []
 
-    def publish(self, rollout: AttemptedRollout, queue: str) -> None:
-        self.published.append(rollout.rollout_id)
+    agent = DEFAULT_AGENT
+
+    def send(self, task: Task) -> None:
+        self.published.append(task.kwargs["rollout"]["rollout_id"])
 
     def close(self) -> None:
         pass

@@ -12,10 +12,12 @@ import redis
 
 from bridge.core import capacity, keys
 from bridge.core.errors import PublishError
+from bridge.core.message import DEFAULT_AGENT
 from bridge.core.models import AttemptedRollout, RolloutStatus
 from bridge.core.settings import load_settings
 from bridge.dispatch import metrics
 from bridge.dispatch.hold import Hold
+from bridge.dispatch.publisher import Task
 from bridge.dispatch.v03 import UNEXPECTED_ERROR_WAIT_S, V03Dispatcher
 
 QUEUES = "train=rollouts-train,val=rollouts-val"
@@ -64,10 +66,13 @@ class Publisher:
         self.fail, self.error = fail, error or RuntimeError("a bug in the publish path")
         self.published: list[tuple[str, str]] = []
 
-    def publish(self, rollout: AttemptedRollout, queue: str) -> None:
-        if rollout.rollout_id in self.fail:
+    agent = DEFAULT_AGENT
+
+    def send(self, task: Task) -> None:
+        rollout_id = task.kwargs["rollout"]["rollout_id"]
+        if rollout_id in self.fail:
             raise self.error
-        self.published.append((rollout.rollout_id, queue))
+        self.published.append((rollout_id, task.queue))
 
     def close(self) -> None:
         self.closed = True

@@ -3,10 +3,10 @@
 behind the real ``GatewayClient`` and a fake Celery app), on this test's Redis database.
 
 What each test proves, for either line: a standby publishes nothing; a new leader reconciles at once; an error a tick
-lets out is counted by kind, the loop goes on after the line's pause and a reconcile is due by then; a scan schedules
-the next after ``BRIDGE_RECONCILE_INTERVAL_S`` and the earliest request wins; the line starts no more than its share
-of the slots while the other line waits; a refused publish leaves no in-flight entry; every freed slot wakes the line
-on its own list; shutdown releases the lock.
+lets out is counted by kind, the loop backs off (Redis, the line's upstream) or pauses (a bug) and a reconcile is due
+by then; a scan schedules the next after ``BRIDGE_RECONCILE_INTERVAL_S`` and the earliest request wins; the line
+starts no more than its share of the slots while the other line waits; a refused publish leaves no in-flight entry;
+every freed slot wakes the line on its own list; shutdown releases the lock.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from bridge.dispatch import metrics
 from bridge.dispatch.dispatcher import LineDispatcher
 from bridge.dispatch.leader import STANDBY_RETRY_S
 from bridge.dispatch.v03 import V03Dispatcher
+from tests.helpers import line_of
 from tests.unit.test_dispatch_survival import Publisher, Store, _rollout
 from tests.unit.test_v1_dispatch import FakeApp, FakeGateway
 from tests.unit.test_v1_dispatch import _dispatcher as v1_dispatcher
@@ -92,8 +93,8 @@ def _v1(client: redis.Redis) -> Line:
         return made
 
     def published() -> list[str]:
-        assert isinstance(dispatcher.app, FakeApp)
-        return [task["kwargs"]["rollout"]["rollout_id"] for task in dispatcher.app.sent]
+        assert isinstance(dispatcher.publisher.app, FakeApp)
+        return [task["kwargs"]["rollout"]["rollout_id"] for task in dispatcher.publisher.app.sent]
 
     def refuse(rollout_id: str) -> None:
         app.refuse[rollout_id] = OperationalError("broker said no")
@@ -145,27 +146,35 @@ def test_a_new_leader_reconciles_at_once(line: Line, monkeypatch: pytest.MonkeyP
     assert len(scans) == 1
 
 
-@pytest.mark.parametrize(
-    ("error", "counter"),
-    [
-        (RuntimeError("a bug in the tick"), metrics.LOOP_ERRORS),
-        (redis.ConnectionError("Redis went away"), metrics.BROKER_ERRORS),
-    ],
-)
+def _count(series: object) -> float:
+    return series._value.get()  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("kind", ["bug", "redis", "upstream"])
 def test_an_error_a_tick_lets_out_is_counted_and_a_reconcile_is_due_by_the_next(
-    line: Line, monkeypatch: pytest.MonkeyPatch, error: Exception, counter: object
+    line: Line, monkeypatch: pytest.MonkeyPatch, kind: str
 ) -> None:
+    """One policy for both lines: a bug waits the line's pause; a Redis error and an error of the line's upstream
+    (the Store, the gateway) back off from 0.5 s and 1 s, each counted in its series."""
+    dispatcher = line.dispatcher
+    upstream_series, upstream_kind = dispatcher.upstream_counter
+    error, counter, (low, high) = {
+        "bug": (RuntimeError("a bug in the tick"), metrics.LOOP_ERRORS, (dispatcher.error_wait_s,) * 2),
+        "redis": (redis.ConnectionError("Redis went away"), metrics.BROKER_ERRORS, (0.5, 1.0)),
+        "upstream": (dispatcher.upstream_errors[0]("upstream away"), upstream_series.labels(upstream_kind), (1.0, 2.0)),
+    }[kind]
+
     def broken() -> float:
         raise error
 
-    monkeypatch.setattr(line.dispatcher, "tick", broken)
-    line.dispatcher._next_reconcile = float("inf")
-    before = counter._value.get()  # type: ignore[attr-defined]
+    monkeypatch.setattr(dispatcher, "tick", broken)
+    dispatcher._next_reconcile = float("inf")
+    before = _count(counter)
     started = time.monotonic()
-    wait = line.dispatcher._tick_surviving()
-    assert wait == type(line.dispatcher).error_wait_s
-    assert counter._value.get() == before + 1  # type: ignore[attr-defined]
-    assert line.dispatcher._next_reconcile <= started + wait + 1.0
+    wait = dispatcher._tick_surviving()
+    assert low <= wait <= high
+    assert _count(counter) == before + 1
+    assert dispatcher._next_reconcile <= started + wait + 1.0
 
 
 def test_a_scan_schedules_the_next_after_the_interval_and_the_earliest_request_wins(line: Line) -> None:
@@ -189,7 +198,7 @@ def test_while_the_other_line_waits_a_line_starts_no_more_than_its_share(line: L
     for _ in range(3):
         line.dispatcher._tick_surviving()
     assert len(line.published()) == SLOTS // 2  # 3 slots free, but half the pool is the other line's
-    lines = [slot_share.line_of(key) for key in capacity.inflight_ids(redis_client, scope, QUEUE)]
+    lines = [line_of(key) for key in capacity.inflight_ids(redis_client, scope, QUEUE)]
     assert lines.count(line.dispatcher.line) == SLOTS // 2
 
 

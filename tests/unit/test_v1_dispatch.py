@@ -150,9 +150,9 @@ def _dispatcher(
     client_ = GatewayClient(settings.agl_v1_url, key=None, retries=0)
     client_._client = httpx.Client(base_url=settings.agl_v1_url, transport=httpx.MockTransport(gateway.handle))
     dispatcher = V1Dispatcher(settings, client_, client, threading.Event())
-    dispatcher.app.close()
+    dispatcher.publisher.close()
     app = FakeApp()
-    dispatcher.app = app
+    dispatcher.publisher.app = app
     dispatcher.confirm_s = 0.0  # one scan confirms: the two-scan rule is the planner's, tested there
     capacity.advertise(client, dispatcher.scope, "worker-1", [QUEUE], slots)
     return dispatcher, app

@@ -58,6 +58,7 @@ def _facts(*rollouts: V1Rollout, **fields: Any) -> V1Facts:
         "handovers": {},
         "suspects": {},
         "now": NOW,
+        "monotonic": NOW,
         "max_queue_wait_s": WAIT,
         "confirm_s": CONFIRM,
         "max_reruns": 1,
@@ -70,7 +71,9 @@ def _confirmed(facts: V1Facts) -> V1Plan:
     first = plan_v1_repairs(facts)
     assert first.repairs == (), first
     assert first.suspects, "the first scan must suspect something"
-    return plan_v1_repairs(dataclasses.replace(facts, suspects=first.suspects, now=NOW + CONFIRM))
+    return plan_v1_repairs(
+        dataclasses.replace(facts, suspects=first.suspects, now=NOW + CONFIRM, monotonic=NOW + CONFIRM)
+    )
 
 
 # --- a message that never started -----------------------------------------------------------------------
@@ -109,7 +112,9 @@ def test_a_suspect_that_recovered_before_the_confirming_scan_is_forgotten() -> N
     """Redis lost the lease; its holder renewed it before the second scan: nothing is re-run."""
     facts = _facts(_rollout(1), executions={"v1-r1-0": LOST})
     first = plan_v1_repairs(facts)
-    again = dataclasses.replace(facts, executions={"v1-r1-0": LEASED}, suspects=first.suspects, now=NOW + CONFIRM)
+    again = dataclasses.replace(
+        facts, executions={"v1-r1-0": LEASED}, suspects=first.suspects, now=NOW + CONFIRM, monotonic=NOW + CONFIRM
+    )
     assert plan_v1_repairs(again) == V1Plan((), {})
 
 
