@@ -24,7 +24,7 @@ from tests.helpers import program_alive, serving_programs, wait_for
 from workers.v1 import box
 from workers.v1.environment import base_environment
 from workers.v1.program_directories import pid_namespace
-from workers.v1.program_server import box_uid
+from workers.v1.program_server import OOM_SCORE_ADJ, box_uid
 from workers.v1.programs import ColdProgram, Program
 from workers.v1.server_supervisor import ProgramServer
 
@@ -366,6 +366,7 @@ def test_a_program_past_its_disk_quota_fails_naming_it_beside_a_neighbour_and_it
         isolation = box.isolation_of(hog.box, hog.pid)  # as its attempt records it
         assert isolation.record()["disk_quota"] is True and isolation.limits["disk_bytes"] == 16 * 2**20
         namespace = os.readlink(f"/proc/{hog.pid}/ns/mnt")  # its keeper's: outside the PID namespace, inside this
+        assert Path(f"/proc/{hog.pid}/oom_score_adj").read_text().strip() == str(OOM_SCORE_ADJ)  # killed first
         inside = os.statvfs(f"/proc/{hog.pid}/root{directory}")  # its directory as its own mount namespace shows it
         assert inside.f_blocks * inside.f_frsize == 16 * 2**20 and inside.f_bavail == 0
         assert os.listdir(directory) == []  # outside, an empty mount point: nothing the program wrote

@@ -60,6 +60,7 @@ _LIMITS = {  # a box's limits (``box["limits"]``) and the resource each one sets
     "cpu_s": "RLIMIT_CPU",
     "file_bytes": "RLIMIT_FSIZE",
 }
+OOM_SCORE_ADJ = 1000  # a box's processes': in an OOM, the kernel kills a program before the worker (or anything else)
 FILES_PER_MIB = 128  # the files (inodes) a box's disk quota holds per MiB: each costs about 1 KiB of kernel memory
 MAX_REQUEST_BYTES = 8 * 2**20
 RECV_BYTES = 65536
@@ -106,14 +107,14 @@ class Boxed:
 
 def enter_box(box: dict[str, Any] | None, parent_pid: int) -> Boxed:
     """Put this process, a program before any of its code runs, in its box, dying with ``parent_pid`` (the worker or
-    the program server): the limits, its own uid and gid (``box_uid``) with no groups, no capabilities (checked) and
-    ``no_new_privs``, umask 077, and its own 0700 directory ``box["directory"]`` (with ``tmp`` in it) as cwd, HOME
-    and TMPDIR; ``sys.path``'s entry for the current directory becomes ``box["import_from"]`` (the worker's), so
-    modules import as they did unboxed. Where this process holds CAP_SYS_ADMIN it also gets PID and mount namespaces
-    of its own (``_own_namespaces``: it sees no process but its own), and its directory is a tmpfs of
-    ``box["disk_bytes"]`` there (its disk quota; none when 0 or absent). With ``box`` None (the operator's opt-out) it
-    only dies with its parent. OSError or RuntimeError when any step fails: the caller must not run it; the process
-    exits 1 when the parent is gone."""
+    the program server): the limits, the OOM killer's first pick (``OOM_SCORE_ADJ``), its own uid and gid
+    (``box_uid``) with no groups, no capabilities (checked) and ``no_new_privs``, umask 077, and its own 0700
+    directory ``box["directory"]`` (with ``tmp`` in it) as cwd, HOME and TMPDIR; ``sys.path``'s entry for the
+    current directory becomes ``box["import_from"]`` (the worker's), so modules import as they did unboxed. Where
+    this process holds CAP_SYS_ADMIN it also gets PID and mount namespaces of its own (``_own_namespaces``: it sees
+    no process but its own), and its directory is a tmpfs of ``box["disk_bytes"]`` there (its disk quota; none when
+    0 or absent). With ``box`` None (the operator's opt-out) it only dies with its parent. OSError or RuntimeError
+    when any step fails: the caller must not run it; the process exits 1 when the parent is gone."""
     if box is None:
         if not die_with_parent(parent_pid):
             os._exit(1)
@@ -129,6 +130,8 @@ def enter_box(box: dict[str, Any] | None, parent_pid: int) -> Boxed:
         # CPU: SIGXCPU at the limit (the exit names it), SIGKILL a second later
         resource.setrlimit(which, (value, value + 1 if name == "cpu_s" and (unlimited or value < hard) else value))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file of a program's memory
+    with open("/proc/self/oom_score_adj", "w") as adj:  # raising it needs no privilege
+        adj.write(str(OOM_SCORE_ADJ))
     uid = box_uid(int(box["uid_base"]), os.getpid())
     if "" in sys.path:  # where ``python -c`` would import from: the worker's directory, not the box's
         sys.path[sys.path.index("")] = str(box["import_from"])
