@@ -246,15 +246,15 @@ def test_a_program_past_its_disk_quota_fails_as_agent_naming_it_and_the_rollouts
     fill = {"FILL_MB": "input.fill_mb", "FILL_WHERE": "input.where", "TASK_REWARD": "input.reward"}
     done = v1.train("Filler", tasks, fill)
     assert len(done) == 6
-    for rollout in done:
-        [box] = rollout["isolation"]
-        assert box["disk_quota"] is True and box["limits"]["disk_bytes"] == 64 * 2**20, box
+    for rollout in sorted(done, key=lambda r: -r["input"]["fill_mb"]):  # the two past the quota first
         if rollout["input"]["fill_mb"] == 1000:
             assert rollout["state"] == "failed" and rollout["reward"] is None, rollout
             assert "ran into its disk quota (AGL_V1_PROGRAM_DISK_MB=64" in rollout["error"], rollout["error"]
             assert "No space left on device" in rollout["error"] and "[failure class: agent]" in rollout["error"]
         else:
             assert rollout["state"] == "succeeded" and rollout["reward"] == rollout["input"]["reward"], rollout
+        [box] = rollout["isolation"]
+        assert box["disk_quota"] is True and box["limits"]["disk_bytes"] == 64 * 2**20, box
     assert v1.stack.workers[0].alive()  # the worker goes on
 
 
