@@ -82,3 +82,19 @@ def test_a_probe_whose_namespace_mounts_are_refused_names_the_setting_that_goes_
     settings = load_settings(agl_v1_program_pid_namespace=pid_namespace)
     with pytest.raises(ConfigError, match=named):
         box._probe(settings)
+
+
+def test_a_probe_whose_disk_quota_cannot_be_mounted_names_the_setting_that_turns_it_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The namespaces can be made but the quota's tmpfs cannot be mounted: the start-up check names
+    AGL_V1_PROGRAM_DISK_MB=0, not the PID namespace."""
+    refused = (
+        "agl-box-failed: its box could not be made: PermissionError(1, \"the disk quota's tmpfs "
+        '(AGL_V1_PROGRAM_DISK_MB) on /tmp/x/y: [Errno 1] mount tmpfs on /tmp/x/y")'
+    )
+    monkeypatch.setattr(
+        box.subprocess, "run", lambda argv, **_: subprocess.CompletedProcess(argv, 125, "", refused + "\n")
+    )
+    with pytest.raises(ConfigError, match="AGL_V1_PROGRAM_DISK_MB=0 bounds its directory per file only"):
+        box._probe(load_settings())
