@@ -359,6 +359,42 @@ class Hog:
                     json.dump({"children": children}, out)
 
 
+class Filler:
+    """Writes ``FILL_MB`` MiB in 1 MiB writes, into files of ``FILL_FILE_MB`` MiB (default 4) in its cwd, or in its
+    TMPDIR with ``FILL_WHERE=tmp``, then posts ``TASK_REWARD`` where that is set. A write that fails ends it with that
+    error, after it wrote JSON facts to ``FACTS_FILE`` where set (MiB written, the error's errno, its directory's
+    size as statvfs reads it) and waited for ``GO_FILE`` to exist, where set (at most 60 s): meanwhile its box,
+    full, lives on."""
+
+    def run(self) -> None:
+        where = os.getcwd() if os.environ.get("FILL_WHERE", "cwd") == "cwd" else os.environ["TMPDIR"]
+        wanted, per_file = int(os.environ["FILL_MB"]) * 2**20, int(os.environ.get("FILL_FILE_MB", "4")) * 2**20
+        block, written, failed = b"x" * 2**20, 0, None
+        try:
+            while written < wanted:
+                with open(os.path.join(where, f"fill-{written // per_file}"), "ab", buffering=0) as out:
+                    while written < wanted and out.tell() < per_file:
+                        written += out.write(block) or 0
+        except OSError as exc:
+            failed = exc
+        size = os.statvfs(where)
+        facts = {"written_mb": written / 2**20, "errno": failed.errno if failed else None, "where": where}
+        facts["size_mb"] = size.f_blocks * size.f_frsize / 2**20
+        if os.environ.get("FACTS_FILE"):
+            with open(os.environ["FACTS_FILE"], "w") as out:
+                os.fchmod(out.fileno(), 0o644)
+                json.dump(facts, out)
+        if failed is not None:
+            deadline = time.monotonic() + 60
+            while os.environ.get("GO_FILE") and not os.path.exists(os.environ["GO_FILE"]):
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+            raise failed
+        if os.environ.get("TASK_REWARD"):
+            _post_reward(float(json.loads(os.environ["TASK_REWARD"])))
+
+
 class Escapee:
     """Leaves a process behind outside its session (a double fork and ``setsid``), writes its pid to
     ``PID_FILE`` and exits 0: only a sweep of its uid finds it."""

@@ -266,15 +266,23 @@ def _passed_through(environment: dict[str, Any] | list[str], env: Mapping[str, s
 
 SIZING = re.compile(
     r"\*\*Sizing figures:\*\* worker base (?P<base>\d+) MiB, per program (?P<program>\d+) MiB \(cold start\), "
-    r"margin (?P<margin>\d+) %"
+    r"disk quota (?P<disk>\d+) MiB \(`AGL_V1_PROGRAM_DISK_MB`\), margin (?P<margin>\d+) %"
 )
+
+
+def v1_sizing_figures(performance_md: Path) -> dict[str, int]:
+    """The figures docs/performance.md states for sizing a 1.0 worker: ``base``, ``program``, ``disk`` (MiB) and
+    ``margin`` (%)."""
+    match = SIZING.search(performance_md.read_text(encoding="utf-8"))
+    if match is None:
+        raise ComposeError(f"{performance_md} states no sizing figures")
+    return {k: int(match[k]) for k in ("base", "program", "disk", "margin")}
 
 
 def v1_worker_memory_mib(slots: int, performance_md: Path) -> float:
     """The memory a 1.0 worker of ``slots`` slots needs by the sizing rule of docs/performance.md ("Memory of a
-    1.0 agent program, and sizing a 1.0 worker"), with the figures stated there."""
-    match = SIZING.search(performance_md.read_text(encoding="utf-8"))
-    if match is None:
-        raise ComposeError(f"{performance_md} states no sizing figures")
-    base, program, margin = (int(match[k]) for k in ("base", "program", "margin"))
-    return (1 + margin / 100) * (base + slots * program)
+    1.0 agent program, and sizing a 1.0 worker"), with the figures stated there: each slot's program and its full
+    disk quota (tmpfs pages are memory)."""
+    figures = v1_sizing_figures(performance_md)
+    per_slot = figures["program"] + figures["disk"]
+    return (1 + figures["margin"] / 100) * (figures["base"] + slots * per_slot)

@@ -137,6 +137,12 @@ class Settings(BaseSettings):
     agl_v1_program_max_file_mb: int = Field(default=1024, ge=1, validation_alias="AGL_V1_PROGRAM_MAX_FILE_MB")
     """The largest file a boxed program may write, in MiB (RLIMIT_FSIZE): a write past it fails ("File too
     large")."""
+    agl_v1_program_disk_mb: int = Field(default=64, ge=0, validation_alias="AGL_V1_PROGRAM_DISK_MB")
+    """The space a boxed program's directory (its cwd, HOME and TMPDIR together) may hold, in MiB, with 128 files
+    per MiB: a tmpfs of that size in the box's own mount namespace, so a write past it fails ("No space left on
+    device") and the attempt fails, naming the limit. Its pages count against the worker's memory: size the
+    worker's memory limit for it (docs/performance.md). Needs the box's PID and mount namespaces
+    (AGL_V1_PROGRAM_PID_NAMESPACE); without them, or at 0, AGL_V1_PROGRAM_MAX_FILE_MB alone bounds its files."""
     agl_v1_publish_give_up_s: float = Field(default=600.0, gt=0, validation_alias="AGL_V1_PUBLISH_GIVE_UP_S")
     """How long `python -m bridge v1` keeps retrying (with backoff) a 1.0 rollout the broker will not take before it
     fails the rollout with the broker's error; meanwhile the rollouts behind it go on. An error that no retry can

@@ -234,6 +234,30 @@ def test_a_crashing_agent_fails_with_its_error(v1: V1Stack) -> None:
     assert "about to fail" in rollout["error"]  # the program's own last lines
 
 
+def test_a_program_past_its_disk_quota_fails_as_agent_naming_it_and_the_rollouts_beside_it_succeed(
+    v1: V1Stack,
+) -> None:
+    """docs/agl-v1.md, "Boxes": the worker's default AGL_V1_PROGRAM_DISK_MB (64) on each box's directory, its cwd and
+    TMPDIR together. Two programs write past it, in one or the other, among four that write half of it at once:
+    each of the two fails with class agent naming the quota, the others post their exact rewards, and every
+    attempt records its quota."""
+    hogs = [{"fill_mb": 1000, "where": where, "reward": 1.0} for where in ("cwd", "tmp")]
+    tasks: list[dict[str, Any]] = [*hogs, *({"fill_mb": 32, "where": "tmp", "reward": i / 8} for i in range(4))]
+    fill = {"FILL_MB": "input.fill_mb", "FILL_WHERE": "input.where", "TASK_REWARD": "input.reward"}
+    done = v1.train("Filler", tasks, fill)
+    assert len(done) == 6
+    for rollout in sorted(done, key=lambda r: -r["input"]["fill_mb"]):  # the two past the quota first
+        if rollout["input"]["fill_mb"] == 1000:
+            assert rollout["state"] == "failed" and rollout["reward"] is None, rollout
+            assert "ran into its disk quota (AGL_V1_PROGRAM_DISK_MB=64" in rollout["error"], rollout["error"]
+            assert "No space left on device" in rollout["error"] and "[failure class: agent]" in rollout["error"]
+        else:
+            assert rollout["state"] == "succeeded" and rollout["reward"] == rollout["input"]["reward"], rollout
+        [box] = rollout["isolation"]
+        assert box["disk_quota"] is True and box["limits"]["disk_bytes"] == 64 * 2**20, box
+    assert v1.stack.workers[0].alive()  # the worker goes on
+
+
 def test_a_sleeping_agent_fails_at_its_timeout_with_its_processes_gone(v1: V1Stack, outbox: Path) -> None:
     pid_file = outbox / "pids"
     started = time.monotonic()

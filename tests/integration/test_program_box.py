@@ -24,7 +24,7 @@ from tests.helpers import program_alive, serving_programs, wait_for
 from workers.v1 import box
 from workers.v1.environment import base_environment
 from workers.v1.program_directories import pid_namespace
-from workers.v1.program_server import box_uid
+from workers.v1.program_server import OOM_SCORE_ADJ, box_uid
 from workers.v1.programs import ColdProgram, Program
 from workers.v1.server_supervisor import ProgramServer
 
@@ -328,3 +328,86 @@ def test_a_tmpdir_other_uids_cannot_search_still_holds_the_boxes_and_is_left_cle
     assert code == 0 and "quick" in output, output
     [root] = list(private.iterdir())  # the node's box root, and nothing left in it
     assert root.name.startswith("agl-v1-boxes-") and list(root.iterdir()) == []
+
+
+def mount_namespace_users(namespace: str) -> list[int]:
+    """The pids of the processes in the mount namespace ``namespace`` (``/proc/<pid>/ns/mnt``'s link)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and os.readlink(f"/proc/{entry}/ns/mnt") == namespace:
+                found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.parametrize(("how", "where"), [("warm", "cwd"), ("cold", "tmp"), ("warm", "tmp")])
+def test_a_program_past_its_disk_quota_fails_naming_it_beside_a_neighbour_and_its_space_is_freed(
+    server: ProgramServer, settings: Settings, outbox: Path, how: str, where: str
+) -> None:
+    """docs/agl-v1.md, "Boxes": a box's directory (its cwd and TMPDIR together) is a tmpfs of AGL_V1_PROGRAM_DISK_MB
+    in its own mount namespace. A program writing past it, in files each under the per-file limit, gets ENOSPC and
+    fails naming the quota; a neighbour writing while that box is full has a quota of its own and succeeds; the full
+    box's space goes with its mount namespace, which no process holds after the box ends."""
+    settings = settings.model_copy(update={"agl_v1_program_disk_mb": 16})
+    box.check_isolation(settings)  # the node's probe: as root here, its boxes get PID and mount namespaces
+    facts_file, go = outbox / f"fill-{how}-{where}.json", outbox / f"go-{how}-{where}"
+    hog = start(
+        server, settings, how, "Filler", FILL_MB="1000", FILL_WHERE=where, FACTS_FILE=str(facts_file), GO_FILE=str(go)
+    )
+    assert hog.box is not None
+    directory = str(hog.box["directory"])
+    try:
+        wait_for(facts_file.exists, 60, "the hog's facts")
+        filled = json.loads(facts_file.read_text())
+        assert filled["errno"] == 28 and filled["size_mb"] == 16, filled  # ENOSPC, at the quota
+        assert 12 <= filled["written_mb"] <= 16 and filled["where"].startswith(directory), filled
+        isolation = box.isolation_of(hog.box, hog.pid)  # as its attempt records it
+        assert isolation.record()["disk_quota"] is True and isolation.limits["disk_bytes"] == 16 * 2**20
+        namespace = os.readlink(f"/proc/{hog.pid}/ns/mnt")  # its keeper's: outside the PID namespace, inside this
+        assert Path(f"/proc/{hog.pid}/oom_score_adj").read_text().strip() == str(OOM_SCORE_ADJ)  # killed first
+        inside = os.statvfs(f"/proc/{hog.pid}/root{directory}")  # its directory as its own mount namespace shows it
+        assert inside.f_blocks * inside.f_frsize == 16 * 2**20 and inside.f_bavail == 0
+        assert os.listdir(directory) == []  # outside, an empty mount point: nothing the program wrote
+        neighbour_facts = outbox / f"neighbour-{how}-{where}.json"
+        neighbour = start(
+            server, settings, how, "Filler", FILL_MB="12", FILL_WHERE=where, FACTS_FILE=str(neighbour_facts)
+        )
+        code, output = finish(neighbour)
+        assert code == 0, output
+        assert json.loads(neighbour_facts.read_text())["written_mb"] == 12
+    finally:
+        go.touch()
+    code, output = finish(hog)
+    assert code == 1 and "[Errno 28] No space left on device" in output, output
+    limit = box.limit_hit(code, output, settings, disk_quota=isolation.disk_quota)
+    assert limit is not None and "AGL_V1_PROGRAM_DISK_MB=16" in limit, output
+    wait_for(lambda: mount_namespace_users(namespace) == [], 10, "no process left in the box's mount namespace")
+    assert not os.path.exists(directory)
+
+
+def test_without_a_mount_namespace_a_box_has_no_disk_quota_says_so_and_keeps_the_per_file_limit(
+    server: ProgramServer, settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """AGL_V1_PROGRAM_PID_NAMESPACE=false (as a worker without CAP_SYS_ADMIN): no mount namespace, so no quota. The
+    worker's start says so, each attempt records it, and a program writes past AGL_V1_PROGRAM_DISK_MB, bounded only
+    by AGL_V1_PROGRAM_MAX_FILE_MB per file."""
+    settings = settings.model_copy(
+        update={"agl_v1_program_pid_namespace": False, "agl_v1_program_disk_mb": 16, "agl_v1_program_max_file_mb": 8}
+    )
+    with caplog.at_level("INFO", logger="workers.v1.box"):
+        box.check_isolation(settings)
+    assert "AGL_V1_PROGRAM_DISK_MB=16 is not applied" in caplog.text and "AGL_V1_PROGRAM_MAX_FILE_MB=8" in caplog.text
+    assert "no disk quota (no mount namespace)" in caplog.text
+    program = start(server, settings, "warm", "Filler", FILL_MB="24", FILL_FILE_MB="4")
+    isolation = box.isolation_of(program.box, program.pid)
+    assert isolation.record()["disk_quota"] is False and "disk_bytes" not in isolation.limits
+    assert "no disk quota" in isolation.describe()
+    code, output = finish(program)
+    assert code == 0, output  # 24 MiB in its directory, past the 16 a quota would have held
+    program = start(server, settings, "cold", "Filler", FILL_MB="12", FILL_FILE_MB="12")
+    code, output = finish(program)
+    assert code == 1 and "File too large" in output, output
+    limit = box.limit_hit(code, output, settings, disk_quota=False)
+    assert limit is not None and "AGL_V1_PROGRAM_MAX_FILE_MB=8" in limit

@@ -36,6 +36,25 @@ def test_an_ordinary_failure_names_no_limit_and_an_unboxed_program_none() -> Non
     assert box.limit_hit(1, "MemoryError\n", load_settings(agl_v1_isolation="none")) is None
 
 
+def test_a_full_disk_names_the_quota_only_where_the_programs_directory_had_one() -> None:
+    """A box without a mount namespace has no quota: "No space left on device" is then a full disk, no limit."""
+    full = "OSError: [Errno 28] No space left on device\n"
+    limit = box.limit_hit(1, full, load_settings(agl_v1_program_disk_mb=32), disk_quota=True)
+    assert limit is not None and "AGL_V1_PROGRAM_DISK_MB=32" in limit
+    assert box.limit_hit(1, full, load_settings(), disk_quota=False) is None
+
+
+def test_an_attempt_records_its_disk_quota_only_where_its_box_has_a_mount_namespace() -> None:
+    quota = box.Isolation("box", 2_000_000_123, {"file_bytes": 1, "disk_bytes": 2}, namespaces=True)
+    assert quota.record()["disk_quota"] is True and quota.record()["limits"]["disk_bytes"] == 2
+    without = box.Isolation("box", 2_000_000_123, {"file_bytes": 1})
+    assert without.record()["disk_quota"] is False and "no disk quota" in without.describe()
+    settings = load_settings(agl_v1_program_disk_mb=32)
+    assert "32 MiB disk quota" in box.node_isolation(settings, namespaces=True)
+    assert "no disk quota (no mount namespace)" in box.node_isolation(settings, namespaces=False)
+    assert "no disk quota (AGL_V1_PROGRAM_DISK_MB=0)" in box.node_isolation(load_settings(agl_v1_program_disk_mb=0))
+
+
 def test_the_demo_runs_1_0_programs_unboxed_where_its_user_cannot_box_them_and_says_so(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -63,3 +82,19 @@ def test_a_probe_whose_namespace_mounts_are_refused_names_the_setting_that_goes_
     settings = load_settings(agl_v1_program_pid_namespace=pid_namespace)
     with pytest.raises(ConfigError, match=named):
         box._probe(settings)
+
+
+def test_a_probe_whose_disk_quota_cannot_be_mounted_names_the_setting_that_turns_it_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The namespaces can be made but the quota's tmpfs cannot be mounted: the start-up check names
+    AGL_V1_PROGRAM_DISK_MB=0, not the PID namespace."""
+    refused = (
+        "agl-box-failed: its box could not be made: PermissionError(1, \"the disk quota's tmpfs "
+        '(AGL_V1_PROGRAM_DISK_MB) on /tmp/x/y: [Errno 1] mount tmpfs on /tmp/x/y")'
+    )
+    monkeypatch.setattr(
+        box.subprocess, "run", lambda argv, **_: subprocess.CompletedProcess(argv, 125, "", refused + "\n")
+    )
+    with pytest.raises(ConfigError, match="AGL_V1_PROGRAM_DISK_MB=0 bounds its directory per file only"):
+        box._probe(load_settings())

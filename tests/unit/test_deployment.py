@@ -20,7 +20,7 @@ import yaml
 from bridge.cli import build_parser
 from bridge.core.settings import Settings, env_name
 from bridge.ops.flower import login_problem
-from tests.compose import ComposeError, interpolate, load, read_env_file, v1_worker_memory_mib
+from tests.compose import ComposeError, interpolate, load, read_env_file, v1_sizing_figures, v1_worker_memory_mib
 from tests.images import (
     IMAGES,
     INTERPRETER_IMAGES,
@@ -428,8 +428,12 @@ def test_compose_runs_the_1_0_dispatcher_with_its_key_from_the_environment() -> 
 
 
 def test_compose_sizes_the_1_0_worker_by_the_documented_rule() -> None:
-    """worker-agl-v1's mem_limit holds its -c slots of 1.0 programs by docs/performance.md's rule and figures."""
+    """worker-agl-v1's mem_limit holds its -c slots of 1.0 programs, each with its full disk quota, by
+    docs/performance.md's rule and figures; the quota figure is the one compose's workers run with."""
     worker = load(COMPOSE, LOGIN, ("agl-v1",))["worker-agl-v1"]
+    default = Settings.model_fields["agl_v1_program_disk_mb"].default
+    quota = worker["environment"].get("AGL_V1_PROGRAM_DISK_MB") or default
+    assert v1_sizing_figures(ROOT / "docs/performance.md")["disk"] == int(quota)
     argv = command_argv(worker["command"])
     slots = int(argv[argv.index("-c") + 1])
     number, unit = re.fullmatch(r"(\d+)([kmg])", worker["mem_limit"]).groups()  # type: ignore[union-attr]

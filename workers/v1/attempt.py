@@ -225,7 +225,7 @@ class V1Attempt:
             )
         if ended == BOX_FAILED and BOX_FAILED_MARK in last:
             return Outcome(FAILED, f"the agent did not run: {last}", FailureClass.INFRA)
-        limit = limit_hit(ended, last, self.settings)
+        limit = limit_hit(ended, last, self.settings, disk_quota=isolation.disk_quota)
         if limit is not None:
             detail = f"the agent ran into {limit}, {isolation.describe()}, and exited with code {ended}:\n{last}"
             return Outcome(FAILED, detail, FailureClass.AGENT)

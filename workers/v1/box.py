@@ -10,7 +10,8 @@ Contract:
   readable by other users; it logs what programs run under. Under ``none`` it logs that they are not isolated;
 * ``program_box`` is the box of one program: its uid base, a fresh directory's path in the node's box root
   (``box_root``: mode 1733 in TMPDIR, so a program makes its own directory there and lists or removes no other),
-  and the limits; None under ``none``;
+  the limits, and its directory's disk quota (a tmpfs, where the box has its own mount namespace); None under
+  ``none``;
 * ``limit_hit`` names the limit a failed program ran into, from its exit and its last output;
 * ``Isolation`` is what an attempt records of the box it ran in: an ``ISOLATION_EVENT`` of the attempt on the
   gateway, its log line, its outcome's detail when it failed, and ``agl_worker_programs_started_total{start,
@@ -60,16 +61,28 @@ class Isolation:
     limits: dict[str, int]
     namespaces: bool = False  # PID and mount namespaces of its own
 
+    @property
+    def disk_quota(self) -> bool:
+        """Whether its directory had a disk quota (``limits["disk_bytes"]``); else only the per-file limit."""
+        return "disk_bytes" in self.limits
+
     def record(self) -> dict[str, Any]:
         """What the attempt's ``ISOLATION_EVENT`` on the gateway holds, for the trainer to read."""
-        return {"kind": self.kind, "uid": self.uid, "pid_namespace": self.namespaces, "limits": dict(self.limits)}
+        return {
+            "kind": self.kind,
+            "uid": self.uid,
+            "pid_namespace": self.namespaces,
+            "disk_quota": self.disk_quota,
+            "limits": dict(self.limits),
+        }
 
     def describe(self) -> str:
         if self.kind == "none" or self.uid is None:
             return "not isolated (AGL_V1_ISOLATION=none)"
         shown = ", ".join(f"{name} {value}" for name, value in self.limits.items())
         where = ", own PID namespace" if self.namespaces else ""
-        return f"boxed as uid {self.uid}{where} ({shown})"
+        quota = "" if self.disk_quota else "; no disk quota"
+        return f"boxed as uid {self.uid}{where} ({shown}{quota})"
 
 
 def limits(settings: Settings) -> dict[str, int]:
@@ -111,6 +124,7 @@ def program_box(settings: Settings) -> dict[str, Any] | None:
         "import_from": os.getcwd(),
         "pid_namespace": settings.agl_v1_program_pid_namespace,
         "limits": limits(settings),
+        "disk_bytes": settings.agl_v1_program_disk_mb * 2**20,
     }
 
 
@@ -119,18 +133,22 @@ def isolation_of(box: dict[str, Any] | None, pid: int) -> Isolation:
         return Isolation("none", None, {})
     uid = program_server.box_uid(int(box["uid_base"]), pid)
     namespaces = bool(box.get("pid_namespace")) and state.node.box_namespaces  # as the start-up probe found
-    return Isolation("box", uid, dict(box["limits"]), namespaces)
+    shown = dict(box["limits"])
+    if namespaces and int(box.get("disk_bytes") or 0) > 0:  # its directory is a tmpfs of that size
+        shown["disk_bytes"] = int(box["disk_bytes"])
+    return Isolation("box", uid, shown, namespaces)
 
 
-def limit_hit(code: int, output: str, settings: Settings) -> str | None:
+def limit_hit(code: int, output: str, settings: Settings, *, disk_quota: bool = False) -> str | None:
     """The limit a boxed program that exited with ``code`` (``Popen.returncode``) and wrote ``output`` last ran into,
-    named with its setting; None when nothing says it hit one."""
+    named with its setting; None when nothing says it hit one. A full disk names the disk quota only where the
+    program's directory had one (``disk_quota``, as ``Isolation.disk_quota``)."""
     if settings.agl_v1_isolation == "none":
         return None
     if code == -signal.SIGXCPU:
         return f"its CPU time limit (AGL_V1_PROGRAM_CPU_S={settings.agl_v1_program_cpu_s})"
     processes = f"its process limit (AGL_V1_PROGRAM_MAX_PROCESSES={settings.agl_v1_program_max_processes})"
-    signs = (
+    signs: tuple[tuple[str, str], ...] = (
         ("MemoryError", f"its memory limit (AGL_V1_PROGRAM_MEMORY_MB={settings.agl_v1_program_memory_mb})"),
         ("File too large", f"its file size limit (AGL_V1_PROGRAM_MAX_FILE_MB={settings.agl_v1_program_max_file_mb})"),
         (
@@ -140,6 +158,9 @@ def limit_hit(code: int, output: str, settings: Settings) -> str | None:
         ("can't start new thread", processes),
         ("Resource temporarily unavailable", processes),
     )
+    if disk_quota:
+        disk = f"its disk quota (AGL_V1_PROGRAM_DISK_MB={settings.agl_v1_program_disk_mb}, its directories together)"
+        signs += (("No space left on device", disk),)
     for sign, limit in signs:
         if sign in output:
             return limit
@@ -165,8 +186,18 @@ def node_isolation(settings: Settings, namespaces: bool = False) -> str:
         f"box: uid {settings.agl_v1_program_uid_base}+pid, no capabilities, own 0700 directory, {seen}; limits "
         f"{settings.agl_v1_program_memory_mb} MiB, {settings.agl_v1_program_max_processes} processes, "
         f"{settings.agl_v1_program_max_open_files} files, {settings.agl_v1_program_cpu_s} s CPU, "
-        f"{settings.agl_v1_program_max_file_mb} MiB per file"
+        f"{settings.agl_v1_program_max_file_mb} MiB per file, {disk_quota(settings, namespaces)}"
     )
+
+
+def disk_quota(settings: Settings, namespaces: bool) -> str:
+    """A box's disk quota in words: AGL_V1_PROGRAM_DISK_MB where its box has a mount namespace of its own, else
+    why there is none (its directory is then bounded per file only)."""
+    if not settings.agl_v1_program_disk_mb:
+        return "no disk quota (AGL_V1_PROGRAM_DISK_MB=0)"
+    if not namespaces:
+        return "no disk quota (no mount namespace)"
+    return f"{settings.agl_v1_program_disk_mb} MiB disk quota"
 
 
 def check_isolation(settings: Settings) -> None:
@@ -198,13 +229,22 @@ def check_isolation(settings: Settings) -> None:
     sweep_stale_directories()
     facts = _probe(settings)
     namespaces = bool(facts.get("namespaces"))
+    if settings.agl_v1_program_disk_mb and not namespaces:
+        log.warning(
+            "AGL_V1_PROGRAM_DISK_MB=%d is not applied: 1.0 programs' boxes have no mount namespace of their own "
+            "(AGL_V1_PROGRAM_PID_NAMESPACE=false, or no CAP_SYS_ADMIN), so a program's directory is bounded only "
+            "per file, by AGL_V1_PROGRAM_MAX_FILE_MB=%d (docs/agl-v1.md, 'Boxes')",
+            settings.agl_v1_program_disk_mb,
+            settings.agl_v1_program_max_file_mb,
+        )
     log.info(
         "1.0 programs run in boxes: each as uid %d plus its pid, no capabilities, its own 0700 directory in %s, "
-        "limits %s, %s%s; with a token of their attempt for this worker's relay, never AGL_V1_KEY "
+        "limits %s, %s, %s%s; with a token of their attempt for this worker's relay, never AGL_V1_KEY "
         "(docs/agl-v1.md, 'Boxes')",
         settings.agl_v1_program_uid_base,
         box_root(),
         limits(settings),
+        disk_quota(settings, namespaces),
         "PID and mount namespaces of their own"
         if namespaces
         else "no PID namespace (AGL_V1_PROGRAM_PID_NAMESPACE=false, or no CAP_SYS_ADMIN)",
@@ -217,9 +257,10 @@ def check_isolation(settings: Settings) -> None:
 def _probe(settings: Settings) -> dict[str, Any]:
     """Make one box for the programs' interpreter and check it from inside: its uid, no capabilities."""
     python = settings.agl_v1_agent_python or sys.executable
+    box = program_box(settings)
     try:
         done = subprocess.run(
-            [python, "-c", bootstrap("probe_main"), "probe", str(os.getpid()), json.dumps(program_box(settings))],
+            [python, "-c", bootstrap("probe_main"), "probe", str(os.getpid()), json.dumps(box)],
             env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
             capture_output=True,
             text=True,
@@ -228,8 +269,17 @@ def _probe(settings: Settings) -> dict[str, Any]:
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise ConfigError(f"the boxed probe of {python} did not run: {exc}", setting="AGL_V1_ISOLATION") from exc
+    finally:
+        if box is not None:  # a disk quota's mount point, left empty outside the probe's mount namespace
+            shutil.rmtree(box["directory"], ignore_errors=True)
     if done.returncode != 0:
         why = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+        if "AGL_V1_PROGRAM_DISK_MB" in why:
+            raise ConfigError(
+                f"a 1.0 program's disk quota cannot be mounted here ({why}): AGL_V1_PROGRAM_DISK_MB=0 bounds its "
+                "directory per file only (AGL_V1_PROGRAM_MAX_FILE_MB)",
+                setting="AGL_V1_PROGRAM_DISK_MB",
+            )
         if settings.agl_v1_program_pid_namespace and ("mount" in why or "unshare" in why):
             raise ConfigError(
                 f"a 1.0 program's PID and mount namespaces cannot be made here ({why}; a security module such as "

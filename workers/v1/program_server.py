@@ -60,6 +60,8 @@ _LIMITS = {  # a box's limits (``box["limits"]``) and the resource each one sets
     "cpu_s": "RLIMIT_CPU",
     "file_bytes": "RLIMIT_FSIZE",
 }
+OOM_SCORE_ADJ = 1000  # a box's processes': in an OOM, the kernel kills a program before the worker (or anything else)
+FILES_PER_MIB = 128  # the files (inodes) a box's disk quota holds per MiB: each costs about 1 KiB of kernel memory
 MAX_REQUEST_BYTES = 8 * 2**20
 RECV_BYTES = 65536
 SHARED_TEMP = ("/tmp", "/var/tmp", "/dev/shm")  # writable by every uid: a box's files there go with it
@@ -100,17 +102,19 @@ class Boxed:
 
     shown: list[str] = field(default_factory=list)  # interpreter paths shown in its mount namespace
     namespaces: bool = False  # PID and mount namespaces of its own, with its own /proc
+    disk_bytes: int = 0  # the size of the tmpfs its directory is (its disk quota); 0 without one
 
 
 def enter_box(box: dict[str, Any] | None, parent_pid: int) -> Boxed:
     """Put this process, a program before any of its code runs, in its box, dying with ``parent_pid`` (the worker or
-    the program server): the limits, its own uid and gid (``box_uid``) with no groups, no capabilities (checked) and
-    ``no_new_privs``, umask 077, and its own 0700 directory ``box["directory"]`` (with ``tmp`` in it) as cwd, HOME
-    and TMPDIR; ``sys.path``'s entry for the current directory becomes ``box["import_from"]`` (the worker's), so
-    modules import as they did unboxed. Where this process holds CAP_SYS_ADMIN it also gets PID and mount namespaces
-    of its own (``_own_namespaces``: it sees no process but its own). With ``box`` None (the operator's opt-out) it
-    only dies with its parent. OSError or RuntimeError when any step fails: the caller must not run it; the process
-    exits 1 when the parent is gone."""
+    the program server): the limits, the OOM killer's first pick (``OOM_SCORE_ADJ``), its own uid and gid
+    (``box_uid``) with no groups, no capabilities (checked) and ``no_new_privs``, umask 077, and its own 0700
+    directory ``box["directory"]`` (with ``tmp`` in it) as cwd, HOME and TMPDIR; ``sys.path``'s entry for the
+    current directory becomes ``box["import_from"]`` (the worker's), so modules import as they did unboxed. Where
+    this process holds CAP_SYS_ADMIN it also gets PID and mount namespaces of its own (``_own_namespaces``: it sees
+    no process but its own), and its directory is a tmpfs of ``box["disk_bytes"]`` there (its disk quota; none when
+    0 or absent). With ``box`` None (the operator's opt-out) it only dies with its parent. OSError or RuntimeError
+    when any step fails: the caller must not run it; the process exits 1 when the parent is gone."""
     if box is None:
         if not die_with_parent(parent_pid):
             os._exit(1)
@@ -126,6 +130,8 @@ def enter_box(box: dict[str, Any] | None, parent_pid: int) -> Boxed:
         # CPU: SIGXCPU at the limit (the exit names it), SIGKILL a second later
         resource.setrlimit(which, (value, value + 1 if name == "cpu_s" and (unlimited or value < hard) else value))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file of a program's memory
+    with open("/proc/self/oom_score_adj", "w") as adj:  # raising it needs no privilege
+        adj.write(str(OOM_SCORE_ADJ))
     uid = box_uid(int(box["uid_base"]), os.getpid())
     if "" in sys.path:  # where ``python -c`` would import from: the worker's directory, not the box's
         sys.path[sys.path.index("")] = str(box["import_from"])
@@ -136,6 +142,7 @@ def enter_box(box: dict[str, Any] | None, parent_pid: int) -> Boxed:
         pid_namespace=bool(box.get("pid_namespace", True)),
         cpu_s=cpu_s,
         root=os.path.dirname(str(box["directory"])),
+        quota=(str(box["directory"]), int(box.get("disk_bytes") or 0)),
     )
     _become(uid)
     if boxed.namespaces:  # the keeper outside killed what a box of this uid left; this one dies with the keeper
@@ -147,7 +154,8 @@ def enter_box(box: dict[str, Any] | None, parent_pid: int) -> Boxed:
             os._exit(1)
     os.umask(0o077)
     home = str(box["directory"])
-    os.mkdir(home, 0o700)  # fails on anything already there: nobody else's directory is ever taken
+    if not boxed.disk_bytes:  # else it is the quota's tmpfs, 0700 and this uid's, on a directory made as mkdir here
+        os.mkdir(home, 0o700)  # fails on anything already there: nobody else's directory is ever taken
     os.mkdir(os.path.join(home, "tmp"), 0o700)
     os.chdir(home)
     os.environ.update({"HOME": home, "TMPDIR": os.path.join(home, "tmp")})
@@ -166,7 +174,13 @@ def _become(uid: int) -> None:
 
 
 def _own_namespaces(
-    uid: int, parent_pid: int, *, pid_namespace: bool, cpu_s: float | None = None, root: str | None = None
+    uid: int,
+    parent_pid: int,
+    *,
+    pid_namespace: bool,
+    cpu_s: float | None = None,
+    root: str | None = None,
+    quota: tuple[str, int] = ("", 0),
 ) -> Boxed:
     """Namespaces for the box, where they are needed or can be had (this process still holds its privileges).
 
@@ -179,7 +193,12 @@ def _own_namespaces(
     Its interpreter's paths and the box ``root`` its directory is made in, where they lie below a directory other
     uids cannot search (a virtualenv in root's 0700 home, a private TMPDIR), are shown in that directory's place:
     an empty tmpfs with only those paths bound in (without ``pid_namespace``, in a mount namespace alone). Without
-    CAP_SYS_ADMIN: nothing, unless such paths exist (OSError naming them)."""
+    CAP_SYS_ADMIN: nothing, unless such paths exist (OSError naming them).
+
+    ``quota``, a directory and a size in bytes (with ``pid_namespace``): that directory is made (as ``mkdir`` would,
+    so never one already there) and a tmpfs of that size, ``FILES_PER_MIB`` files per MiB, 0700 and ``uid``'s, is
+    mounted on it in the new mount namespace: a write past it fails with ENOSPC, and it is freed with the namespace.
+    Outside, the directory stays empty."""
     wanted = {sys.prefix, sys.base_prefix, sys.exec_prefix, *sys.path, *([root] if root else [])}
     paths = sorted({os.path.realpath(p) for p in wanted if p and os.path.isdir(p)})
     closed: dict[str, list[str]] = {}
@@ -220,6 +239,15 @@ def _own_namespaces(
     shown = [path for inside in closed.values() for path in inside]
     if not pid_namespace:
         return Boxed(shown)
+    directory, disk_bytes = quota
+    if disk_bytes > 0:
+        os.mkdir(directory, 0o700)
+        files = max(1, disk_bytes // 2**20) * FILES_PER_MIB
+        try:
+            options = f"size={disk_bytes},nr_inodes={files},mode=0700,uid={uid},gid={uid}"
+            mount("tmpfs", directory, "tmpfs", _MS_NOSUID | _MS_NODEV, options)
+        except OSError as exc:
+            raise OSError(exc.errno, f"the disk quota's tmpfs (AGL_V1_PROGRAM_DISK_MB) on {directory}: {exc}") from exc
     go_r, go_w = os.pipe()
     program = os.fork()
     if program == 0:  # the program: PID 1 of its namespace; waits until the keeper swept the uid
@@ -228,7 +256,7 @@ def _own_namespaces(
             os._exit(1)
         os.close(go_r)
         mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
-        return Boxed(shown, namespaces=True)
+        return Boxed(shown, namespaces=True, disk_bytes=max(disk_bytes, 0))
     os.close(go_r)
     _keep(program, uid, parent_pid, go_w, cpu_s)
     raise AssertionError("unreachable")  # _keep exits
@@ -398,7 +426,8 @@ def cold_main() -> None:
 
 def probe_main() -> None:
     """The worker's start-up check of the box (``workers.v1.box.check_isolation``), argv ``['probe', worker_pid,
-    box]``: make the box, print one JSON line of what it is from inside, remove its directory."""
+    box]``: make the box, print one JSON line of what it is from inside (``disk_bytes``: its directory's size as
+    statvfs reads it, 0 without a quota), empty its directory (the worker removes what is left outside)."""
     box = json.loads(sys.argv[3])
     boxed = boxed_or_exit(box, int(sys.argv[2]))
     facts: dict[str, Any] = {
@@ -408,7 +437,11 @@ def probe_main() -> None:
         "shown": boxed.shown,
         "namespaces": boxed.namespaces,
         "processes": sum(entry.isdigit() for entry in os.listdir("/proc")),
+        "disk_bytes": 0,
     }
+    if boxed.disk_bytes:
+        found = os.statvfs(os.getcwd())
+        facts["disk_bytes"] = found.f_blocks * found.f_frsize
     if box is not None and os.getuid() < int(box["uid_base"]):
         print(f"{BOX_FAILED_MARK} the probe runs as uid {os.getuid()}", file=sys.stderr)
         sys.exit(BOX_FAILED)
