@@ -267,3 +267,55 @@ def test_each_workers_package_says_what_it_is_in_its_first_docstring_line() -> N
     for package in sorted(packages_under("workers")):
         doc = ast.get_docstring(ast.parse(MODULES[package].read_text(encoding="utf-8")))
         assert doc and doc.splitlines()[0].strip(), f"{package} has no docstring saying what it holds"
+
+
+# --- the tests' own structure ------------------------------------------------------------------------------------
+
+TESTS = ROOT / "tests"
+
+
+def test_modules() -> list[Path]:
+    return sorted(p for p in TESTS.rglob("test_*.py") if "fakes" not in p.parts)
+
+
+def is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def defined_names(path: Path) -> dict[str, ast.stmt]:
+    return {
+        node.name: node
+        for node in ast.parse(path.read_text(), str(path)).body
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+    }
+
+
+def is_fake(name: str, node: ast.stmt | None) -> bool:
+    """A class, a private function or a fixture: what a module builds its tests on (``tests/fakes``' rule)."""
+    if node is None:
+        return False
+    if isinstance(node, ast.ClassDef) or is_private(name):
+        return True
+    return any("fixture" in ast.unparse(decorator) for decorator in getattr(node, "decorator_list", []))
+
+
+def test_no_test_module_imports_another_test_modules_fakes() -> None:
+    """Fakes live in ``tests/fakes/``. A test module (``tests/**/test_*.py``) imports from another test module no
+    class (a fake or a stand-in agent), no private name (a builder such as ``_dispatcher``) and no fixture: what two
+    modules share moves to ``tests/fakes/``, so that a test module can be renamed, split or deleted without breaking
+    another. Shared helpers that are no fake (constants, public functions such as ``run_batch``) may stay where they
+    are defined; modules outside ``test_*.py`` (``tests/helpers.py``, ``tests/loopback.py``, a ``conftest.py``) are
+    helpers, not test modules, and anyone may import them."""
+    modules = {module_name(path): path for path in test_modules()}
+    wrong: list[str] = []
+    for path in modules.values():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.ImportFrom) or node.module not in modules or modules[node.module] == path:
+                continue
+            defined = defined_names(modules[node.module])
+            wrong += [
+                f"{path.relative_to(ROOT)}:{node.lineno}: {alias.name} from {node.module}"
+                for alias in node.names
+                if is_fake(alias.name, defined.get(alias.name))
+            ]
+    assert not wrong, "\n".join(wrong)
