@@ -306,7 +306,7 @@ class V03Dispatcher(LineDispatcher[AttemptedRollout]):
             metrics.STORE_ERRORS.labels("hand_back").inc()
             # Still preparing under our dispatcher id: the next reconcile picks it up again.
             log.error("[rollout=%s] could not hand back (%s); reconciliation will retry", rollout.rollout_id, exc)
-            self._reconcile_by(time.monotonic() + 5.0)
+            self.reconcile_by(time.monotonic() + 5.0)
             return
         if why_not is not None:
             metrics.HAND_BACKS_WITHHELD.inc()
@@ -429,7 +429,7 @@ class V03Dispatcher(LineDispatcher[AttemptedRollout]):
         (``bridge.dispatch.coalesce``), so that slots freed meanwhile share the next dequeue.
         """
         try:
-            woken = self._wait_for_freed(self.queues, FULL_CAPACITY_WAIT_S)
+            woken = self.wait_for_freed(self.queues, FULL_CAPACITY_WAIT_S)
         except redis.RedisError:
             return FULL_CAPACITY_WAIT_S  # the next tick's slot count reports the outage
         return self._coalescer.wait_s(gather_for) if woken and gather_for else 0.0

@@ -102,5 +102,5 @@ def line(request: pytest.FixtureRequest, redis_client: redis.Redis) -> Iterator[
     redis_client.flushdb()
     made = v03_line(redis_client) if request.param == "v03" else v1_line(redis_client)
     yield made
-    made.dispatcher._lock.release()
+    made.dispatcher.leader_lock.release()
     redis_client.flushdb()

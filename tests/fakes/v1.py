@@ -105,8 +105,8 @@ def v1_dispatcher(
         "redis_key_scope": f"v1t-{uuid.uuid4().hex[:8]}",
     }
     settings: Settings = load_settings(**{**fields, **overrides})
-    client_ = GatewayClient(settings.agl_v1_url, key=None, retries=0)
-    client_._client = httpx.Client(base_url=settings.agl_v1_url, transport=httpx.MockTransport(gateway.handle))
+    http = httpx.Client(base_url=settings.agl_v1_url, transport=httpx.MockTransport(gateway.handle))
+    client_ = GatewayClient(settings.agl_v1_url, key=None, retries=0, http=http)
     dispatcher = V1Dispatcher(settings, client_, client, threading.Event())
     dispatcher.publisher.close()
     app = FakeApp()

@@ -64,7 +64,7 @@ def test_ten_thousand_ticks_busy_and_idle_leave_memory_files_and_threads_flat(
     redis_client: redis.Redis,
 ) -> None:
     dispatcher = line.dispatcher
-    dispatcher._lock.ensure()
+    dispatcher.leader_lock.ensure()
     inflight = keys.inflight(dispatcher.scope, QUEUE)
     longest = max(dispatcher.settings.poll_max_s, 60.0)  # any wait beyond this is a runaway back-off
     published_before = len(line.published())
@@ -79,7 +79,7 @@ def test_ten_thousand_ticks_busy_and_idle_leave_memory_files_and_threads_flat(
             busy = (tick // PHASE_TICKS) % 2 == 0
             if busy and tick % 4 == 0:
                 line.add_waiting(SLOTS)
-            wait = dispatcher._tick_surviving()
+            wait = dispatcher.tick_surviving()
             assert 0.0 <= wait <= longest, (tick, wait)
             redis_client.delete(inflight)  # the workers finished what was published: its slots are free
             if tick + 1 in (TICKS // 2, TICKS):

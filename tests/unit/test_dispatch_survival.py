@@ -34,7 +34,7 @@ def _dispatcher(client: redis.Redis, store: Store, publisher: Publisher) -> V03D
         store_url="http://127.0.0.1:9", broker_url="redis://127.0.0.1:9/0", queue_by_mode=QUEUES, max_held=2
     )
     dispatcher = V03Dispatcher(settings, store, client, publisher)  # type: ignore[arg-type]
-    dispatcher._next_reconcile = float("inf")  # this test drives the ticks; reconcile is tested elsewhere
+    dispatcher.next_reconcile = float("inf")  # this test drives the ticks; reconcile is tested elsewhere
     return dispatcher
 
 
@@ -43,8 +43,8 @@ def test_an_unexpected_publish_error_hands_that_rollout_back_and_the_batch_goes_
     publisher = Publisher(fail={"ro-2"})
     errors = metrics.LOOP_ERRORS._value.get()
     dispatcher = _dispatcher(client, store, publisher)
-    dispatcher._tick_surviving()
-    dispatcher._tick_surviving()  # two a tick: the hold keeps room for val rollouts, whose queue nobody consumes
+    dispatcher.tick_surviving()
+    dispatcher.tick_surviving()  # two a tick: the hold keeps room for val rollouts, whose queue nobody consumes
     assert publisher.published == [("ro-1", "rollouts-train"), ("ro-3", "rollouts-train")]
     assert store.requeued == ["ro-2"]
     assert capacity.inflight_ids(client, SCOPE, "rollouts-train") == {"at-1", "at-3"}  # its slot is not kept busy
@@ -53,7 +53,7 @@ def test_an_unexpected_publish_error_hands_that_rollout_back_and_the_batch_goes_
 
 def test_a_refused_publish_is_handed_back_as_before(client: redis.Redis) -> None:
     store = Store([attempted_rollout(1)])
-    _dispatcher(client, store, Publisher(fail={"ro-1"}, error=PublishError("broker said no")))._tick_surviving()
+    _dispatcher(client, store, Publisher(fail={"ro-1"}, error=PublishError("broker said no"))).tick_surviving()
     assert store.requeued == ["ro-1"]
 
 
@@ -62,9 +62,9 @@ def test_an_error_anywhere_in_a_tick_is_counted_and_the_loop_goes_on(client: red
     publisher = Publisher()
     dispatcher = _dispatcher(client, store, publisher)
     errors = metrics.LOOP_ERRORS._value.get()
-    assert dispatcher._tick_surviving() == UNEXPECTED_ERROR_WAIT_S
+    assert dispatcher.tick_surviving() == UNEXPECTED_ERROR_WAIT_S
     assert metrics.LOOP_ERRORS._value.get() == errors + 1
-    dispatcher._tick_surviving()
+    dispatcher.tick_surviving()
     assert publisher.published == [("ro-1", "rollouts-train")]
 
 
@@ -83,9 +83,9 @@ def test_rollouts_for_an_unserved_queue_are_held_while_the_others_go_on_and_the_
     publisher = Publisher()
     dispatcher = _dispatcher(client, store, publisher)
     for _ in range(3):
-        dispatcher._tick_surviving()
-    dispatcher._next_gauges = 0.0  # the gauges are read at the start of a tick, once a second
-    dispatcher._tick_surviving()
+        dispatcher.tick_surviving()
+    dispatcher.next_gauges = 0.0  # the gauges are read at the start of a tick, once a second
+    dispatcher.tick_surviving()
     assert publisher.published == [("ro-2", "rollouts-train")]
     assert [r.rollout_id for r in store.queue] == ["ro-4", "ro-5"]  # two held (BRIDGE_MAX_HELD=2): no more claims
     assert store.requeued == []  # held, not cycled through hand-backs
@@ -94,8 +94,8 @@ def test_rollouts_for_an_unserved_queue_are_held_while_the_others_go_on_and_the_
     assert capacity.read_held(client, SCOPE) == ({"rollouts-val": 2}, ["rollouts-val"])
 
     capacity.advertise(client, SCOPE, "w-val@test", ["rollouts-val"], 1)  # a val worker with one slot comes
-    dispatcher._tick_surviving()
-    dispatcher._tick_surviving()
+    dispatcher.tick_surviving()
+    dispatcher.tick_surviving()
     # ro-1 goes out (oldest first); ro-3 now waits for a consumed, full queue: nothing more is claimed.
     assert publisher.published[1:] == [("ro-1", "rollouts-val")]
     assert [r.rollout_id for r in store.queue] == ["ro-4", "ro-5"]
@@ -125,8 +125,8 @@ def test_a_tick_whose_reconcile_republished_claims_that_many_fewer(client: redis
     store.rollouts[stranded.rollout_id] = stranded
     publisher = Publisher()
     dispatcher = _dispatcher(client, store, publisher)
-    dispatcher._next_reconcile = 0.0
-    dispatcher._suspects = {"at-1": time.monotonic() - dispatcher.confirm_s}  # seen stranded one scan ago
-    dispatcher._tick_surviving()
+    dispatcher.next_reconcile = 0.0
+    dispatcher.suspects = {"at-1": time.monotonic() - dispatcher.confirm_s}  # seen stranded one scan ago
+    dispatcher.tick_surviving()
     assert publisher.published == [("ro-1", "rollouts-train"), ("ro-2", "rollouts-train")]
     assert [r.rollout_id for r in store.queue] == ["ro-3"]

@@ -25,14 +25,14 @@ from tests.helpers import line_of
 
 def _slots_free(line: Line) -> None:
     """Let the tick's dequeue or listing through without a reconcile in the way (tested on its own below)."""
-    line.dispatcher._next_reconcile = float("inf")
-    line.dispatcher._lock.ensure()
+    line.dispatcher.next_reconcile = float("inf")
+    line.dispatcher.leader_lock.ensure()
 
 
 def test_a_standby_publishes_nothing(line: Line, redis_client: redis.Redis) -> None:
-    redis_client.set(line.dispatcher._lock.key, "another-dispatcher:token", px=60_000)
+    redis_client.set(line.dispatcher.leader_lock.key, "another-dispatcher:token", px=60_000)
     line.add_waiting(2)
-    assert line.dispatcher._tick_surviving() == STANDBY_RETRY_S
+    assert line.dispatcher.tick_surviving() == STANDBY_RETRY_S
     assert line.published() == []
 
 
@@ -47,10 +47,10 @@ def test_a_new_leader_reconciles_at_once(line: Line, monkeypatch: pytest.MonkeyP
         return line.dispatcher._scan(record)
 
     monkeypatch.setattr(line.dispatcher, "reconcile", scan)
-    line.dispatcher._next_reconcile = float("inf")
-    line.dispatcher._tick_surviving()
+    line.dispatcher.next_reconcile = float("inf")
+    line.dispatcher.tick_surviving()
     assert len(scans) == 1
-    line.dispatcher._tick_surviving()  # still leading: the schedule, not the lead, says when the next is due
+    line.dispatcher.tick_surviving()  # still leading: the schedule, not the lead, says when the next is due
     assert len(scans) == 1
 
 
@@ -76,13 +76,13 @@ def test_an_error_a_tick_lets_out_is_counted_and_a_reconcile_is_due_by_the_next(
         raise error
 
     monkeypatch.setattr(dispatcher, "tick", broken)
-    dispatcher._next_reconcile = float("inf")
+    dispatcher.next_reconcile = float("inf")
     before = _count(counter)
     started = time.monotonic()
-    wait = dispatcher._tick_surviving()
+    wait = dispatcher.tick_surviving()
     assert low <= wait <= high
     assert _count(counter) == before + 1
-    assert dispatcher._next_reconcile <= started + wait + 1.0
+    assert dispatcher.next_reconcile <= started + wait + 1.0
 
 
 def test_a_scan_schedules_the_next_after_the_interval_and_the_earliest_request_wins(line: Line) -> None:
@@ -90,10 +90,10 @@ def test_a_scan_schedules_the_next_after_the_interval_and_the_earliest_request_w
     started = time.monotonic()
     dispatcher.reconcile()
     interval = dispatcher.settings.reconcile_interval_s
-    assert started + interval - 1.0 <= dispatcher._next_reconcile <= time.monotonic() + interval
-    dispatcher._reconcile_by(started + 1.0)
-    dispatcher._reconcile_by(started + 5.0)
-    assert dispatcher._next_reconcile == started + 1.0
+    assert started + interval - 1.0 <= dispatcher.next_reconcile <= time.monotonic() + interval
+    dispatcher.reconcile_by(started + 1.0)
+    dispatcher.reconcile_by(started + 5.0)
+    assert dispatcher.next_reconcile == started + 1.0
 
 
 def test_while_the_other_line_waits_a_line_starts_no_more_than_its_share(line: Line, redis_client: redis.Redis) -> None:
@@ -104,7 +104,7 @@ def test_while_the_other_line_waits_a_line_starts_no_more_than_its_share(line: L
     line.add_waiting(5)
     _slots_free(line)
     for _ in range(3):
-        line.dispatcher._tick_surviving()
+        line.dispatcher.tick_surviving()
     assert len(line.published()) == SLOTS // 2  # 3 slots free, but half the pool is the other line's
     lines = [line_of(key) for key in capacity.inflight_ids(redis_client, scope, QUEUE)]
     assert lines.count(line.dispatcher.line) == SLOTS // 2
@@ -114,7 +114,7 @@ def test_a_line_alone_uses_every_free_slot(line: Line) -> None:
     line.add_waiting(SLOTS + 2)
     _slots_free(line)
     for _ in range(3):
-        line.dispatcher._tick_surviving()
+        line.dispatcher.tick_surviving()
     assert len(line.published()) == SLOTS
 
 
@@ -122,7 +122,7 @@ def test_a_refused_publish_leaves_no_in_flight_entry(line: Line, redis_client: r
     first, second = line.add_waiting(2)
     line.refuse(first)
     _slots_free(line)
-    line.dispatcher._tick_surviving()
+    line.dispatcher.tick_surviving()
     assert line.published() == [second]
     assert len(capacity.inflight_ids(redis_client, line.dispatcher.scope, QUEUE)) == 1
 
@@ -132,15 +132,15 @@ def test_every_freed_slot_wakes_the_line_on_its_own_list(line: Line, redis_clien
     capacity.notify_freed(redis_client, scope, QUEUE)
     other = slot_share.V1 if line.dispatcher.line == slot_share.V03 else slot_share.V03
     assert capacity.wait_for_freed(redis_client, scope, [QUEUE], 0.5, other)  # the other line took its wake-up
-    assert line.dispatcher._wait_for_freed([QUEUE], 1.0)  # and this line still hears of the slot
-    assert not line.dispatcher._wait_for_freed([QUEUE], 0.1)
+    assert line.dispatcher.wait_for_freed([QUEUE], 1.0)  # and this line still hears of the slot
+    assert not line.dispatcher.wait_for_freed([QUEUE], 0.1)
     assert not redis_client.exists(keys.slot_freed(scope, QUEUE, line.dispatcher.line))
 
 
 def test_shutdown_releases_the_lock(line: Line, redis_client: redis.Redis) -> None:
     _slots_free(line)
-    assert redis_client.exists(line.dispatcher._lock.key)
+    assert redis_client.exists(line.dispatcher.leader_lock.key)
     line.dispatcher.stop.set()  # type: ignore[attr-defined]
     line.dispatcher.run()
-    assert not redis_client.exists(line.dispatcher._lock.key)
-    assert not line.dispatcher._lock.held
+    assert not redis_client.exists(line.dispatcher.leader_lock.key)
+    assert not line.dispatcher.leader_lock.held

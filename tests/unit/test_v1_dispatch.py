@@ -375,8 +375,8 @@ def test_the_leader_exports_the_gateways_backlog_and_the_queues_whole_demand(
     failed = metrics.FAILED.labels("input")._value.get()
     metrics.clear_leader_gauges()
     dispatcher.tick()  # leads; lists two (two slots): fails the malformed one, publishes the first
-    dispatcher._backlog.read_once()  # what its thread does: four queuing
-    dispatcher._next_gauges = 0.0
+    dispatcher.backlog.read_once()  # what its thread does: four queuing
+    dispatcher.next_gauges = 0.0
     dispatcher.tick()  # the gauges, then publishes the second
     assert metrics.PUBLISHED.labels(QUEUE, "v1")._value.get() == published + 2
     assert metrics.FAILED.labels("input")._value.get() == failed + 1
@@ -386,11 +386,11 @@ def test_the_leader_exports_the_gateways_backlog_and_the_queues_whole_demand(
     assert _gauge(metrics.DESIRED_SLOTS) == {QUEUE: 1 + 4 + 4}
     assert redis_client.get(keys.line_backlog(dispatcher.scope, QUEUE, "v1")) == "4"  # for the 0.3 leader's sum
 
-    redis_client.set(dispatcher._lock.key, "another-dispatcher:1")  # its lock lapsed and a standby took it
+    redis_client.set(dispatcher.leader_lock.key, "another-dispatcher:1")  # its lock lapsed and a standby took it
     dispatcher.tick()
     assert all(not _gauge(gauge) for gauge in metrics.LEADER_GAUGES)
-    assert metrics.IS_LEADER.labels("v1")._value.get() == 0 and dispatcher._backlog.latest is None
-    redis_client.delete(dispatcher._lock.key)
+    assert metrics.IS_LEADER.labels("v1")._value.get() == 0 and dispatcher.backlog.latest is None
+    redis_client.delete(dispatcher.leader_lock.key)
 
 
 # Every agl_bridge_* series the 1.0 dispatcher sets (bridge/dispatch/v1.py and what it calls: the leader lock,
@@ -429,8 +429,8 @@ for n in range(3):
     gateway.add(f"{rid}-{n}")
 dispatcher, _app = v1_dispatcher(gateway, coordination_client(TEST_REDIS_URL, socket_timeout=5), slots=2)
 dispatcher.tick()
-dispatcher._backlog.read_once()
-dispatcher._next_gauges = 0.0
+dispatcher.backlog.read_once()
+dispatcher.next_gauges = 0.0
 dispatcher.tick()
 names = set()
 for family in text_string_to_metric_families(generate_latest(REGISTRY).decode()):

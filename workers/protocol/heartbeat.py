@@ -277,6 +277,10 @@ class HeartbeatMonitor:
         with self._lock:
             return list(self._watches)
 
+    def watches(self) -> list[AttemptWatch]:
+        """The attempts it watches now (a copy)."""
+        return self._snapshot()
+
     # --- the lease thread --------------------------------------------------------------------
 
     def _renew_every(self, watches: list[AttemptWatch]) -> float:
