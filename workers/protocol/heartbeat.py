@@ -539,13 +539,13 @@ class HeartbeatMonitor:
 
     def _heartbeat_quietly(self, watch: AttemptWatch, timeout: float) -> None:
         try:
-            self._send_heartbeat(watch, timeout)
+            self.send_heartbeat(watch, timeout)
         except UnknownIdError:
             watch.stop("the Store no longer knows this rollout (it restarted?)")
         except StoreError as exc:
             log.warning("heartbeat to the Store failed for attempt %s (will retry): %s", watch.attempt_id, exc)
 
-    def _send_heartbeat(self, watch: AttemptWatch, timeout: float) -> None:
+    def send_heartbeat(self, watch: AttemptWatch, timeout: float) -> None:
         """``last_heartbeat_time`` for an attempt that passed the fence, when the watchdog needs one."""
         exported = watch.telemetry.spans_exported if watch.telemetry is not None else 0
         if not watch.unresponsive_s or watch.reporting:
