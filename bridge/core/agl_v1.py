@@ -195,7 +195,11 @@ class GatewayClient:
         by default one of the shared pool's (``bridge.core.http.service_client``) with ``key`` as bearer token."""
         self.base_url = base_url.rstrip("/")
         self.retries = retries
-        self._client = http or service_client(self.base_url, token=key, timeout_s=timeout_s, max_connections=8)
+        self._client = (
+            http
+            if http is not None
+            else service_client(self.base_url, token=key, timeout_s=timeout_s, max_connections=8)
+        )
 
     def close(self) -> None:
         self._client.close()
