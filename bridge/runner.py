@@ -78,6 +78,11 @@ class CeleryRunner(Runner[Any]):
         self._redis: redis.Redis | None = None
         self._dispatcher: V03Dispatcher | None = None
 
+    @property
+    def settings(self) -> Settings | None:
+        """The settings ``init_worker`` loaded for the Store it was given (None before)."""
+        return self._settings
+
     # --- pickling: a Trainer under the spawn start method sends the runner to its processes ---------
 
     def __getstate__(self) -> dict[str, Any]:

@@ -118,6 +118,21 @@ class SearchEngine:
         self._cache_size = cache_size
         self._lock = Lock()
 
+    @property
+    def analyzer(self) -> Analyzer:
+        """How a text becomes terms: the products' search text and the queries alike."""
+        return self._analyzer
+
+    @property
+    def bm25(self) -> LuceneBM25:
+        """The reference scorer (``rank_bm25``'s, with Lucene's idf) the precomputed weights reproduce bit for bit."""
+        return self._bm25
+
+    @property
+    def postings(self) -> dict[str, np.ndarray]:
+        """Each term's products, by catalog index."""
+        return self._postings
+
     @staticmethod
     def _build_postings(corpus: Sequence[list[str]]) -> dict[str, np.ndarray]:
         """Term -> ids of the documents containing it, to find the candidate hits fast."""

@@ -182,10 +182,24 @@ class GatewayClient:
     """The calls a dispatcher and a worker make to the gateway, with the project's retry schedule for
     transport errors and 5xx answers (every call here is idempotent)."""
 
-    def __init__(self, base_url: str, *, key: str | None, timeout_s: float = 10.0, retries: int = 3) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        key: str | None,
+        timeout_s: float = 10.0,
+        retries: int = 3,
+        http: httpx.Client | None = None,
+    ) -> None:
+        """``http``: the HTTP client the calls go through, ``base_url`` its base (an in-process transport, say);
+        by default one of the shared pool's (``bridge.core.http.service_client``) with ``key`` as bearer token."""
         self.base_url = base_url.rstrip("/")
         self.retries = retries
-        self._client = service_client(self.base_url, token=key, timeout_s=timeout_s, max_connections=8)
+        self._client = (
+            http
+            if http is not None
+            else service_client(self.base_url, token=key, timeout_s=timeout_s, max_connections=8)
+        )
 
     def close(self) -> None:
         self._client.close()

@@ -62,6 +62,24 @@ class PerThreadTransport(httpx.BaseTransport):
         self._idle: list[httpx.HTTPTransport] = []  # pools of threads that ended, for the next ones
         self._most = 0  # the most threads that held a pool at once: no more pools than that are kept
 
+    @property
+    def pools(self) -> dict[threading.Thread, httpx.HTTPTransport]:
+        """Each calling thread's pool, as last counted (a copy): threads that ended keep theirs until the next new
+        caller moves it to ``idle``."""
+        with self._lock:
+            return dict(self._pools)
+
+    @property
+    def idle(self) -> list[httpx.HTTPTransport]:
+        """The pools of threads that ended, kept for the next ones (a copy)."""
+        with self._lock:
+            return list(self._idle)
+
+    @property
+    def most(self) -> int:
+        """The most threads that held a pool at once: no more pools than that are kept."""
+        return self._most
+
     def _own(self) -> httpx.HTTPTransport:
         pool: httpx.HTTPTransport | None = getattr(self._local, "pool", None)
         if pool is None:

@@ -9,13 +9,13 @@ slot share leaves it (``_share``) and publishes each claim through ``_send``: th
 recorded in flight, the message sent by the one publisher (``bridge.dispatch.publisher``), and what the broker
 refused cleared from the in-flight set and given back. It owns as well:
 
-* one error policy (``_tick_surviving``): a Redis error is counted (``agl_bridge_broker_errors_total``) and the loop
+* one error policy (``tick_surviving``): a Redis error is counted (``agl_bridge_broker_errors_total``) and the loop
   backs off from 0.5 s doubling to 10 s; an error of the line's upstream (``upstream_errors``: the Store, the
   gateway) is counted in the line's series and backs off as the line says (``upstream_backoff``); anything else is a
   loop error, with the line's ``error_wait_s``; after each, a reconcile is due by the time the loop goes on (what the
   error left half done is repaired there);
 * the reconcile schedule and the one repair runner: at once on taking the lead, every
-  ``BRIDGE_RECONCILE_INTERVAL_S`` after a scan, sooner where asked (``_reconcile_by``), ``FACTS_RETRY_S`` after a
+  ``BRIDGE_RECONCILE_INTERVAL_S`` after a scan, sooner where asked (``reconcile_by``), ``FACTS_RETRY_S`` after a
   scan whose facts could not be read; each repair of the line's plan carried out on its own, so one failing
   repair stops no other; the two-scan delay ``confirm_s`` its planners use (``bridge.dispatch.repairs``), their
   suspects on one clock (monotonic);
@@ -144,7 +144,7 @@ class LineDispatcher(ABC, Generic[Claim]):
         self.scope = deployment_scope(settings)  # of every Redis key this deployment owns (bridge.core.keys)
         self._lock = LeaderLock(client, lock_owner, scope=lock_scope or self.scope, line=self.line)
         self.confirm_s = repairs.confirm_s(settings.heartbeat_interval_s)
-        self._next_reconcile = 0.0  # monotonic: when reconcile is due (``_reconcile_by``); at once on start
+        self._next_reconcile = 0.0  # monotonic: when reconcile is due (``reconcile_by``); at once on start
         self._next_gauges = 0.0
         self._suspects: dict[str, float] = {}  # the last plan's suspects (monotonic): the next scan's
         self._failures = {"redis": 0, "upstream": 0}  # consecutive errors of each kind: the backoff's step
@@ -156,6 +156,47 @@ class LineDispatcher(ABC, Generic[Claim]):
         self._demand = line_demand.BacklogExchange(client, self.scope, self.line)  # the other line's backlog
         self._exports = LeaderExports(self._backlog, self._demand)
         metrics.export_line(self.line)
+
+    # --- what callers may read and steer ----------------------------------------------------------------
+
+    @property
+    def leader_lock(self) -> LeaderLock:
+        """This line's leader lock (``bridge.dispatch.leader``): held while this dispatcher leads."""
+        return self._lock
+
+    @property
+    def backlog(self) -> BacklogReader:
+        """The reader of what waits at this line's source (``bridge.dispatch.backlog``), on a thread ``run`` starts."""
+        return self._backlog
+
+    @property
+    def next_reconcile(self) -> float:
+        """Monotonic: when the next reconcile scan is due. ``reconcile_by`` only brings it forward; setting it puts it
+        where it is set (``math.inf``: no scan until one is asked for)."""
+        return self._next_reconcile
+
+    @next_reconcile.setter
+    def next_reconcile(self, when: float) -> None:
+        self._next_reconcile = when
+
+    @property
+    def next_gauges(self) -> float:
+        """Monotonic: when a tick next updates the gauges (every ``GAUGES_EVERY_S``); set to 0.0, the next tick does."""
+        return self._next_gauges
+
+    @next_gauges.setter
+    def next_gauges(self, when: float) -> None:
+        self._next_gauges = when
+
+    @property
+    def suspects(self) -> dict[str, float]:
+        """The last plan's suspects, by attempt key: when each was first seen (monotonic). The next scan confirms or
+        forgets them; setting them gives that scan what an earlier one saw."""
+        return self._suspects
+
+    @suspects.setter
+    def suspects(self, seen: dict[str, float]) -> None:
+        self._suspects = dict(seen)
 
     # --- what a line supplies ----------------------------------------------------------------------
 
@@ -219,7 +260,7 @@ class LineDispatcher(ABC, Generic[Claim]):
         self._backlog.start()
         try:
             while not self.stop.is_set():
-                self.stop.wait(self._tick_surviving())
+                self.stop.wait(self.tick_surviving())
         finally:
             self._backlog.close()
             self._give_back_all()
@@ -242,7 +283,7 @@ class LineDispatcher(ABC, Generic[Claim]):
             self._update_gauges(view)
         return self._round(view)
 
-    def _tick_surviving(self) -> float:
+    def tick_surviving(self) -> float:
         """``tick`` under the one error policy (module docstring): an error it lets out is counted, the loop backs
         off (or waits ``error_wait_s`` after an unexpected one) and a reconcile is due by then. ScopeMismatchError
         is raised: ``CeleryRunner``'s trainer must hear of it."""
@@ -266,7 +307,7 @@ class LineDispatcher(ABC, Generic[Claim]):
         else:
             self._failures = dict.fromkeys(self._failures, 0)
             return wait
-        self._reconcile_by(time.monotonic() + wait)  # whatever the error left half done is repaired by then
+        self.reconcile_by(time.monotonic() + wait)  # whatever the error left half done is repaired by then
         return wait
 
     def _backoff(self, kind: str, base_s: float, cap_s: float) -> float:
@@ -278,7 +319,7 @@ class LineDispatcher(ABC, Generic[Claim]):
         that does not lead stops exporting."""
         leading, newly = self._lock.ensure()
         if newly:
-            self._reconcile_by(0.0)  # a new leader repairs what the last one left at once
+            self.reconcile_by(0.0)  # a new leader repairs what the last one left at once
             self._backlog.wake()
         if not leading:
             self._exports.stop()
@@ -335,7 +376,7 @@ class LineDispatcher(ABC, Generic[Claim]):
                 "%d attempts look stranded or orphaned; re-checking in %.0fs", len(plan.suspects), self.confirm_s
             )
         if plan.rescan_by is not None:
-            self._reconcile_by(plan.rescan_by)
+            self.reconcile_by(plan.rescan_by)
         for repair in plan.repairs:
             try:
                 self._carry_out(repair)
@@ -357,7 +398,7 @@ class LineDispatcher(ABC, Generic[Claim]):
     def _scan(self, carry_out: Callable[[], int]) -> int:
         """Run one reconcile scan (``carry_out``: read the facts, plan, repair; returns the repairs made) on the
         schedule: the scan answers every earlier request for one, the next is due after
-        ``reconcile_interval_s`` or sooner where the plan asks (``_reconcile_by``). Facts that could not be read
+        ``reconcile_interval_s`` or sooner where the plan asks (``reconcile_by``). Facts that could not be read
         (``facts_errors``) skip the scan, tried again ``FACTS_RETRY_S`` later; any other error is due at once."""
         started = time.monotonic()
         self._next_reconcile = math.inf
@@ -365,12 +406,12 @@ class LineDispatcher(ABC, Generic[Claim]):
             done = carry_out()
         except self.facts_errors as exc:
             self.logger.warning("reconciliation skipped: %s", exc)
-            self._reconcile_by(time.monotonic() + FACTS_RETRY_S)
+            self.reconcile_by(time.monotonic() + FACTS_RETRY_S)
             return 0
         except BaseException:
-            self._reconcile_by(time.monotonic())
+            self.reconcile_by(time.monotonic())
             raise
-        self._reconcile_by(started + self.settings.reconcile_interval_s)
+        self.reconcile_by(started + self.settings.reconcile_interval_s)
         return done
 
     def queue_probe(self) -> broker.QueueProbe:
@@ -392,7 +433,7 @@ class LineDispatcher(ABC, Generic[Claim]):
             self.logger.debug("could not tell which queues are drained: %r", exc)
             return frozenset()
 
-    def _reconcile_by(self, when: float) -> None:
+    def reconcile_by(self, when: float) -> None:
         """The next reconcile is due no later than ``when`` (monotonic); the earliest request wins."""
         self._next_reconcile = min(self._next_reconcile, when)
 
@@ -421,7 +462,7 @@ class LineDispatcher(ABC, Generic[Claim]):
             return
         rooms[queue] = min(rooms[queue], allowed)
 
-    def _wait_for_freed(self, queues: Iterable[str], timeout_s: float) -> bool:
+    def wait_for_freed(self, queues: Iterable[str], timeout_s: float) -> bool:
         """Block on this line's wake-up list until a worker frees a slot on ``queues`` or ``timeout_s`` passes;
         True if woken. Raises RedisError."""
         return capacity.wait_for_freed(self.redis, self.scope, queues, timeout_s, self.line)

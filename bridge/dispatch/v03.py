@@ -127,14 +127,16 @@ class V03Dispatcher(LineDispatcher[AttemptedRollout]):
         stop: StopSignal | None = None,
         *,
         strict_scope: bool = False,
+        coalescer: Coalescer | None = None,
     ) -> None:
         """``strict_scope``: raise ScopeMismatchError from ``run`` when this Store's workers appear only under
-        another spelling of its URL (``bridge.core.scope_check``), instead of logging it (``CeleryRunner``)."""
+        another spelling of its URL (``bridge.core.scope_check``), instead of logging it (``CeleryRunner``).
+        ``coalescer``: the estimate of episode time the waits follow (default: one on ``coalesce_max_s``)."""
         self.store = store
         self._empty_polls = 0
         self._hold = Hold(settings.max_held)  # claimed rollouts whose queue has no room now
         self._unserved_reported: set[str] = set()  # queues already logged as consumed by no worker
-        self._coalescer = Coalescer(settings.coalesce_max_s)
+        self._coalescer = coalescer if coalescer is not None else Coalescer(settings.coalesce_max_s)
         # Whether the last dequeue came back full, and the backlog reading it followed (``_share_slots``).
         self._last_dequeue: tuple[bool, object] | None = None
         super().__init__(
@@ -193,7 +195,7 @@ class V03Dispatcher(LineDispatcher[AttemptedRollout]):
             self._place(rollout, rooms, served)
         if len(batch) >= limit:
             return 0.0
-        return self._next_poll(found_work=bool(batch))
+        return self.next_poll(found_work=bool(batch))
 
     def _share_slots(self, view: capacity.SlotView, rooms: dict[str, int], served: set[str]) -> None:
         """Beside a 1.0 dispatcher, cut the default queue's room to this line's fair share (``_share``), this line's
@@ -209,7 +211,7 @@ class V03Dispatcher(LineDispatcher[AttemptedRollout]):
             waiting = max(waiting, total) if self._last_dequeue[0] else 0  # full: more wait; short: none do
         self._share(view, rooms, waiting + self._hold.by_queue().get(queue, 0))
 
-    def _next_poll(self, *, found_work: bool) -> float:
+    def next_poll(self, *, found_work: bool) -> float:
         """poll_min_s after work was found; each empty poll doubles the wait (jittered) up to poll_max_s,
         or up to the coalescer's share of the episode time where that is longer (long episodes). The count of empty
         polls stops at ``MAX_DOUBLINGS``, so an idle bridge never overflows a float however long it waits."""
@@ -306,7 +308,7 @@ class V03Dispatcher(LineDispatcher[AttemptedRollout]):
             metrics.STORE_ERRORS.labels("hand_back").inc()
             # Still preparing under our dispatcher id: the next reconcile picks it up again.
             log.error("[rollout=%s] could not hand back (%s); reconciliation will retry", rollout.rollout_id, exc)
-            self._reconcile_by(time.monotonic() + 5.0)
+            self.reconcile_by(time.monotonic() + 5.0)
             return
         if why_not is not None:
             metrics.HAND_BACKS_WITHHELD.inc()
@@ -429,7 +431,7 @@ class V03Dispatcher(LineDispatcher[AttemptedRollout]):
         (``bridge.dispatch.coalesce``), so that slots freed meanwhile share the next dequeue.
         """
         try:
-            woken = self._wait_for_freed(self.queues, FULL_CAPACITY_WAIT_S)
+            woken = self.wait_for_freed(self.queues, FULL_CAPACITY_WAIT_S)
         except redis.RedisError:
             return FULL_CAPACITY_WAIT_S  # the next tick's slot count reports the outage
         return self._coalescer.wait_s(gather_for) if woken and gather_for else 0.0

@@ -208,7 +208,7 @@ class V1Dispatcher(LineDispatcher[V1Attempt]):
             except GatewayError as exc:  # this rollout's call failed: it is still queuing, the next tick lists it
                 log.warning("[v1 rollout=%s] not started: %s", rollout.rollout_id, exc)
         if room < len(waiting):  # work waits for a slot: look again as soon as one frees
-            self._wait_for_freed([self.queue], IDLE_POLL_S)
+            self.wait_for_freed([self.queue], IDLE_POLL_S)
             return 0.0
         return BUSY_POLL_S if waiting or malformed else IDLE_POLL_S
 

@@ -80,8 +80,8 @@ def collect(
 ) -> dict[str, Any]:
     """Everything ``status`` shows, as plain JSON-able data; ``store`` None: no Store configured (1.0 only)."""
     report: dict[str, Any] = {"time": round(time.time(), 3)}
-    report["store"] = _store_part(settings, store)
-    report["gateway"] = _gateway_part(settings)
+    report["store"] = store_part(settings, store)
+    report["gateway"] = gateway_part(settings)
     report["broker"], workers = _broker_part(settings, client)
     _add_backlog(report, settings, store)
     if inspect and report["broker"]["ok"]:
@@ -95,7 +95,9 @@ def collect(
     return report
 
 
-def _store_part(settings: Settings, store: StoreClient | None) -> dict[str, Any]:
+def store_part(settings: Settings, store: StoreClient | None) -> dict[str, Any]:
+    """The Store's rollout counts by status and its last errors; a part that says why where there is no Store or it
+    does not answer."""
     if store is None:
         why = "AGENT_LIGHTNING_STORE_URL is not set (Agent Lightning 1.0 only: no Store)"
         return {"url": None, "ok": False, "counts": {}, "error": why}
@@ -109,7 +111,7 @@ def _store_part(settings: Settings, store: StoreClient | None) -> dict[str, Any]
     return part
 
 
-def _gateway_part(settings: Settings) -> dict[str, Any] | None:
+def gateway_part(settings: Settings) -> dict[str, Any] | None:
     """The 1.0 gateway's queuing and running rollouts and the oldest queuing one's age; None without a gateway."""
     if not settings.agl_v1_url:
         return None

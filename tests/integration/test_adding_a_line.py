@@ -145,6 +145,6 @@ def test_a_toy_line_runs_on_the_one_dispatcher_with_a_real_broker_and_worker() -
         worker.terminate()
         worker.wait(30)
         standby.publisher.close()
-    assert not client.exists(leader._lock.key)  # released on shutdown
+    assert not client.exists(leader.leader_lock.key)  # released on shutdown
     assert capacity.inflight_ids(client, scope, queue) == set()
     client.delete(f"toy-done:{scope}", f"toy-peaks:{scope}", f"toy-running:{scope}")

@@ -160,7 +160,7 @@ def test_reconcile_frees_in_flight_entries_no_message_carries_and_hands_their_at
         assert rollout(clean_store.store_url, cleanup_failed.rollout_id)["status"] == "requeuing"  # left alone
         assert rollout(clean_store.store_url, young.rollout_id)["status"] == "preparing"
         # the young entry's turn comes when it reaches the longest queue wait, not a minute later
-        assert dispatcher._next_reconcile - time.monotonic() <= settings.max_queue_wait_s + 2
+        assert dispatcher.next_reconcile - time.monotonic() <= settings.max_queue_wait_s + 2
     finally:
         client.delete(keys.lease(running.attempt.attempt_id), keys.started(running.attempt.attempt_id))
         client.close()

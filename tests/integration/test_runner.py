@@ -23,8 +23,8 @@ from bridge.core.coordination import coordination_client
 from bridge.runner import AgentMismatchError, CeleryRunner, RolloutFailedError
 from bridge_lab.procs import free_port
 from bridge_lab.stack import LocalStack, StackConfig
+from tests.fakes.runner_agents import AGENT_PATH, OtherAgent, ScoredAgent
 from tests.helpers import attempts, cancel_unfinished, stack_for
-from tests.integration.test_runner_agents import AGENT_PATH, OtherAgent, ScoredAgent
 
 pytestmark = [pytest.mark.integration, pytest.mark.cost(22)]
 
@@ -123,11 +123,11 @@ def test_step_from_a_plain_script_returns_the_completed_rollout(cluster: LocalSt
     assert isinstance(rollout, agl.Rollout)
     assert rollout.status == "succeeded" and rollout.input["reward"] == 0.5
     assert rollout.resources_id is not None  # the resources given were published first and used
-    spans = asyncio.run(_spans(cluster.store_url, rollout.rollout_id))
+    spans = asyncio.run(store_spans(cluster.store_url, rollout.rollout_id))
     assert agl.find_final_reward(spans) == 0.5
 
 
-async def _spans(store_url: str, rollout_id: str) -> list[agl.Span]:
+async def store_spans(store_url: str, rollout_id: str) -> list[agl.Span]:
     client = agl.LightningStoreClient(store_url)
     try:
         return list(await client.query_spans(rollout_id, attempt_id="latest"))
@@ -197,7 +197,7 @@ def test_a_step_the_store_retries_returns_the_retry_while_the_runner_dispatches(
         a["status"] for a in sorted(attempts(cluster.store_url, rollout.rollout_id), key=lambda a: a["sequence_id"])
     ]
     assert statuses == ["failed", "succeeded"]
-    spans = asyncio.run(_spans(cluster.store_url, rollout.rollout_id))
+    spans = asyncio.run(store_spans(cluster.store_url, rollout.rollout_id))
     assert agl.find_final_reward(spans) == 0.75
 
 
@@ -206,7 +206,7 @@ def test_init_with_an_agent_the_workers_do_not_run_names_them(cluster: LocalStac
         CeleryRunner(broker_url=cluster.broker_url).init(OtherAgent())
     node = f"worker1@{socket.gethostname()}"
     assert caught.value.mismatched == {node: AGENT_PATH}
-    assert node in str(caught.value) and "AGENT=tests.integration.test_runner_agents:OtherAgent" in str(caught.value)
+    assert node in str(caught.value) and "AGENT=tests.fakes.runner_agents:OtherAgent" in str(caught.value)
     CeleryRunner(broker_url=cluster.broker_url).init(ScoredAgent())  # the agent they run passes
 
 

@@ -18,8 +18,8 @@ from bridge.core.models import AttemptedRollout
 from bridge.core.store import StoreClient
 from bridge_lab.chaos import run as chaos
 from bridge_lab.stack import LocalStack
+from tests.fakes.runner_agents import expected_reward
 from tests.helpers import cancel_unfinished, split_tasks
-from tests.integration.test_runner_agents import expected_reward
 
 pytestmark = [
     pytest.mark.integration,
@@ -30,7 +30,7 @@ pytestmark = [
 ]
 
 ROLLOUTS = 100
-AGENT = "tests.integration.test_runner_agents:SlowAgent"
+AGENT = "tests.fakes.runner_agents:SlowAgent"
 LLM_SPAN = "openai.chat.completion"
 
 

@@ -28,7 +28,7 @@ from bridge.core.store import API
 from bridge.runner import CeleryRunner
 from bridge_lab.stack import LocalStack
 from tests.helpers import attempts, cancel_unfinished, stack_for, wait_for
-from tests.integration.test_runner import ROOT, _spans, llm
+from tests.integration.test_runner import ROOT, llm, store_spans
 
 pytestmark = [pytest.mark.integration, pytest.mark.cost(13)]
 
@@ -51,7 +51,7 @@ def test_the_readme_example_agent_runs_on_the_workers(services: LocalStack, tmp_
     finally:
         stack.stop()
     assert rollout.status == "succeeded"
-    spans = asyncio.run(_spans(services.store_url, rollout.rollout_id))
+    spans = asyncio.run(store_spans(services.store_url, rollout.rollout_id))
     assert agl.find_final_reward(spans) in (0.0, 1.0)
     triplets = agl.TracerTraceToTriplet().adapt(spans)
     assert len(triplets) == 1 and triplets[0].reward == agl.find_final_reward(spans)

@@ -10,6 +10,7 @@ import redis
 from bridge.core.coordination import coordination_client
 from bridge.core.settings import load_settings
 from bridge.core.store import StoreClient
+from tests.fakes.lines import line  # noqa: F401 (the fixture: each dispatch line in turn, tests.fakes.lines)
 from tests.helpers import TEST_REDIS_URL
 from workers.agents.capture import AttemptCapture
 from workers.telemetry.spans import AttemptTelemetry

@@ -95,7 +95,7 @@ def client(redis_client: redis.Redis) -> Iterator[redis.Redis]:
     # A lock left held keeps its renewal thread, which clears the process-wide leader gauge once the flush below
     # takes its key: in the middle of the next test, which then read 0 from a leader it had just made.
     while _made:
-        _made.pop()._lock.release()
+        _made.pop().leader_lock.release()
     redis_client.flushdb()
     metrics.clear_leader_gauges()
 
@@ -105,7 +105,7 @@ _made: list[V03Dispatcher] = []
 
 def _dispatcher(client: redis.Redis, store: Store, settings: Settings | None = None) -> V03Dispatcher:
     dispatcher = V03Dispatcher(settings or _settings(), store, client, Publisher())  # type: ignore[arg-type]
-    dispatcher._next_reconcile = float("inf")  # reconcile is tested elsewhere
+    dispatcher.next_reconcile = float("inf")  # reconcile is tested elsewhere
     _made.append(dispatcher)
     return dispatcher
 
@@ -166,8 +166,8 @@ def test_the_leader_exports_waiting_slots_and_desired_as_waiting_plus_in_flight(
     store.claimable = [_claimed(1)]  # published on the first tick: in flight on rollouts-train
     dispatcher = _dispatcher(client, store)
     dispatcher.tick()
-    dispatcher._backlog.read_once()
-    dispatcher._next_gauges = 0.0
+    dispatcher.backlog.read_once()
+    dispatcher.next_gauges = 0.0
     dispatcher.tick()
     assert _series(metrics.STORE_WAITING) == {"rollouts": 0, "rollouts-train": 2, "rollouts-val": 1}
     assert _series(metrics.SLOTS) == {"rollouts": 0, "rollouts-train": 4, "rollouts-val": 0}
@@ -186,15 +186,15 @@ def test_desired_adds_the_1_0_lines_published_backlog_and_publishes_this_lines_o
     store = Store([_waiting(n, "train", 100.0 + n) for n in range(3)], claimable=[_claimed(1)])
     dispatcher = _dispatcher(client, store, settings)
     dispatcher.tick()  # publishes ro-c1: in flight
-    dispatcher._backlog.read_once()
-    dispatcher._next_gauges = 0.0
+    dispatcher.backlog.read_once()
+    dispatcher.next_gauges = 0.0
     dispatcher.tick()
     assert _series(metrics.STORE_WAITING) == {"rollouts": 3}
     assert _series(metrics.IN_FLIGHT) == {"rollouts": 2}
     assert _series(metrics.DESIRED_SLOTS) == {"rollouts": 2 + 3 + 6}
     assert client.get(keys.line_backlog(SCOPE, "rollouts", "v03")) == "3"
     client.delete(keys.line_backlog(SCOPE, "rollouts", "v1"))  # the 1.0 line stopped: its backlog expired
-    dispatcher._next_gauges = 0.0
+    dispatcher.next_gauges = 0.0
     dispatcher.tick()
     assert _series(metrics.DESIRED_SLOTS) == {"rollouts": 2 + 3}
 
@@ -204,23 +204,23 @@ def test_a_standby_exports_none_and_a_leader_that_loses_the_lock_clears_them(cli
     client.set(keys.bridge_leader(SCOPE), "another-bridge:1")
     standby = _dispatcher(client, store)
     standby.tick()
-    standby._backlog.read_once()  # what its thread would do: nothing, since it does not lead
-    assert store.calls == [] and standby._backlog.latest is None
+    standby.backlog.read_once()  # what its thread would do: nothing, since it does not lead
+    assert store.calls == [] and standby.backlog.latest is None
     assert all(not _series(gauge) for gauge in metrics.LEADER_GAUGES)
     assert metrics.IS_LEADER.labels("v03")._value.get() == 0
 
     client.delete(keys.bridge_leader(SCOPE))
     leader = _dispatcher(client, store)
     leader.tick()
-    leader._backlog.read_once()
-    leader._next_gauges = 0.0
+    leader.backlog.read_once()
+    leader.next_gauges = 0.0
     leader.tick()
     assert _series(metrics.DESIRED_SLOTS)["rollouts-train"] == 1 and metrics.IS_LEADER.labels("v03")._value.get() == 1
 
     client.set(keys.bridge_leader(SCOPE), "another-bridge:2")  # its lock expired and another bridge took it
     leader.tick()
     assert all(not _series(gauge) for gauge in metrics.LEADER_GAUGES)
-    assert leader._backlog.latest is None and metrics.IS_LEADER.labels("v03")._value.get() == 0
+    assert leader.backlog.latest is None and metrics.IS_LEADER.labels("v03")._value.get() == 0
 
 
 def test_a_failed_or_hanging_store_read_keeps_the_last_reading_and_never_stalls_dispatch(client: redis.Redis) -> None:
@@ -228,21 +228,21 @@ def test_a_failed_or_hanging_store_read_keeps_the_last_reading_and_never_stalls_
     store = Store([_waiting(1, "train", 100.0)], claimable=[_claimed(1), _claimed(2)])
     dispatcher = _dispatcher(client, store)
     dispatcher.tick()
-    dispatcher._backlog.read_once()
-    before = dispatcher._backlog.latest
+    dispatcher.backlog.read_once()
+    before = dispatcher.backlog.latest
     errors = metrics.STORE_ERRORS.labels("backlog")._value.get()
     store.error = StoreUnavailable("the Store is away")
-    dispatcher._backlog.read_once()
-    assert dispatcher._backlog.latest is before
+    dispatcher.backlog.read_once()
+    assert dispatcher.backlog.latest is before
     assert metrics.STORE_ERRORS.labels("backlog")._value.get() == errors + 1
 
     store.error, store.blocked = None, threading.Event()  # the next read hangs on its own thread
-    dispatcher._backlog.start()
+    dispatcher.backlog.start()
     try:
-        dispatcher._backlog.wake()
+        dispatcher.backlog.wake()
         dispatcher.tick()
         dispatcher.tick()
         assert dispatcher.publisher.published == ["ro-c1", "ro-c2"]  # type: ignore[attr-defined]
     finally:
         store.blocked.set()
-        dispatcher._backlog.close()
+        dispatcher.backlog.close()

@@ -64,7 +64,7 @@ def test_a_named_scope_lets_processes_spell_the_store_differently() -> None:
     built = workers.lifecycle.resources._build(named[1].model_copy(update={"fence_board": True}))
     try:
         assert built.store.shared_resources._scope == "team-a"  # type: ignore[union-attr]
-        assert built.monitor._board is not None and built.monitor._board._scope == "team-a"
+        assert built.monitor.board is not None and built.monitor.board._scope == "team-a"
     finally:
         built.store.close()
 

@@ -84,7 +84,7 @@ def test_the_idle_poll_wait_is_capped_and_off_with_coalescing() -> None:
 
 
 def _polls(dispatcher: V03Dispatcher, count: int) -> list[float]:
-    return [dispatcher._next_poll(found_work=False) for _ in range(count)]
+    return [dispatcher.next_poll(found_work=False) for _ in range(count)]
 
 
 @pytest.mark.parametrize("every_s, longest", [(0.25, SHARE * 32), (0.01, 0.2)])
@@ -95,10 +95,11 @@ def test_the_bridge_backs_off_empty_polls_to_the_longer_of_poll_max_and_the_epis
     dispatcher = V03Dispatcher(settings, None, coordination_redis(settings), None)  # type: ignore[arg-type]
     assert max(_polls(dispatcher, 20)) <= settings.poll_max_s  # no estimate yet
     clock = Clock()
-    dispatcher._coalescer = coalescer = Coalescer(settings.coalesce_max_s, clock=clock)
+    coalescer = Coalescer(settings.coalesce_max_s, clock=clock)
+    dispatcher = V03Dispatcher(settings, None, coordination_redis(settings), None, coalescer=coalescer)  # type: ignore[arg-type]
     _steady(coalescer, clock, every_s=every_s)
     coalescer.wait_s(128)
-    assert dispatcher._next_poll(found_work=True) <= settings.poll_min_s  # a dequeue found work
+    assert dispatcher.next_poll(found_work=True) <= settings.poll_min_s  # a dequeue found work
     waits = _polls(dispatcher, 20)
     assert waits[0] <= 2 * settings.poll_min_s  # the back-off still starts short after work was found
     assert max(waits) <= longest

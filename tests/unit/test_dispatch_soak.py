@@ -3,7 +3,7 @@
 A bridge and a 1.0 dispatcher run for weeks, mostly idle between training steps. Counters, back-offs and caches
 that grow with the ticks show only after days (an unbounded empty-poll count overflowed a float after about
 1,000 idle polls); here the ticks come as fast as the loop can turn them (the waits each tick returns are not
-slept: a fast clock), over the lines of ``tests/unit/test_line_dispatcher.py`` (real dispatchers and Redis; the Store,
+slept: a fast clock), over the lines of ``tests/fakes/lines.py`` (real dispatchers and Redis; the Store,
 the gateway and the broker as plain objects). What must hold: no error logged, every wait within the line's bounds,
 the open files and threads no more at the end than half-way, and of what the dispatch code allocated over the last
 1,000 ticks (``tracemalloc``, allocations in ``bridge/``) almost nothing still held.
@@ -21,7 +21,7 @@ import pytest
 import redis
 
 from bridge.core import keys
-from tests.unit.test_line_dispatcher import QUEUE, SLOTS, Line, line  # noqa: F401 (the fixture)
+from tests.fakes.lines import QUEUE, SLOTS, Line
 
 pytestmark = [
     pytest.mark.cost(40),  # 10,000 ticks of each line: about 20 s each on 2 busy cores
@@ -60,11 +60,11 @@ class ErrorsOnly(logging.Handler):
 
 
 def test_ten_thousand_ticks_busy_and_idle_leave_memory_files_and_threads_flat(
-    line: Line,  # noqa: F811 (the fixture)
+    line: Line,
     redis_client: redis.Redis,
 ) -> None:
     dispatcher = line.dispatcher
-    dispatcher._lock.ensure()
+    dispatcher.leader_lock.ensure()
     inflight = keys.inflight(dispatcher.scope, QUEUE)
     longest = max(dispatcher.settings.poll_max_s, 60.0)  # any wait beyond this is a runaway back-off
     published_before = len(line.published())
@@ -79,7 +79,7 @@ def test_ten_thousand_ticks_busy_and_idle_leave_memory_files_and_threads_flat(
             busy = (tick // PHASE_TICKS) % 2 == 0
             if busy and tick % 4 == 0:
                 line.add_waiting(SLOTS)
-            wait = dispatcher._tick_surviving()
+            wait = dispatcher.tick_surviving()
             assert 0.0 <= wait <= longest, (tick, wait)
             redis_client.delete(inflight)  # the workers finished what was published: its slots are free
             if tick + 1 in (TICKS // 2, TICKS):

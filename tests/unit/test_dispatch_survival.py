@@ -1,81 +1,24 @@
 """The dispatch loop survives the unexpected, and holds what it cannot place: a V03Dispatcher on this test's Redis
-database with a Store and a publisher that misbehave on purpose (plain objects: no HTTP, no broker)."""
+database with a Store and a publisher that misbehave on purpose (``tests.fakes.v03``: no HTTP, no broker)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 import redis
 
 from bridge.core import capacity, keys
 from bridge.core.errors import PublishError
-from bridge.core.message import DEFAULT_AGENT
-from bridge.core.models import AttemptedRollout, RolloutStatus
 from bridge.core.settings import load_settings
 from bridge.dispatch import metrics
 from bridge.dispatch.hold import Hold
-from bridge.dispatch.publisher import Task
 from bridge.dispatch.v03 import UNEXPECTED_ERROR_WAIT_S, V03Dispatcher
+from tests.fakes.v03 import Publisher, Store, attempted_rollout
 
 QUEUES = "train=rollouts-train,val=rollouts-val"
 SCOPE = keys.store_scope("http://127.0.0.1:9")  # the V03Dispatcher's Redis key scope: its settings' store_url
-
-
-def _rollout(n: int, mode: str = "train", start_time: float = 1.0, worker_id: str | None = None) -> AttemptedRollout:
-    rid, aid = f"ro-{n}", f"at-{n}"
-    attempt = {"rollout_id": rid, "attempt_id": aid, "status": "preparing", "start_time": start_time}
-    if worker_id is not None:
-        attempt["worker_id"] = worker_id
-    return AttemptedRollout.model_validate({"rollout_id": rid, "status": "preparing", "mode": mode, "attempt": attempt})
-
-
-class Store:
-    """The Store calls the V03Dispatcher makes: ``dequeue`` takes up to ``limit`` from the head of the queue."""
-
-    def __init__(self, queue: list[AttemptedRollout], dequeue_error: Exception | None = None) -> None:
-        self.queue = list(queue)
-        self.dequeue_error = dequeue_error
-        self.rollouts = {r.rollout_id: r for r in queue}
-        self.requeued: list[str] = []
-
-    def dequeue(self, limit: int, worker_id: str) -> list[AttemptedRollout]:
-        if self.dequeue_error is not None:
-            error, self.dequeue_error = self.dequeue_error, None
-            raise error
-        batch, self.queue = self.queue[:limit], self.queue[limit:]
-        return batch
-
-    def get_rollout(self, rollout_id: str) -> AttemptedRollout:
-        return self.rollouts[rollout_id]
-
-    def update_rollout(self, rollout_id: str, **fields: Any) -> None:
-        assert fields == {"status": RolloutStatus.REQUEUING}
-        self.requeued.append(rollout_id)
-
-    def list_rollouts(self, **_: Any) -> tuple[list[AttemptedRollout], int]:
-        return list(self.rollouts.values()), len(self.rollouts)
-
-
-class Publisher:
-    """Records what it publishes; raises ``error`` for the rollout ids in ``fail``."""
-
-    def __init__(self, fail: set[str] = frozenset(), error: Exception | None = None) -> None:  # type: ignore[assignment]
-        self.fail, self.error = fail, error or RuntimeError("a bug in the publish path")
-        self.published: list[tuple[str, str]] = []
-
-    agent = DEFAULT_AGENT
-
-    def send(self, task: Task) -> None:
-        rollout_id = task.kwargs["rollout"]["rollout_id"]
-        if rollout_id in self.fail:
-            raise self.error
-        self.published.append((rollout_id, task.queue))
-
-    def close(self) -> None:
-        self.closed = True
 
 
 @pytest.fixture
@@ -91,17 +34,17 @@ def _dispatcher(client: redis.Redis, store: Store, publisher: Publisher) -> V03D
         store_url="http://127.0.0.1:9", broker_url="redis://127.0.0.1:9/0", queue_by_mode=QUEUES, max_held=2
     )
     dispatcher = V03Dispatcher(settings, store, client, publisher)  # type: ignore[arg-type]
-    dispatcher._next_reconcile = float("inf")  # this test drives the ticks; reconcile is tested elsewhere
+    dispatcher.next_reconcile = float("inf")  # this test drives the ticks; reconcile is tested elsewhere
     return dispatcher
 
 
 def test_an_unexpected_publish_error_hands_that_rollout_back_and_the_batch_goes_on(client: redis.Redis) -> None:
-    store = Store([_rollout(1), _rollout(2), _rollout(3)])
+    store = Store([attempted_rollout(1), attempted_rollout(2), attempted_rollout(3)])
     publisher = Publisher(fail={"ro-2"})
     errors = metrics.LOOP_ERRORS._value.get()
     dispatcher = _dispatcher(client, store, publisher)
-    dispatcher._tick_surviving()
-    dispatcher._tick_surviving()  # two a tick: the hold keeps room for val rollouts, whose queue nobody consumes
+    dispatcher.tick_surviving()
+    dispatcher.tick_surviving()  # two a tick: the hold keeps room for val rollouts, whose queue nobody consumes
     assert publisher.published == [("ro-1", "rollouts-train"), ("ro-3", "rollouts-train")]
     assert store.requeued == ["ro-2"]
     assert capacity.inflight_ids(client, SCOPE, "rollouts-train") == {"at-1", "at-3"}  # its slot is not kept busy
@@ -109,32 +52,40 @@ def test_an_unexpected_publish_error_hands_that_rollout_back_and_the_batch_goes_
 
 
 def test_a_refused_publish_is_handed_back_as_before(client: redis.Redis) -> None:
-    store = Store([_rollout(1)])
-    _dispatcher(client, store, Publisher(fail={"ro-1"}, error=PublishError("broker said no")))._tick_surviving()
+    store = Store([attempted_rollout(1)])
+    _dispatcher(client, store, Publisher(fail={"ro-1"}, error=PublishError("broker said no"))).tick_surviving()
     assert store.requeued == ["ro-1"]
 
 
 def test_an_error_anywhere_in_a_tick_is_counted_and_the_loop_goes_on(client: redis.Redis) -> None:
-    store = Store([_rollout(1)], dequeue_error=RuntimeError("a bug in the dequeue path"))
+    store = Store([attempted_rollout(1)], dequeue_error=RuntimeError("a bug in the dequeue path"))
     publisher = Publisher()
     dispatcher = _dispatcher(client, store, publisher)
     errors = metrics.LOOP_ERRORS._value.get()
-    assert dispatcher._tick_surviving() == UNEXPECTED_ERROR_WAIT_S
+    assert dispatcher.tick_surviving() == UNEXPECTED_ERROR_WAIT_S
     assert metrics.LOOP_ERRORS._value.get() == errors + 1
-    dispatcher._tick_surviving()
+    dispatcher.tick_surviving()
     assert publisher.published == [("ro-1", "rollouts-train")]
 
 
 def test_rollouts_for_an_unserved_queue_are_held_while_the_others_go_on_and_the_hold_is_bounded(
     client: redis.Redis,
 ) -> None:
-    store = Store([_rollout(1, "val"), _rollout(2), _rollout(3, "val"), _rollout(4), _rollout(5)])
+    store = Store(
+        [
+            attempted_rollout(1, "val"),
+            attempted_rollout(2),
+            attempted_rollout(3, "val"),
+            attempted_rollout(4),
+            attempted_rollout(5),
+        ]
+    )
     publisher = Publisher()
     dispatcher = _dispatcher(client, store, publisher)
     for _ in range(3):
-        dispatcher._tick_surviving()
-    dispatcher._next_gauges = 0.0  # the gauges are read at the start of a tick, once a second
-    dispatcher._tick_surviving()
+        dispatcher.tick_surviving()
+    dispatcher.next_gauges = 0.0  # the gauges are read at the start of a tick, once a second
+    dispatcher.tick_surviving()
     assert publisher.published == [("ro-2", "rollouts-train")]
     assert [r.rollout_id for r in store.queue] == ["ro-4", "ro-5"]  # two held (BRIDGE_MAX_HELD=2): no more claims
     assert store.requeued == []  # held, not cycled through hand-backs
@@ -143,8 +94,8 @@ def test_rollouts_for_an_unserved_queue_are_held_while_the_others_go_on_and_the_
     assert capacity.read_held(client, SCOPE) == ({"rollouts-val": 2}, ["rollouts-val"])
 
     capacity.advertise(client, SCOPE, "w-val@test", ["rollouts-val"], 1)  # a val worker with one slot comes
-    dispatcher._tick_surviving()
-    dispatcher._tick_surviving()
+    dispatcher.tick_surviving()
+    dispatcher.tick_surviving()
     # ro-1 goes out (oldest first); ro-3 now waits for a consumed, full queue: nothing more is claimed.
     assert publisher.published[1:] == [("ro-1", "rollouts-val")]
     assert [r.rollout_id for r in store.queue] == ["ro-4", "ro-5"]
@@ -156,7 +107,7 @@ def test_rollouts_for_an_unserved_queue_are_held_while_the_others_go_on_and_the_
 def test_the_hold_releases_oldest_first_and_only_into_room() -> None:
     hold = Hold(capacity=3)
     for n, queue in [(1, "a"), (2, "b"), (3, "a")]:
-        hold.add(_rollout(n), queue)
+        hold.add(attempted_rollout(n), queue)
     assert hold.room() == 0
     rooms = {"a": 1, "b": 0}
     assert [h.rollout.rollout_id for h in hold.placeable(rooms, served={"a", "b"})] == ["ro-1"]
@@ -169,13 +120,13 @@ def test_a_tick_whose_reconcile_republished_claims_that_many_fewer(client: redis
     """A stranded attempt re-published by reconcile takes a slot the same tick's dequeue must not claim."""
     capacity.withdraw(client, SCOPE, "w-train@test", ["rollouts-train"])
     capacity.advertise(client, SCOPE, "w-train@test", ["rollouts-train", "rollouts-val"], 2)
-    stranded = _rollout(1, start_time=time.time(), worker_id="celery-bridge")  # ours, in no message, no lease
-    store = Store([_rollout(2), _rollout(3)])
+    stranded = attempted_rollout(1, start_time=time.time(), worker_id="celery-bridge")  # ours, in no message, no lease
+    store = Store([attempted_rollout(2), attempted_rollout(3)])
     store.rollouts[stranded.rollout_id] = stranded
     publisher = Publisher()
     dispatcher = _dispatcher(client, store, publisher)
-    dispatcher._next_reconcile = 0.0
-    dispatcher._suspects = {"at-1": time.monotonic() - dispatcher.confirm_s}  # seen stranded one scan ago
-    dispatcher._tick_surviving()
+    dispatcher.next_reconcile = 0.0
+    dispatcher.suspects = {"at-1": time.monotonic() - dispatcher.confirm_s}  # seen stranded one scan ago
+    dispatcher.tick_surviving()
     assert publisher.published == [("ro-1", "rollouts-train"), ("ro-2", "rollouts-train")]
     assert [r.rollout_id for r in store.queue] == ["ro-3"]

@@ -84,7 +84,7 @@ def _clear_boards(client: redis.Redis) -> None:
 
 def _watch(monitor: HeartbeatMonitor, store: RecordingStore, rollout_id: str) -> AttemptWatch:
     attempt_id = store.add(rollout_id)
-    lease = Lease(monitor._redis, attempt_id, 30.0)
+    lease = Lease(monitor.redis, attempt_id, 30.0)
     lease.valid_until = time.monotonic() + 3600  # freshly renewed, for the whole test
     return AttemptWatch(
         rollout_id, attempt_id, lease, None, interval_s=INTERVAL_S, flush_interval_s=float("inf"), viewed_at=time.time()
@@ -263,6 +263,6 @@ def test_a_verdict_older_than_one_read_never_counts_as_a_read(
     assert watch.viewed_at == 0.0 and watch.beats == 0 and watch.stop_reason is None
     fresh = time.time() - 0.1
     redis_client.set(keys.fence_verdict(keys.store_scope(store_url), watch.attempt_id), f"{fresh:.3f}")
-    monitor._board._next_check = 0.0  # type: ignore[union-attr]
+    monitor.board._next_check = 0.0  # type: ignore[union-attr]
     monitor._take_verdicts([watch], {watch: 1.0})
     assert watch.viewed_at == pytest.approx(fresh, abs=0.01) and watch.beats == 1

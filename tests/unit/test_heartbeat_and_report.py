@@ -37,7 +37,7 @@ def watch_and_monitor() -> tuple[AttemptWatch, HeartbeatMonitor, SlowStore]:
 
 def test_the_report_waits_for_a_heartbeat_in_flight() -> None:
     watch, monitor, store = watch_and_monitor()
-    beat = threading.Thread(target=monitor._send_heartbeat, args=(watch, 5.0))
+    beat = threading.Thread(target=monitor.send_heartbeat, args=(watch, 5.0))
     beat.start()
     assert store.entered.wait(5)
     reporting = threading.Thread(target=watch.begin_reporting)
@@ -53,8 +53,8 @@ def test_the_report_waits_for_a_heartbeat_in_flight() -> None:
 def test_no_heartbeat_starts_once_the_report_is_under_way() -> None:
     watch, monitor, store = watch_and_monitor()
     store.release.set()
-    monitor._send_heartbeat(watch, 5.0)
+    monitor.send_heartbeat(watch, 5.0)
     assert len(store.calls) == 1 and "last_heartbeat_time" in store.calls[0]
     watch.begin_reporting()
-    monitor._send_heartbeat(watch, 5.0)
+    monitor.send_heartbeat(watch, 5.0)
     assert len(store.calls) == 1

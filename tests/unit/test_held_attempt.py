@@ -64,14 +64,14 @@ def test_a_watch_the_line_built_renews_the_lease_until_release(
         held.follow(_line_watch(held))  # nothing held yet: nothing to renew
     claim = held.claim(60.0)
     assert claim.acquired and claim.first_start and claim.done_status is None
-    assert monitor._snapshot() == [held.watch]  # the protocol's own watch, until the line's replaces it
+    assert monitor.watches() == [held.watch]  # the protocol's own watch, until the line's replaces it
     time.sleep(2 * LEASE_TTL_S)  # the line reads the Store before it runs (a fence read, its resources), slowly
     assert redis_client.get(keys.lease(attempt_id)) == held.lease.token and held.stop_reason is None
     with pytest.raises(ValueError):
         held.follow(_line_watch(_held(redis_client, monitor, attempt_id)))  # a watch on another Lease object
     watch = _line_watch(held)
     held.follow(watch)
-    assert monitor._snapshot() == [watch] and held.watch is watch
+    assert monitor.watches() == [watch] and held.watch is watch
 
     time.sleep(2 * LEASE_TTL_S)  # renewed by the monitor's lease thread through the line's watch
     assert redis_client.get(keys.lease(attempt_id)) == held.lease.token
@@ -87,7 +87,7 @@ def test_a_watch_the_line_built_renews_the_lease_until_release(
     redis_client.set(keys.owner(attempt_id), held.lease.token, ex=60)  # ours again, to see release drop it
     redis_client.set(keys.lease(attempt_id), held.lease.token, px=60_000)
     held.release()
-    assert monitor._snapshot() == []
+    assert monitor.watches() == []
     assert redis_client.exists(keys.lease(attempt_id)) == 0
     assert redis_client.get(keys.owner(attempt_id)) == f"{held.lease.token}:released"  # a renewal cannot restore it
 
@@ -98,12 +98,12 @@ def test_follow_replaces_the_protocols_own_watch(
     held = _held(redis_client, monitor, attempt_id)
     own = held.watch
     assert held.claim(60.0).acquired
-    assert monitor._snapshot() == [own]
+    assert monitor.watches() == [own]
     watch = _line_watch(held)
     held.follow(watch)
-    assert monitor._snapshot() == [watch]
+    assert monitor.watches() == [watch]
     held.release()
-    assert monitor._snapshot() == []
+    assert monitor.watches() == []
 
 
 def test_a_duplicates_slot_release_leaves_the_live_executions_slot_counted(

@@ -46,12 +46,12 @@ def test_each_thread_has_its_own_llm_pool_and_an_ended_threads_pool_serves_the_n
     client = httpx.Client(base_url=server.url, transport=transport)
     try:
         client.get("/a")
-        mine = transport._pools[threading.current_thread()]
+        mine = transport.pools[threading.current_thread()]
         seen: list[httpx.HTTPTransport] = []
 
         def other() -> None:
             client.get("/b")
-            seen.append(transport._pools[threading.current_thread()])
+            seen.append(transport.pools[threading.current_thread()])
 
         _in_thread(other)
         assert seen and seen[0] is not mine  # the other thread did not use (or walk) this thread's connections
@@ -65,7 +65,7 @@ def test_each_thread_has_its_own_llm_pool_and_an_ended_threads_pool_serves_the_n
         assert server.paths == ["/a", "/b", "/b"]
     finally:
         client.close()
-    assert transport._pools == {} and transport._idle == []
+    assert transport.pools == {} and transport.idle == []
     assert mine._pool.connections == [] and seen[0]._pool.connections == []
 
 
@@ -88,8 +88,8 @@ def test_no_more_pools_are_kept_than_threads_ever_held_at_once(server: Recording
         for thread in threads:
             thread.join(10)
         _in_thread(lambda: client.get("/next"))  # takes one of the three; the other two wait for the next threads
-        assert len(transport._pools) + len(transport._idle) == 3
-        assert transport._most == 3
+        assert len(transport.pools) + len(transport.idle) == 3
+        assert transport.most == 3
     finally:
         client.close()
 

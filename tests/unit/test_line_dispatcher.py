@@ -12,119 +12,27 @@ every freed slot wakes the line on its own list; shutdown releases the lock.
 from __future__ import annotations
 
 import time
-import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 import pytest
 import redis
-from kombu.exceptions import OperationalError
 
 from bridge.core import capacity, keys, slot_share
-from bridge.core.errors import PublishError
-from bridge.core.settings import load_settings
 from bridge.dispatch import metrics
-from bridge.dispatch.dispatcher import LineDispatcher
 from bridge.dispatch.leader import STANDBY_RETRY_S
-from bridge.dispatch.v03 import V03Dispatcher
+from tests.fakes.lines import QUEUE, SLOTS, Line
 from tests.helpers import line_of
-from tests.unit.test_dispatch_survival import Publisher, Store, _rollout
-from tests.unit.test_v1_dispatch import FakeApp, FakeGateway
-from tests.unit.test_v1_dispatch import _dispatcher as v1_dispatcher
-
-QUEUE = "rollouts"
-SLOTS = 4
-
-
-@dataclass
-class Line:
-    """One line's dispatcher and the means to feed it, read it and make its publishes fail."""
-
-    dispatcher: LineDispatcher
-    add_waiting: Callable[[int], list[str]]  # n more rollouts waiting at its source: their rollout ids
-    published: Callable[[], list[str]]  # the rollout ids it published, in order
-    refuse: Callable[[str], None]  # the broker refuses this rollout's publish
-    other_line_key: Callable[[int], str]  # an in-flight entry of the other line
-    forget: Callable[[], None]  # drop what the fakes recorded (what was published, what was written)
-
-
-def _v03(client: redis.Redis) -> Line:
-    settings = load_settings(store_url=f"http://127.0.0.1:9/{uuid.uuid4().hex[:8]}", broker_url="redis://127.0.0.1:9/0")
-    store = Store([])
-    publisher = Publisher()
-    dispatcher = V03Dispatcher(settings, store, client, publisher)  # type: ignore[arg-type]
-    capacity.advertise(client, dispatcher.scope, "worker-1", [QUEUE], SLOTS)
-    counter = iter(range(1, 10_000))
-
-    def add_waiting(n: int) -> list[str]:
-        made = [_rollout(next(counter), mode="test") for _ in range(n)]
-        store.queue.extend(made)
-        store.rollouts.update({r.rollout_id: r for r in made})
-        return [r.rollout_id for r in made]
-
-    def refuse(rollout_id: str) -> None:
-        publisher.fail = {*publisher.fail, rollout_id}
-        publisher.error = PublishError("broker said no")
-
-    def forget() -> None:
-        publisher.published.clear()
-        store.requeued.clear()
-
-    return Line(
-        dispatcher,
-        add_waiting,
-        lambda: [rid for rid, _ in publisher.published],
-        refuse,
-        lambda n: f"v1-other{n}-0",
-        forget,
-    )
-
-
-def _v1(client: redis.Redis) -> Line:
-    gateway = FakeGateway()
-    dispatcher, app = v1_dispatcher(gateway, client, slots=SLOTS)
-    prefix = f"t{uuid.uuid4().hex[:8]}"
-    counter = iter(range(1, 10_000))
-
-    def add_waiting(n: int) -> list[str]:
-        made = [f"{prefix}-{next(counter)}" for _ in range(n)]
-        for rid in made:
-            gateway.add(rid)
-        return made
-
-    def published() -> list[str]:
-        assert isinstance(dispatcher.publisher.app, FakeApp)
-        return [task["kwargs"]["rollout"]["rollout_id"] for task in dispatcher.publisher.app.sent]
-
-    def refuse(rollout_id: str) -> None:
-        app.refuse[rollout_id] = OperationalError("broker said no")
-
-    def forget() -> None:
-        app.sent.clear()
-        gateway.writes.clear()
-
-    return Line(dispatcher, add_waiting, published, refuse, lambda n: f"at-other-{n}", forget)
-
-
-@pytest.fixture(params=["v03", "v1"])
-def line(request: pytest.FixtureRequest, redis_client: redis.Redis) -> Iterator[Line]:
-    redis_client.flushdb()
-    made = _v03(redis_client) if request.param == "v03" else _v1(redis_client)
-    yield made
-    made.dispatcher._lock.release()
-    redis_client.flushdb()
 
 
 def _slots_free(line: Line) -> None:
     """Let the tick's dequeue or listing through without a reconcile in the way (tested on its own below)."""
-    line.dispatcher._next_reconcile = float("inf")
-    line.dispatcher._lock.ensure()
+    line.dispatcher.next_reconcile = float("inf")
+    line.dispatcher.leader_lock.ensure()
 
 
 def test_a_standby_publishes_nothing(line: Line, redis_client: redis.Redis) -> None:
-    redis_client.set(line.dispatcher._lock.key, "another-dispatcher:token", px=60_000)
+    redis_client.set(line.dispatcher.leader_lock.key, "another-dispatcher:token", px=60_000)
     line.add_waiting(2)
-    assert line.dispatcher._tick_surviving() == STANDBY_RETRY_S
+    assert line.dispatcher.tick_surviving() == STANDBY_RETRY_S
     assert line.published() == []
 
 
@@ -139,10 +47,10 @@ def test_a_new_leader_reconciles_at_once(line: Line, monkeypatch: pytest.MonkeyP
         return line.dispatcher._scan(record)
 
     monkeypatch.setattr(line.dispatcher, "reconcile", scan)
-    line.dispatcher._next_reconcile = float("inf")
-    line.dispatcher._tick_surviving()
+    line.dispatcher.next_reconcile = float("inf")
+    line.dispatcher.tick_surviving()
     assert len(scans) == 1
-    line.dispatcher._tick_surviving()  # still leading: the schedule, not the lead, says when the next is due
+    line.dispatcher.tick_surviving()  # still leading: the schedule, not the lead, says when the next is due
     assert len(scans) == 1
 
 
@@ -168,13 +76,13 @@ def test_an_error_a_tick_lets_out_is_counted_and_a_reconcile_is_due_by_the_next(
         raise error
 
     monkeypatch.setattr(dispatcher, "tick", broken)
-    dispatcher._next_reconcile = float("inf")
+    dispatcher.next_reconcile = float("inf")
     before = _count(counter)
     started = time.monotonic()
-    wait = dispatcher._tick_surviving()
+    wait = dispatcher.tick_surviving()
     assert low <= wait <= high
     assert _count(counter) == before + 1
-    assert dispatcher._next_reconcile <= started + wait + 1.0
+    assert dispatcher.next_reconcile <= started + wait + 1.0
 
 
 def test_a_scan_schedules_the_next_after_the_interval_and_the_earliest_request_wins(line: Line) -> None:
@@ -182,10 +90,10 @@ def test_a_scan_schedules_the_next_after_the_interval_and_the_earliest_request_w
     started = time.monotonic()
     dispatcher.reconcile()
     interval = dispatcher.settings.reconcile_interval_s
-    assert started + interval - 1.0 <= dispatcher._next_reconcile <= time.monotonic() + interval
-    dispatcher._reconcile_by(started + 1.0)
-    dispatcher._reconcile_by(started + 5.0)
-    assert dispatcher._next_reconcile == started + 1.0
+    assert started + interval - 1.0 <= dispatcher.next_reconcile <= time.monotonic() + interval
+    dispatcher.reconcile_by(started + 1.0)
+    dispatcher.reconcile_by(started + 5.0)
+    assert dispatcher.next_reconcile == started + 1.0
 
 
 def test_while_the_other_line_waits_a_line_starts_no_more_than_its_share(line: Line, redis_client: redis.Redis) -> None:
@@ -196,7 +104,7 @@ def test_while_the_other_line_waits_a_line_starts_no_more_than_its_share(line: L
     line.add_waiting(5)
     _slots_free(line)
     for _ in range(3):
-        line.dispatcher._tick_surviving()
+        line.dispatcher.tick_surviving()
     assert len(line.published()) == SLOTS // 2  # 3 slots free, but half the pool is the other line's
     lines = [line_of(key) for key in capacity.inflight_ids(redis_client, scope, QUEUE)]
     assert lines.count(line.dispatcher.line) == SLOTS // 2
@@ -206,7 +114,7 @@ def test_a_line_alone_uses_every_free_slot(line: Line) -> None:
     line.add_waiting(SLOTS + 2)
     _slots_free(line)
     for _ in range(3):
-        line.dispatcher._tick_surviving()
+        line.dispatcher.tick_surviving()
     assert len(line.published()) == SLOTS
 
 
@@ -214,7 +122,7 @@ def test_a_refused_publish_leaves_no_in_flight_entry(line: Line, redis_client: r
     first, second = line.add_waiting(2)
     line.refuse(first)
     _slots_free(line)
-    line.dispatcher._tick_surviving()
+    line.dispatcher.tick_surviving()
     assert line.published() == [second]
     assert len(capacity.inflight_ids(redis_client, line.dispatcher.scope, QUEUE)) == 1
 
@@ -224,15 +132,15 @@ def test_every_freed_slot_wakes_the_line_on_its_own_list(line: Line, redis_clien
     capacity.notify_freed(redis_client, scope, QUEUE)
     other = slot_share.V1 if line.dispatcher.line == slot_share.V03 else slot_share.V03
     assert capacity.wait_for_freed(redis_client, scope, [QUEUE], 0.5, other)  # the other line took its wake-up
-    assert line.dispatcher._wait_for_freed([QUEUE], 1.0)  # and this line still hears of the slot
-    assert not line.dispatcher._wait_for_freed([QUEUE], 0.1)
+    assert line.dispatcher.wait_for_freed([QUEUE], 1.0)  # and this line still hears of the slot
+    assert not line.dispatcher.wait_for_freed([QUEUE], 0.1)
     assert not redis_client.exists(keys.slot_freed(scope, QUEUE, line.dispatcher.line))
 
 
 def test_shutdown_releases_the_lock(line: Line, redis_client: redis.Redis) -> None:
     _slots_free(line)
-    assert redis_client.exists(line.dispatcher._lock.key)
+    assert redis_client.exists(line.dispatcher.leader_lock.key)
     line.dispatcher.stop.set()  # type: ignore[attr-defined]
     line.dispatcher.run()
-    assert not redis_client.exists(line.dispatcher._lock.key)
-    assert not line.dispatcher._lock.held
+    assert not redis_client.exists(line.dispatcher.leader_lock.key)
+    assert not line.dispatcher.leader_lock.held

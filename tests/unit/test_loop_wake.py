@@ -23,8 +23,8 @@ def _started(limit: int) -> Iterator[tuple[Any, LoopWaker, int]]:
     step = LoopWaker(c)
     step.start(c)
     try:
-        assert step._pipe is not None
-        yield c, step, step._pipe[0]
+        assert step.pipe is not None
+        yield c, step, step.pipe[0]
     finally:
         step.stop(c)
         pool.stop()
@@ -54,7 +54,7 @@ def test_a_finished_task_wakes_the_loop_after_its_callback_ran() -> None:
         callback, args = c.hub.readers[read_fd]
         callback(*args)  # the loop's read callback empties the pipe: the next poll sleeps again
         assert _ready_fds(c.hub, 0.05) == set()
-    assert step._pipe is None
+    assert step.pipe is None
     assert "on_apply" not in vars(pool)  # the pool's own method again
     assert c.hub.readers == {}
     step.wake()  # after stop: nothing to write to, and no error
@@ -63,14 +63,14 @@ def test_a_finished_task_wakes_the_loop_after_its_callback_ran() -> None:
 def test_a_restarted_consumer_gets_a_fresh_pipe_and_one_wrapper() -> None:
     with _started(1) as (c, step, read_fd):
         step.start(c)  # started twice without a stop: nothing doubles
-        assert step._pipe is not None and step._pipe[0] == read_fd
+        assert step.pipe is not None and step.pipe[0] == read_fd
         step.stop(c)
         step.start(c)
-        assert step._pipe is not None and set(c.hub.readers) == {step._pipe[0]}
+        assert step.pipe is not None and set(c.hub.readers) == {step.pipe[0]}
         release = threading.Event()
         c.pool.apply_async(lambda: release.wait(5), callback=_acknowledge)
         release.set()
-        assert step._pipe[0] in _ready_fds(c.hub, 5.0)
+        assert step.pipe[0] in _ready_fds(c.hub, 5.0)
 
 
 def test_a_task_done_before_the_loop_returns_to_its_poll_needs_no_wake_up() -> None:
@@ -96,7 +96,7 @@ def test_other_pools_and_loops_are_left_alone() -> None:
     for c in (prefork, no_loop):
         step = LoopWaker(c)
         step.start(c)
-        assert step._pipe is None
+        assert step.pipe is None
         assert "on_apply" not in vars(c.pool)
         step.stop(c)
     no_loop.pool.stop()

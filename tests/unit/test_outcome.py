@@ -110,8 +110,8 @@ def test_a_10_failure_sends_the_gateway_the_errors_first_line_and_its_tail() -> 
         sent.append(json.loads(request.content)["status"])
         return httpx.Response(200, json={"rollout_id": "r1", "status": {"state": "failed"}})
 
-    client = GatewayClient("http://gateway.test", key=None, retries=0)
-    client._client = httpx.Client(base_url="http://gateway.test", transport=httpx.MockTransport(answer))
+    http = httpx.Client(base_url="http://gateway.test", transport=httpx.MockTransport(answer))
+    client = GatewayClient("http://gateway.test", key=None, retries=0, http=http)
     try:
         reason = "invalid rollout: " + _long_error()
         assert client.fail_malformed(Malformed("r1", "queuing", reason))

@@ -112,7 +112,7 @@ def test_the_store_url_comes_from_the_store_object_the_trainer_gives() -> None:
     assert store_url_of(agl.InMemoryLightningStore()) is None
     runner = CeleryRunner(broker_url=TEST_REDIS_URL)
     runner.init_worker(0, agl.LightningStoreClient("http://store-host:4747"))
-    settings, _ = runner._settings, None
+    settings, _ = runner.settings, None
     assert settings is not None and settings.store_base == "http://store-host:4747"
     assert runner.worker_id == 0
 
@@ -127,7 +127,7 @@ def test_a_store_the_workers_cannot_reach_is_refused_without_a_configured_url(
     monkeypatch.setenv("AGENT_LIGHTNING_STORE_URL", "http://configured:4747")
     runner = CeleryRunner()
     runner.init_worker(0, agl.InMemoryLightningStore())
-    assert runner._settings is not None and runner._settings.store_base == "http://configured:4747"
+    assert runner.settings is not None and runner.settings.store_base == "http://configured:4747"
 
 
 def test_a_bad_setting_in_a_trainer_is_an_ordinary_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -150,7 +150,7 @@ def test_construction_opens_nothing_and_the_runner_pickles_before_and_after_use(
     runner._direct()  # live clients, as after a step
     copy = pickle.loads(pickle.dumps(runner))
     assert copy._store is None and copy._dispatcher is None and copy._redis is None
-    assert copy._settings is not None and copy._settings.store_base == "http://store-host:4747"
+    assert copy.settings is not None and copy.settings.store_base == "http://store-host:4747"
     assert copy._agent == EXPECTED and copy._lock is not None
     runner.teardown_worker(1)
     assert runner._store is None and runner.worker_id is None
@@ -158,8 +158,8 @@ def test_construction_opens_nothing_and_the_runner_pickles_before_and_after_use(
 
 def _child(runner: CeleryRunner, out: Any) -> None:
     runner.init_worker(3, agl.LightningStoreClient("http://store-host:4747"))
-    assert runner._settings is not None
-    out.put(runner._settings.store_base)
+    assert runner.settings is not None
+    out.put(runner.settings.store_base)
 
 
 @pytest.mark.usefixtures("fork_like_a_trainer")

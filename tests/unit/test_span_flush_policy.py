@@ -41,15 +41,15 @@ def monitor() -> Iterator[HeartbeatMonitor]:
 def _attempt(
     monitor: HeartbeatMonitor, spans: int, flush_interval_s: float, flush_max_pending: int
 ) -> tuple[AttemptWatch, AttemptTelemetry]:
-    assert monitor._store is not None
+    assert monitor.store is not None
     telemetry = AttemptTelemetry(
-        monitor._store, rollout_id="ro-flush", attempt_id="at-flush", service_name="flush-policy", export=False
+        monitor.store, rollout_id="ro-flush", attempt_id="at-flush", service_name="flush-policy", export=False
     )
     for index in range(spans):
         with telemetry.span("webshop.step", {"step.index": index}):
             pass
     telemetry.last_flush = time.monotonic() - 3600  # an hour-long episode so far
-    lease = Lease(monitor._redis, "at-flush", 30.0)
+    lease = Lease(monitor.redis, "at-flush", 30.0)
     lease.valid_until = time.monotonic() + 20.0
     watch = AttemptWatch(
         "ro-flush",
@@ -65,23 +65,23 @@ def _attempt(
 
 def test_without_streaming_or_a_watchdog_spans_wait_for_the_report(monitor: HeartbeatMonitor) -> None:
     watch, telemetry = _attempt(monitor, 5, flush_interval_s=math.inf, flush_max_pending=10)
-    monitor._flush_if_due(watch)
+    monitor.flush_if_due(watch)
     assert telemetry.pending == 5
 
 
 def test_a_full_buffer_is_shipped_whatever_the_interval(monitor: HeartbeatMonitor) -> None:
     watch, telemetry = _attempt(monitor, 10, flush_interval_s=math.inf, flush_max_pending=10)
-    monitor._flush_if_due(watch)
+    monitor.flush_if_due(watch)
     assert telemetry.pending == 0 and telemetry.spans_exported == 0  # export off: emptied, nothing sent
 
 
 def test_streaming_ships_every_interval(monitor: HeartbeatMonitor) -> None:
     watch, telemetry = _attempt(monitor, 3, flush_interval_s=1.0, flush_max_pending=10)
-    monitor._flush_if_due(watch)
+    monitor.flush_if_due(watch)
     assert telemetry.pending == 0
     with telemetry.tracer.start_as_current_span("webshop.step"):
         pass
-    monitor._flush_if_due(watch)  # just flushed: the next one waits for the interval
+    monitor.flush_if_due(watch)  # just flushed: the next one waits for the interval
     assert telemetry.pending == 1
 
 

@@ -67,7 +67,7 @@ def test_status_without_a_store_shows_the_rest() -> None:
     from bridge.ops import status
 
     settings = load_settings(agl_v1_url=GATEWAY, broker_url="redis://127.0.0.1:9/0")
-    part = status._store_part(settings, None)
+    part = status.store_part(settings, None)
     assert part["url"] is None and "AGENT_LIGHTNING_STORE_URL is not set" in part["error"]
     assert status.render({"store": part, "broker": _down, "workers": [], "in_flight": 0, "last_errors": []})
 
@@ -79,16 +79,16 @@ def test_status_says_when_the_gateway_does_not_answer_and_shows_its_counts_when_
     from bridge.ops import status
 
     settings = load_settings(agl_v1_url="http://127.0.0.1:9", broker_url="redis://127.0.0.1:9/0")  # nothing listens
-    part = status._gateway_part(settings)
+    part = status.gateway_part(settings)
     assert part is not None and not part["ok"] and "127.0.0.1:9" in part["error"]
-    report = {"store": status._store_part(settings, None), "broker": _down, "workers": [], "in_flight": 0}
+    report = {"store": status.store_part(settings, None), "broker": _down, "workers": [], "in_flight": 0}
     text = status.render({**report, "gateway": part, "last_errors": []})
     assert "Gateway http://127.0.0.1:9  DOES NOT ANSWER: " in text
     answered = {**part, "ok": True, "queuing": 1000, "running": 2, "oldest_queuing_s": 4.0}
     answered.update(queuing_capped=True, running_capped=False)
     text = status.render({**report, "gateway": answered, "last_errors": []})
     assert "Gateway http://127.0.0.1:9  ok" in text and "queuing 1000+  running 2  oldest queuing 4.0s" in text
-    assert status._gateway_part(load_settings(store_url=STORE, agl_v1_url="")) is None  # no gateway: no part
+    assert status.gateway_part(load_settings(store_url=STORE, agl_v1_url="")) is None  # no gateway: no part
 
 
 def test_a_store_less_deployment_is_scoped_by_its_gateway_unless_redis_key_scope_names_it() -> None:

@@ -106,8 +106,8 @@ def test_a_gateway_error_that_stops_the_attempt_is_redacted_in_its_result_and_it
     rollout = {"rollout_id": f"r-{uuid.uuid4().hex[:6]}", "config": {"local": {"agent_class": "pkg:Agent"}}}
     attempt = _attempt("http://gateway.test", redis_client, monitor, rollout)
     attempt.gateway.close()
-    attempt.gateway = GatewayClient("http://gateway.test", key=None, retries=0)
-    attempt.gateway._client = httpx.Client(base_url="http://gateway.test", transport=httpx.MockTransport(answer))
+    http = httpx.Client(base_url="http://gateway.test", transport=httpx.MockTransport(answer))
+    attempt.gateway = GatewayClient("http://gateway.test", key=None, retries=0, http=http)
     with caplog.at_level(logging.INFO):
         outcome = attempt.run()
     assert outcome.state is None and outcome.detail.startswith("not run: "), outcome

@@ -18,100 +18,24 @@ import logging
 import os
 import subprocess
 import sys
-import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
 import redis
 from kombu.exceptions import EncodeError, OperationalError
 
 from bridge.core import capacity, keys, line_demand
-from bridge.core.agl_v1 import GatewayClient, scoped_attempt_key
-from bridge.core.settings import Settings, load_settings
+from bridge.core.agl_v1 import scoped_attempt_key
 from bridge.dispatch import metrics
 from bridge.dispatch import v1 as v1_module
 from bridge.dispatch.v1 import V1Dispatcher
+from tests.fakes.v1 import QUEUE, FakeGateway, v1_dispatcher
 from tests.helpers import TEST_REDIS_URL
 
-QUEUE = "rollouts"
 FINISHED = ("succeeded", "failed")
-ALLOWED = {("queuing", "running"), ("queuing", "failed"), ("running", "succeeded"), ("running", "failed")}
-
-
-class FakeGateway:
-    """The gateway's controller API on a dict of raw rollouts: listing by state (in insertion order), reading one,
-    and PATCHing status fields as ``agl-server`` 1.0 does: a ``state`` that is no transition (the same state too)
-    answers 409 and changes nothing; the other fields are written whatever the state, a finished one's too.
-
-    ``meanwhile[kind]`` (``list``, ``read``): run once, right after the next answer of that kind, as a trainer or
-    worker writing between the dispatcher's calls."""
-
-    def __init__(self) -> None:
-        self.rollouts: dict[str, dict[str, Any]] = {}
-        self.meanwhile: dict[str, Callable[[], None]] = {}
-        self.writes: list[tuple[str, dict[str, Any]]] = []  # the PATCHes it took: rollout id, status fields
-
-    def add(self, rollout_id: str, *, state: str = "queuing", attempt: str | None = None, **config: Any) -> None:
-        self.rollouts[rollout_id] = {
-            "rollout_id": rollout_id,
-            "input": {"q": rollout_id},
-            "config": {"timeout_seconds": 60, "local": {"agent_class": "pkg:Agent"}, **config},
-            "status": {"state": state, "last_attempt_id": attempt},
-        }
-
-    def status(self, rollout_id: str) -> dict[str, Any]:
-        return dict(self.rollouts[rollout_id]["status"])
-
-    def handle(self, request: httpx.Request) -> httpx.Response:
-        path = request.url.path
-        if request.method == "GET" and path == "/api/rollouts":
-            states = request.url.params.get_list("state_in")
-            limit = int(request.url.params["limit"])
-            found = [r for r in self.rollouts.values() if r["status"]["state"] in states]
-            return self._then("list", httpx.Response(200, json=found[:limit]))
-        rid = path.rsplit("/", 1)[-1]
-        if rid not in self.rollouts:
-            return httpx.Response(404, json={"detail": "not found"})
-        rollout = self.rollouts[rid]
-        if request.method == "GET":
-            return self._then("read", httpx.Response(200, json={"rollout": rollout}))
-        fields = json.loads(request.content)["status"]
-        now = rollout["status"]["state"]
-        if "state" in fields and (now, fields["state"]) not in ALLOWED:
-            return httpx.Response(409, json={"detail": f"cannot transition {now} -> {fields['state']}"})
-        rollout["status"].update(fields)
-        self.writes.append((rid, fields))
-        return httpx.Response(200, json=rollout)
-
-    def _then(self, kind: str, answer: httpx.Response) -> httpx.Response:
-        hook = self.meanwhile.pop(kind, None)
-        if hook is not None:
-            hook()
-        return answer
-
-
-class FakeApp:
-    """What the dispatcher uses of its Celery app: ``send_task``, which records or raises ``refuse``."""
-
-    def __init__(self) -> None:
-        self.sent: list[dict[str, Any]] = []
-        self.refuse: dict[str, BaseException] = {}  # rollout id -> what publishing it raises
-
-    def send_task(self, name: str, **options: Any) -> None:
-        error = self.refuse.get(options["kwargs"]["rollout"]["rollout_id"])
-        if error is not None:
-            raise error
-        self.sent.append({"name": name, **options})
-
-    def close(self) -> None:
-        pass
-
-    def task_ids(self) -> list[str]:
-        return [task["task_id"] for task in self.sent]
 
 
 class Clock:
@@ -138,26 +62,6 @@ def rid() -> str:
     return f"t{uuid.uuid4().hex[:8]}"
 
 
-def _dispatcher(
-    gateway: FakeGateway, client: redis.Redis, slots: int = 4, **overrides: Any
-) -> tuple[V1Dispatcher, FakeApp]:
-    fields: dict[str, Any] = {
-        "agl_v1_url": "http://gateway.test",
-        "broker_url": TEST_REDIS_URL,
-        "redis_key_scope": f"v1t-{uuid.uuid4().hex[:8]}",
-    }
-    settings: Settings = load_settings(**{**fields, **overrides})
-    client_ = GatewayClient(settings.agl_v1_url, key=None, retries=0)
-    client_._client = httpx.Client(base_url=settings.agl_v1_url, transport=httpx.MockTransport(gateway.handle))
-    dispatcher = V1Dispatcher(settings, client_, client, threading.Event())
-    dispatcher.publisher.close()
-    app = FakeApp()
-    dispatcher.publisher.app = app
-    dispatcher.confirm_s = 0.0  # one scan confirms: the two-scan rule is the planner's, tested there
-    capacity.advertise(client, dispatcher.scope, "worker-1", [QUEUE], slots)
-    return dispatcher, app
-
-
 def _state(dispatcher: V1Dispatcher, rollout_id: str, attempt_id: str) -> str:
     """Where the workers keep that attempt's markers and record: its deployment-scoped name."""
     rollout = dispatcher.gateway.get_rollout(rollout_id)
@@ -182,7 +86,7 @@ def test_a_rollout_the_models_reject_is_failed_naming_the_field_and_the_others_g
 ) -> None:
     gateway.add(f"{rid}-bad", timeout_seconds=1.5)  # not an integer number of seconds
     gateway.add(f"{rid}-good")
-    dispatcher, app = _dispatcher(gateway, redis_client)
+    dispatcher, app = v1_dispatcher(gateway, redis_client)
     dispatcher.tick()
     assert app.task_ids() == [f"v1-{rid}-good-0"]
     assert gateway.status(f"{rid}-good")["state"] == "running"
@@ -195,7 +99,7 @@ def test_a_malformed_running_rollout_does_not_stop_the_reconcile(
 ) -> None:
     gateway.add(f"{rid}-bad", state="running", attempt="0", local={"agent_class": "a:B", "env_map": {"X": 1}})
     gateway.add(f"{rid}-kept", state="running", attempt="0")
-    dispatcher, _ = _dispatcher(gateway, redis_client)
+    dispatcher, _ = v1_dispatcher(gateway, redis_client)
     kept = _state(dispatcher, f"{rid}-kept", "0")
     cleanup.append(kept)
     redis_client.set(keys.v1_result(kept), json.dumps({"state": "succeeded", "detail": "exit 0"}))
@@ -214,7 +118,7 @@ def test_an_attempt_id_that_is_not_a_number_stops_no_other_repair(
     """First in the listing: a rollout whose attempt id is not ours to number, its worker lost."""
     gateway.add(f"{rid}-odd", state="running", attempt="job-7")
     gateway.add(f"{rid}-kept", state="running", attempt="0")
-    dispatcher, app = _dispatcher(gateway, redis_client)
+    dispatcher, app = v1_dispatcher(gateway, redis_client)
     odd_key, kept_key = _state(dispatcher, f"{rid}-odd", "job-7"), _state(dispatcher, f"{rid}-kept", "0")
     cleanup += [odd_key, kept_key]
     redis_client.set(keys.started(odd_key), "x")
@@ -233,7 +137,7 @@ def test_a_hand_over_runs_the_rollout_again_without_using_a_rerun(
     gateway: FakeGateway, redis_client: redis.Redis, rid: str, cleanup: list[str]
 ) -> None:
     gateway.add(rid, state="running", attempt="0")
-    dispatcher, app = _dispatcher(gateway, redis_client, agl_v1_max_reruns=1)
+    dispatcher, app = v1_dispatcher(gateway, redis_client, agl_v1_max_reruns=1)
     first, second, third = (_state(dispatcher, rid, aid) for aid in "012")
     cleanup += [first, second, third]
     record = {"state": None, "detail": "worker draining", "failure_class": "shutdown", "handover": True}
@@ -278,7 +182,7 @@ def test_a_rollout_finished_between_the_listing_and_its_re_run_keeps_its_attempt
     """Its worker lost (started, no lease), the rollout is finished by the trainer or a late report right after
     the dispatcher's listing (``list``) or right after the re-run's read (``read``)."""
     gateway.add(rid, state="running", attempt="0")
-    dispatcher, app = _dispatcher(gateway, redis_client, agl_v1_max_reruns=1)
+    dispatcher, app = v1_dispatcher(gateway, redis_client, agl_v1_max_reruns=1)
     lost = _state(dispatcher, rid, "0")
     cleanup += [lost, _state(dispatcher, rid, "1")]
     redis_client.set(keys.started(lost), "x")
@@ -298,7 +202,7 @@ def test_a_rollout_deleted_between_the_listing_and_its_re_run_is_not_published(
     gateway: FakeGateway, redis_client: redis.Redis, rid: str, cleanup: list[str], caplog: pytest.LogCaptureFixture
 ) -> None:
     gateway.add(rid, state="running", attempt="0")
-    dispatcher, app = _dispatcher(gateway, redis_client, agl_v1_max_reruns=1)
+    dispatcher, app = v1_dispatcher(gateway, redis_client, agl_v1_max_reruns=1)
     lost = _state(dispatcher, rid, "0")
     cleanup.append(lost)
     redis_client.set(keys.started(lost), "x")
@@ -319,7 +223,7 @@ def test_a_refused_publish_backs_off_without_blocking_the_rollouts_behind_it_the
     monkeypatch.setattr(v1_module, "time", clock)
     gateway.add(f"{rid}-a")
     gateway.add(f"{rid}-b")
-    dispatcher, app = _dispatcher(gateway, redis_client, slots=1, agl_v1_publish_give_up_s=120.0, publish_retries=0)
+    dispatcher, app = v1_dispatcher(gateway, redis_client, slots=1, agl_v1_publish_give_up_s=120.0, publish_retries=0)
     app.refuse[f"{rid}-a"] = OperationalError("connection refused")
     dispatcher.tick()
     assert app.sent == [] and gateway.status(f"{rid}-a")["state"] == "queuing"
@@ -346,7 +250,7 @@ def test_a_refused_re_publish_of_a_running_rollout_is_bounded_too(
     clock = Clock(1_700_000_000.0)
     monkeypatch.setattr(v1_module, "time", clock)
     gateway.add(rid, state="running", attempt="0")
-    dispatcher, app = _dispatcher(gateway, redis_client, agl_v1_publish_give_up_s=120.0, publish_retries=0)
+    dispatcher, app = v1_dispatcher(gateway, redis_client, agl_v1_publish_give_up_s=120.0, publish_retries=0)
     app.refuse[rid] = OperationalError("connection refused")
     dispatcher.reconcile()
     assert gateway.status(rid)["state"] == "running"
@@ -375,7 +279,7 @@ def test_a_publish_no_retry_can_cure_fails_the_rollout_at_once(
     gateway: FakeGateway, redis_client: redis.Redis, rid: str
 ) -> None:
     gateway.add(rid)
-    dispatcher, app = _dispatcher(gateway, redis_client)
+    dispatcher, app = v1_dispatcher(gateway, redis_client)
     app.refuse[rid] = EncodeError("Object of type bytes is not JSON serializable")
     dispatcher.tick()
     status = gateway.status(rid)
@@ -413,7 +317,7 @@ def test_a_publish_error_is_redacted_on_the_gateway_and_in_the_log(
     clock = Clock(1_700_000_000.0)
     monkeypatch.setattr(v1_module, "time", clock)
     gateway.add(rid)
-    dispatcher, app = _dispatcher(gateway, redis_client, agl_v1_publish_give_up_s=60.0, publish_retries=0)
+    dispatcher, app = v1_dispatcher(gateway, redis_client, agl_v1_publish_give_up_s=60.0, publish_retries=0)
     app.refuse[rid] = error
     with caplog.at_level(logging.INFO):
         dispatcher.tick()
@@ -430,7 +334,7 @@ def test_time_limits_are_clamped_to_what_rabbitmq_covers(
 ) -> None:
     """RabbitMQ's 30-minute consumer timeout against 1.0's default 3,600 s budget (hard limit 3,690 s)."""
     gateway.add(rid, timeout_seconds=3600)
-    dispatcher, app = _dispatcher(
+    dispatcher, app = v1_dispatcher(
         gateway, redis_client, broker_url="amqp://guest:guest@127.0.0.1:5672//", redis_url=TEST_REDIS_URL
     )
     dispatcher.tick()
@@ -445,7 +349,7 @@ def test_a_budget_the_broker_covers_is_published_as_asked(
     gateway: FakeGateway, redis_client: redis.Redis, rid: str
 ) -> None:
     gateway.add(rid, timeout_seconds=3600)
-    dispatcher, app = _dispatcher(gateway, redis_client)  # Redis: a 7,200 s visibility timeout
+    dispatcher, app = v1_dispatcher(gateway, redis_client)  # Redis: a 7,200 s visibility timeout
     dispatcher.tick()
     assert app.sent[0]["kwargs"]["rollout"]["config"]["timeout_seconds"] == 3600
     assert app.sent[0]["time_limit"] == 3600 + 30 + 60
@@ -465,14 +369,14 @@ def test_the_leader_exports_the_gateways_backlog_and_the_queues_whole_demand(
     for n in range(5):
         gateway.add(f"{rid}-{n}")
     gateway.rollouts[f"{rid}-4"]["status"]["created_at"] = time.time() - 30.0
-    dispatcher, _app = _dispatcher(gateway, redis_client, slots=2)
+    dispatcher, _app = v1_dispatcher(gateway, redis_client, slots=2)
     line_demand.exchange(redis_client, dispatcher.scope, "v03", {QUEUE: 4})  # what the 0.3 leader publishes
     published = metrics.PUBLISHED.labels(QUEUE, "v1")._value.get()
     failed = metrics.FAILED.labels("input")._value.get()
     metrics.clear_leader_gauges()
     dispatcher.tick()  # leads; lists two (two slots): fails the malformed one, publishes the first
-    dispatcher._backlog.read_once()  # what its thread does: four queuing
-    dispatcher._next_gauges = 0.0
+    dispatcher.backlog.read_once()  # what its thread does: four queuing
+    dispatcher.next_gauges = 0.0
     dispatcher.tick()  # the gauges, then publishes the second
     assert metrics.PUBLISHED.labels(QUEUE, "v1")._value.get() == published + 2
     assert metrics.FAILED.labels("input")._value.get() == failed + 1
@@ -482,11 +386,11 @@ def test_the_leader_exports_the_gateways_backlog_and_the_queues_whole_demand(
     assert _gauge(metrics.DESIRED_SLOTS) == {QUEUE: 1 + 4 + 4}
     assert redis_client.get(keys.line_backlog(dispatcher.scope, QUEUE, "v1")) == "4"  # for the 0.3 leader's sum
 
-    redis_client.set(dispatcher._lock.key, "another-dispatcher:1")  # its lock lapsed and a standby took it
+    redis_client.set(dispatcher.leader_lock.key, "another-dispatcher:1")  # its lock lapsed and a standby took it
     dispatcher.tick()
     assert all(not _gauge(gauge) for gauge in metrics.LEADER_GAUGES)
-    assert metrics.IS_LEADER.labels("v1")._value.get() == 0 and dispatcher._backlog.latest is None
-    redis_client.delete(dispatcher._lock.key)
+    assert metrics.IS_LEADER.labels("v1")._value.get() == 0 and dispatcher.backlog.latest is None
+    redis_client.delete(dispatcher.leader_lock.key)
 
 
 # Every agl_bridge_* series the 1.0 dispatcher sets (bridge/dispatch/v1.py and what it calls: the leader lock,
@@ -518,15 +422,15 @@ from prometheus_client.parser import text_string_to_metric_families
 import bridge.cli, bridge.dispatch.v1  # what the 1.0 dispatcher's process imports
 from bridge.core.coordination import coordination_client
 from tests.helpers import TEST_REDIS_URL
-from tests.unit.test_v1_dispatch import FakeGateway, _dispatcher
+from tests.fakes.v1 import FakeGateway, v1_dispatcher
 gateway, rid = FakeGateway(), f"m{uuid.uuid4().hex[:8]}"
 gateway.add(f"{rid}-bad", timeout_seconds=1.5)
 for n in range(3):
     gateway.add(f"{rid}-{n}")
-dispatcher, _app = _dispatcher(gateway, coordination_client(TEST_REDIS_URL, socket_timeout=5), slots=2)
+dispatcher, _app = v1_dispatcher(gateway, coordination_client(TEST_REDIS_URL, socket_timeout=5), slots=2)
 dispatcher.tick()
-dispatcher._backlog.read_once()
-dispatcher._next_gauges = 0.0
+dispatcher.backlog.read_once()
+dispatcher.next_gauges = 0.0
 dispatcher.tick()
 names = set()
 for family in text_string_to_metric_families(generate_latest(REGISTRY).decode()):

@@ -42,9 +42,7 @@ def test_no_hits_for_stop_words_only_and_cache_is_consistent(engine: SearchEngin
 def test_ties_break_by_catalog_order(engine: SearchEngine) -> None:
     catalog = default_catalog()
     hits = engine.search("heather charcoal")
-    scores = engine._bm25.get_batch_scores(
-        engine._analyzer("heather charcoal"), [catalog.by_asin[a].index for a in hits]
-    )
+    scores = engine.bm25.get_batch_scores(engine.analyzer("heather charcoal"), [catalog.by_asin[a].index for a in hits])
     for (a, sa), (b, sb) in zip(zip(hits, scores, strict=True), zip(hits[1:], scores[1:], strict=True), strict=False):
         assert sa > sb or (sa == sb and catalog.by_asin[a].index < catalog.by_asin[b].index)
 
@@ -59,8 +57,8 @@ def test_precomputed_scores_equal_rank_bm25_exactly(engine: SearchEngine) -> Non
         "60x40x40cm",
     ]
     for query in queries:
-        terms = [t for t in engine._analyzer(query) if t in engine._postings]
-        docs = sorted({int(d) for t in terms for d in engine._postings[t]})
-        expected = engine._bm25.get_batch_scores(terms, docs)
+        terms = [t for t in engine.analyzer(query) if t in engine.postings]
+        docs = sorted({int(d) for t in terms for d in engine.postings[t]})
+        expected = engine.bm25.get_batch_scores(terms, docs)
         assert engine.scores(terms)[docs].tolist() == expected
         assert len(docs) >= len(engine.search(query))

@@ -128,7 +128,7 @@ def test_an_attempt_whose_watch_cannot_start_leaves_nothing_counted_or_watched(
         with pytest.raises(ReportPending):
             Delivery(payload, celery_task_id=aid, expected_agent=None, res=res).execute()
         assert res.courier.running == 0
-        assert res.monitor._snapshot() == []
+        assert res.monitor.watches() == []
         kept = json.loads(redis_client.get(keys.pending_report(aid)) or "{}")
         assert kept["status"] == "failed" and "can't start new thread" in kept["metadata"]["error"]
     finally:
@@ -189,7 +189,7 @@ def test_the_lease_stays_held_through_a_store_read_before_the_run_slower_than_it
         outcome = Delivery(payload, celery_task_id=aid, expected_agent=None, res=res).execute()
         assert outcome.status is OutcomeStatus.SKIPPED and outcome.detail == "not running: rollout is succeeded"
         assert held_during_read == [True]
-        assert monitor._snapshot() == [] and redis_client.exists(keys.lease(aid)) == 0  # released at the end
+        assert monitor.watches() == [] and redis_client.exists(keys.lease(aid)) == 0  # released at the end
     finally:
         for key in redis_client.scan_iter(f"*{aid}*"):
             redis_client.delete(key)

@@ -273,9 +273,28 @@ class HeartbeatMonitor:
         for thread in self._threads:
             thread.join(timeout=15)
 
+    @property
+    def store(self) -> StoreClient | None:
+        """The Store client it was built with (None on a 1.0-only worker)."""
+        return self._store
+
+    @property
+    def redis(self) -> redis.Redis:
+        """The coordination Redis its leases and markers live in."""
+        return self._redis
+
+    @property
+    def board(self) -> FenceBoard | None:
+        """The fence board its 0.3 watches read their verdicts from, where the worker runs one."""
+        return self._board
+
     def _snapshot(self) -> list[AttemptWatch]:
         with self._lock:
             return list(self._watches)
+
+    def watches(self) -> list[AttemptWatch]:
+        """The attempts it watches now (a copy)."""
+        return self._snapshot()
 
     # --- the lease thread --------------------------------------------------------------------
 
@@ -331,7 +350,7 @@ class HeartbeatMonitor:
                 continue  # the Store failed the last call: give it room before the next one
             for watch in watches:
                 try:
-                    self._flush_if_due(watch)
+                    self.flush_if_due(watch)
                 except Exception:  # the thread must survive anything one attempt throws
                     log.exception("span flush failed for attempt %s", watch.attempt_id)
             try:
@@ -394,7 +413,7 @@ class HeartbeatMonitor:
             return None
         return min(HEARTBEAT_TIMEOUT_S, left)
 
-    def _flush_if_due(self, watch: AttemptWatch) -> None:
+    def flush_if_due(self, watch: AttemptWatch) -> None:
         """Ship the attempt's buffered spans every ``flush_interval_s`` or once ``flush_max_pending`` are buffered,
         bounded by what the lease guarantees."""
         telemetry = watch.telemetry
@@ -520,13 +539,13 @@ class HeartbeatMonitor:
 
     def _heartbeat_quietly(self, watch: AttemptWatch, timeout: float) -> None:
         try:
-            self._send_heartbeat(watch, timeout)
+            self.send_heartbeat(watch, timeout)
         except UnknownIdError:
             watch.stop("the Store no longer knows this rollout (it restarted?)")
         except StoreError as exc:
             log.warning("heartbeat to the Store failed for attempt %s (will retry): %s", watch.attempt_id, exc)
 
-    def _send_heartbeat(self, watch: AttemptWatch, timeout: float) -> None:
+    def send_heartbeat(self, watch: AttemptWatch, timeout: float) -> None:
         """``last_heartbeat_time`` for an attempt that passed the fence, when the watchdog needs one."""
         exported = watch.telemetry.spans_exported if watch.telemetry is not None else 0
         if not watch.unresponsive_s or watch.reporting:

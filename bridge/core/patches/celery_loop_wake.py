@@ -37,6 +37,11 @@ class LoopWaker(bootsteps.StartStopStep):
         self._lock = threading.Lock()  # a wake never writes to a descriptor ``stop`` closed (and reused)
         self._loop_thread = 0
 
+    @property
+    def pipe(self) -> tuple[int, int] | None:
+        """The self-pipe in the loop, (read end, write end), while this step runs one; None otherwise."""
+        return self._pipe
+
     def start(self, c: Any) -> None:
         if not isinstance(c.pool, ThreadTaskPool) or c.hub is None or self._pipe is not None:
             return

@@ -2,7 +2,7 @@
 
 One test per reconcile hazard of docs/architecture.md, "Guarantees", and per branch of the rules: what is
 suspected, when it is confirmed, what is freed, re-published, handed back or dropped, and when the next
-scan is due. The last tests are the V03Dispatcher's side of the schedule (``_reconcile_by``).
+scan is due. The last tests are the V03Dispatcher's side of the schedule (``reconcile_by``).
 """
 
 from __future__ import annotations
@@ -442,21 +442,21 @@ def _dispatcher(store: object) -> V03Dispatcher:
 
 def test_reconcile_requests_keep_the_earliest() -> None:
     dispatcher = _dispatcher(None)
-    dispatcher._next_reconcile = math.inf
-    dispatcher._reconcile_by(30.0)
-    dispatcher._reconcile_by(50.0)
-    assert dispatcher._next_reconcile == 30.0
-    dispatcher._reconcile_by(0.0)
-    assert dispatcher._next_reconcile == 0.0
+    dispatcher.next_reconcile = math.inf
+    dispatcher.reconcile_by(30.0)
+    dispatcher.reconcile_by(50.0)
+    assert dispatcher.next_reconcile == 30.0
+    dispatcher.reconcile_by(0.0)
+    assert dispatcher.next_reconcile == 0.0
 
 
 def test_a_scan_that_cannot_read_its_facts_answers_earlier_requests_and_tries_again_in_10_s() -> None:
     dispatcher = _dispatcher(_UnreachableStore())
-    dispatcher._suspects = {"at-1": 1.0}
-    dispatcher._next_reconcile = 0.0
+    dispatcher.suspects = {"at-1": 1.0}
+    dispatcher.next_reconcile = 0.0
     assert dispatcher.reconcile() == 0
-    assert dispatcher._next_reconcile == pytest.approx(time.monotonic() + 10.0, abs=1.0)
-    assert dispatcher._suspects == {"at-1": 1.0}  # nothing seen: nothing forgotten
+    assert dispatcher.next_reconcile == pytest.approx(time.monotonic() + 10.0, abs=1.0)
+    assert dispatcher.suspects == {"at-1": 1.0}  # nothing seen: nothing forgotten
 
 
 class _SettleStore:

@@ -1,4 +1,4 @@
-"""The LitAgent the CeleryRunner tests run on real workers (``AGENT=tests.integration.test_runner_agents:ScoredAgent``).
+"""The LitAgent the CeleryRunner tests run on real workers (``AGENT=tests.fakes.runner_agents:ScoredAgent``).
 
 Not WebShop: it asks the LLM (the stand-in, through the ``openai`` SDK, token ids requested as from vLLM)
 one question and returns the reward the task names, so a test knows exactly which reward every rollout
@@ -17,7 +17,7 @@ import agentlightning as agl
 import httpx
 from openai import OpenAI
 
-AGENT_PATH = "tests.integration.test_runner_agents:ScoredAgent"
+AGENT_PATH = "tests.fakes.runner_agents:ScoredAgent"
 
 
 class ScoredAgent(agl.LitAgent[dict[str, Any]]):
