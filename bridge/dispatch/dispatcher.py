@@ -364,9 +364,9 @@ class LineDispatcher(ABC, Generic[Claim]):
     # --- repair ------------------------------------------------------------------------------------
 
     def reconcile(self) -> int:
-        """One scan on the schedule (``_scan``): the line's facts read and planned (``_plan``), each repair carried
+        """One scan on the schedule (``scan``): the line's facts read and planned (``_plan``), each repair carried
         out on its own (``_carry_out``); returns what the plan reports (``RepairPlan.made``)."""
-        return self._scan(self._repair_all)
+        return self.scan(self._repair_all)
 
     def _repair_all(self) -> int:
         plan = self._plan()
@@ -395,7 +395,7 @@ class LineDispatcher(ABC, Generic[Claim]):
                 )
         return plan.made
 
-    def _scan(self, carry_out: Callable[[], int]) -> int:
+    def scan(self, carry_out: Callable[[], int]) -> int:
         """Run one reconcile scan (``carry_out``: read the facts, plan, repair; returns the repairs made) on the
         schedule: the scan answers every earlier request for one, the next is due after
         ``reconcile_interval_s`` or sooner where the plan asks (``reconcile_by``). Facts that could not be read

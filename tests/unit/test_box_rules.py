@@ -81,7 +81,7 @@ def test_a_probe_whose_namespace_mounts_are_refused_names_the_setting_that_goes_
     )
     settings = load_settings(agl_v1_program_pid_namespace=pid_namespace)
     with pytest.raises(ConfigError, match=named):
-        box._probe(settings)
+        box.probe(settings)
 
 
 def test_a_probe_whose_disk_quota_cannot_be_mounted_names_the_setting_that_turns_it_off(
@@ -97,4 +97,4 @@ def test_a_probe_whose_disk_quota_cannot_be_mounted_names_the_setting_that_turns
         box.subprocess, "run", lambda argv, **_: subprocess.CompletedProcess(argv, 125, "", refused + "\n")
     )
     with pytest.raises(ConfigError, match="AGL_V1_PROGRAM_DISK_MB=0 bounds its directory per file only"):
-        box._probe(load_settings())
+        box.probe(load_settings())

@@ -44,7 +44,7 @@ def test_a_new_leader_reconciles_at_once(line: Line, monkeypatch: pytest.MonkeyP
         return 0
 
     def scan() -> int:
-        return line.dispatcher._scan(record)
+        return line.dispatcher.scan(record)
 
     monkeypatch.setattr(line.dispatcher, "reconcile", scan)
     line.dispatcher.next_reconcile = float("inf")

@@ -227,7 +227,7 @@ def check_isolation(settings: Settings) -> None:
             setting="AGL_V1_ISOLATION",
         )
     sweep_stale_directories()
-    facts = _probe(settings)
+    facts = probe(settings)
     namespaces = bool(facts.get("namespaces"))
     if settings.agl_v1_program_disk_mb and not namespaces:
         log.warning(
@@ -254,7 +254,7 @@ def check_isolation(settings: Settings) -> None:
     state.node.box_namespaces = namespaces
 
 
-def _probe(settings: Settings) -> dict[str, Any]:
+def probe(settings: Settings) -> dict[str, Any]:
     """Make one box for the programs' interpreter and check it from inside: its uid, no capabilities."""
     python = settings.agl_v1_agent_python or sys.executable
     box = program_box(settings)
