@@ -28,6 +28,10 @@ from tests.prerequisites import missing
 
 ROOT = Path(__file__).resolve().parents[2]
 OVERRIDE = Path(__file__).with_name("compose.local.yml")
+BROKEN = "AGL_DEPLOYED_BROKEN"
+"""Names a file of tests/deployed/broken/ that every project adds last: a deliberately broken build, to show that the
+tests fail on what they name (docs/test-suite.md, "Showing a deployed test fails"). The harness's own variable:
+compose never sees it."""
 TAGS = {target: f"{name}:latest" for name, target in {**IMAGES, **INTERPRETER_IMAGES}.items()}
 """Each Dockerfile target and the image name docker-compose.yml and the Kubernetes manifests give it."""
 FLOWER_LOGIN = "deployed-tests:" + uuid.uuid4().hex
@@ -103,6 +107,8 @@ class Project:
         /dev/null`), and of this process's environment only ``PASSED_ON``; the project's ``env`` is all it is set."""
         argv = [self.engine.compose, "--env-file", os.devnull, "-p", self.name]
         argv += ["-f", str(ROOT / "docker-compose.yml"), "-f", str(OVERRIDE)]
+        if os.environ.get(BROKEN):
+            argv += ["-f", str(Path(__file__).with_name("broken") / os.environ[BROKEN])]
         argv += [word for profile in self.profiles for word in ("--profile", profile)]
         env = {name: os.environ[name] for name in PASSED_ON if name in os.environ} | self.env
         done = subprocess.run([*argv, *args], cwd=ROOT, env=env, text=True, capture_output=True, timeout=timeout)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bridge_lab import docker_here
-from tests.deployed.conftest import Engine, Project
+from tests.deployed.conftest import BROKEN, ROOT, Engine, Project
 
 
 def test_a_project_reads_no_env_file_and_none_of_the_shells_settings(
@@ -45,3 +45,20 @@ def test_the_compose_binary_is_the_one_that_returns_composes_exit_status(
     found = docker_here.compose_binary()
     assert found == str(bundled)
     assert subprocess.run([found, "config"], check=False).returncode == 3
+
+
+def test_a_broken_build_is_added_last_and_every_one_is_documented(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``AGL_DEPLOYED_BROKEN`` names a file of tests/deployed/broken/ that a project adds after its own compose files
+    (so it wins); each such file exists and docs/test-suite.md lists it."""
+    compose = tmp_path / "docker-compose"
+    compose.write_text('#!/bin/sh\necho "ARGS $*"\n')
+    compose.chmod(0o755)
+    broken = sorted(path.name for path in (ROOT / "tests/deployed/broken").glob("*.yml"))
+    assert broken, "no broken build to show a test failing"
+    monkeypatch.setenv(BROKEN, broken[0])
+    said = Project("p", Engine({}, str(compose), {}), [], {}).run("config").stdout
+    assert said.rstrip().endswith(f"-f {ROOT / 'tests/deployed/broken' / broken[0]} config"), said
+    guide = (ROOT / "docs/test-suite.md").read_text()
+    assert all(f"`{name}`" in guide for name in broken), broken

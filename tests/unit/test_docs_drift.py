@@ -92,6 +92,7 @@ FOREIGN_VARIABLES: dict[str, set[str]] = {
         "AGL_PYTHON312_PREFIX",
         "AGL_WHEELHOUSE",
         "AGL_DEPLOYED_IMAGES",
+        "AGL_DEPLOYED_BROKEN",
         "POLICY_LATENCY_MS",
         "PYTHON312",
         "CI",
