@@ -188,7 +188,7 @@ def cgroup_memory(container_id: str) -> tuple[int, int]:
 def test_the_workers_held_their_memory_limit(lines: Project, service: str) -> None:
     """After the batches above (tests run in file order), each worker having run 8 episodes or programs at once
     (compose's `-c 8` for both), its cgroup's peak stayed under compose's `mem_limit`."""
-    assert PEAK_IN_FLIGHT.get(service) == 8, f"not 8 at once, so the peak proves nothing: {PEAK_IN_FLIGHT}"
+    assert PEAK_IN_FLIGHT.get(service, 0) >= 8, f"not 8 at once, so the peak proves nothing: {PEAK_IN_FLIGHT}"
     container = lines.container(service)
     peak, limit = cgroup_memory(container)
     killed, restarts = docker_here.docker(
