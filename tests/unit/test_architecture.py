@@ -274,8 +274,9 @@ def test_each_workers_package_says_what_it_is_in_its_first_docstring_line() -> N
 TESTS = ROOT / "tests"
 PRODUCT = ("bridge", "workers", "webshop_env")
 # How many private-name accesses on product objects the tests still make (``private_accesses``): a ceiling that only
-# goes down. Issue 57 asks for 10; each left is a place where a test reaches past the product's public surface, and a
-# new need gets a documented public seam (a read-only property, a constructor argument, a public method) instead.
+# goes down, toward 10 (docs/test-suite.md, "How it runs": tests drive the product through its public surface); each
+# left is a place where a test reaches past that surface, and a new need gets a documented public seam (a read-only
+# property, a constructor argument, a public method) instead.
 PRIVATE_ACCESS_CEILING = 85
 ACCESSORS = ("getattr", "setattr", "delattr", "hasattr", "monkeypatch.setattr", "monkeypatch.delattr")
 
