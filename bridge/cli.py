@@ -66,7 +66,7 @@ class ToolUnavailable(RuntimeError):
 
 
 def _run(args: argparse.Namespace) -> int:
-    from bridge.dispatch.service import run_bridge
+    from bridge.dispatch.v03 import run_bridge
 
     settings = load_settings()
     make_undumpable("bridge")
@@ -76,7 +76,7 @@ def _run(args: argparse.Namespace) -> int:
 def _run_v1(args: argparse.Namespace) -> int:
     import threading
 
-    from bridge.dispatch.service import install_signal_handlers
+    from bridge.dispatch.dispatcher import install_signal_handlers
     from bridge.dispatch.v1 import run_v1
 
     if args.key is not None:

@@ -13,7 +13,7 @@ The runner never executes the agent itself; what each method means here:
 * ``init_worker(worker_id, store)``: takes the Store's URL from the ``LightningStoreClient`` (or server) it is
   given, else ``AGENT_LIGHTNING_STORE_URL``; the workers must report to that same Store.
 * ``iter(event=)``: the bridge's dispatch loop, the very code of ``python -m bridge``
-  (``bridge.dispatch.service.dispatch_until``), until the event is set; it then finishes the publish in
+  (``bridge.dispatch.v03.dispatch_until``), until the event is set; it then finishes the publish in
   hand and returns. With ``n_runners > 1`` (or a ``python -m bridge`` beside it) the bridge's leader lock
   lets one dispatch while the others stand by.
 * ``step(input, resources=, mode=)``: publishes ``resources`` first when given, creates the rollout with its
@@ -48,8 +48,7 @@ from bridge.core.settings import Settings, load_settings
 from bridge.core.store import API, StoreClient
 from bridge.dispatch.leader import dispatching
 from bridge.dispatch.publisher import Publisher
-from bridge.dispatch.service import dispatch_until
-from bridge.dispatch.v03 import V03Dispatcher
+from bridge.dispatch.v03 import V03Dispatcher, dispatch_until
 from bridge.runner_support import direct
 from bridge.runner_support.direct import RolloutFailedError
 from bridge.runner_support.fleet import AgentMismatchError, agent_path, check_fleet

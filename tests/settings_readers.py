@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SETTINGS_MODULE = "bridge.core.settings"
 
 ENTRIES = {  # the modules each command of ours runs (with what they import)
-    "bridge": ("bridge.dispatch.service",),  # python -m bridge run
+    "bridge": ("bridge.dispatch.v03",),  # python -m bridge run
     "dispatcher-v1": ("bridge.dispatch.v1",),  # python -m bridge v1
     "worker": ("workers", "workers.tasks", "workers.v1.task", "workers.lifecycle.signals"),
     "worker-agl-v1": ("workers", "workers.tasks", "workers.v1.task", "workers.lifecycle.signals"),

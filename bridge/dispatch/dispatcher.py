@@ -33,10 +33,12 @@ from __future__ import annotations
 
 import logging
 import math
+import signal
 import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import FrameType
 from typing import ClassVar, Generic, Protocol, TypeVar
 
 import redis
@@ -79,7 +81,7 @@ class Repair(Protocol):
 
 
 class RepairPlan(Protocol):
-    """What a line's planner returns (``bridge.dispatch.v03_repairs``, ``bridge.dispatch.v1_repairs``)."""
+    """What a line's planner returns (``bridge.dispatch.v03.repairs``, ``bridge.dispatch.v1.repairs``)."""
 
     @property
     def repairs(self) -> Sequence[Repair]: ...  # in the order they are carried out
@@ -99,6 +101,19 @@ def start_process(settings: Settings, metrics_port: int | None, logger: logging.
     if port is not None:
         metrics.serve(settings.metrics_host, port)
         logger.info("metrics on http://%s:%d/metrics", settings.metrics_host, port)
+
+
+def install_signal_handlers(stop: threading.Event) -> None:
+    """SIGINT and SIGTERM set ``stop``: the process finishes the publish in hand and stops (logged on ``bridge``)."""
+
+    def handle(signum: int, _frame: FrameType | None) -> None:
+        logging.getLogger("bridge").info(
+            "received %s: finishing the publish in hand and stopping", signal.Signals(signum).name
+        )
+        stop.set()
+
+    signal.signal(signal.SIGINT, handle)
+    signal.signal(signal.SIGTERM, handle)
 
 
 class LineDispatcher(ABC, Generic[Claim]):

@@ -1,4 +1,4 @@
-"""What both lines' reconcile planners share (``bridge.dispatch.v03_repairs``, ``bridge.dispatch.v1_repairs``).
+"""What both lines' reconcile planners share (``bridge.dispatch.v03.repairs``, ``bridge.dispatch.v1.repairs``).
 
 A repair made because nothing shows an executor (no lease, no marker) is made only once it looked so on two scans
 ``confirm_s`` apart: a Redis restart without persistence loses leases and markers until their holders renew

@@ -28,7 +28,8 @@ from bridge.core.redact import redact_error, redact_url
 from bridge.core.settings import Settings, load_settings
 from bridge.core.store import API, StoreClient
 from bridge.dispatch import broker
-from bridge.dispatch.backlog import read_backlog, read_gateway_counts
+from bridge.dispatch.v03 import read_backlog
+from bridge.dispatch.v1 import read_gateway_counts
 
 LAST_ERRORS = 5
 INSPECT_TIMEOUT_S = 1.0

@@ -23,8 +23,7 @@ from bridge.core.models import FINISHED_ROLLOUT, AttemptedRollout, Rollout, Roll
 from bridge.core.settings import Settings
 from bridge.core.store import API, StoreClient
 from bridge.core.time_budget import clamp_to_broker, hard_time_limit
-from bridge.dispatch import placement
-from bridge.dispatch.v03 import V03Dispatcher
+from bridge.dispatch.v03 import V03Dispatcher, fits
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +97,7 @@ def wait_for_room(dispatcher: V03Dispatcher, mode: str | None) -> None:
         try:
             view = capacity.read_slots(dispatcher.redis, dispatcher.scope, dispatcher.queues)
             served = view.served()
-            if placement.fits(queue, view.rooms(), served):
+            if fits(queue, view.rooms(), served):
                 return
             dispatcher.scope_watch.check(served)  # ScopeMismatchError: our workers under another URL spelling
         except redis.RedisError as exc:

@@ -16,7 +16,7 @@ from bridge.core import capacity
 from bridge.core.errors import PublishError
 from bridge.core.settings import load_settings
 from bridge.dispatch.dispatcher import LineDispatcher
-from bridge.dispatch.v03 import V03Dispatcher
+from bridge.dispatch.v03.dispatcher import V03Dispatcher
 from tests.fakes.v03 import Publisher, Store, attempted_rollout
 from tests.fakes.v1 import FakeApp, FakeGateway, v1_dispatcher
 

@@ -15,7 +15,7 @@ import redis
 from bridge.core import capacity
 from bridge.core.agl_v1 import GatewayClient
 from bridge.core.settings import Settings, load_settings
-from bridge.dispatch.v1 import V1Dispatcher
+from bridge.dispatch.v1.dispatcher import V1Dispatcher
 from tests.helpers import TEST_REDIS_URL
 
 QUEUE = "rollouts"

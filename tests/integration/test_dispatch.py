@@ -24,7 +24,7 @@ from bridge.core.settings import Settings, load_settings
 from bridge.core.store import API, StoreClient
 from bridge.core.time_budget import hard_time_limit, longest_timeout_s, soft_time_limit
 from bridge.dispatch.publisher import Publisher, Task
-from bridge.dispatch.v03 import V03Dispatcher, rollout_task
+from bridge.dispatch.v03.dispatcher import V03Dispatcher, rollout_task
 from bridge_lab.stack import LocalStack
 from tests.helpers import attempts, enqueue, rollout, split_tasks, stack_for, wait_finished
 from workers.telemetry.spans import AttemptTelemetry
@@ -302,7 +302,7 @@ def test_the_bridge_warns_at_start_when_online_workers_run_another_agent(
     clean_store: LocalStack, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A bridge left at the built-in agent beside LitAgent workers (or the reverse) says so when it starts."""
-    from bridge.dispatch.service import _warn_about_other_agents
+    from bridge.dispatch.v03.service import _warn_about_other_agents
 
     client = coordination_client(clean_store.broker_url)
     nodes = {f"celery@test-{uuid.uuid4().hex[:6]}": agent for agent in ("pkg.agents:CalcAgent", "webshop")}

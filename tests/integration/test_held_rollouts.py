@@ -1,7 +1,7 @@
 """Rollouts the bridge holds, and hand-backs that respect a cancel: real Store, Redis, bridge and workers.
 
 ``QUEUE_BY_MODE`` routes ``val`` to a queue that no worker consumes at first. The bridge holds the val
-rollouts it claims (``bridge.dispatch.hold``) and goes on dispatching train rollouts; ``status`` and the
+rollouts it claims (``bridge.dispatch.v03.hold``) and goes on dispatching train rollouts; ``status`` and the
 metrics name the unserved queue. A val rollout the trainer cancels while held is dropped, and stays
 cancelled when a val worker starts. Every hand-back re-reads the rollout first (``bridge.core.handback``).
 """

@@ -185,7 +185,7 @@ REPUBLISH = """
 import json, sys
 from bridge.core.models import AttemptedRollout
 from bridge.dispatch.publisher import Publisher
-from bridge.dispatch.v03 import rollout_task
+from bridge.dispatch.v03.dispatcher import rollout_task
 from bridge.core.settings import get_settings
 settings = get_settings()
 publisher = Publisher(settings)
@@ -273,7 +273,7 @@ trace.get_tracer_provider().add_span_processor(Count())
 from bridge.core.models import AttemptedRollout
 from bridge.core.message import TASK_NAME
 from bridge.dispatch.publisher import Publisher
-from bridge.dispatch.v03 import rollout_task
+from bridge.dispatch.v03.dispatcher import rollout_task
 publisher = Publisher(get_settings())
 queue = os.environ["LEAK_QUEUE"]
 n = int(os.environ["LEAK_N"])

@@ -2,7 +2,7 @@
 for an attempt after that attempt ended: the facts behind "No dead end" in docs/agl-v1.md, "Guarantees".
 
 On 0.3 a span batch that lands after a ``failed`` report turns a requeued rollout ``running`` again with no live
-attempt, and the 0.3 reconcile settles it (``bridge.dispatch.v03_repairs``, "dead end"). The 1.0 gateway has no
+attempt, and the 0.3 reconcile settles it (``bridge.dispatch.v03.repairs``, "dead end"). The 1.0 gateway has no
 such path, and the 1.0 dispatcher no such rule, because of what these tests record: a rollout's state changes
 only by a ``PATCH`` and never leaves ``succeeded`` or ``failed``; a late event or proxied LLM call is stored under
 its attempt and changes no status field; there is no span ingestion at all. A gateway version that changes any
@@ -36,8 +36,8 @@ from bridge.core import capacity, keys
 from bridge.core.agl_v1 import GatewayClient, GatewayConflict, Malformed, V1Rollout, V1State, scoped_attempt_key
 from bridge.core.coordination import coordination_client
 from bridge.core.settings import load_settings
-from bridge.dispatch.v1 import V1Dispatcher
-from bridge.dispatch.v1_repairs import Republish, V1Facts, current_key, plan_v1_repairs
+from bridge.dispatch.v1.dispatcher import V1Dispatcher
+from bridge.dispatch.v1.repairs import Republish, V1Facts, current_key, plan_v1_repairs
 from bridge_lab.agl_v1_env import v1_virtualenv
 from bridge_lab.procs import StackError, free_port, serving
 from tests.helpers import TEST_REDIS_URL

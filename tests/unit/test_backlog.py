@@ -18,9 +18,10 @@ from bridge.core.message import DEFAULT_AGENT
 from bridge.core.models import AttemptedRollout, Rollout
 from bridge.core.settings import Settings, load_settings
 from bridge.dispatch import metrics
-from bridge.dispatch.backlog import gateway_backlog, read_backlog, split
 from bridge.dispatch.publisher import Task
-from bridge.dispatch.v03 import V03Dispatcher
+from bridge.dispatch.v03.backlog import read_backlog, split
+from bridge.dispatch.v03.dispatcher import V03Dispatcher
+from bridge.dispatch.v1.backlog import gateway_backlog
 
 QUEUES = "train=rollouts-train,val=rollouts-val,test=rollouts-val"
 STORE_URL = "http://127.0.0.1:9"

@@ -1,5 +1,5 @@
 """Room per queue (``bridge.core.capacity.SlotView.rooms``) and the claim size built on it
-(``bridge.dispatch.placement``): a node's slots count once however many queues it consumes, a queue
+(``bridge.dispatch.v03.placement``): a node's slots count once however many queues it consumes, a queue
 claimed beyond its slots shows a negative room that no other queue's free slots hide, and a dequeue is
 sized so that any mix of modes in it can start.
 
@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from bridge.core import capacity, keys, shared_slots
-from bridge.dispatch import placement
+from bridge.dispatch.v03 import placement
 from tests.helpers import drop_adverts
 
 SCOPE = keys.store_scope("http://store.test:4747")  # the deployment these keys belong to

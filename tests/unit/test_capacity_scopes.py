@@ -18,7 +18,7 @@ from bridge.core.coordination import deployment_scope
 from bridge.core.errors import ConfigError
 from bridge.core.settings import load_settings
 from bridge.dispatch.leader import LeaderLock, dispatching
-from bridge.dispatch.v03 import V03Dispatcher
+from bridge.dispatch.v03.dispatcher import V03Dispatcher
 from bridge.runner_support.fleet import AgentMismatchError, check_fleet
 from tests.helpers import drop_adverts
 from workers.protocol.lease import free_slot

@@ -8,8 +8,8 @@ import pytest
 from bridge.core.backoff import backoff_delay
 from bridge.core.coordination import coordination_redis
 from bridge.core.settings import load_settings
-from bridge.dispatch.coalesce import MIN_SAMPLES, SHARE, Coalescer
-from bridge.dispatch.v03 import V03Dispatcher
+from bridge.dispatch.v03.coalesce import MIN_SAMPLES, SHARE, Coalescer
+from bridge.dispatch.v03.dispatcher import V03Dispatcher
 
 
 class Clock:

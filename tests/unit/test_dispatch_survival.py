@@ -13,8 +13,8 @@ from bridge.core import capacity, keys
 from bridge.core.errors import PublishError
 from bridge.core.settings import load_settings
 from bridge.dispatch import metrics
-from bridge.dispatch.hold import Hold
-from bridge.dispatch.v03 import UNEXPECTED_ERROR_WAIT_S, V03Dispatcher
+from bridge.dispatch.v03.dispatcher import UNEXPECTED_ERROR_WAIT_S, V03Dispatcher
+from bridge.dispatch.v03.hold import Hold
 from tests.fakes.v03 import Publisher, Store, attempted_rollout
 
 QUEUES = "train=rollouts-train,val=rollouts-val"

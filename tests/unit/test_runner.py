@@ -33,7 +33,7 @@ from bridge.core.coordination import coordination_redis
 from bridge.core.errors import ConfigError
 from bridge.core.settings import load_settings
 from bridge.core.store import StoreClient
-from bridge.dispatch.v03 import V03Dispatcher
+from bridge.dispatch.v03.dispatcher import V03Dispatcher
 from bridge.runner import DEFAULT_STORE_URL, CeleryRunner, _loop_alive, store_url_of
 from bridge.runner_support import direct
 from bridge.runner_support.direct import RolloutFailedError

@@ -1,4 +1,4 @@
-"""Reconciliation's rules on plain data: ``bridge.dispatch.v03_repairs.plan_repairs`` (no Redis, no Store).
+"""Reconciliation's rules on plain data: ``bridge.dispatch.v03.repairs.plan_repairs`` (no Redis, no Store).
 
 One test per reconcile hazard of docs/architecture.md, "Guarantees", and per branch of the rules: what is
 suspected, when it is confirmed, what is freed, re-published, handed back or dropped, and when the next
@@ -20,8 +20,8 @@ from bridge.core.markers import LeaseMarkers
 from bridge.core.models import AttemptedRollout, Rollout, RolloutConfig
 from bridge.core.settings import load_settings
 from bridge.dispatch.repairs import LOST_ON_DRAINED_QUEUE_S
-from bridge.dispatch.v03 import V03Dispatcher
-from bridge.dispatch.v03_repairs import (
+from bridge.dispatch.v03.dispatcher import V03Dispatcher
+from bridge.dispatch.v03.repairs import (
     DropHeld,
     Facts,
     FreeLost,

@@ -30,8 +30,8 @@ from kombu.exceptions import EncodeError, OperationalError
 from bridge.core import capacity, keys, line_demand
 from bridge.core.agl_v1 import scoped_attempt_key
 from bridge.dispatch import metrics
-from bridge.dispatch import v1 as v1_module
-from bridge.dispatch.v1 import V1Dispatcher
+from bridge.dispatch.v1 import dispatcher as v1_module
+from bridge.dispatch.v1.dispatcher import V1Dispatcher
 from tests.fakes.v1 import QUEUE, FakeGateway, v1_dispatcher
 from tests.helpers import TEST_REDIS_URL
 
@@ -393,7 +393,7 @@ def test_the_leader_exports_the_gateways_backlog_and_the_queues_whole_demand(
     redis_client.delete(dispatcher.leader_lock.key)
 
 
-# Every agl_bridge_* series the 1.0 dispatcher sets (bridge/dispatch/v1.py and what it calls: the leader lock,
+# Every agl_bridge_* series the 1.0 dispatcher sets (bridge/dispatch/v1/ and what it calls: the leader lock,
 # the gateway's backlog reader, the publisher's timeout clamp), and so may export.
 V1_SETS = {
     "agl_bridge_published_total",
@@ -419,7 +419,7 @@ SCRAPE_V1 = """
 import json, uuid
 from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-import bridge.cli, bridge.dispatch.v1  # what the 1.0 dispatcher's process imports
+import bridge.cli, bridge.dispatch.v1.dispatcher  # what the 1.0 dispatcher's process imports
 from bridge.core.coordination import coordination_client
 from tests.helpers import TEST_REDIS_URL
 from tests.fakes.v1 import FakeGateway, v1_dispatcher

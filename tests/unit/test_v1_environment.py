@@ -195,7 +195,7 @@ def test_the_dispatcher_reads_its_key_from_a_file(tmp_path: Path, monkeypatch: p
         return 0
 
     monkeypatch.setattr("bridge.dispatch.v1.run_v1", run_v1)
-    monkeypatch.setattr("bridge.dispatch.service.install_signal_handlers", lambda stop: None)
+    monkeypatch.setattr("bridge.dispatch.dispatcher.install_signal_handlers", lambda stop: None)
     key_file = tmp_path / "key"
     key_file.write_text("from-the-file\n")
     assert cli.main(["v1", "--server", GATEWAY, "--key-file", str(key_file)]) == 0

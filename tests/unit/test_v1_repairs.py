@@ -1,4 +1,4 @@
-"""The 1.0 reconcile's rules on plain data: ``bridge.dispatch.v1_repairs.plan_v1_repairs`` (no Redis, no gateway).
+"""The 1.0 reconcile's rules on plain data: ``bridge.dispatch.v1.repairs.plan_v1_repairs`` (no Redis, no gateway).
 
 One test per hazard of the module's docstring: a message that never started, a worker lost within and over
 ``AGL_V1_MAX_RERUNS``, a hand-over that counts against no limit, a kept outcome, an attempt id that is not a
@@ -16,7 +16,7 @@ from bridge.core.agl_v1 import V1Rollout
 from bridge.core.markers import LeaseMarkers
 from bridge.core.outcome import ERROR_CHARS, FailureClass, Outcome, OutcomeStatus
 from bridge.dispatch.repairs import LOST_ON_DRAINED_QUEUE_S
-from bridge.dispatch.v1_repairs import (
+from bridge.dispatch.v1.repairs import (
     ApplyKept,
     Fail,
     FreeSlot,

@@ -2,7 +2,7 @@
 
 A dequeue takes the head of the Store's one queue whatever its mode, so a batch must fit *any* mix of modes:
 ``min(room over every consumed queue, BRIDGE_MAX_BATCH)`` while all have room, **one** rollout while some
-are full (held by ``bridge.dispatch.hold`` if it routes to a full queue; nothing more is claimed until it
+are full (held by ``bridge.dispatch.v03.hold`` if it routes to a full queue; nothing more is claimed until it
 goes), none while all are. A queue no live node consumes is left out of the batch size. At most
 ``BRIDGE_MAX_HELD`` rollouts are ever claimed beyond the slots (tests/integration/test_backpressure.py).
 Why one and not a batch handed back: docs/architecture.md, "Design choices".

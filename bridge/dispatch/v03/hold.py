@@ -1,7 +1,7 @@
 """Claimed rollouts the bridge holds until their queue has room: bounded, first in first out per queue.
 
 A rollout for a full queue, or for one no live worker consumes, is held here instead of published
-(``bridge.dispatch.placement``), at most ``BRIDGE_MAX_HELD`` of them. A full queue's held rollouts go out
+(``bridge.dispatch.v03.placement``), at most ``BRIDGE_MAX_HELD`` of them. A full queue's held rollouts go out
 oldest first as slots free, and one held past ``BRIDGE_MAX_QUEUE_WAIT_S`` is handed back; an unserved queue's
 stay held and the queue is reported (log, ``agl_bridge_unserved_queue``, ``status``) rather than cycled through
 hand-backs. Reconcile re-reads every held rollout and drops the ones the Store moved on from, so a cancelled

@@ -10,7 +10,7 @@ error after ``AGL_V1_PUBLISH_GIVE_UP_S``; an error no retry can cure fails it at
 (``bridge.core.redact``) before they reach the gateway or the log. Time budgets are clamped to what the broker
 covers by the rule the worker applies to the gateway's copy too (``bridge.core.time_budget.clamp_to_broker``).
 
-Each reconcile reads the facts, plans the repairs (``bridge.dispatch.v1_repairs``, which says what each hazard
+Each reconcile reads the facts, plans the repairs (``bridge.dispatch.v1.repairs``, which says what each hazard
 gets) and carries them out one by one, so one failing repair stops no other. Every step is safe to repeat, so
 a dispatcher killed anywhere is restarted (or replaced by a standby) without running a rollout twice.
 Hand-overs are counted per rollout in Redis (``keys.v1_handovers``, a set of attempt ids, so counting one twice
@@ -55,11 +55,12 @@ from bridge.core.redact import redact_error, redact_text, redact_url
 from bridge.core.settings import Settings
 from bridge.core.time_budget import v1_time_limits
 from bridge.dispatch import metrics
-from bridge.dispatch.backlog import BacklogReader, gateway_reader
+from bridge.dispatch.backlog import BacklogReader
 from bridge.dispatch.dispatcher import LineDispatcher, Repair, start_process
 from bridge.dispatch.leader import STANDBY_RETRY_S
 from bridge.dispatch.publisher import Publisher, Task, clamp_timeout
-from bridge.dispatch.v1_repairs import (
+from bridge.dispatch.v1.backlog import gateway_reader
+from bridge.dispatch.v1.repairs import (
     ApplyKept,
     Fail,
     FreeSlot,
@@ -139,7 +140,7 @@ class PublishRefusals:
 
 class V1Dispatcher(LineDispatcher[V1Attempt]):
     """The 1.0 line on the one dispatcher (``bridge.dispatch.dispatcher``): a gateway's queuing rollouts published
-    as ``workers.run_v1_rollout`` on the default queue, repaired by the plan of ``bridge.dispatch.v1_repairs``."""
+    as ``workers.run_v1_rollout`` on the default queue, repaired by the plan of ``bridge.dispatch.v1.repairs``."""
 
     line = slot_share.V1
     loop_name = "1.0 dispatch"
@@ -303,7 +304,7 @@ class V1Dispatcher(LineDispatcher[V1Attempt]):
 
     def _plan(self) -> V1Plan:
         """Read the facts (the gateway's running rollouts, failing those this project cannot read) and plan
-        (``bridge.dispatch.v1_repairs``)."""
+        (``bridge.dispatch.v1.repairs``)."""
         running, malformed = self.gateway.list_checked(V1State.RUNNING, limit=100_000)
         for bad in malformed:
             self._fail_malformed(bad)

@@ -5,9 +5,7 @@ dispatcher with the 0.3 line and run it until SIGINT/SIGTERM, finishing the publ
 from __future__ import annotations
 
 import logging
-import signal
 import threading
-from types import FrameType
 
 import redis
 
@@ -18,9 +16,9 @@ from bridge.core.redact import redact_url
 from bridge.core.settings import Settings
 from bridge.core.store import StoreClient
 from bridge.core.tracing import setup_process_tracing
-from bridge.dispatch.dispatcher import StopSignal, start_process
+from bridge.dispatch.dispatcher import StopSignal, install_signal_handlers, start_process
 from bridge.dispatch.publisher import Publisher
-from bridge.dispatch.v03 import V03Dispatcher
+from bridge.dispatch.v03.dispatcher import V03Dispatcher
 
 log = logging.getLogger("bridge")
 
@@ -81,12 +79,3 @@ def _warn_about_other_agents(client: redis.Redis, settings: Settings) -> None:
             settings.agent,
             listed,
         )
-
-
-def install_signal_handlers(stop: threading.Event) -> None:
-    def handle(signum: int, _frame: FrameType | None) -> None:
-        log.info("received %s: finishing the publish in hand and stopping", signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGINT, handle)
-    signal.signal(signal.SIGTERM, handle)

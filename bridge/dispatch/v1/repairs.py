@@ -19,7 +19,7 @@ repairs out in order. Nothing here does I/O. For each running rollout's current 
 * stale in-flight entry: a ``v1-`` entry no running rollout waits for, older than ``max_queue_wait_s`` and
   unleased: its slot is freed.
 
-As in the 0.3 line's plan (``bridge.dispatch.v03_repairs``), what is repaired because nothing shows an executor
+As in the 0.3 line's plan (``bridge.dispatch.v03.repairs``), what is repaired because nothing shows an executor
 (never started, lost worker) is repaired only once it looked so on two scans ``confirm_s`` apart
 (``bridge.dispatch.repairs.confirm_suspects``). Kept records and stale entries are acted on at
 once (the record is the worker's own word; a stale entry frees only a slot).

@@ -4,9 +4,9 @@ rollouts as workers can start, publish each, lose none.
 Backpressure, per queue: each queue's room comes from ``bridge.core.capacity`` (advertised worker slots,
 a node's counted once however many queues it consumes, minus attempts in flight; negative when a queue
 holds more than its nodes can run). A dequeue cannot choose the mode, and the mode picks the queue, so
-``bridge.dispatch.placement`` sizes each dequeue for any mix: a batch while every consumed queue has
+``bridge.dispatch.v03.placement`` sizes each dequeue for any mix: a batch while every consumed queue has
 room, one rollout at a time while some are full (a rollout that cannot be placed is *held* here,
-never published into a full queue: ``bridge.dispatch.hold``), none while all are. So no queue is
+never published into a full queue: ``bridge.dispatch.v03.hold``), none while all are. So no queue is
 claimed beyond its slots by more than the held rollouts (``BRIDGE_MAX_HELD`` in all); with the single
 default queue the batch is ``min(free slots, BRIDGE_MAX_BATCH)``, one request per batch; beside the 1.0 line
 the default queue's room is first cut to this line's share (``bridge.core.slot_share``).
@@ -17,7 +17,7 @@ Nothing dequeued is stranded: a rollout is recorded in flight before it is publi
 refuses it after retries it is handed back to the Store queue (``requeuing``). What a crash leaves half
 done (a claim never published, an in-flight entry no message carries, the slot of a worker that died with
 its messages unacknowledged) is repaired by ``reconcile``, on start, every ``BRIDGE_RECONCILE_INTERVAL_S``
-and sooner when asked: it reads the facts and applies the repairs ``bridge.dispatch.v03_repairs`` plans
+and sooner when asked: it reads the facts and applies the repairs ``bridge.dispatch.v03.repairs`` plans
 from them (re-publish under the same task id, hand back, free a slot, drop a held rollout, settle a rollout
 a late span revived with no live attempt). Workers do not
 mark attempts ``running`` (their first span does), so the lease is what tells a started attempt from a
@@ -48,13 +48,15 @@ from bridge.core.redact import redact_url
 from bridge.core.settings import Settings
 from bridge.core.store import StoreClient
 from bridge.core.time_budget import hard_time_limit, soft_time_limit
-from bridge.dispatch import broker, metrics, placement
-from bridge.dispatch.backlog import BacklogReader, store_reader
-from bridge.dispatch.coalesce import Coalescer
+from bridge.dispatch import broker, metrics
+from bridge.dispatch.backlog import BacklogReader
 from bridge.dispatch.dispatcher import LineDispatcher, Repair, StopSignal
-from bridge.dispatch.hold import Hold
 from bridge.dispatch.publisher import Publisher, Task, clamp_timeout
-from bridge.dispatch.v03_repairs import (
+from bridge.dispatch.v03 import placement
+from bridge.dispatch.v03.backlog import store_reader
+from bridge.dispatch.v03.coalesce import Coalescer
+from bridge.dispatch.v03.hold import Hold
+from bridge.dispatch.v03.repairs import (
     DropHeld,
     Facts,
     FreeLost,
@@ -69,7 +71,7 @@ from bridge.dispatch.v03_repairs import (
     why_not_settle,
 )
 
-log = logging.getLogger("bridge.dispatch.v03")
+log = logging.getLogger(__name__)
 
 FULL_CAPACITY_WAIT_S = 0.2
 UNEXPECTED_ERROR_WAIT_S = 1.0
@@ -170,7 +172,7 @@ class V03Dispatcher(LineDispatcher[AttemptedRollout]):
 
     def _round(self, view: capacity.SlotView) -> float:
         """Share, place what is held, then claim within the room: a batch while every consumed queue has room, one
-        rollout while some are full, none while all are (``bridge.dispatch.placement``)."""
+        rollout while some are full, none while all are (``bridge.dispatch.v03.placement``)."""
         rooms, served = view.rooms(), view.served()
         self._share_slots(view, rooms, served)
         self._place_held(rooms, served)
@@ -241,7 +243,7 @@ class V03Dispatcher(LineDispatcher[AttemptedRollout]):
             self.hand_back(rollout, "error")
 
     def _hold_rollout(self, rollout: AttemptedRollout, queue: str, served: set[str]) -> None:
-        """Hold a claimed rollout whose queue has no room now (``bridge.dispatch.hold``)."""
+        """Hold a claimed rollout whose queue has no room now (``bridge.dispatch.v03.hold``)."""
         self._hold.add(rollout, queue)
         if queue in served:
             log.info("[rollout=%s] queue %s is full: held until a slot frees", rollout.rollout_id, queue)
@@ -320,7 +322,7 @@ class V03Dispatcher(LineDispatcher[AttemptedRollout]):
     # --- repair ----------------------------------------------------------------------------------
 
     def _plan(self) -> Plan:
-        """Read the facts and plan (``bridge.dispatch.v03_repairs``): re-publish or hand back stranded attempts,
+        """Read the facts and plan (``bridge.dispatch.v03.repairs``): re-publish or hand back stranded attempts,
         free slots, drop held rollouts the Store moved on from, settle dead ends. The plan may ask for the next
         scan sooner (a suspect to confirm, a young in-flight entry to look at again)."""
         return plan_repairs(self._reconcile_facts())
@@ -428,7 +430,7 @@ class V03Dispatcher(LineDispatcher[AttemptedRollout]):
         """All slots busy: block on the workers' slot-freed wake-up (at most FULL_CAPACITY_WAIT_S).
 
         With ``gather_for`` (the slots that were all busy), a wake-up is followed by the coalescing wait
-        (``bridge.dispatch.coalesce``), so that slots freed meanwhile share the next dequeue.
+        (``bridge.dispatch.v03.coalesce``), so that slots freed meanwhile share the next dequeue.
         """
         try:
             woken = self.wait_for_freed(self.queues, FULL_CAPACITY_WAIT_S)
