@@ -15,9 +15,8 @@ import sys
 from collections.abc import Sequence
 from types import FrameType, ModuleType
 
-from bridge.core.errors import EXIT_CONFIG_ERROR, ConfigError
+from bridge.core.infra import EXIT_CONFIG_ERROR, ConfigError, make_undumpable
 from bridge.core.settings import load_settings
-from bridge.core.undumpable import make_undumpable
 
 DESCRIPTION = """\
 Move Agent Lightning rollouts from the Store into Celery.

@@ -43,9 +43,8 @@ from agentlightning.types import Hook, NamedResources, Rollout, RolloutMode
 from pydantic import TypeAdapter
 
 from bridge.core.coordination import coordination_redis, deployment_scope
-from bridge.core.models import RolloutStatus
 from bridge.core.settings import Settings, load_settings
-from bridge.core.store import API, StoreClient
+from bridge.core.store import API, RolloutStatus, StoreClient
 from bridge.dispatch.leader import dispatching
 from bridge.dispatch.publisher import Publisher
 from bridge.dispatch.v03 import V03Dispatcher, dispatch_until

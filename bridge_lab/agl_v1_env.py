@@ -17,8 +17,7 @@ from typing import Any
 import httpx
 import redis
 
-from bridge.core import keys
-from bridge.core.coordination import coordination_client
+from bridge.core.coordination import coordination_client, keys
 from bridge_lab.procs import ManagedProcess, StackError, free_port, http_ok
 from bridge_lab.stack import LocalStack
 

@@ -36,13 +36,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn
 from rich.progress import Progress as RichProgress
 from rich.table import Table
 
-from bridge.core import capacity
-from bridge.core.agl_v1 import GatewayClient, V1Rollout, V1State
-from bridge.core.coordination import coordination_client, deployment_scope
-from bridge.core.models import FINISHED_ROLLOUT, AttemptedRollout, Rollout, RolloutStatus
-from bridge.core.redact import redact_url
+from bridge.core.coordination import capacity, coordination_client, deployment_scope
+from bridge.core.gateway import GatewayClient, V1Rollout, V1State
+from bridge.core.infra import redact_url
 from bridge.core.settings import Settings, load_settings
-from bridge.core.store import API, StoreClient
+from bridge.core.store import API, FINISHED_ROLLOUT, AttemptedRollout, Rollout, RolloutStatus, StoreClient
 from bridge_lab.agl_v1_env import find_python312, start_gateway, start_v1_dispatcher, v1_virtualenv
 from bridge_lab.procs import StackError, free_port, http_ok, redis_answers
 from bridge_lab.rabbitmq import amqp_answers, is_amqp_url

@@ -16,7 +16,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 from kombu import Connection
 
-from bridge.core.redact import redact_url
+from bridge.core.infra import redact_url
 from bridge.core.setting_values import is_amqp_url
 from bridge_lab.procs import ManagedProcess, StackError, free_port
 

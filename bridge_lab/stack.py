@@ -19,9 +19,8 @@ from pathlib import Path
 
 import redis
 
-from bridge.core import keys
-from bridge.core.coordination import coordination_client
-from bridge.core.redact import redact_url
+from bridge.core.coordination import coordination_client, keys
+from bridge.core.infra import redact_url
 from bridge.core.store import API
 from bridge_lab.procs import (
     PYTHON,
@@ -300,7 +299,8 @@ class LocalStack:
         return process
 
     def _worker_advertised(self, hostname: str) -> bool:
-        """The worker's slot key exists: it is consuming, and the bridge counts its slots (``bridge.core.capacity``)."""
+        """The worker's slot key exists: it is consuming, and the bridge counts its slots
+        (``bridge.core.coordination.capacity``)."""
         try:
             client = coordination_client(self.redis_url or self.broker_url, socket_timeout=1)
             return any(True for _ in client.scan_iter(match=keys.worker_capacity_pattern(self.scope, hostname)))
@@ -416,8 +416,8 @@ class LocalStack:
     @property
     def scope(self) -> str:
         """The scope of this stack's Redis keys as its workers and bridge derive it
-        (``bridge.core.coordination.deployment_scope``): REDIS_KEY_SCOPE, else its Store's URL (set once the Store
-        is known), else (no Store) the 1.0 gateway's AGL_V1_SERVER_URL of ``extra_env``."""
+        (``bridge.core.coordination.connection.deployment_scope``): REDIS_KEY_SCOPE, else its Store's URL (set once the
+        Store is known), else (no Store) the 1.0 gateway's AGL_V1_SERVER_URL of ``extra_env``."""
         env = {**os.environ, **self.config.extra_env}
         if env.get("REDIS_KEY_SCOPE"):
             return env["REDIS_KEY_SCOPE"]

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge.core import process_state
+from bridge.core.infra import process_state
 from tests import collected_marks, cpu_load, redis_for_tests, schedule
 from workers.lifecycle import state
 
@@ -73,7 +73,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 @pytest.fixture(autouse=True)
 def fresh_process_state() -> Iterator[None]:
     """Leave this process's state as a fresh process has it (``workers.lifecycle.state``,
-    ``bridge.core.process_state``): no test sees clients, caches, offsets or flags another one left."""
+    ``bridge.core.infra.process_state``): no test sees clients, caches, offsets or flags another one left."""
     yield
     state.reset()
     process_state.reset()

@@ -1,6 +1,6 @@
 """What the tests share: the Store's REST API (enqueue, wait, inspect, clean up), a loopback OTLP collector.
 
-* Store look-ups go through the real REST API at ``bridge.core.store.API``.
+* Store look-ups go through the real REST API at ``bridge.core.store.client.API``.
 * ``OtlpCollector`` is what an operator's Jaeger/Tempo would be (``OTEL_EXPORTER_OTLP_ENDPOINT``), or a
   stand-in for ``AGENT_LIGHTNING_OTLP_ENDPOINT`` that refuses the reward span on purpose. It decodes real
   OTLP protobuf, so it proves what the processes actually sent.
@@ -31,7 +31,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from bridge.core import keys, slot_share
+from bridge.core.coordination import keys, slot_share
 from bridge.core.store import API
 from bridge_lab.stack import LocalStack, StackConfig
 from tests import redis_for_tests

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from bridge.core.redact import redact_url
+from bridge.core.infra import redact_url
 from bridge_lab.rabbitmq import Vhost, amqp_answers, with_vhost
 from bridge_lab.stack import LocalStack, StackConfig
 from tests.prerequisites import missing

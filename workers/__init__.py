@@ -16,7 +16,7 @@ __all__ = ["app", "celery"]
 def __getattr__(name: str) -> Any:
     if name not in ("app", "celery"):
         raise AttributeError(f"module 'workers' has no attribute {name!r}")
-    from bridge.core.errors import EXIT_CONFIG_ERROR, ConfigError
+    from bridge.core.infra import EXIT_CONFIG_ERROR, ConfigError
 
     try:
         from workers.app import app

@@ -15,11 +15,10 @@ from __future__ import annotations
 
 from celery import Celery
 
-from bridge.core.message import base_app
 from bridge.core.patches import celery_task_events as events
 from bridge.core.patches.celery_loop_wake import LoopWaker
 from bridge.core.settings import Settings, get_settings
-from bridge.core.time_budget import hard_time_limit, soft_time_limit
+from bridge.core.task import base_app, hard_time_limit, soft_time_limit
 
 __all__ = ["app", "create_app"]
 

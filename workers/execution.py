@@ -33,7 +33,7 @@ from typing import Any
 import redis
 from celery.exceptions import SoftTimeLimitExceeded
 
-from bridge.core.errors import (
+from bridge.core.infra import (
     ConfigError,
     DuplicateDelivery,
     InvalidInputError,
@@ -43,12 +43,11 @@ from bridge.core.errors import (
     Superseded,
     TelemetryError,
     UnknownIdError,
+    redact_error,
+    redact_text,
 )
-from bridge.core.message import DEFAULT_AGENT
-from bridge.core.models import AttemptedRollout, AttemptStatus, RolloutStatus
-from bridge.core.outcome import Outcome, OutcomeStatus, skipped
-from bridge.core.redact import redact_error, redact_text
-from bridge.core.time_budget import clamp_to_broker, soft_time_limit
+from bridge.core.store import AttemptedRollout, AttemptStatus, RolloutStatus
+from bridge.core.task import DEFAULT_AGENT, Outcome, OutcomeStatus, clamp_to_broker, skipped, soft_time_limit
 from workers.agents import llm as llm_mod
 from workers.agents import loading as agent_loading
 from workers.agents.inputs import parse_task_input

@@ -9,12 +9,10 @@ import redis
 from celery import Task
 from celery.exceptions import Reject
 
-from bridge.core.backoff import backoff_delay
 from bridge.core.coordination import deployment_scope
-from bridge.core.errors import DuplicateDelivery
-from bridge.core.message import TASK_NAME
-from bridge.core.outcome import Outcome, OutcomeStatus
+from bridge.core.infra import DuplicateDelivery, backoff_delay
 from bridge.core.settings import get_settings
+from bridge.core.task import TASK_NAME, Outcome, OutcomeStatus
 from workers.app import app
 from workers.execution import Delivery, is_retryable_before_progress
 from workers.lifecycle.resources import get_resources
@@ -32,7 +30,7 @@ def run_rollout(
 ) -> dict[str, Any]:
     """Run this worker's agent (``AGENT``) for one dequeued rollout and report it to the Store.
 
-    ``agent`` names the agent the sender expects (absent: ``webshop``, ``bridge.core.message.DEFAULT_AGENT``);
+    ``agent`` names the agent the sender expects (absent: ``webshop``, ``bridge.core.task.message.DEFAULT_AGENT``);
     it is only compared with this worker's configuration, never imported.
     """
     task_id = str(self.request.id)

@@ -7,7 +7,7 @@ documented by the string below it; ``.env.example`` and docs/configuration.md ar
 (``python -m bridge_lab.configdoc --write``). Everything is validated when a process starts: a bad value
 raises ``ConfigError`` with one readable line naming the variable, which entry points turn into exit code 2.
 How values are parsed: ``bridge.core.setting_values``; the time budgets derived from the fields:
-``bridge.core.time_budget``.
+``bridge.core.task.time_budget``.
 """
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, HttpUrl, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from bridge.core.errors import ConfigError, MissingSetting
-from bridge.core.redact import redact_url
+from bridge.core.infra import ConfigError, MissingSetting, redact_url
 from bridge.core.setting_values import (
     AMQP_SCHEMES,
     REDIS_SCHEMES,
@@ -36,7 +35,7 @@ from bridge.core.setting_values import (
     share_weights,
 )
 from bridge.core.store import TRACES
-from bridge.core.time_budget import hard_time_limit
+from bridge.core.task import hard_time_limit
 
 SET_IN_EXAMPLE = "set_in_example"
 """``json_schema_extra`` key: the variable's line in .env.example is set, not commented out."""

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from bridge.core.line_demand import BacklogExchange
+from bridge.core.coordination.line_demand import BacklogExchange
 from bridge.core.settings import Settings
 from bridge.dispatch import metrics
 

@@ -3,8 +3,8 @@
 ``queues_for(settings, coordination)`` returns the probe for the configured broker; the bridge's gauges and
 ``bridge status`` use only its ``depth``/``oldest_age`` and never take a message. Redis: the queue is a list
 (``LPUSH``/``BRPOP``, oldest at index -1) whose task id is the attempt id, aged by the publish time the bridge
-recorded in the in-flight set (``bridge.core.capacity``). RabbitMQ: a passive ``queue.declare`` gives the ready
-messages without creating anything; AMQP cannot peek at a queue's head, so the age is unknown (None), and a
+recorded in the in-flight set (``bridge.core.coordination.capacity``). RabbitMQ: a passive ``queue.declare`` gives the
+ready messages without creating anything; AMQP cannot peek at a queue's head, so the age is unknown (None), and a
 queue not declared yet holds nothing.
 """
 
@@ -17,9 +17,8 @@ from typing import Any, Protocol
 import redis
 from kombu import Connection
 
-from bridge.core import keys, tls
-from bridge.core.coordination import deployment_scope
-from bridge.core.redact import redact_url
+from bridge.core.coordination import deployment_scope, keys
+from bridge.core.infra import redact_url, tls
 from bridge.core.settings import Settings
 
 PROBE_TIMEOUT_S = 3.0
@@ -67,7 +66,7 @@ class AmqpQueues:
 
     def __init__(self, url: str, use_ssl: dict[str, Any] | None = None) -> None:
         self.url = url
-        self._ssl = use_ssl  # bridge.core.tls.broker_use_ssl: the workers' and publisher's own TLS checks
+        self._ssl = use_ssl  # bridge.core.infra.tls.broker_use_ssl: the workers' and publisher's own TLS checks
         self._connection: Any = None
         self._channel: Any = None
 

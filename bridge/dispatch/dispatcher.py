@@ -19,9 +19,9 @@ refused cleared from the in-flight set and given back. It owns as well:
   scan whose facts could not be read; each repair of the line's plan carried out on its own, so one failing
   repair stops no other; the two-scan delay ``confirm_s`` its planners use (``bridge.dispatch.repairs``), their
   suspects on one clock (monotonic);
-* the queue's slots shared with the other line (``bridge.core.slot_share``), the wait for a freed slot on the
-  line's own wake-up list, the backlog reader and the exchange of the lines' backlogs (``bridge.dispatch.backlog``,
-  ``bridge.core.line_demand``), and the scope check.
+* the queue's slots shared with the other line (``bridge.core.coordination.slot_share``), the wait for a freed slot on
+  the line's own wake-up list, the backlog reader and the exchange of the lines' backlogs (``bridge.dispatch.backlog``,
+  ``bridge.core.coordination.line_demand``), and the scope check.
 
 A line is a subclass that supplies what differs, the abstract methods: its backlog reader, its round (claim within
 the room), its task (``_task``: name, arguments, time limits through ``publisher.clamp_timeout``), what becomes of a
@@ -44,13 +44,9 @@ from typing import ClassVar, Generic, Protocol, TypeVar
 import redis
 from prometheus_client import Counter, Gauge
 
-from bridge.core import capacity, line_demand, slot_share
-from bridge.core.backoff import backoff_delay
-from bridge.core.coordination import deployment_endpoint, deployment_scope
-from bridge.core.errors import PublishError
-from bridge.core.logs import configure_logging
-from bridge.core.redact import redact_text
-from bridge.core.scope_check import ScopeMismatchError, ScopeWatch
+from bridge.core.coordination import capacity, deployment_endpoint, deployment_scope, line_demand, slot_share
+from bridge.core.coordination.scope_check import ScopeMismatchError, ScopeWatch
+from bridge.core.infra import PublishError, backoff_delay, configure_logging, redact_text
 from bridge.core.settings import Settings
 from bridge.dispatch import broker, metrics, repairs
 from bridge.dispatch.backlog import BacklogReader, LeaderExports
@@ -150,13 +146,15 @@ class LineDispatcher(ABC, Generic[Claim]):
         """``publisher``: the one publisher every message of the line goes through. ``lock_scope``: where this
         line's leader lock lives (default: the deployment's scope). ``who``: how the scope check names this
         dispatcher; ``strict_scope``: raise ScopeMismatchError from ``run`` when this Store's workers appear only
-        under another spelling of its URL (``bridge.core.scope_check``)."""
+        under another spelling of its URL (``bridge.core.coordination.scope_check``)."""
         self.settings = settings
         self.redis = client
         self.publisher = publisher
         self.stop: StopSignal = stop if stop is not None else threading.Event()
         self.queues = list(queues)
-        self.scope = deployment_scope(settings)  # of every Redis key this deployment owns (bridge.core.keys)
+        self.scope = deployment_scope(
+            settings
+        )  # of every Redis key this deployment owns (bridge.core.coordination.keys)
         self._lock = LeaderLock(client, lock_owner, scope=lock_scope or self.scope, line=self.line)
         self.confirm_s = repairs.confirm_s(settings.heartbeat_interval_s)
         self._next_reconcile = 0.0  # monotonic: when reconcile is due (``reconcile_by``); at once on start
@@ -456,8 +454,8 @@ class LineDispatcher(ABC, Generic[Claim]):
 
     def _share(self, view: capacity.SlotView, rooms: dict[str, int], waiting: int) -> None:
         """Cut the default queue's room in ``rooms`` to this line's share of its slots while the other line waits,
-        ``waiting`` published as this line's demand (``bridge.core.slot_share.claimable``). A Redis error leaves
-        the room as it is: the slots were just read, so it is a blip, and this round goes without sharing."""
+        ``waiting`` published as this line's demand (``bridge.core.coordination.slot_share.claimable``). A Redis error
+        leaves the room as it is: the slots were just read, so it is a blip, and this round goes without sharing."""
         queue = self.settings.default_queue
         if queue not in view.served():
             return
@@ -500,7 +498,7 @@ class LineDispatcher(ABC, Generic[Claim]):
     def _update_gauges(self, view: capacity.SlotView) -> None:
         """Per queue: its slots and attempts in flight (every line's), and from the last backlog reading this line's
         waiting rollouts, the oldest's age and the queue's desired slots: in flight + this line's backlog (waiting
-        + held) + the other line's published backlog (``bridge.core.line_demand``; docs/operations.md,
+        + held) + the other line's published backlog (``bridge.core.coordination.line_demand``; docs/operations.md,
         "Autoscaling signal"); then the line's own (``_line_gauges``)."""
         self.scope_watch.check(view.served())
         self._exports.active = True

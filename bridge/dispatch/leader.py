@@ -6,7 +6,7 @@ blocked on a slow Store keeps it, while a killed leader is replaced within ``LEA
 ``STANDBY_RETRY_S``. Fencing: ``valid()`` is true only until ``LEADER_TTL_S - FENCE_MARGIN_S`` after the start of
 the last renewal Redis confirmed, which is before the key can expire in Redis, so a leader cut off from Redis
 stops publishing before a standby can take over. The key is scoped by the deployment's Store
-(``bridge.core.coordination.deployment_scope``): the bridges of two Stores sharing one Redis each lead.
+(``bridge.core.coordination.connection.deployment_scope``): the bridges of two Stores sharing one Redis each lead.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ import redis
 from redis.exceptions import LockError
 from redis.lock import Lock
 
-from bridge.core import keys
-from bridge.core.slot_share import V03
+from bridge.core.coordination import keys
+from bridge.core.coordination.slot_share import V03
 from bridge.dispatch import metrics
 
-log = logging.getLogger("bridge.dispatch.leader")
+log = logging.getLogger(__name__)
 
 LEADER_TTL_S = 3.0  # a SIGKILLed leader's lock lapses this long after its last renewal
 RENEW_EVERY_S = 1.0  # the renewal thread's period: two renewals may fail in a row before the lock lapses

@@ -20,8 +20,8 @@ import threading
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.registry import Collector
 
-from bridge.core.errors import ConfigError
-from bridge.core.slot_share import V03, V1
+from bridge.core.coordination.slot_share import V03, V1
+from bridge.core.infra import ConfigError
 
 DEQUEUED = Counter("agl_bridge_dequeued_total", "Rollouts claimed from the Store")
 PUBLISHED = Counter("agl_bridge_published_total", "Rollouts published to the broker", ["queue", "line"])

@@ -21,10 +21,9 @@ from typing import Any, Protocol, Self, TypeVar
 from celery import Celery
 from kombu.exceptions import OperationalError
 
-from bridge.core.errors import PublishError
-from bridge.core.message import publishing_app
+from bridge.core.infra import PublishError
 from bridge.core.settings import Settings
-from bridge.core.time_budget import clamp_to_broker
+from bridge.core.task import clamp_to_broker, publishing_app
 from bridge.dispatch import metrics
 
 log = logging.getLogger("bridge.publisher")
@@ -66,7 +65,7 @@ class Publisher:
     def __init__(self, settings: Settings, *, agent: str | None = None, app: Celery | None = None) -> None:
         """``agent``: the agent path every 0.3 message names, so a worker running another agent refuses it
         (default ``AGENT``; ``bridge.runner.CeleryRunner`` passes the class path of the trainer's agent). ``app``:
-        the Celery app to send through (default: the bridge's, ``bridge.core.message.publishing_app``)."""
+        the Celery app to send through (default: the bridge's, ``bridge.core.task.message.publishing_app``)."""
         self.app = app if app is not None else publishing_app(settings)[0]
         self._settings = settings
         self.agent = agent or settings.agent
@@ -131,8 +130,8 @@ def clamp_timeout(rollout: Timed, settings: Settings, ids: str, *, agl_v1: bool 
 
 
 def published_timeout(asked: float, settings: Settings, ids: str, *, agl_v1: bool = False) -> float:
-    """``bridge.core.time_budget.clamp_to_broker`` (the rule the workers apply too), with a warning naming ``ids`` and
-    ``agl_bridge_timeouts_clamped_total`` counted when ``asked`` is longer than the broker covers."""
+    """``bridge.core.task.time_budget.clamp_to_broker`` (the rule the workers apply too), with a warning naming ``ids``
+    and ``agl_bridge_timeouts_clamped_total`` counted when ``asked`` is longer than the broker covers."""
     bound = clamp_to_broker(settings, asked, agl_v1=agl_v1)
     if asked <= bound:
         return asked

@@ -27,7 +27,7 @@ import time
 from collections.abc import Mapping
 from urllib.parse import urlsplit
 
-from bridge.core.errors import EXIT_CONFIG_ERROR, StoreError
+from bridge.core.infra import EXIT_CONFIG_ERROR, StoreError
 
 MIN_PASSWORD_CHARS = 12
 PLACEHOLDERS = frozenset({"change-me", "changeme", "change_me", "password", "admin", "secret", "flower", "guest"})

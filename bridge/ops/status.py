@@ -2,8 +2,8 @@
 
 Reads only: the Store's REST API, the broker's queues (Redis lists, or RabbitMQ depths by passive declare;
 bridge.dispatch.broker), the coordination Redis (in-flight sets and the slots the workers advertise, see
-bridge.core.capacity; only this deployment's, scoped by its Store: bridge.core.keys) and one Celery
-``inspect active`` request, sent to those workers only, for the rollouts each is running. A part that does
+bridge.core.coordination.capacity; only this deployment's, scoped by its Store: bridge.core.coordination.keys) and one
+Celery ``inspect active`` request, sent to those workers only, for the rollouts each is running. A part that does
 not answer is reported as such instead of failing the command, so the command is most useful exactly when
 something is broken. ``--json`` prints one object per refresh. With AGL_V1_SERVER_URL, two listings of the 1.0
 gateway's rollouts (queuing, running) are read too.
@@ -19,14 +19,18 @@ from typing import Any
 
 import redis
 
-from bridge.core import capacity, keys, scope_check
-from bridge.core.agl_v1 import GatewayClient, GatewayError
-from bridge.core.coordination import coordination_redis, deployment_endpoint, deployment_scope
-from bridge.core.errors import StoreError
-from bridge.core.models import RolloutStatus
-from bridge.core.redact import redact_error, redact_url
+from bridge.core.coordination import (
+    capacity,
+    coordination_redis,
+    deployment_endpoint,
+    deployment_scope,
+    keys,
+    scope_check,
+)
+from bridge.core.gateway import GatewayClient, GatewayError
+from bridge.core.infra import StoreError, redact_error, redact_url
 from bridge.core.settings import Settings, load_settings
-from bridge.core.store import API, StoreClient
+from bridge.core.store import API, RolloutStatus, StoreClient
 from bridge.dispatch import broker
 from bridge.dispatch.v03 import read_backlog
 from bridge.dispatch.v1 import read_gateway_counts
@@ -198,7 +202,9 @@ def _broker_part(settings: Settings, client: redis.Redis) -> tuple[dict[str, Any
             workers[name]["program_isolation"] = boxed  # None: a node that runs no 1.0 programs
         held, unserved = capacity.read_held(client, scope)
         part["unserved"] = unserved
-        if not workers:  # this deployment's workers under another spelling of its URL (bridge.core.scope_check)
+        if (
+            not workers
+        ):  # this deployment's workers under another spelling of its URL (bridge.core.coordination.scope_check)
             endpoint = deployment_endpoint(settings)
             others = scope_check.other_scopes(client, scope, settings.all_queues())
             suspects = [other for other in others if other.looks_like(endpoint)]
@@ -235,7 +241,7 @@ def _add_active(workers: dict[str, dict[str, Any]], settings: Settings) -> None:
     if not workers:
         return
     try:
-        from bridge.core.message import base_app
+        from bridge.core.task import base_app
 
         app = base_app(settings, "bridge-status")
         inspect = app.control.inspect(destination=sorted(workers), timeout=INSPECT_TIMEOUT_S)

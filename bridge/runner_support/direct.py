@@ -17,12 +17,11 @@ from typing import Any
 
 import redis
 
-from bridge.core import capacity
-from bridge.core.errors import PublishError
-from bridge.core.models import FINISHED_ROLLOUT, AttemptedRollout, Rollout, RolloutStatus
+from bridge.core.coordination import capacity
+from bridge.core.infra import PublishError
 from bridge.core.settings import Settings
-from bridge.core.store import API, StoreClient
-from bridge.core.time_budget import clamp_to_broker, hard_time_limit
+from bridge.core.store import API, FINISHED_ROLLOUT, AttemptedRollout, Rollout, RolloutStatus, StoreClient
+from bridge.core.task import clamp_to_broker, hard_time_limit
 from bridge.dispatch.v03 import V03Dispatcher, fits
 
 log = logging.getLogger(__name__)
@@ -82,7 +81,7 @@ def wait_for_room(dispatcher: V03Dispatcher, mode: str | None) -> None:
     """Block until a live worker has a free slot on the queue ``mode`` routes to.
 
     ScopeMismatchError within seconds when this Store's workers serve the queues only under another spelling
-    of its URL (``bridge.core.scope_check``). TimeoutError when no worker consumes that queue for
+    of its URL (``bridge.core.coordination.scope_check``). TimeoutError when no worker consumes that queue for
     ``BRIDGE_MAX_QUEUE_WAIT_S``, or when it stays full
     for that plus one attempt's hard time limit (every busy slot should have freed by then). An unreachable
     Redis counts as no room: the wait goes on, within the same bound.

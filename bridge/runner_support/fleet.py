@@ -1,7 +1,7 @@
 """Which agent the trainer expects, and which online worker nodes run another one.
 
 A worker node is told its agent by its operator (``AGENT``) and advertises the agent's import path in Redis
-beside its slots (``bridge.core.keys.worker_agent``, scoped by its deployment's Store like the slots). A
+beside its slots (``bridge.core.coordination.keys.worker_agent``, scoped by its deployment's Store like the slots). A
 message never makes a worker import anything: it only names the agent the sender expects, and a worker
 running another refuses it. So a trainer whose agent
 no worker runs would see its rollouts refused one by one; ``CeleryRunner.init`` reads the advertisements
@@ -15,8 +15,8 @@ from typing import Any
 
 import redis
 
-from bridge.core.capacity import advertised_agents, listed_scopes
-from bridge.core.message import agent_identity
+from bridge.core.coordination.capacity import advertised_agents, listed_scopes
+from bridge.core.task import agent_identity
 
 log = logging.getLogger("bridge.runner")
 
@@ -53,7 +53,7 @@ def agent_path(agent: Any) -> str:
 
 def check_fleet(client: redis.Redis, scope: str | None, queues: list[str], expected: str) -> dict[str, str | None]:
     """Raise AgentMismatchError when a live worker of the deployment ``scope`` runs another agent; returns
-    what was read (``bridge.core.coordination.deployment_scope``: workers of other Stores are not looked at).
+    what was read (``bridge.core.coordination.connection.deployment_scope``: workers of other Stores are not looked at).
     With ``scope`` None (the Store is not known yet) the workers of every Store on ``queues`` are checked.
 
     No worker online is not an error (workers may start after the trainer: rollouts wait in the Store

@@ -43,7 +43,7 @@ from typing import Any
 import httpx
 import psutil
 
-from bridge.core.agl_v1 import GatewayClient, V1State
+from bridge.core.gateway import GatewayClient, V1State
 from bridge_lab.agl_v1_env import (
     start_gateway,
     start_local_controller,

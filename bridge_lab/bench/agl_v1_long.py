@@ -39,9 +39,8 @@ from typing import Any
 import psutil
 import redis
 
-from bridge.core import keys
-from bridge.core.agl_v1 import GatewayClient, V1State
-from bridge.core.coordination import coordination_client
+from bridge.core.coordination import coordination_client, keys
+from bridge.core.gateway import GatewayClient, V1State
 from bridge_lab.agl_v1_env import start_gateway, start_v1_dispatcher, v1_virtualenv
 from bridge_lab.bench import reward_program
 from bridge_lab.procs import StackError, free_port

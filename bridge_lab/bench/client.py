@@ -12,8 +12,7 @@ from typing import Any
 
 import httpx
 
-from bridge.core.models import FINISHED_ROLLOUT
-from bridge.core.store import API
+from bridge.core.store import API, FINISHED_ROLLOUT
 from bridge_lab.rollouts import finished_among, wait_for_rollouts
 
 

@@ -24,9 +24,8 @@ def _make_agent(export_spans: bool = False) -> Any:
     """Build the LitAgent class lazily: importing agentlightning takes seconds and is optional."""
     from agentlightning import LitAgent
 
-    from bridge.core.models import AttemptedRollout, ResourcesUpdate
     from bridge.core.settings import get_settings
-    from bridge.core.store import StoreClient
+    from bridge.core.store import AttemptedRollout, ResourcesUpdate, StoreClient
     from bridge_lab.bench.episode import run_episode
     from workers.agents import llm as llm_mod
     from workers.agents.inputs import parse_task_input

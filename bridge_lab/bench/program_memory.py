@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bridge.core.agl_v1 import GatewayClient, V1Rollout, V1State
+from bridge.core.gateway import GatewayClient, V1Rollout, V1State
 from bridge.core.settings import Settings, load_settings
 from bridge_lab.agl_v1_env import start_gateway, v1_project_virtualenv, v1_virtualenv
 from bridge_lab.bench.run import load_inputs

@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from bridge.core.agl_v1 import V1Rollout
+from bridge.core.gateway import V1Rollout
 from workers.v1.relay import AttemptRelay
 
 ANSWER = json.dumps(

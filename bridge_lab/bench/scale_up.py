@@ -22,10 +22,8 @@ from typing import Any
 
 import httpx
 
-from bridge.core import capacity
-from bridge.core.coordination import coordination_client
-from bridge.core.models import FINISHED_ROLLOUT, RolloutStatus
-from bridge.core.store import StoreClient
+from bridge.core.coordination import capacity, coordination_client
+from bridge.core.store import FINISHED_ROLLOUT, RolloutStatus, StoreClient
 from bridge.ops.autoscale import scrape_desired
 from bridge_lab.bench.run import load_inputs
 from bridge_lab.procs import PYTHON

@@ -18,8 +18,8 @@ from typing import Any
 import httpx
 from rich.table import Table
 
-from bridge.core import markers
-from bridge.core.models import ACTIVE_ATTEMPT, Attempt, AttemptStatus
+from bridge.core.coordination import markers
+from bridge.core.store import ACTIVE_ATTEMPT, Attempt, AttemptStatus
 from bridge_lab.chaos.state import REPORTED, ChaosRun, FinalReport, ScenarioResult
 from bridge_lab.render import cell, to_text
 

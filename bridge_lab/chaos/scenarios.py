@@ -17,9 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from bridge.core import capacity
-from bridge.core.message import DEFAULT_AGENT, TASK_NAME, task_kwargs
-from bridge.core.models import ACTIVE_ROLLOUT, FINISHED_ROLLOUT, AttemptedRollout
+from bridge.core.coordination import capacity
+from bridge.core.store import ACTIVE_ROLLOUT, FINISHED_ROLLOUT, AttemptedRollout
+from bridge.core.task import DEFAULT_AGENT, TASK_NAME, task_kwargs
 from bridge_lab.chaos.state import ChaosRun
 from bridge_lab.procs import pause_group
 

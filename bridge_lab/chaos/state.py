@@ -18,12 +18,10 @@ from typing import Any
 import redis
 from celery import Celery
 
-from bridge.core import markers
-from bridge.core.coordination import coordination_client
-from bridge.core.message import base_app
-from bridge.core.models import ACTIVE_ROLLOUT, FINISHED_ROLLOUT, Attempt, AttemptedRollout, AttemptStatus
+from bridge.core.coordination import coordination_client, markers
 from bridge.core.settings import load_settings
-from bridge.core.store import StoreClient
+from bridge.core.store import ACTIVE_ROLLOUT, FINISHED_ROLLOUT, Attempt, AttemptedRollout, AttemptStatus, StoreClient
+from bridge.core.task import base_app
 from bridge_lab.procs import ManagedProcess
 from bridge_lab.stack import LocalStack
 

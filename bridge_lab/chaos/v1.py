@@ -39,10 +39,9 @@ import httpx
 import psutil
 import redis
 
-from bridge.core import capacity, keys
-from bridge.core.agl_v1 import GatewayClient, GatewayError, V1Rollout, V1State, scoped_attempt_key
-from bridge.core.coordination import coordination_client
-from bridge.core.outcome import failure_class_of
+from bridge.core.coordination import capacity, coordination_client, keys
+from bridge.core.gateway import GatewayClient, GatewayError, V1Rollout, V1State, scoped_attempt_key
+from bridge.core.task import failure_class_of
 from bridge_lab.agl_v1_env import GATEWAY_MODEL, start_gateway, start_v1_dispatcher, v1_virtualenv
 from bridge_lab.chaos.state import ScenarioResult
 from bridge_lab.chaos.v1_program import START_EVENT

@@ -14,7 +14,7 @@ import subprocess
 import time
 from typing import Any
 
-from bridge.core.models import FINISHED_ROLLOUT
+from bridge.core.store import FINISHED_ROLLOUT
 from bridge_lab.chaos.scenarios import pause_store, restart_redis
 from bridge_lab.chaos.state import ChaosRun
 from bridge_lab.cluster.bed import CLUSTER_ROLLOUT_CONFIG, ClusterResult, TestBed

@@ -23,8 +23,8 @@ import httpx
 import pytest
 import redis
 
-from bridge.core import keys
-from bridge.core.agl_v1 import V1State
+from bridge.core.coordination import keys
+from bridge.core.gateway import V1State
 from bridge.core.settings import Settings
 from bridge_lab import docker_here
 from bridge_lab.chaos.scenarios import CHAOS_ENV

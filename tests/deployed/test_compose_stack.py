@@ -12,7 +12,7 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from bridge.core.models import FINISHED_ROLLOUT, AttemptedRollout
+from bridge.core.store import FINISHED_ROLLOUT, AttemptedRollout
 from bridge_lab.demo import StoreRollouts
 from tests.deployed.conftest import Project, assert_secrets_placed
 from tests.unit.test_compose_environment import SECRETS

@@ -18,7 +18,7 @@ from collections.abc import Callable
 import pytest
 import redis
 
-from bridge.core import markers
+from bridge.core.coordination import markers
 from bridge.core.store import StoreClient
 from bridge_lab import docker_here
 from tests.deployed.conftest import Project, services

@@ -12,8 +12,8 @@ import pytest
 import redis
 from kombu.exceptions import OperationalError
 
-from bridge.core import capacity
-from bridge.core.errors import PublishError
+from bridge.core.coordination import capacity
+from bridge.core.infra import PublishError
 from bridge.core.settings import load_settings
 from bridge.dispatch.dispatcher import LineDispatcher
 from bridge.dispatch.v03.dispatcher import V03Dispatcher

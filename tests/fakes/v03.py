@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from bridge.core.message import DEFAULT_AGENT
-from bridge.core.models import AttemptedRollout, RolloutStatus
+from bridge.core.store import AttemptedRollout, RolloutStatus
+from bridge.core.task import DEFAULT_AGENT
 from bridge.dispatch.publisher import Task
 
 

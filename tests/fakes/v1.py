@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import redis
 
-from bridge.core import capacity
-from bridge.core.agl_v1 import GatewayClient
+from bridge.core.coordination import capacity
+from bridge.core.gateway import GatewayClient
 from bridge.core.settings import Settings, load_settings
 from bridge.dispatch.v1.dispatcher import V1Dispatcher
 from tests.helpers import TEST_REDIS_URL

@@ -16,10 +16,9 @@ from dataclasses import dataclass
 import redis
 from prometheus_client import Counter, Gauge
 
-from bridge.core import capacity, keys
-from bridge.core.coordination import coordination_client
-from bridge.core.message import base_app
+from bridge.core.coordination import capacity, coordination_client, keys
 from bridge.core.settings import Settings, load_settings
+from bridge.core.task import base_app
 from bridge.dispatch.backlog import Backlog, BacklogReader
 from bridge.dispatch.dispatcher import LineDispatcher, Repair
 from bridge.dispatch.leader import STANDBY_RETRY_S
@@ -29,9 +28,9 @@ from tests.helpers import TEST_REDIS_URL, wait_for
 SLOTS = 2
 WORKER = """
 import os, time
-from bridge.core import capacity
+from bridge.core.coordination import capacity
 from bridge.core.coordination import coordination_client
-from bridge.core.message import base_app
+from bridge.core.task import base_app
 from bridge.core.settings import load_settings
 url, scope, queue = os.environ["TOY_BROKER"], os.environ["TOY_SCOPE"], os.environ["TOY_QUEUE"]
 app = base_app(load_settings(broker_url=url, redis_key_scope=scope, default_queue=queue), "toy")

@@ -24,9 +24,8 @@ import psutil
 import pytest
 from celery import Celery
 
-from bridge.core import keys
-from bridge.core.agl_v1 import V1_TASK_NAME, GatewayClient, V1State, attempt_key
-from bridge.core.coordination import coordination_client
+from bridge.core.coordination import coordination_client, keys
+from bridge.core.gateway import V1_TASK_NAME, GatewayClient, V1State, attempt_key
 from bridge_lab.agl_v1_env import GATEWAY_MODEL, start_gateway, start_v1_dispatcher, train, v1_virtualenv
 from bridge_lab.procs import ManagedProcess, StackError, free_port
 from bridge_lab.stack import LocalStack

@@ -14,8 +14,7 @@ from typing import Any
 
 import pytest
 
-from bridge.core.models import RolloutStatus
-from bridge.core.store import StoreClient
+from bridge.core.store import RolloutStatus, StoreClient
 from bridge_lab.chaos.state import ChaosRun
 from bridge_lab.stack import LocalStack
 from tests.helpers import split_tasks

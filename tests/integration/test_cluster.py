@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from bridge.core.redact import redact_url
+from bridge.core.infra import redact_url
 from bridge_lab.chaos.audit import format_table
 from bridge_lab.cluster import scenarios
 from bridge_lab.cluster.bed import BedConfig, ClusterResult, TestBed

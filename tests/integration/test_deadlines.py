@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from bridge.core.settings import load_settings
-from bridge.core.time_budget import soft_time_limit
+from bridge.core.task import soft_time_limit
 from bridge_lab.stack import LocalStack, StackConfig
 from tests.helpers import attempts, enqueue, rollout, silent_llm_url, wait_finished
 

@@ -16,13 +16,10 @@ import httpx
 import pytest
 import redis
 
-from bridge.core import capacity, keys
-from bridge.core.coordination import coordination_client
-from bridge.core.message import DEFAULT_AGENT
-from bridge.core.models import AttemptedRollout
+from bridge.core.coordination import capacity, coordination_client, keys
 from bridge.core.settings import Settings, load_settings
-from bridge.core.store import API, StoreClient
-from bridge.core.time_budget import hard_time_limit, longest_timeout_s, soft_time_limit
+from bridge.core.store import API, AttemptedRollout, StoreClient
+from bridge.core.task import DEFAULT_AGENT, hard_time_limit, longest_timeout_s, soft_time_limit
 from bridge.dispatch.publisher import Publisher, Task
 from bridge.dispatch.v03.dispatcher import V03Dispatcher, rollout_task
 from bridge_lab.stack import LocalStack

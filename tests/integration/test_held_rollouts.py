@@ -3,7 +3,7 @@
 ``QUEUE_BY_MODE`` routes ``val`` to a queue that no worker consumes at first. The bridge holds the val
 rollouts it claims (``bridge.dispatch.v03.hold``) and goes on dispatching train rollouts; ``status`` and the
 metrics name the unserved queue. A val rollout the trainer cancels while held is dropped, and stays
-cancelled when a val worker starts. Every hand-back re-reads the rollout first (``bridge.core.handback``).
+cancelled when a val worker starts. Every hand-back re-reads the rollout first (``bridge.core.store.handback``).
 """
 
 from __future__ import annotations
@@ -14,10 +14,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bridge.core import handback
 from bridge.core.coordination import coordination_client
 from bridge.core.settings import load_settings
-from bridge.core.store import API, StoreClient
+from bridge.core.store import API, StoreClient, handback
 from bridge.ops import status
 from bridge_lab.stack import LocalStack
 from tests.helpers import attempts, enqueue, rollout, stack_for, wait_finished, wait_for

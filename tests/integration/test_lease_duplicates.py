@@ -19,9 +19,8 @@ import pytest
 import redis
 from celery import Celery
 
-from bridge.core import capacity, keys
-from bridge.core.coordination import coordination_client
-from bridge.core.message import TASK_NAME
+from bridge.core.coordination import capacity, coordination_client, keys
+from bridge.core.task import TASK_NAME
 from bridge_lab.stack import LocalStack
 from tests.helpers import attempts, enqueue, rollout, slow_episode_stack, split_tasks, wait_finished
 

@@ -20,12 +20,10 @@ import pytest
 import redis
 from celery import Celery
 
-from bridge.core import keys
-from bridge.core.coordination import coordination_client
-from bridge.core.message import TASK_NAME, task_kwargs
+from bridge.core.coordination import coordination_client, keys
 from bridge.core.settings import load_settings
 from bridge.core.store import StoreClient
-from bridge.core.time_budget import soft_time_limit
+from bridge.core.task import TASK_NAME, soft_time_limit, task_kwargs
 from bridge_lab.stack import LocalStack
 from tests.helpers import attempts, cancel_unfinished, enqueue, spans, stack_for, wait_finished
 
@@ -334,7 +332,7 @@ def test_resources_reach_the_agent_as_agent_lightning_objects_with_the_proxy_rou
     the WebShop loop addresses it; other resources pass as Agent Lightning objects."""
     from agentlightning import LLM, PromptTemplate
 
-    from bridge.core.models import ResourcesUpdate
+    from bridge.core.store import ResourcesUpdate
     from workers.agents.litagent import named_resources
 
     update = ResourcesUpdate.model_validate(

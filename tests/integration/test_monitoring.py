@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bridge.core.message import TASK_NAME
+from bridge.core.task import TASK_NAME
 from bridge.dispatch import metrics
 from bridge_lab.procs import free_port
 from bridge_lab.stack import LocalStack

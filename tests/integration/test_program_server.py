@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge.core.errors import ConfigError
+from bridge.core.infra import ConfigError
 from bridge.core.settings import Settings, load_settings
 from bridge_lab.agl_v1_env import v1_virtualenv
 from tests.helpers import process_alive, serving_programs, wait_for

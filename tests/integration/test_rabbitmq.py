@@ -21,11 +21,10 @@ from typing import Any
 
 import pytest
 
-from bridge.core import capacity
-from bridge.core.coordination import coordination_client
-from bridge.core.message import TASK_NAME, base_app, task_kwargs
+from bridge.core.coordination import capacity, coordination_client
 from bridge.core.settings import load_settings
 from bridge.core.store import StoreClient
+from bridge.core.task import TASK_NAME, base_app, task_kwargs
 from bridge.dispatch.broker import AmqpQueues
 from bridge_lab.chaos import run as chaos
 from bridge_lab.rabbitmq import PrivateRabbitMQ, server_version

@@ -32,10 +32,9 @@ import httpx
 import pytest
 from celery import Celery
 
-from bridge.core import keys
-from bridge.core.coordination import coordination_client
-from bridge.core.message import TASK_NAME, task_kwargs
+from bridge.core.coordination import coordination_client, keys
 from bridge.core.store import StoreClient
+from bridge.core.task import TASK_NAME, task_kwargs
 from bridge_lab.procs import ManagedProcess
 from bridge_lab.stack import LocalStack, StackConfig
 from tests.helpers import (

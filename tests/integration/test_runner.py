@@ -18,8 +18,7 @@ import pytest
 import redis
 from agentlightning.execution.events import ThreadingEvent
 
-from bridge.core import keys
-from bridge.core.coordination import coordination_client
+from bridge.core.coordination import coordination_client, keys
 from bridge.runner import AgentMismatchError, CeleryRunner, RolloutFailedError
 from bridge_lab.procs import free_port
 from bridge_lab.stack import LocalStack, StackConfig

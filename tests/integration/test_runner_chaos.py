@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge.core.models import AttemptedRollout
-from bridge.core.store import StoreClient
+from bridge.core.store import AttemptedRollout, StoreClient
 from bridge_lab.chaos import run as chaos
 from bridge_lab.stack import LocalStack
 from tests.fakes.runner_agents import expected_reward

@@ -21,8 +21,7 @@ import agentlightning as agl
 import httpx
 import pytest
 
-from bridge.core import keys
-from bridge.core.coordination import coordination_client
+from bridge.core.coordination import coordination_client, keys
 from bridge.core.settings import Settings, env_name
 from bridge.core.store import API
 from bridge.runner import CeleryRunner

@@ -28,7 +28,7 @@ import httpx
 import pytest
 import redis
 
-from bridge.core import keys
+from bridge.core.coordination import keys
 from bridge_lab.procs import ManagedProcess, find_redis_server, free_port, redis_answers
 from bridge_lab.stack import LocalStack, StackConfig
 from tests.helpers import attempts, cancel_unfinished, enqueue, spans, split_tasks, wait_finished

@@ -1,7 +1,7 @@
 """Two deployments on one Redis database: two real ``agl store`` processes, and a bridge and a worker node for
 each, dispatching at the same time (docs/operations.md, "Several deployments on one Redis").
 
-Every Redis key that holds one deployment's state carries its Store's scope (``bridge.core.keys``), so both
+Every Redis key that holds one deployment's state carries its Store's scope (``bridge.core.coordination.keys``), so both
 bridges lead at once, each counts only its own worker's slots, and every rollout runs on a worker of its own
 deployment. The broker is that same Redis database, so each deployment has Celery queue names of its own
 (``CELERY_DEFAULT_QUEUE`` on the bridge, ``-Q`` on the worker), or one deployment's workers would take the
@@ -20,8 +20,7 @@ from typing import Any
 import pytest
 import redis
 
-from bridge.core import capacity, keys
-from bridge.core.coordination import coordination_client
+from bridge.core.coordination import capacity, coordination_client, keys
 from bridge_lab.stack import LocalStack, StackConfig
 from tests.helpers import attempts, enqueue, split_tasks, wait_finished, wait_for
 

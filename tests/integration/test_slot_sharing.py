@@ -1,10 +1,11 @@
 """One worker pool serving a 0.3 Store (``python -m bridge``) and a 1.0 gateway (``python -m bridge v1``) at once,
 with real parts: the session's ``agl store``, 1.0's ``agl-server`` (``bridge_lab.agl_v1_env``), both dispatchers
 (each serving /metrics) and one ``celery`` worker of 4 slots, started once for the module. Both leaders export the
-queue's desired slots as in flight + both lines' waiting + held, the same figure (``bridge.core.line_demand``), and
-``status`` reads the gateway; with both lines backlogged each holds slots in proportion to its weight
-(``bridge.core.slot_share``); a SIGKILLed leader of either line is replaced by its hot standby within 5 s
-(``bridge.dispatch.leader``). The tests run in this order: the standbys lead the third.
+queue's desired slots as in flight + both lines' waiting + held, the same figure
+(``bridge.core.coordination.line_demand``), and ``status`` reads the gateway; with both lines backlogged each holds
+slots in proportion to its weight (``bridge.core.coordination.slot_share``); a SIGKILLed leader of either line is
+replaced by its hot standby within 5 s (``bridge.dispatch.leader``). The tests run in this order: the standbys lead the
+third.
 """
 
 from __future__ import annotations
@@ -24,9 +25,8 @@ import httpx
 import pytest
 import redis
 
-from bridge.core import capacity, slot_share
-from bridge.core.agl_v1 import GatewayClient, V1State
-from bridge.core.coordination import coordination_client
+from bridge.core.coordination import capacity, coordination_client, slot_share
+from bridge.core.gateway import GatewayClient, V1State
 from bridge.core.store import API
 from bridge.dispatch import leader
 from bridge_lab.agl_v1_env import start_gateway, start_v1_dispatcher, v1_virtualenv

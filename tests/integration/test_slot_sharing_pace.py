@@ -2,9 +2,10 @@
 rollouts of 3 s each, enqueued at once on one ``-P threads -c 4`` worker beside both dispatchers (real ``agl store``,
 real ``agl-server``). While both lines have rollouts waiting (from the moment both dispatchers publish a demand above
 zero: each sees its backlog on its own poll, so the first to look may fill the pool alone, as the rule allows), each
-holds at least 0.4 of the slot-seconds (equal weights: within 20 % of its half, ``bridge.core.slot_share``), and the
-whole run, counted from the enqueue, takes at most 1.3 times the ideal: the work on 4 slots, each 1.0 rollout's
-program start included (docs/operations.md, "Sharing a worker pool between 0.3 and 1.0")."""
+holds at least 0.4 of the slot-seconds (equal weights: within 20 % of its half,
+``bridge.core.coordination.slot_share``), and the whole run, counted from the enqueue, takes at most 1.3 times the
+ideal: the work on 4 slots, each 1.0 rollout's program start included (docs/operations.md, "Sharing a worker pool
+between 0.3 and 1.0")."""
 
 from __future__ import annotations
 
@@ -20,9 +21,8 @@ from typing import Any
 import pytest
 import redis
 
-from bridge.core import capacity, keys, slot_share
-from bridge.core.agl_v1 import GatewayClient, V1State
-from bridge.core.coordination import coordination_client
+from bridge.core.coordination import capacity, coordination_client, keys, slot_share
+from bridge.core.gateway import GatewayClient, V1State
 from bridge_lab.agl_v1_env import start_gateway, start_v1_dispatcher, v1_virtualenv
 from bridge_lab.procs import StackError, free_port
 from bridge_lab.stack import LocalStack

@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from bridge.core import capacity, keys
-from bridge.core.coordination import coordination_client
+from bridge.core.coordination import capacity, coordination_client, keys
 from bridge.core.settings import load_settings
 from bridge.core.store import StoreClient
 from bridge.ops import status

@@ -183,7 +183,7 @@ def test_bridge_publish_span_and_worker_run_span_share_the_trace_id(
 
 REPUBLISH = """
 import json, sys
-from bridge.core.models import AttemptedRollout
+from bridge.core.store import AttemptedRollout
 from bridge.dispatch.publisher import Publisher
 from bridge.dispatch.v03.dispatcher import rollout_task
 from bridge.core.settings import get_settings
@@ -260,7 +260,7 @@ LEAK_CHECK = """
 import json, os, uuid
 from opentelemetry import trace
 from opentelemetry.sdk.trace import SpanProcessor
-from bridge.core.tracing import setup_process_tracing
+from bridge.core.infra import setup_process_tracing
 from bridge.core.settings import get_settings
 
 class Count(SpanProcessor):
@@ -270,8 +270,8 @@ class Count(SpanProcessor):
 
 setup_process_tracing("leak-check")            # what `python -m bridge run` does
 trace.get_tracer_provider().add_span_processor(Count())
-from bridge.core.models import AttemptedRollout
-from bridge.core.message import TASK_NAME
+from bridge.core.store import AttemptedRollout
+from bridge.core.task import TASK_NAME
 from bridge.dispatch.publisher import Publisher
 from bridge.dispatch.v03.dispatcher import rollout_task
 publisher = Publisher(get_settings())
@@ -317,7 +317,7 @@ def test_operator_exporter_is_off_without_configuration(tmp_path: Path) -> None:
     """Without OTEL_EXPORTER_OTLP_* the global provider has no processor: nothing is sent anywhere."""
     code = (
         "from opentelemetry import trace\n"
-        "from bridge.core.tracing import setup_process_tracing\n"
+        "from bridge.core.infra.tracing import setup_process_tracing\n"
         "setup_process_tracing('x')\n"
         "print(len(trace.get_tracer_provider()._active_span_processor._span_processors))\n"
     )

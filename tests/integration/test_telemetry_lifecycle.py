@@ -14,7 +14,7 @@ from contextlib import contextmanager
 import httpx
 import pytest
 
-from bridge.core.errors import TelemetryError
+from bridge.core.infra import TelemetryError
 from bridge.core.store import API, StoreClient
 from bridge_lab.stack import LocalStack
 from tests.helpers import (

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import redis
 
-from bridge.core import keys
+from bridge.core.coordination import keys
 from bridge_lab import reaper
 from bridge_lab.bench import metrics
 from bridge_lab.procs import ManagedProcess, StackError, free_port, http_ok, serving, stop_all

@@ -16,9 +16,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from bridge.core import capacity, keys
-from bridge.core.agl_v1 import V1Rollout, attempt_key, scoped_attempt_key
-from bridge.core.coordination import coordination_client
+from bridge.core.coordination import capacity, coordination_client, keys
+from bridge.core.gateway import V1Rollout, attempt_key, scoped_attempt_key
 from bridge.core.settings import Settings
 from tests.helpers import TEST_REDIS_URL, program_alive, wait_for
 from tests.stub_gateway import StubGateway

@@ -32,9 +32,8 @@ import httpx
 import pytest
 import redis
 
-from bridge.core import capacity, keys
-from bridge.core.agl_v1 import GatewayClient, GatewayConflict, Malformed, V1Rollout, V1State, scoped_attempt_key
-from bridge.core.coordination import coordination_client
+from bridge.core.coordination import capacity, coordination_client, keys
+from bridge.core.gateway import GatewayClient, GatewayConflict, Malformed, V1Rollout, V1State, scoped_attempt_key
 from bridge.core.settings import load_settings
 from bridge.dispatch.v1.dispatcher import V1Dispatcher
 from bridge.dispatch.v1.repairs import Republish, V1Facts, current_key, plan_v1_repairs

@@ -19,9 +19,8 @@ from pathlib import Path
 import pytest
 from celery import Celery
 
-from bridge.core import capacity, keys
-from bridge.core.agl_v1 import V1_TASK_NAME, V1Rollout, attempt_key, scoped_attempt_key
-from bridge.core.coordination import coordination_client
+from bridge.core.coordination import capacity, coordination_client, keys
+from bridge.core.gateway import V1_TASK_NAME, V1Rollout, attempt_key, scoped_attempt_key
 from bridge_lab.stack import LocalStack
 from tests.helpers import program_alive, stack_for, wait_for
 from tests.stub_gateway import StubGateway

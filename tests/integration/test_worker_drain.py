@@ -24,8 +24,7 @@ from typing import Any
 
 import pytest
 
-from bridge.core import capacity, keys
-from bridge.core.coordination import coordination_client
+from bridge.core.coordination import capacity, coordination_client, keys
 from bridge_lab.stack import LocalStack
 from tests.helpers import attempts, enqueue, rollout, stack_for, wait_finished, wait_for
 from tests.prerequisites import require

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import redis
 
-from bridge.core.errors import Superseded
+from bridge.core.infra import Superseded
 from workers.lifecycle import state, stuck
 from workers.protocol.heartbeat import AttemptWatch
 from workers.protocol.lease import Lease

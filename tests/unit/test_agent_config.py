@@ -10,11 +10,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from bridge.core import keys
-from bridge.core.errors import ConfigError
-from bridge.core.message import DEFAULT_AGENT, task_kwargs
-from bridge.core.models import AttemptedRollout
+from bridge.core.coordination import keys
+from bridge.core.infra import ConfigError
 from bridge.core.settings import load_settings
+from bridge.core.store import AttemptedRollout
+from bridge.core.task import DEFAULT_AGENT, task_kwargs
 from workers.agents import loading
 from workers.protocol.failures import AgentError, FailureClass, classify
 
@@ -106,8 +106,8 @@ def test_import_path_errors_say_what_failed() -> None:
     with pytest.raises(ConfigError, match="cannot import 'no_such_module_x'"):
         loading.import_path("no_such_module_x:A")
     with pytest.raises(ConfigError, match="has no attribute 'Missing'"):
-        loading.import_path("bridge.core.keys:Missing")
-    assert loading.import_path("bridge.core.keys:worker_agent") is keys.worker_agent
+        loading.import_path("bridge.core.coordination.keys:Missing")
+    assert loading.import_path("bridge.core.coordination.keys:worker_agent") is keys.worker_agent
 
 
 class _Agent:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bridge.core.errors import InvalidInputError
+from bridge.core.infra import InvalidInputError
 from workers.agents.inputs import parse_task_input
 from workers.agents.prompts import Conversation, parse_action
 

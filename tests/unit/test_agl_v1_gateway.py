@@ -1,4 +1,4 @@
-"""What a 1.0 agent program is given (``bridge.core.agl_v1``): the variables 1.0's own ``local`` runner sets,
+"""What a 1.0 agent program is given (``bridge.core.gateway.client``): the variables 1.0's own ``local`` runner sets,
 resolved for our attempt ids, and the attempt names both sides derive."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from bridge.core.agl_v1 import V1Rollout, agent_environment, attempt_key
+from bridge.core.gateway import V1Rollout, agent_environment, attempt_key
 
 
 def rollout(**config: object) -> V1Rollout:

@@ -49,6 +49,9 @@ FORBIDDEN = {
         "workers.lifecycle.signals",
     ),
     "workers.telemetry": ("workers.agents", "workers.v1", "workers.execution", "workers.tasks"),
+    # The core's plumbing (errors, masking, HTTP, TLS, logging, tracing) is its bottom layer: it knows none of the
+    # core's concepts (the settings it is handed excepted).
+    "bridge.core.infra": ("bridge.core.store", "bridge.core.gateway", "bridge.core.task", "bridge.core.coordination"),
     # The dispatch lines share only the one dispatcher and what it shares; neither imports the other's line.
     # (What they share imports neither: test_the_shared_dispatch_modules_import_no_line.)
     "bridge.dispatch.v03": V1_LINE,
@@ -133,7 +136,7 @@ IMPORTS = {name: imports_of(name) for name in MODULES}
 
 
 def test_the_packages_are_found() -> None:
-    assert {"bridge.core.store", "bridge.dispatch.v03", "workers.tasks", "webshop_env.server"} <= set(MODULES)
+    assert {"bridge.core.store.client", "bridge.dispatch.v03", "workers.tasks", "webshop_env.server"} <= set(MODULES)
 
 
 @pytest.mark.parametrize("importer", sorted(FORBIDDEN))
@@ -202,6 +205,78 @@ def test_no_import_cycle_in_core_dispatch_and_workers() -> None:
     }
     cycle = find_cycle(graph)
     assert cycle is None, "module-level import cycle: " + " -> ".join(cycle or [])
+
+
+# --- a core sub-package is entered through its public names ---------------------------------------------------
+
+# Each sub-package of bridge.core lists its public names in its ``__init__`` (``__all__``): what it re-exports, and
+# the modules it keeps public as namespaces (``keys``, ``capacity``). A module outside the sub-package imports the
+# package or such a public module, never one of its private modules. ``patches`` is not held to it: each module there
+# is one correction of a library, imported by name where it applies (its ``PATCHES`` registry lists them).
+OPEN_CORE_PACKAGES = ("bridge.core.patches",)
+
+
+def public_names(package: str) -> set[str] | None:
+    """The names in ``package``'s ``__all__`` (a literal list or tuple of strings), or None when it has none."""
+    for node in ast.parse(MODULES[package].read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            value = ast.literal_eval(node.value)
+            return {str(name) for name in value}
+    return None
+
+
+def core_subpackages() -> list[str]:
+    return sorted(
+        name for name in packages_under("bridge.core") if name.count(".") == 2 and name not in OPEN_CORE_PACKAGES
+    )
+
+
+def private_entries(imports: dict[str, list[Import]], public: dict[str, set[str]]) -> list[str]:
+    """Each import, from outside a package of ``public``, of a module inside it that is not one of its public names."""
+    found = []
+    for name, listed in sorted(imports.items()):
+        for imp in listed:
+            for package, names in public.items():
+                inside = within(imp.target, package) and imp.target != package and not within(name, package)
+                if inside and imp.target[len(package) + 1 :].split(".")[0] not in names:
+                    found.append(f"{name}:{imp.line} imports {imp.target}")
+    return found
+
+
+def test_the_private_entry_check_sees_a_private_module() -> None:
+    imports = {
+        "a.user": [Import("a.pkg.hidden", 1, True), Import("a.pkg", 2, True), Import("a.pkg.shown", 3, False)],
+        "a.pkg.shown": [Import("a.pkg.hidden", 4, True)],
+    }
+    assert private_entries(imports, {"a.pkg": {"shown", "f"}}) == ["a.user:1 imports a.pkg.hidden"]
+
+
+def test_a_core_subpackage_is_imported_through_its_public_names_only() -> None:
+    """``from bridge.core.store import StoreClient``, not ``from bridge.core.store.client import StoreClient``: a
+    sub-package's modules can be split, merged or renamed without touching its users (the tests excepted: they may
+    reach into a module to replace what it uses)."""
+    packages = core_subpackages()
+    assert {"bridge.core.infra", "bridge.core.store", "bridge.core.coordination"} <= set(packages)
+    public = {package: public_names(package) for package in packages}
+    missing = [package for package, names in public.items() if names is None]
+    assert not missing, f"these core sub-packages declare no __all__ (their public names): {missing}"
+    wrong = private_entries(IMPORTS, {package: names for package, names in public.items() if names is not None})
+    assert not wrong, "import the sub-package (or a module its __all__ names), not its private module:\n" + "\n".join(
+        wrong
+    )
+
+
+def test_each_core_subpackage_exports_what_its_all_names() -> None:
+    """Every name in a sub-package's ``__all__`` is bound in its ``__init__`` (imported or defined there)."""
+    for package in core_subpackages():
+        tree = ast.parse(MODULES[package].read_text(encoding="utf-8"))
+        bound = {
+            alias.asname or alias.name
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom)
+            for alias in node.names
+        }
+        assert (public_names(package) or set()) <= bound, package
 
 
 # --- docs/architecture.md's tree against the modules -------------------------------------------------------

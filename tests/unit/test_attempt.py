@@ -12,10 +12,9 @@ import pytest
 import redis
 from kombu.utils.json import dumps as kombu_dumps
 
-from bridge.core.models import AttemptStatus
-from bridge.core.outcome import Outcome, OutcomeStatus
 from bridge.core.settings import load_settings
-from bridge.core.store import StoreClient
+from bridge.core.store import AttemptStatus, StoreClient
+from bridge.core.task import Outcome, OutcomeStatus
 from workers.execution import AttemptRun
 from workers.lifecycle.resources import WorkerResources
 from workers.protocol import clock

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from bridge.core.agl_v1 import V1Rollout
+from bridge.core.gateway import V1Rollout
 from workers.lifecycle import metrics
 from workers.v1 import relay as relay_module
 from workers.v1.relay import AttemptRelay

@@ -12,11 +12,11 @@ import pytest
 import redis
 from prometheus_client import Gauge
 
-from bridge.core import capacity, keys, line_demand
-from bridge.core.errors import StoreUnavailable
-from bridge.core.message import DEFAULT_AGENT
-from bridge.core.models import AttemptedRollout, Rollout
+from bridge.core.coordination import capacity, keys, line_demand
+from bridge.core.infra import StoreUnavailable
 from bridge.core.settings import Settings, load_settings
+from bridge.core.store import AttemptedRollout, Rollout
+from bridge.core.task import DEFAULT_AGENT
 from bridge.dispatch import metrics
 from bridge.dispatch.publisher import Task
 from bridge.dispatch.v03.backlog import read_backlog, split

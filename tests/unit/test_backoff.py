@@ -1,4 +1,4 @@
-"""The one retry schedule (``bridge.core.backoff``): jittered exponential waits, a count limit, a deadline,
+"""The one retry schedule (``bridge.core.infra.backoff``): jittered exponential waits, a count limit, a deadline,
 and a server's hint used as given."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from bridge.core.backoff import Retries, backoff_delay, retry_until
+from bridge.core.infra import Retries, backoff_delay, retry_until
 
 
 def test_waits_grow_with_full_jitter_up_to_the_cap() -> None:

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from bridge.core.errors import ConfigError
+from bridge.core.infra import ConfigError
 from bridge.core.settings import load_settings
 from bridge_lab import demo
 from workers.v1 import box

@@ -1,4 +1,4 @@
-"""TLS broker and Redis URLs check certificates unless BROKER_TLS_INSECURE says otherwise (``bridge.core.tls``).
+"""TLS broker and Redis URLs check certificates unless BROKER_TLS_INSECURE says otherwise (``bridge.core.infra.tls``).
 
 Left alone, kombu connects to a ``rediss://`` broker with ``CERT_NONE`` and py-amqp checks no host name for
 ``amqps://``. No TLS server is needed: the Celery app's configuration and the redis client's connection
@@ -14,11 +14,10 @@ from typing import Any
 import pytest
 import redis
 
-from bridge.core import process_state, tls
 from bridge.core.coordination import coordination_redis
-from bridge.core.errors import ConfigError
-from bridge.core.message import base_app
+from bridge.core.infra import ConfigError, process_state, tls
 from bridge.core.settings import Settings, load_settings
+from bridge.core.task import base_app
 from bridge.dispatch import broker
 
 VERIFIED = {"ssl_cert_reqs": ssl.CERT_REQUIRED, "ssl_check_hostname": True}

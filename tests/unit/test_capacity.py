@@ -1,5 +1,5 @@
 """Dispatch capacity: a worker's slot-freed wake-up ends the full bridge's wait at once
-(``bridge.core.capacity.notify_freed``/``wait_for_freed``), and without one the wait ends at its bound.
+(``bridge.core.coordination.capacity.notify_freed``/``wait_for_freed``), and without one the wait ends at its bound.
 
 Uses this test process's Redis (``tests/redis_for_tests.py``)."""
 
@@ -9,7 +9,7 @@ import uuid
 
 import redis
 
-from bridge.core import capacity, keys
+from bridge.core.coordination import capacity, keys
 
 SCOPE = keys.store_scope("http://store.test:4747")  # the deployment these keys belong to
 

@@ -1,4 +1,4 @@
-"""How the bridge finds the workers' slot adverts (``bridge.core.capacity``): through each queue's node
+"""How the bridge finds the workers' slot adverts (``bridge.core.coordination.capacity``): through each queue's node
 listing, never by walking the keyspace, which long runs fill with per-attempt markers (a SCAN per tick cost
 0.2 ms with an empty Redis and 780 ms with a million keys, docs/performance.md). The slot keys still decide
 who is alive. Real Redis: this test process's (``tests/redis_for_tests.py``).
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import redis
 
-from bridge.core import capacity, keys
+from bridge.core.coordination import capacity, keys
 from tests.helpers import drop_adverts
 
 SCOPE = keys.store_scope("http://store.test:4747")  # the deployment these keys belong to

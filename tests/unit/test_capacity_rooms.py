@@ -1,4 +1,4 @@
-"""Room per queue (``bridge.core.capacity.SlotView.rooms``) and the claim size built on it
+"""Room per queue (``bridge.core.coordination.capacity.SlotView.rooms``) and the claim size built on it
 (``bridge.dispatch.v03.placement``): a node's slots count once however many queues it consumes, a queue
 claimed beyond its slots shows a negative room that no other queue's free slots hide, and a dequeue is
 sized so that any mix of modes in it can start.
@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from bridge.core import capacity, keys, shared_slots
+from bridge.core.coordination import capacity, keys, shared_slots
 from bridge.dispatch.v03 import placement
 from tests.helpers import drop_adverts
 

@@ -1,5 +1,5 @@
-"""Two deployments on one Redis (``bridge.core.keys``): every key that holds one deployment's state carries its
-Store's scope, so neither counts the other's slots, in-flight attempts, wake-ups, held rollouts or agents, and
+"""Two deployments on one Redis (``bridge.core.coordination.keys``): every key that holds one deployment's state carries
+its Store's scope, so neither counts the other's slots, in-flight attempts, wake-ups, held rollouts or agents, and
 each has its own leader lock. Same queue and node names on both sides, the worst case. Real Redis: this test
 process's (``tests/redis_for_tests.py``).
 """
@@ -13,9 +13,8 @@ import pytest
 import redis
 
 import workers.lifecycle.resources
-from bridge.core import capacity, keys
-from bridge.core.coordination import deployment_scope
-from bridge.core.errors import ConfigError
+from bridge.core.coordination import capacity, deployment_scope, keys
+from bridge.core.infra import ConfigError
 from bridge.core.settings import load_settings
 from bridge.dispatch.leader import LeaderLock, dispatching
 from bridge.dispatch.v03.dispatcher import V03Dispatcher

@@ -1,4 +1,4 @@
-"""The apps both sides build (``bridge.core.message.base_app``): one result backend per process, not per thread.
+"""The apps both sides build (``bridge.core.task.message.base_app``): one result backend per process, not per thread.
 
 Celery keeps a backend it is not told is thread-safe in thread-local storage, and building one, even the
 disabled backend, scans the entry points of every installed package (~15 ms of CPU here). A ``-P threads``
@@ -13,8 +13,8 @@ from typing import Any
 
 from celery.app import backends
 
-from bridge.core.message import base_app
 from bridge.core.settings import load_settings
+from bridge.core.task import base_app
 
 
 def test_every_thread_shares_the_one_disabled_backend_built_with_the_app(monkeypatch: Any) -> None:

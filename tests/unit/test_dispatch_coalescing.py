@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from bridge.core.backoff import backoff_delay
 from bridge.core.coordination import coordination_redis
+from bridge.core.infra import backoff_delay
 from bridge.core.settings import load_settings
 from bridge.dispatch.v03.coalesce import MIN_SAMPLES, SHARE, Coalescer
 from bridge.dispatch.v03.dispatcher import V03Dispatcher

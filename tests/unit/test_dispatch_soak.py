@@ -20,7 +20,7 @@ import tracemalloc
 import pytest
 import redis
 
-from bridge.core import keys
+from bridge.core.coordination import keys
 from tests.fakes.lines import QUEUE, SLOTS, Line
 
 pytestmark = [

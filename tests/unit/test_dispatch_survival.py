@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from bridge.core import capacity, keys
-from bridge.core.errors import PublishError
+from bridge.core.coordination import capacity, keys
+from bridge.core.infra import PublishError
 from bridge.core.settings import load_settings
 from bridge.dispatch import metrics
 from bridge.dispatch.v03.dispatcher import UNEXPECTED_ERROR_WAIT_S, V03Dispatcher

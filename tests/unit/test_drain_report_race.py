@@ -26,10 +26,10 @@ import pytest
 import redis
 from celery.exceptions import SoftTimeLimitExceeded
 
-from bridge.core import capacity, keys
-from bridge.core.outcome import OutcomeStatus
+from bridge.core.coordination import capacity, keys
 from bridge.core.settings import load_settings
 from bridge.core.store import StoreClient
+from bridge.core.task import OutcomeStatus
 from tests.loopback import LoopbackServer
 from workers.execution import AttemptRun, Delivery
 from workers.lifecycle import drain, state

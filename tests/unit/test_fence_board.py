@@ -17,10 +17,9 @@ from typing import cast
 import pytest
 import redis
 
-from bridge.core import keys
-from bridge.core.errors import StoreError
-from bridge.core.models import Attempt, AttemptedRollout, Rollout
-from bridge.core.store import StoreClient
+from bridge.core.coordination import keys
+from bridge.core.infra import StoreError
+from bridge.core.store import Attempt, AttemptedRollout, Rollout, StoreClient
 from workers.protocol import fence_board
 from workers.protocol.fence_board import FenceBoard
 from workers.protocol.heartbeat import AttemptWatch, HeartbeatMonitor

@@ -3,7 +3,7 @@ may have ended it behind its back."""
 
 from __future__ import annotations
 
-from bridge.core.models import AttemptedRollout, RolloutConfig
+from bridge.core.store import AttemptedRollout, RolloutConfig
 from workers.protocol.fencing import fence
 from workers.protocol.heartbeat import watchdog_may_act
 

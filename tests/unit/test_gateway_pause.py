@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from bridge.core.errors import LLMPaused
+from bridge.core.infra import LLMPaused
 from tests.loopback import LoopbackServer
 from workers.agents import llm as llm_mod
 from workers.agents.gateway_llm import MAX_WAIT_S, openai_client, pause_reason, paused_wait_s

@@ -24,7 +24,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 import redis
 
-from bridge.core import keys
+from bridge.core.coordination import keys
 from bridge.core.store import StoreClient
 from tests.loopback import LoopbackServer
 from workers.protocol import heartbeat

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from bridge.core import keys
+from bridge.core.coordination import keys
 from workers.protocol.heartbeat import AttemptWatch, HeartbeatMonitor
 from workers.protocol.held import HeldAttempt
 

@@ -1,4 +1,4 @@
-"""The service clients' cookie store (``bridge.core.http.HTTPClient``): a response is handed to the cookie jar
+"""The service clients' cookie store (``bridge.core.infra.http.HTTPClient``): a response is handed to the cookie jar
 only when it sets a cookie, which saves the standard library's request and response stand-ins on every other
 response, and a cookie that is set (a load balancer's sticky session) still goes back with the next request.
 Real ``httpx`` clients over an in-memory transport; the jar counts what it is given."""
@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from bridge.core.http import HTTPClient
+from bridge.core.infra import HTTPClient
 
 
 class CountingJar(CookieJar):

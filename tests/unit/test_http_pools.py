@@ -1,4 +1,4 @@
-"""Which connection pool each client keeps (``bridge.core.http``).
+"""Which connection pool each client keeps (``bridge.core.infra.http``).
 
 The LLM client keeps one small pool per thread (``PerThreadTransport``), handed on to a later thread when its thread
 ends: a shared pool is walked on every
@@ -21,8 +21,7 @@ import httpcore
 import httpx
 import pytest
 
-from bridge.core import http
-from bridge.core.http import pooled_transport, service_client
+from bridge.core.infra import http, pooled_transport, service_client
 from tests.loopback import RecordingStore
 
 

@@ -9,9 +9,9 @@ import redis
 from celery import Celery
 from kombu import Queue
 
-from bridge.core.message import base_app
 from bridge.core.patches import kombu_redis_client
 from bridge.core.settings import load_settings
+from bridge.core.task import base_app
 from tests.helpers import TEST_REDIS_URL
 
 

@@ -27,7 +27,7 @@ import pytest
 import yaml
 
 from bridge.core.settings import Settings, env_name, load_settings
-from bridge.core.time_budget import hard_time_limit, soft_time_limit
+from bridge.core.task import hard_time_limit, soft_time_limit
 from bridge.dispatch import metrics
 from bridge.ops.flower import login_problem
 from tests.compose import v1_worker_memory_mib

@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from bridge.core import keys
-from bridge.core.coordination import coordination_client
+from bridge.core.coordination import coordination_client, keys
 from bridge.dispatch.leader import LEADER_TTL_S, RENEW_EVERY_S, STANDBY_RETRY_S, LeaderLock, dispatching
 from tests.helpers import TEST_REDIS_URL, wait_for
 
@@ -52,7 +51,7 @@ def test_a_sigkilled_leader_is_replaced_within_its_short_ttl(redis_client: redis
     scope = f"leader-{uuid.uuid4().hex[:8]}"
     program = (
         "import sys, time\n"
-        "from bridge.core.coordination import coordination_client\n"
+        "from bridge.core.coordination.connection import coordination_client\n"
         "from bridge.dispatch.leader import LeaderLock\n"
         f"lock = LeaderLock(coordination_client({TEST_REDIS_URL!r}), 'bridge-killed', scope={scope!r})\n"
         "assert lock.ensure() == (True, True)\n"

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from bridge.core import capacity, keys, markers
+from bridge.core.coordination import capacity, keys, markers
 from workers.protocol.lease import Lease, Renewal, free_slot, mark_done, renew_all
 
 TTL_S = 0.3  # short, so the tests watch a real expiry

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from bridge.core import keys
+from bridge.core.coordination import keys
 from bridge.core.store import StoreClient
 from tests.loopback import RecordingStore
 from workers.protocol.heartbeat import AttemptWatch, HeartbeatMonitor

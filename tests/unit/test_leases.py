@@ -9,7 +9,7 @@ import uuid
 
 import redis
 
-from bridge.core import keys
+from bridge.core.coordination import keys
 from workers.protocol.lease import Claim, Lease, mark_done
 
 

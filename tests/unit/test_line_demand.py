@@ -1,6 +1,6 @@
-"""The desired slots of a queue that both dispatch lines share (``bridge.core.line_demand``): in flight once, each
-line's backlog once, on this test's Redis database. Two leaders of different lines each see the other's backlog
-and so export the same whole figure; a line that stops writing stops counting."""
+"""The desired slots of a queue that both dispatch lines share (``bridge.core.coordination.line_demand``): in flight
+once, each line's backlog once, on this test's Redis database. Two leaders of different lines each see the other's
+backlog and so export the same whole figure; a line that stops writing stops counting."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import uuid
 
 import redis
 
-from bridge.core import keys, line_demand
-from bridge.core.slot_share import V03, V1
+from bridge.core.coordination import keys, line_demand
+from bridge.core.coordination.slot_share import V03, V1
 
 
 def test_desired_is_in_flight_once_plus_each_lines_backlog() -> None:

@@ -16,7 +16,7 @@ import time
 import pytest
 import redis
 
-from bridge.core import capacity, keys, slot_share
+from bridge.core.coordination import capacity, keys, slot_share
 from bridge.dispatch import metrics
 from bridge.dispatch.leader import STANDBY_RETRY_S
 from tests.fakes.lines import QUEUE, SLOTS, Line

@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from bridge.core.errors import Superseded
+from bridge.core.infra import Superseded
 from tests.helpers import silent_llm_url
 from workers.agents import llm as llm_mod
 from workers.protocol.failures import FailureClass, classify

@@ -14,9 +14,9 @@ import httpx
 import openai
 import pytest
 
-from bridge.core.errors import ConfigError, LLMError
-from bridge.core.models import AttemptedRollout, ResourcesUpdate
+from bridge.core.infra import ConfigError, LLMError
 from bridge.core.settings import Settings, load_settings
+from bridge.core.store import AttemptedRollout, ResourcesUpdate
 from tests.prerequisites import require
 from workers.agents import llm as llm_mod
 

@@ -1,6 +1,6 @@
-"""Every log line the bridge, the 1.0 dispatcher and the workers write goes through ``bridge.core.logs``'s formatters,
-which mask secrets (``bridge.core.redact.redact_text``) in the message and in a traceback: an exception whose text
-carries a URL's password or a bearer token is logged without them, plain or as JSON."""
+"""Every log line the bridge, the 1.0 dispatcher and the workers write goes through ``bridge.core.infra.logs``'s
+formatters, which mask secrets (``bridge.core.infra.redact.redact_text``) in the message and in a traceback: an
+exception whose text carries a URL's password or a bearer token is logged without them, plain or as JSON."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from bridge.core.logs import configure_logging
+from bridge.core.infra import configure_logging
 
 SECRETS = ("hunter2", "sk-live-abcdef", "tok-123456")
 

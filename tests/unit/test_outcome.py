@@ -1,4 +1,4 @@
-"""The one outcome record both lines write (``bridge.core.outcome``): an error keeps its first line and its tail on
+"""The one outcome record both lines write (``bridge.core.task.outcome``): an error keeps its first line and its tail on
 both lines, the failure-class prefix is written and read by one rule, every detail is masked, and the record
 survives its codecs (1.0's kept record, 0.3's kept Store report, the task's result)."""
 
@@ -11,9 +11,10 @@ import httpx
 import pytest
 import redis
 
-from bridge.core.agl_v1 import GatewayClient, Malformed, V1State
-from bridge.core.models import AttemptStatus
-from bridge.core.outcome import (
+from bridge.core.gateway import GatewayClient, Malformed, V1State
+from bridge.core.settings import load_settings
+from bridge.core.store import AttemptStatus, StoreClient
+from bridge.core.task import (
     DETAIL_CHARS,
     ERROR_CHARS,
     HEADLINE_CHARS,
@@ -24,8 +25,6 @@ from bridge.core.outcome import (
     failed_message,
     failure_class_of,
 )
-from bridge.core.settings import load_settings
-from bridge.core.store import StoreClient
 from bridge_lab.chaos.v1 import _failure_class
 from workers.execution import AttemptRun
 from workers.lifecycle.resources import WorkerResources

@@ -1,5 +1,5 @@
-"""Per-process state lives in two modules, ``workers.lifecycle.state`` and ``bridge.core.process_state``, and their
-``reset`` clears every piece: each test below sets a piece through the code that owns it, resets, and sees the
+"""Per-process state lives in two modules, ``workers.lifecycle.state`` and ``bridge.core.infra.process_state``, and
+their ``reset`` clears every piece: each test below sets a piece through the code that owns it, resets, and sees the
 piece as a fresh process has it. ``reset(inherited=False)``, the prefork child hook's, keeps what the node set up
 for every process. A scan of the source keeps new module-level state from appearing anywhere else."""
 
@@ -13,10 +13,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from bridge.core import process_state
+from bridge.core.infra import process_state, setup_process_tracing
+from bridge.core.infra.tls import warn_if_insecure
 from bridge.core.settings import get_settings, load_settings
-from bridge.core.tls import warn_if_insecure
-from bridge.core.tracing import setup_process_tracing
 from workers.agents import llm, loading
 from workers.agents.ratelimit import _outage_for
 from workers.lifecycle import metrics, signals, state, stuck
@@ -24,7 +23,7 @@ from workers.lifecycle.drain import DrainClock
 from workers.protocol import clock
 
 ROOT = Path(__file__).resolve().parents[2]
-STATE_MODULES = {ROOT / "workers/lifecycle/state.py", ROOT / "bridge/core/process_state.py"}
+STATE_MODULES = {ROOT / "workers/lifecycle/state.py", ROOT / "bridge/core/infra/process_state.py"}
 STORE = "http://store.test:4747"
 
 
@@ -155,5 +154,5 @@ def test_no_module_of_the_workers_or_the_core_keeps_state_of_its_own() -> None:
     paths = sorted((ROOT / "workers").rglob("*.py")) + sorted((ROOT / "bridge").rglob("*.py"))
     outside = [p for p in paths if p not in STATE_MODULES and "dispatch" not in p.relative_to(ROOT).parts]
     found = [entry for path in outside for entry in _module_state(path)]
-    assert found == [], "per-process state belongs in workers/lifecycle/state.py or bridge/core/process_state.py"
+    assert found == [], "per-process state belongs in workers/lifecycle/state.py or bridge/core/infra/process_state.py"
     assert _module_state(ROOT / "workers/lifecycle/state.py")  # the scan does see state where it is

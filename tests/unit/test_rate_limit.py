@@ -13,9 +13,8 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from bridge.core import keys
-from bridge.core.coordination import coordination_client
-from bridge.core.errors import ConfigError, Superseded
+from bridge.core.coordination import coordination_client, keys
+from bridge.core.infra import ConfigError, Superseded
 from bridge.core.settings import load_settings
 from tests.helpers import TEST_REDIS_URL
 from workers.agents.ratelimit import LLMRateLimiter, RateLimit

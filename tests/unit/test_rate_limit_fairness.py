@@ -15,7 +15,7 @@ import uuid
 
 import redis
 
-from bridge.core.errors import Superseded
+from bridge.core.infra import Superseded
 from workers.agents.ratelimit import LLMRateLimiter, RateLimit
 
 RATE_PER_S = 25.0

@@ -28,9 +28,8 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 import agentlightning as agl
 import redis
 
-from bridge.core import capacity, keys
-from bridge.core.coordination import coordination_redis
-from bridge.core.errors import ConfigError
+from bridge.core.coordination import capacity, coordination_redis, keys
+from bridge.core.infra import ConfigError
 from bridge.core.settings import load_settings
 from bridge.core.store import StoreClient
 from bridge.dispatch.v03.dispatcher import V03Dispatcher

@@ -1,6 +1,7 @@
-"""One Store under several spellings of its URL (``bridge.core.keys.canonical_endpoint``) is one Redis key scope;
-spellings that cannot be proved equal are caught at run time (``bridge.core.scope_check``): CeleryRunner raises
-within seconds, naming both URLs and the fix. Real Redis: this test process's (``tests/redis_for_tests.py``)."""
+"""One Store under several spellings of its URL (``bridge.core.coordination.keys.canonical_endpoint``) is one Redis key
+scope; spellings that cannot be proved equal are caught at run time (``bridge.core.coordination.scope_check``):
+CeleryRunner raises within seconds, naming both URLs and the fix. Real Redis: this test process's
+(``tests/redis_for_tests.py``)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,8 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from bridge.core import capacity, keys, scope_check
-from bridge.core.coordination import deployment_endpoint, deployment_scope
-from bridge.core.scope_check import ScopeMismatchError, ScopeWatch
+from bridge.core.coordination import capacity, deployment_endpoint, deployment_scope, keys, scope_check
+from bridge.core.coordination.scope_check import ScopeMismatchError, ScopeWatch
 from bridge.core.settings import load_settings
 from bridge.runner import CeleryRunner
 from tests.helpers import drop_adverts

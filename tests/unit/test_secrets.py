@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bridge.core.errors import ConfigError
-from bridge.core.redact import redact_text, redact_url
+from bridge.core.infra import ConfigError, redact_text, redact_url
 from bridge.core.settings import load_settings
 
 

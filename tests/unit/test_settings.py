@@ -8,15 +8,9 @@ import pytest
 from pydantic import HttpUrl
 
 from bridge import cli
-from bridge.core.errors import BridgeError, ConfigError, MissingSetting
+from bridge.core.infra import BridgeError, ConfigError, MissingSetting
 from bridge.core.settings import Settings, env_name, load_settings
-from bridge.core.time_budget import (
-    clamp_to_broker,
-    hard_time_limit,
-    longest_hard_limit_s,
-    longest_timeout_s,
-    v1_time_limits,
-)
+from bridge.core.task import clamp_to_broker, hard_time_limit, longest_hard_limit_s, longest_timeout_s, v1_time_limits
 
 STORE = {"AGENT_LIGHTNING_STORE_URL": "http://127.0.0.1:4747"}
 

@@ -12,10 +12,9 @@ import pytest
 from celery import Celery
 
 from bridge.core.coordination import coordination_redis
-from bridge.core.errors import ConfigError
-from bridge.core.message import base_app
+from bridge.core.infra import ConfigError
 from bridge.core.settings import Settings, load_settings
-from bridge.core.time_budget import clamp_to_broker, hard_time_limit, longest_timeout_s
+from bridge.core.task import base_app, clamp_to_broker, hard_time_limit, longest_timeout_s
 
 STORE = "http://127.0.0.1:4747"
 AMQP = "amqp://agl:s3cret-amqp@rabbit.example:5672/agl"
@@ -70,7 +69,9 @@ def test_coordination_is_redis_url_else_a_redis_broker() -> None:
     client = coordination_redis(amqp, timeout_s=2)  # opens no connection until used
     assert client.connection_pool.connection_kwargs["host"] == "redis.example"
     assert client.connection_pool.connection_kwargs["db"] == 3
-    assert client.connection_pool.connection_kwargs["decode_responses"]  # answers are str (bridge.core.coordination)
+    assert client.connection_pool.connection_kwargs[
+        "decode_responses"
+    ]  # answers are str (bridge.core.coordination.connection)
 
 
 def test_the_consumer_timeout_must_cover_the_hard_limit_and_queue_wait(monkeypatch: pytest.MonkeyPatch) -> None:

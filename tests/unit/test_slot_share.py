@@ -1,5 +1,5 @@
-"""Fair sharing of one pool between the 0.3 bridge and the 1.0 dispatcher (``bridge.core.slot_share``): the split
-rule as a pure function, a simulated backlog of both lines through it, and the Redis exchange (real Redis)."""
+"""Fair sharing of one pool between the 0.3 bridge and the 1.0 dispatcher (``bridge.core.coordination.slot_share``): the
+split rule as a pure function, a simulated backlog of both lines through it, and the Redis exchange (real Redis)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from collections.abc import Callable
 import pytest
 import redis
 
-from bridge.core import capacity, keys, slot_share
-from bridge.core.slot_share import V03, V1, allowance, entitlements
+from bridge.core.coordination import capacity, keys, slot_share
+from bridge.core.coordination.slot_share import V03, V1, allowance, entitlements
 
 EQUAL = {V03: 1.0, V1: 1.0}
 

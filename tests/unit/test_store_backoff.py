@@ -18,7 +18,7 @@ import uuid
 
 import redis
 
-from bridge.core import keys
+from bridge.core.coordination import keys
 from bridge.core.store import StoreClient
 from tests.loopback import RecordingStore
 from workers.protocol import heartbeat

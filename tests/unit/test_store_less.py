@@ -10,9 +10,8 @@ import pytest
 import redis
 
 from bridge import cli
-from bridge.core import capacity, keys
-from bridge.core.coordination import deployment_scope
-from bridge.core.errors import MissingSetting
+from bridge.core.coordination import capacity, deployment_scope, keys
+from bridge.core.infra import MissingSetting
 from bridge.core.settings import load_settings
 
 GATEWAY = "http://gateway:8080"

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from bridge.core.models import Attempt
+from bridge.core.store import Attempt
 from bridge_lab import demo
 from bridge_lab.chaos.audit import _episode_roots, format_table
 from bridge_lab.chaos.state import FinalReport, ScenarioResult

@@ -17,7 +17,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans
 
-from bridge.core.errors import StoreError
+from bridge.core.infra import StoreError
 from bridge.core.store import StoreClient
 from tests.loopback import LoopbackServer
 from workers.telemetry.courier import TraceCourier

@@ -1,4 +1,4 @@
-"""A process that holds the keys keeps processes of its own user out (``bridge.core.undumpable``): its
+"""A process that holds the keys keeps processes of its own user out (``bridge.core.infra.undumpable``): its
 environment cannot be read through ``/proc`` by a process of the same uid that is not root, and a fork
 keeps the flag. The processes here leave root for an unprivileged uid (and their capabilities with it) by
 ``setresuid``, as a worker in the image runs as uid 1000."""
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from bridge.core.undumpable import _prctl, is_dumpable, make_undumpable
+from bridge.core.infra.undumpable import _prctl, is_dumpable, make_undumpable
 from tests.prerequisites import missing
 
 UID = 65534  # nobody

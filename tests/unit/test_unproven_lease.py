@@ -17,10 +17,9 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from bridge.core.errors import LeaseUnproven
-from bridge.core.models import AttemptStatus
+from bridge.core.infra import LeaseUnproven
 from bridge.core.settings import load_settings
-from bridge.core.store import StoreClient
+from bridge.core.store import AttemptStatus, StoreClient
 from tests.loopback import RecordingStore
 from workers.execution import AttemptRun
 from workers.lifecycle.resources import WorkerResources

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 import redis
 
-from bridge.core.errors import StoreError, UnknownIdError
-from bridge.core.markers import LeaseMarkers
-from bridge.core.models import AttemptedRollout, Rollout, RolloutConfig
+from bridge.core.coordination.markers import LeaseMarkers
+from bridge.core.infra import StoreError, UnknownIdError
 from bridge.core.settings import load_settings
+from bridge.core.store import AttemptedRollout, Rollout, RolloutConfig
 from bridge.dispatch.repairs import LOST_ON_DRAINED_QUEUE_S
 from bridge.dispatch.v03.dispatcher import V03Dispatcher
 from bridge.dispatch.v03.repairs import (

@@ -1,7 +1,7 @@
 """A worker's 1.0 attempt (``workers.v1.attempt``) against a stub gateway (``tests/stub_gateway.py``) and this test's
 Redis, with the program replaced by a fake (no process starts): what the attempt lets out of the process (its
 task result, the gateway's ``error_message``, its log lines) is redacted by the rule 0.3 applies to every error
-(``bridge.core.redact``), and the program's deadline is the gateway's ``timeout_seconds`` clamped to what the
+(``bridge.core.infra.redact``), and the program's deadline is the gateway's ``timeout_seconds`` clamped to what the
 task's Celery limits and the broker's redelivery cover, as the dispatcher clamps the message's.
 The same attempt with real programs: tests/integration/test_v1_attempt_protocol.py."""
 
@@ -18,8 +18,8 @@ import httpx
 import pytest
 import redis
 
-from bridge.core import capacity, markers
-from bridge.core.agl_v1 import GatewayClient, V1Rollout, attempt_key
+from bridge.core.coordination import capacity, markers
+from bridge.core.gateway import GatewayClient, V1Rollout, attempt_key
 from bridge.core.settings import Settings
 from tests.stub_gateway import StubGateway
 from workers.protocol.heartbeat import HeartbeatMonitor

@@ -27,8 +27,8 @@ import pytest
 import redis
 from kombu.exceptions import EncodeError, OperationalError
 
-from bridge.core import capacity, keys, line_demand
-from bridge.core.agl_v1 import scoped_attempt_key
+from bridge.core.coordination import capacity, keys, line_demand
+from bridge.core.gateway import scoped_attempt_key
 from bridge.dispatch import metrics
 from bridge.dispatch.v1 import dispatcher as v1_module
 from bridge.dispatch.v1.dispatcher import V1Dispatcher

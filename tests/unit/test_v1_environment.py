@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from bridge import cli
-from bridge.core.agl_v1 import V1Rollout, agent_environment
-from bridge.core.errors import ConfigError, InvalidInputError
+from bridge.core.gateway import V1Rollout, agent_environment
+from bridge.core.infra import ConfigError, InvalidInputError
 from bridge.core.settings import Settings, load_settings
 from workers.protocol.failures import FailureClass, classify
 from workers.v1.environment import (

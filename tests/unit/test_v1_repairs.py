@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from bridge.core.agl_v1 import V1Rollout
-from bridge.core.markers import LeaseMarkers
-from bridge.core.outcome import ERROR_CHARS, FailureClass, Outcome, OutcomeStatus
+from bridge.core.coordination.markers import LeaseMarkers
+from bridge.core.gateway import V1Rollout
+from bridge.core.task import ERROR_CHARS, FailureClass, Outcome, OutcomeStatus
 from bridge.dispatch.repairs import LOST_ON_DRAINED_QUEUE_S
 from bridge.dispatch.v1.repairs import (
     ApplyKept,

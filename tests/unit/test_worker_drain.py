@@ -17,9 +17,8 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from bridge.core.errors import Superseded
-from bridge.core.models import RolloutConfig
-from bridge.core.store import StoreClient
+from bridge.core.infra import Superseded
+from bridge.core.store import RolloutConfig, StoreClient
 from workers.lifecycle import drain, state, stuck
 from workers.lifecycle.drain import DrainClock, Handover, handover
 from workers.protocol.heartbeat import AttemptWatch, HeartbeatMonitor

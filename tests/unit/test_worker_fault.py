@@ -20,10 +20,10 @@ from types import SimpleNamespace
 import pytest
 import redis
 
-from bridge.core import keys
-from bridge.core.outcome import OutcomeStatus
+from bridge.core.coordination import keys
 from bridge.core.settings import load_settings
 from bridge.core.store import StoreClient
+from bridge.core.task import OutcomeStatus
 from tests.loopback import LoopbackServer, RecordingStore
 from workers.execution import AttemptRun, Delivery
 from workers.lifecycle.resources import WorkerResources

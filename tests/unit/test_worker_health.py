@@ -1,5 +1,6 @@
 """``python -m workers.lifecycle.health``, the worker's readiness probe: it answers 0 exactly while the node's slot
-advert (``bridge.core.capacity.advertise``, the key the worker writes) is present on every queue asked about.
+advert (``bridge.core.coordination.capacity.advertise``, the key the worker writes) is present on every queue asked
+about.
 
 Real Redis: this test process's (``tests/redis_for_tests.py``); settings from a clean environment.
 """
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from bridge.core import capacity, keys
+from bridge.core.coordination import capacity, keys
 from tests.helpers import TEST_REDIS_URL, drop_adverts
 from workers.lifecycle import health
 

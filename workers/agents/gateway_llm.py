@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 import openai
 
-from bridge.core.http import retry_after_s
+from bridge.core.infra import retry_after_s
 
 log = logging.getLogger("workers.agents.gateway_llm")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from bridge.core.errors import InvalidInputError
+from bridge.core.infra import InvalidInputError
 
 
 @dataclass(frozen=True)

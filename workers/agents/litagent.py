@@ -26,9 +26,9 @@ from celery.exceptions import SoftTimeLimitExceeded
 from opentelemetry.sdk.trace import ReadableSpan
 from pydantic import TypeAdapter, ValidationError
 
-from bridge.core.errors import BridgeError, Superseded
-from bridge.core.models import ResourcesUpdate
+from bridge.core.infra import BridgeError, Superseded
 from bridge.core.settings import Settings
+from bridge.core.store import ResourcesUpdate
 from workers.agents import capture
 from workers.agents import llm as llm_mod
 from workers.agents.loading import ConfiguredAgent

@@ -23,13 +23,10 @@ from urllib.parse import urlsplit
 import httpx
 import openai
 
-from bridge.core.backoff import Retries
-from bridge.core.errors import LLMError, LLMPaused
-from bridge.core.http import HTTPClient, pooled_transport, retry_after_s
-from bridge.core.models import AttemptedRollout, LLMResource, ResourcesUpdate
-from bridge.core.redact import redact_url
+from bridge.core.infra import HTTPClient, LLMError, LLMPaused, Retries, pooled_transport, redact_url, retry_after_s
 from bridge.core.setting_values import split_host_port
 from bridge.core.settings import Settings
+from bridge.core.store import AttemptedRollout, LLMResource, ResourcesUpdate
 from workers.agents.gateway_llm import pause_reason, paused_wait_s
 from workers.lifecycle import metrics as worker_metrics
 from workers.lifecycle import state

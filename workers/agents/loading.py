@@ -2,7 +2,7 @@
 
 The paths come from the worker's own settings, never from a broker message: a message names the agent it
 expects only so that ``ConfiguredAgent.accepts`` can refuse a rollout meant for another (its ``AGENT`` string or
-the built agent's identity, ``bridge.core.message.agent_identity``). An agent path names a ``LitAgent``
+the built agent's identity, ``bridge.core.task.message.agent_identity``). An agent path names a ``LitAgent``
 subclass, instance or zero-argument factory (``@agentlightning.rollout`` functions included), a hook path a
 ``Hook`` the same way. ``agentlightning`` is imported only when ``AGENT`` is not ``webshop``, so the built-in
 agent needs no ``agl`` extra. Operator's view: docs/operations.md, "Running your own agent".
@@ -17,9 +17,9 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from bridge.core.errors import ConfigError
-from bridge.core.message import DEFAULT_AGENT, agent_identity
+from bridge.core.infra import ConfigError
 from bridge.core.settings import Settings
+from bridge.core.task import DEFAULT_AGENT, agent_identity
 from workers.lifecycle import state
 
 log = logging.getLogger("workers.agents")
@@ -92,7 +92,7 @@ def _instantiate(path: str, obj: Any, base: type, what: str) -> Any:
 
 
 def class_path(obj: Any) -> str:
-    """How ``CeleryRunner`` names the trainer's agent (``bridge.core.message.agent_identity``)."""
+    """How ``CeleryRunner`` names the trainer's agent (``bridge.core.task.message.agent_identity``)."""
     return agent_identity(obj)
 
 

@@ -1,7 +1,7 @@
 """A global LLM rate limit: one token bucket per model in Redis, shared by every worker on every host.
 
 An endpoint's quota is global, and Celery's ``rate_limit`` is per worker and limits task starts, so the
-budget lives in the broker's Redis (``bridge.core.keys.ratelimit(model)``). Requests are charged one unit
+budget lives in the broker's Redis (``bridge.core.coordination.keys.ratelimit(model)``). Requests are charged one unit
 before each call, tokens (optional) after it with the count the endpoint reported; refill runs on the Redis
 server's clock. ``acquire`` reserves the next slot even when the level is short and sleeps until it, so
 callers are served in arrival order and none starves; a caller stopped while waiting gives its reservation
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import redis
 
-from bridge.core import keys
+from bridge.core.coordination import keys
 from workers.lifecycle import metrics as worker_metrics
 from workers.lifecycle import state
 

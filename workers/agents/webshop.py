@@ -16,9 +16,7 @@ from typing import Any
 
 import httpx
 
-from bridge.core.backoff import Retries
-from bridge.core.errors import WebShopError
-from bridge.core.http import retry_after_s, service_client
+from bridge.core.infra import Retries, WebShopError, retry_after_s, service_client
 from workers.lifecycle import metrics as worker_metrics
 
 log = logging.getLogger("workers.agents.webshop")

@@ -24,8 +24,8 @@ from enum import StrEnum
 
 import redis
 
-from bridge.core import keys
-from bridge.core.models import AttemptStatus, RolloutConfig
+from bridge.core.coordination import keys
+from bridge.core.store import AttemptStatus, RolloutConfig
 
 log = logging.getLogger("workers.lifecycle.drain")
 

@@ -1,7 +1,7 @@
 """Readiness of one worker node: ``python -m workers.lifecycle.health [--node NAME] [-Q QUEUES]``.
 
-Exit 0 while the node's slot advert (``bridge.core.keys.capacity``) is in the coordination Redis on every queue
-given, 1 when one is missing or Redis does not answer (the line printed says which), 2 for a bad configuration.
+Exit 0 while the node's slot advert (``bridge.core.coordination.keys.capacity``) is in the coordination Redis on every
+queue given, 1 when one is missing or Redis does not answer (the line printed says which), 2 for a bad configuration.
 A node advertises from ``worker_ready`` on, every 10 s with a 30 s lifetime, and withdraws at its warm shutdown
 (``workers.lifecycle.signals``): so the check fails while the node starts, while it drains and 30 s after it last
 reached Redis. It reads the same settings as the worker (the key's scope), and imports neither Celery nor the agent.
@@ -15,10 +15,8 @@ import socket
 import sys
 from collections.abc import Sequence
 
-from bridge.core import capacity
-from bridge.core.coordination import coordination_redis, deployment_scope
-from bridge.core.errors import EXIT_CONFIG_ERROR, ConfigError
-from bridge.core.redact import redact_text
+from bridge.core.coordination import capacity, coordination_redis, deployment_scope
+from bridge.core.infra import EXIT_CONFIG_ERROR, ConfigError, redact_text
 from bridge.core.settings import load_settings
 
 

@@ -18,7 +18,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server, values
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from bridge.core.models import AttemptStatus
+from bridge.core.store import AttemptStatus
 from workers.lifecycle import state
 from workers.protocol.failures import FailureClass
 

@@ -17,8 +17,8 @@ import math
 import redis
 from pydantic import ValidationError
 
-from bridge.core import keys
-from bridge.core.models import ResourcesUpdate
+from bridge.core.coordination import keys
+from bridge.core.store import ResourcesUpdate
 
 log = logging.getLogger("workers.lifecycle.shared_resources")
 
@@ -26,7 +26,7 @@ log = logging.getLogger("workers.lifecycle.shared_resources")
 class RedisResources:
     def __init__(self, redis_client: redis.Redis, scope: str) -> None:
         self._redis = redis_client
-        self._scope = scope  # the deployment's (bridge.core.coordination.deployment_scope)
+        self._scope = scope  # the deployment's (bridge.core.coordination.connection.deployment_scope)
 
     def get(self, resources_id: str) -> tuple[float, ResourcesUpdate] | None:
         try:

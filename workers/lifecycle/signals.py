@@ -8,7 +8,7 @@ Everything these hooks keep lives in ``workers.lifecycle.state``.
   AGENT_LIGHTNING_STORE_URL: 1.0 rollouts only) and the Prometheus exporter;
   ``worker_process_init`` does the per-process part in each prefork child, its own state reset first;
 * ``worker_ready``/``worker_shutting_down``: advertise and withdraw this node's slots and agent under its
-  Store's key scope (``bridge.core.capacity``);
+  Store's key scope (``bridge.core.coordination.capacity``);
 * ``task_revoked`` with ``expired``: hand the rollout back to the Store queue, off Celery's loop
   (``ExpiredHandBack``; docs/store-protocol.md section 10, "Handing a rollout back");
 * ``task_prerun``/``task_postrun``: dequeue-to-start and outcomes (``workers.lifecycle.metrics``).
@@ -26,16 +26,19 @@ from typing import Any
 import redis
 from celery import signals
 
-from bridge.core import capacity, handback, keys, markers
-from bridge.core.agl_v1 import V1_TASK_NAME
-from bridge.core.coordination import coordination_redis, deployment_endpoint, deployment_scope
-from bridge.core.errors import EXIT_CONFIG_ERROR, ConfigError, StoreError
-from bridge.core.logs import configure_logging
-from bridge.core.message import DEFAULT_AGENT, TASK_NAME
+from bridge.core.coordination import capacity, coordination_redis, deployment_endpoint, deployment_scope, keys, markers
+from bridge.core.gateway import V1_TASK_NAME
+from bridge.core.infra import (
+    EXIT_CONFIG_ERROR,
+    ConfigError,
+    StoreError,
+    configure_logging,
+    make_undumpable,
+    setup_process_tracing,
+)
 from bridge.core.settings import Settings, get_settings
-from bridge.core.store import StoreClient
-from bridge.core.tracing import setup_process_tracing
-from bridge.core.undumpable import make_undumpable
+from bridge.core.store import StoreClient, handback
+from bridge.core.task import DEFAULT_AGENT, TASK_NAME
 from workers.agents import loading as agent_loading
 from workers.lifecycle import drain, state
 from workers.lifecycle import metrics as worker_metrics
@@ -104,7 +107,9 @@ def _advertise(
         client.set(keys.worker_agent(scope, hostname), agent, ex=capacity.CAPACITY_TTL_S)
         if state.node.isolation is not None:  # status shows how its 1.0 programs are contained
             client.set(keys.worker_isolation(scope, hostname), state.node.isolation, ex=capacity.CAPACITY_TTL_S)
-        if endpoint is not None:  # bridge.core.scope_check names it to a process that spells the URL otherwise
+        if (
+            endpoint is not None
+        ):  # bridge.core.coordination.scope_check names it to a process that spells the URL otherwise
             client.set(keys.scope_endpoint(scope), endpoint, ex=capacity.CAPACITY_TTL_S)
         if stuck_now:
             client.set(keys.worker_stuck(scope, hostname), stuck_now, ex=capacity.CAPACITY_TTL_S)

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NoReturn, TypeVar
 
-from bridge.core.errors import Superseded
+from bridge.core.infra import Superseded
 from workers.lifecycle import state
 from workers.protocol.heartbeat import AttemptWatch
 

@@ -15,8 +15,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from bridge.core.logs import RolloutLogger
-from bridge.core.models import AttemptedRollout
+from bridge.core.infra import RolloutLogger
+from bridge.core.store import AttemptedRollout
 from workers.protocol import clock
 from workers.protocol.lease import executor_id
 from workers.telemetry.spans import current_trace_id

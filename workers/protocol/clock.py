@@ -17,7 +17,7 @@ from email.utils import parsedate_to_datetime
 
 import httpx
 
-from bridge.core.http import service_client
+from bridge.core.infra import service_client
 from bridge.core.settings import Settings
 from bridge.core.store import API
 from workers.lifecycle import state

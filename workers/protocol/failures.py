@@ -1,4 +1,4 @@
-"""The one place that decides which failure class (``bridge.core.outcome.FailureClass``) an error belongs to.
+"""The one place that decides which failure class (``bridge.core.task.outcome.FailureClass``) an error belongs to.
 
 The class lands in the attempt's metadata (``failure_class``) so an operator, and the trainer, can tell
 a broken environment from a broken input without reading logs.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from celery.exceptions import SoftTimeLimitExceeded
 
-from bridge.core.errors import (
+from bridge.core.infra import (
     BridgeError,
     InvalidInputError,
     LLMError,
@@ -18,7 +18,7 @@ from bridge.core.errors import (
     TelemetryError,
     WebShopError,
 )
-from bridge.core.outcome import FailureClass
+from bridge.core.task import FailureClass
 
 
 class AgentError(BridgeError):

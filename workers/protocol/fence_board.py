@@ -20,10 +20,9 @@ from dataclasses import dataclass
 
 import redis
 
-from bridge.core import keys
-from bridge.core.errors import StoreError
-from bridge.core.models import AttemptedRollout, Rollout
-from bridge.core.store import ROLLOUTS_PER_READ, StoreClient
+from bridge.core.coordination import keys
+from bridge.core.infra import StoreError
+from bridge.core.store import ROLLOUTS_PER_READ, AttemptedRollout, Rollout, StoreClient
 from workers.protocol import clock
 from workers.protocol.fencing import fence
 
@@ -51,7 +50,7 @@ Attempt = tuple[str, str]  # (rollout_id, attempt_id)
 
 class FenceBoard:
     def __init__(self, redis_client: redis.Redis, scope: str) -> None:
-        """``scope``: the deployment's Redis key scope (``bridge.core.coordination.deployment_scope``)."""
+        """``scope``: the deployment's Redis key scope (``bridge.core.coordination.connection.deployment_scope``)."""
         self._redis = redis_client
         self._scope = scope
         self._listing = keys.fence_listing(scope)

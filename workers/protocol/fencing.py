@@ -5,7 +5,7 @@ the read before the final report); who may write is decided by the lease (``work
 
 from __future__ import annotations
 
-from bridge.core.models import ACTIVE_ATTEMPT, ACTIVE_ROLLOUT, AttemptedRollout
+from bridge.core.store import ACTIVE_ATTEMPT, ACTIVE_ROLLOUT, AttemptedRollout
 
 
 def fence(rollout: object, attempt_id: str) -> str | None:

@@ -25,10 +25,8 @@ from typing import TypeVar, cast
 import redis
 from celery.exceptions import SoftTimeLimitExceeded
 
-from bridge.core.backoff import MAX_DOUBLINGS, backoff_delay
-from bridge.core.errors import StoreError, Superseded, TelemetryError, UnknownIdError
-from bridge.core.models import ACTIVE_ATTEMPT, RolloutConfig
-from bridge.core.store import ROLLOUTS_PER_READ, StoreClient
+from bridge.core.infra import MAX_DOUBLINGS, StoreError, Superseded, TelemetryError, UnknownIdError, backoff_delay
+from bridge.core.store import ACTIVE_ATTEMPT, ROLLOUTS_PER_READ, RolloutConfig, StoreClient
 from workers.lifecycle import drain, state
 from workers.protocol.fence_board import GRACE_S, LISTING_LAPSES_INTERVALS, FenceBoard
 from workers.protocol.fencing import fence

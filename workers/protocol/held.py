@@ -10,7 +10,7 @@ whatever runs the episode (0.3's ``workers.execution``, 1.0's ``workers.v1.attem
   the attempt's telemetry). A line whose agent runs on the attempt's own thread (0.3) registers its hand-over with
   ``hand_over_at_drain``: the drain then hands the attempt over, releases the lease and frees the slot even when the
   agent never returns (1.0's program runs in a process of its own, which the attempt's thread kills at the stop).
-  ``keep`` writes the kept outcome (``bridge.core.outcome.Outcome``, a drain's hand-over included) and the done
+  ``keep`` writes the kept outcome (``bridge.core.task.outcome.Outcome``, a drain's hand-over included) and the done
   marker in one transaction (1.0; 0.3 keeps its Store report in
   ``workers.protocol.reporting``); ``release`` stops the renewals and drops the lease;
   ``release_slot`` frees the slot; ``close`` does both (1.0; 0.3's task frees the slot itself, as only it knows
@@ -27,9 +27,9 @@ from collections.abc import Callable
 
 import redis
 
-from bridge.core import capacity, keys
-from bridge.core.outcome import Outcome
+from bridge.core.coordination import capacity, keys
 from bridge.core.settings import get_settings
+from bridge.core.task import Outcome
 from workers.lifecycle import state
 from workers.protocol.heartbeat import AttemptWatch, HeartbeatMonitor
 from workers.protocol.lease import Claim, Lease, free_slot

@@ -1,7 +1,7 @@
 """A Redis lease on an attempt: the idempotency guard against Celery's at-least-once delivery.
 
 A lease is named by its ``lease_id``, the name of one attempt's Redis state: a 0.3 attempt's Store attempt id
-(also its Celery task id), a 1.0 attempt's deployment-scoped key (``bridge.core.agl_v1.scoped_attempt_key``,
+(also its Celery task id), a 1.0 attempt's deployment-scoped key (``bridge.core.gateway.scoped_attempt_key``,
 which is not its task id). ``agl:lease:<lease_id>`` says who executes it now and expires unless renewed, so a
 redelivery after a crash can take over; ``agl:owner:<lease_id>`` says who claimed it last, with
 an epoch each claim raises, and a renewal succeeds only for that owner and never after the done marker, so a
@@ -16,7 +16,7 @@ Public API, small because ``workers.execution``, ``workers.protocol.write_guard`
 ``Lease.claim``, ``Lease.mark_ran``, ``Lease.renew`` (bool), ``Lease.release``, ``Lease.remaining_s``, ``Lease.holder``,
 ``Lease.valid_until`` (monotonic time up to which our lease is known to be live), ``renew_all`` (every
 lease of a process in one round trip), ``mark_done`` and ``free_slot``. Each takes a coordination client
-(``bridge.core.coordination``), whose answers are ``str``.
+(``bridge.core.coordination.connection``), whose answers are ``str``.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import redis
 
-from bridge.core import keys
+from bridge.core.coordination import keys
 
 # KEYS: lease, done, started, owner, ran. ARGV: our executor token, lease ttl ms, started/owner ttl s.
 # One round trip at task start: finished already? someone else executing? the first start of the attempt? did an

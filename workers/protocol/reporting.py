@@ -19,11 +19,10 @@ from typing import Any, ClassVar, Protocol
 import redis
 from celery.exceptions import SoftTimeLimitExceeded
 
-from bridge.core import keys
-from bridge.core.backoff import backoff_delay
-from bridge.core.errors import LeaseUnproven, StoreError, StoreUnavailable, UnknownIdError
-from bridge.core.models import AttemptedRollout, AttemptStatus
-from bridge.core.outcome import Outcome, OutcomeStatus, error_text, skipped
+from bridge.core.coordination import keys
+from bridge.core.infra import LeaseUnproven, StoreError, StoreUnavailable, UnknownIdError, backoff_delay
+from bridge.core.store import AttemptedRollout, AttemptStatus
+from bridge.core.task import Outcome, OutcomeStatus, error_text, skipped
 from workers.lifecycle import metrics as worker_metrics
 from workers.lifecycle.resources import WorkerResources
 from workers.protocol.attempt import Attempt

@@ -13,8 +13,7 @@ import time
 
 import redis
 
-from bridge.core.backoff import retry_until
-from bridge.core.errors import LeaseUnproven, Superseded, TelemetryError
+from bridge.core.infra import LeaseUnproven, Superseded, TelemetryError, retry_until
 from bridge.core.settings import Settings
 from workers.protocol.attempt import Attempt
 from workers.protocol.heartbeat import AttemptWatch, watchdog_may_act

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from bridge.core.errors import StoreError, StoreUnavailable
+from bridge.core.infra import StoreError, StoreUnavailable
 from bridge.core.store import TRACES, StoreClient
 
 log = logging.getLogger("workers.telemetry.courier")

@@ -36,9 +36,8 @@ from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.util.instrumentation import InstrumentationInfo, InstrumentationScope
 from opentelemetry.trace import Status, StatusCode
 
-from bridge.core.errors import StoreError, TelemetryError
+from bridge.core.infra import StoreError, TelemetryError, redact_url
 from bridge.core.patches import otlp_token_ids as span_encoding
-from bridge.core.redact import redact_url
 from bridge.core.store import TRACES, StoreClient
 from workers.telemetry.courier import TraceCourier
 

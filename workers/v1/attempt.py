@@ -12,16 +12,16 @@ Contract:
 * The program runs in a session of its own (started cold or warm by ``workers.v1.launch``) with the environment
   ``workers.v1.environment`` builds (never the worker's secrets) and the gateway's copy of the rollout's config,
   never the message's; at the rollout's ``timeout_seconds`` (clamped as the dispatcher clamps the message's,
-  ``bridge.core.time_budget.clamp_to_broker``), when the gateway shows the rollout moved on (finished, deleted,
+  ``bridge.core.task.time_budget.clamp_to_broker``), when the gateway shows the rollout moved on (finished, deleted,
   another attempt), when the lease is lost, or when the node drains, its whole process group is killed, and on
   every other way out too; the program also dies with the worker process (``PR_SET_PDEATHSIG``). A warm program
   whose server died under it is a lost program: the attempt is reported failed (class ``infra``), never re-run
   as a lost worker.
-* The outcome (``bridge.core.outcome.Outcome``; exit code 0: succeeded; else failed with the last lines the program
+* The outcome (``bridge.core.task.outcome.Outcome``; exit code 0: succeeded; else failed with the last lines the program
   wrote) carries a failure class and is kept in Redis with the done marker before it is sent, so the dispatcher
   applies it if the gateway could not be told. A drain keeps a hand-over record instead and reports nothing.
   Error texts (the program's output, a gateway, Redis or program-server error) are masked and bounded by the
-  outcome record (``bridge.core.outcome``) before they leave.
+  outcome record (``bridge.core.task.outcome``) before they leave.
 * Only the rollout's current attempt (``last_attempt_id``) is ever patched.
 """
 
@@ -35,8 +35,8 @@ import time
 
 import redis
 
-from bridge.core import keys
-from bridge.core.agl_v1 import (
+from bridge.core.coordination import keys
+from bridge.core.gateway import (
     GatewayClient,
     GatewayConflict,
     GatewayError,
@@ -45,9 +45,8 @@ from bridge.core.agl_v1 import (
     attempt_key,
     scoped_attempt_key,
 )
-from bridge.core.outcome import FailureClass, Outcome, OutcomeStatus
 from bridge.core.settings import Settings
-from bridge.core.time_budget import clamp_to_broker
+from bridge.core.task import FailureClass, Outcome, OutcomeStatus, clamp_to_broker
 from workers.lifecycle import metrics
 from workers.protocol.heartbeat import HEARTBEAT_TIMEOUT_S, TICK_S, HeartbeatMonitor
 from workers.protocol.held import HeldAttempt

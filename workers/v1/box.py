@@ -35,7 +35,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from bridge.core.errors import ConfigError
+from bridge.core.infra import ConfigError
 from bridge.core.settings import Settings
 from workers.lifecycle import state
 from workers.v1 import program_server

@@ -21,9 +21,8 @@ import re
 from collections.abc import Callable, Mapping
 from urllib.parse import unquote, urlsplit
 
-from bridge.core.agl_v1 import V1LocalConfig, V1Rollout
-from bridge.core.errors import InvalidInputError
-from bridge.core.redact import redact_text
+from bridge.core.gateway import V1LocalConfig, V1Rollout
+from bridge.core.infra import InvalidInputError, redact_text
 from bridge.core.settings import Settings
 
 BASE_NAMES = frozenset({"PATH", "HOME", "LANG", "TZ", "TMPDIR", "VIRTUAL_ENV"})
@@ -113,7 +112,7 @@ def program_environment(
     worker_env: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """The whole environment of ``rollout``'s program (``worker_env``: default os.environ): the base, then
-    ``attempt``, its attempt's variables (``bridge.core.agl_v1.agent_environment``: the AGL_* ones, which
+    ``attempt``, its attempt's variables (``bridge.core.gateway.agent_environment``: the AGL_* ones, which
     ``workers.v1.relay`` points at the relay with the attempt's token, and its env_map). ProgramRefused when the
     rollout may not run here."""
     local = rollout.config.local or V1LocalConfig()

@@ -28,7 +28,7 @@ import atexit
 import logging
 import sys
 
-from bridge.core.errors import ConfigError
+from bridge.core.infra import ConfigError
 from bridge.core.settings import Settings
 from workers.lifecycle import state
 from workers.v1.box import program_box

@@ -37,9 +37,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import SplitResult, urlsplit
 
-from bridge.core.agl_v1 import V1Rollout, agent_environment
-from bridge.core.errors import ConfigError
-from bridge.core.http import KEEPALIVE_S, default_tls
+from bridge.core.gateway import V1Rollout, agent_environment
+from bridge.core.infra import KEEPALIVE_S, ConfigError, default_tls
 from workers.lifecycle import metrics, state
 
 log = logging.getLogger("workers.v1.relay")

@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Any
 
-from bridge.core.errors import ConfigError
+from bridge.core.infra import ConfigError
 from bridge.core.settings import Settings
 from workers.v1.environment import base_environment
 from workers.v1.program_client import request_program

@@ -1,4 +1,4 @@
-"""The Celery task that runs one Agent Lightning 1.0 attempt (``bridge.core.agl_v1.V1_TASK_NAME``); its task id
+"""The Celery task that runs one Agent Lightning 1.0 attempt (``bridge.core.gateway.V1_TASK_NAME``); its task id
 is the attempt's key, and the same workers serve it beside 0.3's ``workers.run_rollout``."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from typing import Any
 from celery import Task
 from celery.exceptions import Reject
 
-from bridge.core.agl_v1 import V1_TASK_NAME, V1Rollout
 from bridge.core.coordination import deployment_scope
+from bridge.core.gateway import V1_TASK_NAME, V1Rollout
 from workers.app import app
 from workers.lifecycle.resources import get_coordination, get_monitor
 from workers.protocol import held as protocol

@@ -7,7 +7,7 @@ copies redis-py's table of about 200 response callbacks, a notable share of a ``
 time (docs/performance.md, "The worker's CPU"). ``Transport`` keeps one client per channel and pool instead: the same
 commands on the same pool (a client is thread-safe; each command takes a pool connection), and a new client
 when kombu replaced the pool (after a connection error). Chosen by ``broker_transport`` for ``redis://`` and
-``rediss://`` brokers (``bridge.core.message.base_app``). Registered in ``bridge.core.patches``.
+``rediss://`` brokers (``bridge.core.task.message.base_app``). Registered in ``bridge.core.patches``.
 """
 
 from __future__ import annotations

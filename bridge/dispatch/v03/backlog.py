@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from bridge.core.errors import StoreError
-from bridge.core.models import Rollout, RolloutStatus
+from bridge.core.infra import StoreError
 from bridge.core.settings import Settings
-from bridge.core.store import StoreClient
+from bridge.core.store import Rollout, RolloutStatus, StoreClient
 from bridge.dispatch import metrics
 from bridge.dispatch.backlog import Backlog, BacklogReader
 

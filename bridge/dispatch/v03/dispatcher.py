@@ -1,7 +1,7 @@
 """The 0.3 line of the one dispatcher (``bridge.dispatch.dispatcher``, ``python -m bridge``): claim only as many
 rollouts as workers can start, publish each, lose none.
 
-Backpressure, per queue: each queue's room comes from ``bridge.core.capacity`` (advertised worker slots,
+Backpressure, per queue: each queue's room comes from ``bridge.core.coordination.capacity`` (advertised worker slots,
 a node's counted once however many queues it consumes, minus attempts in flight; negative when a queue
 holds more than its nodes can run). A dequeue cannot choose the mode, and the mode picks the queue, so
 ``bridge.dispatch.v03.placement`` sizes each dequeue for any mix: a batch while every consumed queue has
@@ -9,7 +9,7 @@ room, one rollout at a time while some are full (a rollout that cannot be placed
 never published into a full queue: ``bridge.dispatch.v03.hold``), none while all are. So no queue is
 claimed beyond its slots by more than the held rollouts (``BRIDGE_MAX_HELD`` in all); with the single
 default queue the batch is ``min(free slots, BRIDGE_MAX_BATCH)``, one request per batch; beside the 1.0 line
-the default queue's room is first cut to this line's share (``bridge.core.slot_share``).
+the default queue's room is first cut to this line's share (``bridge.core.coordination.slot_share``).
 With no worker consuming there are no slots, so the bridge never dequeues and rollouts stay
 ``queuing`` in the Store, where their clock has not started yet.
 
@@ -39,15 +39,11 @@ from collections.abc import Callable
 
 import redis
 
-from bridge.core import capacity, handback, markers, slot_share
-from bridge.core.backoff import MAX_DOUBLINGS
-from bridge.core.errors import StoreError, UnknownIdError
-from bridge.core.message import TASK_NAME, task_kwargs
-from bridge.core.models import AttemptedRollout, RolloutStatus
-from bridge.core.redact import redact_url
+from bridge.core.coordination import capacity, markers, slot_share
+from bridge.core.infra import MAX_DOUBLINGS, StoreError, UnknownIdError, redact_url
 from bridge.core.settings import Settings
-from bridge.core.store import StoreClient
-from bridge.core.time_budget import hard_time_limit, soft_time_limit
+from bridge.core.store import AttemptedRollout, RolloutStatus, StoreClient, handback
+from bridge.core.task import TASK_NAME, hard_time_limit, soft_time_limit, task_kwargs
 from bridge.dispatch import broker, metrics
 from bridge.dispatch.backlog import BacklogReader
 from bridge.dispatch.dispatcher import LineDispatcher, Repair, StopSignal
@@ -132,8 +128,9 @@ class V03Dispatcher(LineDispatcher[AttemptedRollout]):
         coalescer: Coalescer | None = None,
     ) -> None:
         """``strict_scope``: raise ScopeMismatchError from ``run`` when this Store's workers appear only under
-        another spelling of its URL (``bridge.core.scope_check``), instead of logging it (``CeleryRunner``).
-        ``coalescer``: the estimate of episode time the waits follow (default: one on ``coalesce_max_s``)."""
+        another spelling of its URL (``bridge.core.coordination.scope_check``), instead of logging it
+        (``CeleryRunner``). ``coalescer``: the estimate of episode time the waits follow (default: one on
+        ``coalesce_max_s``)."""
         self.store = store
         self._empty_polls = 0
         self._hold = Hold(settings.max_held)  # claimed rollouts whose queue has no room now
@@ -301,7 +298,7 @@ class V03Dispatcher(LineDispatcher[AttemptedRollout]):
     def hand_back(self, rollout: AttemptedRollout, reason: str) -> None:
         """Put a claimed rollout back at the tail of the Store queue, if it is still live and unstarted.
 
-        See ``bridge.core.handback`` and docs/store-protocol.md section 10, "Handing a rollout back".
+        See ``bridge.core.store.handback`` and docs/store-protocol.md section 10, "Handing a rollout back".
         """
         rid, aid = rollout.rollout_id, rollout.attempt.attempt_id
         try:

@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from bridge.core.models import AttemptedRollout
+from bridge.core.store import AttemptedRollout
 
 
 @dataclass(frozen=True)

@@ -42,8 +42,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from bridge.core.markers import NO_TRACE, LeaseMarkers
-from bridge.core.models import (
+from bridge.core.coordination.markers import NO_TRACE, LeaseMarkers
+from bridge.core.store import (
     ACTIVE_ATTEMPT,
     ACTIVE_ROLLOUT,
     FINISHED_ATTEMPT,

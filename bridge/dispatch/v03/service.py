@@ -9,13 +9,12 @@ import threading
 
 import redis
 
-from bridge.core.capacity import advertised_agents
 from bridge.core.coordination import coordination_redis, deployment_scope
-from bridge.core.message import DEFAULT_AGENT
-from bridge.core.redact import redact_url
+from bridge.core.coordination.capacity import advertised_agents
+from bridge.core.infra import redact_url, setup_process_tracing
 from bridge.core.settings import Settings
 from bridge.core.store import StoreClient
-from bridge.core.tracing import setup_process_tracing
+from bridge.core.task import DEFAULT_AGENT
 from bridge.dispatch.dispatcher import StopSignal, install_signal_handlers, start_process
 from bridge.dispatch.publisher import Publisher
 from bridge.dispatch.v03.dispatcher import V03Dispatcher
@@ -42,7 +41,7 @@ def dispatch_until(
     ``python -m bridge`` and ``bridge.runner.CeleryRunner.iter`` both run exactly this. ``agent`` is the
     agent path the messages name (default ``AGENT``); the leader lock keeps one dispatcher active however
     many run. ``strict_scope``: raise ScopeMismatchError when this Store's workers show up only under another
-    spelling of its URL (``bridge.core.scope_check``), as CeleryRunner wants, instead of logging it.
+    spelling of its URL (``bridge.core.coordination.scope_check``), as CeleryRunner wants, instead of logging it.
     """
     store = StoreClient.from_settings(settings)
     if not store.health():

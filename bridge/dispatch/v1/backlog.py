@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from bridge.core.agl_v1 import GatewayClient, GatewayError, V1State
+from bridge.core.gateway import GatewayClient, GatewayError, V1State
 from bridge.core.settings import Settings
 from bridge.dispatch import metrics
 from bridge.dispatch.backlog import Backlog, BacklogReader

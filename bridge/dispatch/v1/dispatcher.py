@@ -7,8 +7,8 @@ uses, and marked ``running``. Each rollout of a listing is validated on its own:
 failed on the gateway with the fields at fault, and the others go on. A publish the broker refuses is retried
 on later ticks with backoff, the rollouts behind it going on meanwhile, and fails the rollout with the broker's
 error after ``AGL_V1_PUBLISH_GIVE_UP_S``; an error no retry can cure fails it at once. Error texts are masked
-(``bridge.core.redact``) before they reach the gateway or the log. Time budgets are clamped to what the broker
-covers by the rule the worker applies to the gateway's copy too (``bridge.core.time_budget.clamp_to_broker``).
+(``bridge.core.infra.redact``) before they reach the gateway or the log. Time budgets are clamped to what the broker
+covers by the rule the worker applies to the gateway's copy too (``bridge.core.task.time_budget.clamp_to_broker``).
 
 Each reconcile reads the facts, plans the repairs (``bridge.dispatch.v1.repairs``, which says what each hazard
 gets) and carries them out one by one, so one failing repair stops no other. Every step is safe to repeat, so
@@ -17,8 +17,8 @@ Hand-overs are counted per rollout in Redis (``keys.v1_handovers``, a set of att
 is impossible), which a re-run's limit subtracts from the attempts numbered so far.
 
 The leader reads the gateway's queuing rollouts on a thread of its own (``bridge.dispatch.backlog``) and exports
-them with the queue's desired slots, which count the 0.3 line's backlog too (``bridge.core.line_demand``); with
-``--metrics-port`` (or ``BRIDGE_METRICS_PORT``) it serves the dispatch series of ``bridge.dispatch.metrics`` under
+them with the queue's desired slots, which count the 0.3 line's backlog too (``bridge.core.coordination.line_demand``);
+with ``--metrics-port`` (or ``BRIDGE_METRICS_PORT``) it serves the dispatch series of ``bridge.dispatch.metrics`` under
 ``line="v1"`` (docs/operations.md, "Autoscaling signal").
 """
 
@@ -33,8 +33,8 @@ from typing import NamedTuple
 
 import redis
 
-from bridge.core import capacity, keys, markers, slot_share
-from bridge.core.agl_v1 import (
+from bridge.core.coordination import capacity, coordination_redis, deployment_scope, keys, markers, slot_share
+from bridge.core.gateway import (
     FIRST_ATTEMPT,
     V1_TASK_NAME,
     GatewayClient,
@@ -46,14 +46,9 @@ from bridge.core.agl_v1 import (
     attempt_key,
     scoped_attempt_key,
 )
-from bridge.core.backoff import backoff_delay
-from bridge.core.coordination import coordination_redis, deployment_scope
-from bridge.core.errors import MissingSetting
-from bridge.core.message import base_app
-from bridge.core.outcome import Outcome, failed_message
-from bridge.core.redact import redact_error, redact_text, redact_url
+from bridge.core.infra import MissingSetting, backoff_delay, redact_error, redact_text, redact_url
 from bridge.core.settings import Settings
-from bridge.core.time_budget import v1_time_limits
+from bridge.core.task import Outcome, base_app, failed_message, v1_time_limits
 from bridge.dispatch import metrics
 from bridge.dispatch.backlog import BacklogReader
 from bridge.dispatch.dispatcher import LineDispatcher, Repair, start_process

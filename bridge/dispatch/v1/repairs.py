@@ -33,9 +33,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from bridge.core.agl_v1 import FIRST_ATTEMPT, V1Rollout, attempt_key
-from bridge.core.markers import NO_TRACE, LeaseMarkers
-from bridge.core.outcome import Outcome
+from bridge.core.coordination.markers import NO_TRACE, LeaseMarkers
+from bridge.core.gateway import FIRST_ATTEMPT, V1Rollout, attempt_key
+from bridge.core.task import Outcome
 from bridge.dispatch.repairs import confirm_suspects, queue_wait_limit
 
 

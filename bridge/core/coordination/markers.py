@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import redis
 
-from bridge.core import keys
+from bridge.core.coordination import keys
 
 
 @dataclass(frozen=True)

@@ -16,16 +16,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx
 
-from bridge.core.backoff import Retries
-from bridge.core.errors import StoreRejected, StoreUnavailable, UnknownIdError
-from bridge.core.http import service_client
-from bridge.core.models import Attempt, AttemptedRollout, ResourcesUpdate, Rollout
-from bridge.core.redact import redact_url
+from bridge.core.infra import Retries, StoreRejected, StoreUnavailable, UnknownIdError, redact_url, service_client
+from bridge.core.store.models import Attempt, AttemptedRollout, ResourcesUpdate, Rollout
 
 if TYPE_CHECKING:  # settings reads TRACES from here at runtime: a type-only import keeps the two acyclic
     from bridge.core.settings import Settings
 
-log = logging.getLogger("bridge.core.store")
+log = logging.getLogger(__name__)
 
 API = "/v1/agl"
 """Prefix of every Store REST path; the one spelling of it (tools and tests import it from here)."""

@@ -1,11 +1,11 @@
 """Fair sharing of one worker pool between the 0.3 bridge (line ``v03``) and the 1.0 dispatcher (line ``v1``).
 
-Both publish onto the same queue (``CELERY_DEFAULT_QUEUE``) and count the same slots (``bridge.core.capacity``).
-The rule (docs/operations.md, "Sharing a worker pool between 0.3 and 1.0"): the lines share the queue's
-slot-seconds in proportion to their weights (``SLOT_SHARE_WEIGHTS``) while both have rollouts waiting. Each free
-slot goes, one at a time, to the line whose *projected usage* per unit of weight is lowest: its decayed
-slot-seconds while both lines waited (``usage``) plus one mean episode for each of its attempts in flight and each
-slot already given to it in this round. A line is offered slots only up to its rollouts waiting, so what the
+Both publish onto the same queue (``CELERY_DEFAULT_QUEUE``) and count the same slots
+(``bridge.core.coordination.capacity``). The rule (docs/operations.md, "Sharing a worker pool between 0.3 and 1.0"): the
+lines share the queue's slot-seconds in proportion to their weights (``SLOT_SHARE_WEIGHTS``) while both have rollouts
+waiting. Each free slot goes, one at a time, to the line whose *projected usage* per unit of weight is lowest: its
+decayed slot-seconds while both lines waited (``usage``) plus one mean episode for each of its attempts in flight and
+each slot already given to it in this round. A line is offered slots only up to its rollouts waiting, so what the
 other line does not want is its own (work-conserving), and never more than the queue's free room. Running
 rollouts are never taken back: a line that got ahead (it filled the pool before the other's work arrived) gets
 freed slots again only once the other line has caught up in slot-seconds. With no usage or no mean episode
@@ -30,12 +30,12 @@ from dataclasses import dataclass, field
 
 import redis
 
-from bridge.core import keys
+from bridge.core.coordination import keys
 
 V03 = "v03"
 V1 = "v1"
 LINES = (V03, V1)
-V1_PREFIX = "v1-"  # the 1.0 dispatcher's task ids (``bridge.core.agl_v1.attempt_key``)
+V1_PREFIX = "v1-"  # the 1.0 dispatcher's task ids (``bridge.core.gateway.attempt_key``)
 DEMAND_TTL_S = 10  # longer than a leader's slowest tick; how long a stopped line's last demand still counts
 USAGE_HALF_LIFE_S = 120.0  # how fast an old imbalance of slot-seconds stops counting
 USAGE_MAX_STEP_S = 5.0  # a longer gap between readings integrates only this much (no reading saw the counts)

@@ -8,7 +8,7 @@ worker clears when the task ends. ``SlotView.rooms`` places the in-flight attemp
 flow would, so a node's slots count once however many queues it consumes and an over-full queue's room is
 negative, never a floored 0. Every function takes the deployment's ``scope`` (a digest of the Store's URL),
 so deployments sharing a Redis never count each other's slots; every ``client`` is a coordination client
-(``bridge.core.coordination``), whose answers are ``str``. Why: docs/architecture.md, "One rollout, hop
+(``bridge.core.coordination.connection``), whose answers are ``str``. Why: docs/architecture.md, "One rollout, hop
 by hop" (1) and "Design choices"; figures: docs/performance.md, "The bridge's read of the workers'
 slots".
 """
@@ -22,10 +22,10 @@ from dataclasses import dataclass
 
 import redis
 
-from bridge.core import keys, shared_slots
-from bridge.core.slot_share import LINES
+from bridge.core.coordination import keys, shared_slots
+from bridge.core.coordination.slot_share import LINES
 
-log = logging.getLogger("bridge.core.capacity")
+log = logging.getLogger(__name__)
 
 CAPACITY_TTL_S = 30
 
@@ -158,7 +158,7 @@ class SlotView:
 
         Nodes are grouped by the set of our queues they consume (slots summed). Where no group consumes two
         queues, a queue's room is its groups' slots minus its in-flight count; nodes shared by queues need
-        the flow computation of ``bridge.core.shared_slots``.
+        the flow computation of ``bridge.core.coordination.shared_slots``.
         """
         groups: dict[frozenset[str], int] = {}
         for slots, queues in self.nodes.values():

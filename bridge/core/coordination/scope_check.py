@@ -1,8 +1,8 @@
 """Workers of this deployment under another spelling of its URL: found at run time and said loudly.
 
 Each process derives its deployment's Redis key scope from the Store's (or the gateway's) URL in canonical form
-(``bridge.core.keys.canonical_endpoint``), so every spelling of one local endpoint is one scope. Two names of
-one host that cannot be proved equal (``http://store:4747`` inside compose, ``http://localhost:4747`` on the
+(``bridge.core.coordination.keys.canonical_endpoint``), so every spelling of one local endpoint is one scope. Two names
+of one host that cannot be proved equal (``http://store:4747`` inside compose, ``http://localhost:4747`` on the
 host) are two scopes: the dispatcher of one sees none of the other's worker slots and its rollouts wait.
 
 ``ScopeWatch.check`` looks, while none of this deployment's workers serves a queue, for workers listed on the
@@ -22,8 +22,8 @@ from urllib.parse import urlsplit
 
 import redis
 
-from bridge.core import capacity, keys
-from bridge.core.errors import ConfigError
+from bridge.core.coordination import capacity, keys
+from bridge.core.infra import ConfigError
 
 log = logging.getLogger("bridge.scope")
 

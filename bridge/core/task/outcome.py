@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from bridge.core.redact import redact_text
+from bridge.core.infra import redact_text
 
 ERROR_CHARS = 2000  # of a failed attempt's error, what the trainer's side is sent
 HEADLINE_CHARS = 500  # of an error, the first line kept whole up to this

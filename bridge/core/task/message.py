@@ -8,14 +8,16 @@ only an executor needs (acks_late, prefetch, time limits, events).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from celery import Celery
 
-from bridge.core import tls
-from bridge.core.models import AttemptedRollout
+from bridge.core.infra import tls
 from bridge.core.patches import kombu_redis_client
-from bridge.core.settings import Settings
+from bridge.core.store import AttemptedRollout
+
+if TYPE_CHECKING:
+    from bridge.core.settings import Settings
 
 TASK_NAME = "workers.run_rollout"
 """The one task: one message = one Store attempt, and the task id is the attempt id."""

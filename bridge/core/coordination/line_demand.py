@@ -3,13 +3,13 @@ the autoscaling signal (docs/operations.md, "Autoscaling signal").
 
     desired = attempts in flight on the queue + each line's backlog on it
 
-The attempts in flight are every line's, read once from the queue's one in-flight set (``bridge.core.capacity``);
-a line's *backlog* is what waits for it: the 0.3 bridge's rollouts ``queuing`` or ``requeuing`` in the Store plus
-those it holds, the 1.0 dispatcher's rollouts ``queuing`` on the gateway. Each line's leader writes its backlog per
-queue to Redis (``keys.line_backlog``, expiring ``BACKLOG_TTL_S`` after its last write, so a stopped line stops
-counting on its own) and reads the other lines', so every leader exports the queue's whole demand and nothing is
-counted twice: the autoscalers take the max over the dispatchers' series, as over a leader and its standbys, and
-never their sum.
+The attempts in flight are every line's, read once from the queue's one in-flight set
+(``bridge.core.coordination.capacity``); a line's *backlog* is what waits for it: the 0.3 bridge's rollouts ``queuing``
+or ``requeuing`` in the Store plus those it holds, the 1.0 dispatcher's rollouts ``queuing`` on the gateway. Each line's
+leader writes its backlog per queue to Redis (``keys.line_backlog``, expiring ``BACKLOG_TTL_S`` after its last write, so
+a stopped line stops counting on its own) and reads the other lines', so every leader exports the queue's whole demand
+and nothing is counted twice: the autoscalers take the max over the dispatchers' series, as over a leader and its
+standbys, and never their sum.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from collections.abc import Mapping
 
 import redis
 
-from bridge.core import keys
-from bridge.core.slot_share import LINES
+from bridge.core.coordination import keys
+from bridge.core.coordination.slot_share import LINES
 
-log = logging.getLogger("bridge.core.line_demand")
+log = logging.getLogger(__name__)
 
 BACKLOG_TTL_S = 15  # a leader writes about every second; longer than its slowest tick
 

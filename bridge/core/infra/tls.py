@@ -1,19 +1,21 @@
 """Certificate checks for TLS broker and Redis URLs (``rediss://``, ``amqps://``): on unless BROKER_TLS_INSECURE.
 
 Left alone, kombu connects to a ``rediss://`` broker without checking its certificate (it only logs that) and
-py-amqp checks an ``amqps://`` broker's chain but not its host name. The Celery app (``bridge.core.message``)
-and the coordination Redis (``bridge.core.coordination``) take their options from here instead.
+py-amqp checks an ``amqps://`` broker's chain but not its host name. The Celery app (``bridge.core.task.message``)
+and the coordination Redis (``bridge.core.coordination.connection``) take their options from here instead.
 """
 
 from __future__ import annotations
 
 import logging
 import ssl
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from bridge.core import process_state
-from bridge.core.redact import redact_url
-from bridge.core.settings import Settings
+from bridge.core.infra import process_state
+from bridge.core.infra.redact import redact_url
+
+if TYPE_CHECKING:
+    from bridge.core.settings import Settings
 
 log = logging.getLogger("bridge.tls")
 

@@ -10,9 +10,9 @@ window remains between the read and the write (docs/architecture.md, "Handing a 
 
 from __future__ import annotations
 
-from bridge.core.errors import UnknownIdError
-from bridge.core.models import AttemptedRollout, AttemptStatus, RolloutStatus
-from bridge.core.store import StoreClient
+from bridge.core.infra import UnknownIdError
+from bridge.core.store.client import StoreClient
+from bridge.core.store.models import AttemptedRollout, AttemptStatus, RolloutStatus
 
 
 def why_not_requeue(current: object, attempt_id: str) -> str | None:

@@ -15,7 +15,7 @@ import ctypes.util
 import logging
 import sys
 
-log = logging.getLogger("bridge.core.undumpable")
+log = logging.getLogger(__name__)
 
 PR_SET_DUMPABLE, PR_GET_DUMPABLE = 4, 3
 

@@ -17,9 +17,9 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-from bridge.core import process_state
+from bridge.core.infra import process_state
 
-log = logging.getLogger("bridge.core.tracing")
+log = logging.getLogger(__name__)
 
 
 def operator_collector_configured() -> bool:

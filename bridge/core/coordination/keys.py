@@ -4,7 +4,7 @@ Several deployments (each its own Store, bridge and workers) may share one Redis
 deployment's state carries its *scope*, a digest of its Store's URL in canonical form (``store_scope``,
 ``canonical_endpoint``: ``http://localhost:4747/`` and ``http://127.0.0.1:4747`` are one scope; a 1.0-only
 deployment's: of its gateway's, ``gateway_scope``; derived from settings in one place,
-``bridge.core.coordination.deployment_scope``): slot adverts and node listings, in-flight sets, slot-freed
+``bridge.core.coordination.connection.deployment_scope``): slot adverts and node listings, in-flight sets, slot-freed
 wake-ups, the dispatch lines' demands, the leader lock, the held-rollouts record, worker agent adverts, the
 fence board and shared resources. So each bridge leads its own deployment and counts only its own workers'
 slots. Keys named by an attempt id (lease, owner, started, done, pending report) need no scope: attempt ids
@@ -33,7 +33,7 @@ def canonical_endpoint(url: str) -> str:
     The scheme and host are lower-cased; every loopback alias (``localhost``, any ``127.x.y.z``, ``::1``,
     ``0.0.0.0``) is ``loopback``; the scheme's default port is written out; credentials, query, fragment,
     trailing slashes and the Store's ``/v1/agl`` suffix are dropped. Spellings it cannot prove equal
-    (``store`` inside compose, ``localhost`` on the host) stay apart: ``bridge.core.scope_check`` tells
+    (``store`` inside compose, ``localhost`` on the host) stay apart: ``bridge.core.coordination.scope_check`` tells
     the user about those at run time."""
     text = url.strip()
     parts = urlsplit(text if "://" in text else "http://" + text)
@@ -107,8 +107,9 @@ def inflight(scope: str, queue: str) -> str:
 
 
 def slot_freed(scope: str, queue: str, line: str = "v03") -> str:
-    """Wake-up list of one dispatch line (``bridge.core.slot_share``): a worker pushes to every line's when a task
-    frees a slot, and that line's full dispatcher blocks on its own (BLPOP), so each line hears every freed slot."""
+    """Wake-up list of one dispatch line (``bridge.core.coordination.slot_share``): a worker pushes to every line's when
+    a task frees a slot, and that line's full dispatcher blocks on its own (BLPOP), so each line hears every freed
+    slot."""
     base = f"{PREFIX}:slot-freed:{scope}:{queue}"
     return base if line == "v03" else f"{base}:{line}"
 
@@ -191,7 +192,7 @@ def worker_isolation(scope: str, worker: str) -> str:
 def scope_endpoint(scope: str) -> str:
     """The URL (redacted) whose digest a deployment's workers use as their scope, refreshed with their slot
     adverts: a process of another scope reads it to name both URLs when it suspects one Store under two
-    spellings (``bridge.core.scope_check``)."""
+    spellings (``bridge.core.coordination.scope_check``)."""
     return f"{PREFIX}:endpoint:{scope}"
 
 
@@ -238,18 +239,19 @@ def shared_resources(scope: str, resources_id: str) -> str:
 
 def slot_demand(scope: str, queue: str, line: str) -> str:
     """One dispatch line's demand on ``queue`` (``<waiting> <weight>``), written by its leader every tick and
-    expiring soon after it stops (``bridge.core.slot_share``): the other line reads it to leave that line its share."""
+    expiring soon after it stops (``bridge.core.coordination.slot_share``): the other line reads it to leave that line
+    its share."""
     return f"{PREFIX}:share:{scope}:{queue}:{line}"
 
 
 def slot_usage(scope: str, queue: str) -> str:
     """The dispatch lines' decayed slot-seconds on ``queue`` while both had rollouts waiting, the queue's work and
-    starts, and when they were last advanced (a hash, ``bridge.core.slot_share``)."""
+    starts, and when they were last advanced (a hash, ``bridge.core.coordination.slot_share``)."""
     return f"{PREFIX}:share-usage:{scope}:{queue}"
 
 
 def line_backlog(scope: str, queue: str, line: str) -> str:
     """One dispatch line's backlog on ``queue`` (rollouts waiting at its source and held by its dispatcher), written
-    by its leader about every second and expiring soon after it stops (``bridge.core.line_demand``): the other
-    line's leader adds it to the queue's desired slots."""
+    by its leader about every second and expiring soon after it stops (``bridge.core.coordination.line_demand``): the
+    other line's leader adds it to the queue's desired slots."""
     return f"{PREFIX}:backlog:{scope}:{queue}:{line}"

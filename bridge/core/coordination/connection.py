@@ -5,8 +5,8 @@ With a Redis broker it is the broker's own Redis unless ``REDIS_URL`` names anot
 that moves coordination off the broker changes one setting, not every caller.
 
 Deployments may share that Redis: the keys that hold one deployment's state carry its scope
-(``deployment_scope``, a digest of its Store's URL, or of its gateway's without a Store; ``bridge.core.keys``),
-derived here and nowhere else.
+(``deployment_scope``, a digest of its Store's URL, or of its gateway's without a Store;
+``bridge.core.coordination.keys``), derived here and nowhere else.
 
 Its answers are ``str``, never ``bytes`` (``decode_responses``): every coordination key holds text (attempt ids,
 node names, tokens, numbers, JSON), nothing binary. ``coordination_client`` is the one constructor, for the
@@ -15,20 +15,21 @@ processes here and for the tools and tests that read the same keys.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 
-from bridge.core import keys, tls
-from bridge.core.errors import MissingSetting
-from bridge.core.redact import redact_url
-from bridge.core.settings import Settings
+from bridge.core.coordination import keys
+from bridge.core.infra import MissingSetting, redact_url, tls
+
+if TYPE_CHECKING:
+    from bridge.core.settings import Settings
 
 
 def coordination_redis(settings: Settings, *, timeout_s: float = 5.0, connect_timeout_s: float = 5.0) -> redis.Redis:
     """A client of the coordination Redis (``Settings.coordination_url``); it connects on first use.
 
-    ``rediss://`` checks the server's certificate and host name unless BROKER_TLS_INSECURE (``bridge.core.tls``).
+    ``rediss://`` checks the server's certificate and host name unless BROKER_TLS_INSECURE (``bridge.core.infra.tls``).
     """
     url = settings.coordination_url
     tls.warn_if_insecure(settings)
@@ -42,7 +43,7 @@ def coordination_redis(settings: Settings, *, timeout_s: float = 5.0, connect_ti
 
 def coordination_client(url: str, **options: Any) -> redis.Redis:
     """A client of the coordination Redis at ``url`` whose answers are ``str`` (``decode_responses``); ``options``
-    go to ``redis.Redis.from_url``. Every function that reads coordination keys (``bridge.core.capacity``,
+    go to ``redis.Redis.from_url``. Every function that reads coordination keys (``bridge.core.coordination.capacity``,
     ``workers.protocol.lease``, ...) expects such a client; Celery's broker and result-backend clients are not this."""
     return redis.Redis.from_url(url, decode_responses=True, **options)
 
@@ -73,7 +74,7 @@ def deployment_endpoint(settings: Settings) -> str | None:
     """The URL (redacted) that names this deployment: its Store's, else its gateway's; None when neither is set.
 
     Workers advertise it beside their slots (``keys.scope_endpoint``), so a process that derives another scope
-    can say which spelling the workers use (``bridge.core.scope_check``)."""
+    can say which spelling the workers use (``bridge.core.coordination.scope_check``)."""
     if settings.store_url is not None:
         return redact_url(settings.store_base)
     return redact_url(settings.agl_v1_url) if settings.agl_v1_url else None

@@ -1,6 +1,6 @@
 """Logging setup shared by the bridge and the workers: plain or JSON lines, ids on every rollout event, and every
-line masked by ``bridge.core.redact.redact_text`` as it is written (a message, an exception's text, a traceback), so
-a secret that reaches an error (a URL's password, a bearer token, ``api_key=...``) never reaches the log."""
+line masked by ``bridge.core.infra.redact.redact_text`` as it is written (a message, an exception's text, a traceback),
+so a secret that reaches an error (a URL's password, a bearer token, ``api_key=...``) never reaches the log."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import time
 from collections.abc import MutableMapping
 from typing import Any
 
-from bridge.core.redact import redact_text
+from bridge.core.infra.redact import redact_text
 
 _ID_KEYS = ("rollout_id", "attempt_id", "task_id")
 
