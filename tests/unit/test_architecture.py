@@ -207,12 +207,13 @@ def test_no_import_cycle_in_core_dispatch_and_workers() -> None:
     assert cycle is None, "module-level import cycle: " + " -> ".join(cycle or [])
 
 
-# --- a core sub-package is entered through its public names ---------------------------------------------------
+# --- a sub-package is entered through its public names --------------------------------------------------------
 
-# Each sub-package of bridge.core lists its public names in its ``__init__`` (``__all__``): what it re-exports, and
-# the modules it keeps public as namespaces (``keys``, ``capacity``). A module outside the sub-package imports the
-# package or such a public module, never one of its private modules. ``patches`` is not held to it: each module there
-# is one correction of a library, imported by name where it applies (its ``PATCHES`` registry lists them).
+# Each sub-package of bridge.core, and each dispatch line's package, lists its public names in its ``__init__``
+# (``__all__``): what it re-exports, and the modules it keeps public as namespaces (``keys``, ``capacity``). A module
+# outside the package imports the package or such a public module, never one of its private modules. ``patches`` is
+# not held to it: each module there is one correction of a library, imported by name where it applies (its
+# ``PATCHES`` registry lists them).
 OPEN_CORE_PACKAGES = ("bridge.core.patches",)
 
 
@@ -225,10 +226,10 @@ def public_names(package: str) -> set[str] | None:
     return None
 
 
-def core_subpackages() -> list[str]:
-    return sorted(
-        name for name in packages_under("bridge.core") if name.count(".") == 2 and name not in OPEN_CORE_PACKAGES
-    )
+def entered_packages() -> list[str]:
+    """The packages held to the rule: bridge.core's sub-packages (but the open ones) and the dispatch lines'."""
+    core = [name for name in packages_under("bridge.core") if name.count(".") == 2 and name not in OPEN_CORE_PACKAGES]
+    return sorted([*core, *LINES])
 
 
 def private_entries(imports: dict[str, list[Import]], public: dict[str, set[str]]) -> list[str]:
@@ -251,24 +252,24 @@ def test_the_private_entry_check_sees_a_private_module() -> None:
     assert private_entries(imports, {"a.pkg": {"shown", "f"}}) == ["a.user:1 imports a.pkg.hidden"]
 
 
-def test_a_core_subpackage_is_imported_through_its_public_names_only() -> None:
+def test_a_subpackage_is_imported_through_its_public_names_only() -> None:
     """``from bridge.core.store import StoreClient``, not ``from bridge.core.store.client import StoreClient``: a
     sub-package's modules can be split, merged or renamed without touching its users (the tests excepted: they may
     reach into a module to replace what it uses)."""
-    packages = core_subpackages()
-    assert {"bridge.core.infra", "bridge.core.store", "bridge.core.coordination"} <= set(packages)
+    packages = entered_packages()
+    assert {"bridge.core.infra", "bridge.core.store", "bridge.dispatch.v03"} <= set(packages)
     public = {package: public_names(package) for package in packages}
     missing = [package for package, names in public.items() if names is None]
-    assert not missing, f"these core sub-packages declare no __all__ (their public names): {missing}"
+    assert not missing, f"these packages declare no __all__ (their public names): {missing}"
     wrong = private_entries(IMPORTS, {package: names for package, names in public.items() if names is not None})
     assert not wrong, "import the sub-package (or a module its __all__ names), not its private module:\n" + "\n".join(
         wrong
     )
 
 
-def test_each_core_subpackage_exports_what_its_all_names() -> None:
+def test_each_entered_package_exports_what_its_all_names() -> None:
     """Every name in a sub-package's ``__all__`` is bound in its ``__init__`` (imported or defined there)."""
-    for package in core_subpackages():
+    for package in entered_packages():
         tree = ast.parse(MODULES[package].read_text(encoding="utf-8"))
         bound = {
             alias.asname or alias.name
