@@ -1,4 +1,4 @@
-"""What a 1.0 agent program is given (``bridge.core.gateway.client``): the variables 1.0's own ``local`` runner sets,
+"""What a 1.0 agent program is given (``bridge.core.gateway.rollouts``): the variables 1.0's own ``local`` runner sets,
 resolved for our attempt ids, and the attempt names both sides derive."""
 
 from __future__ import annotations

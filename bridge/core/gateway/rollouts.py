@@ -1,5 +1,5 @@
-"""An Agent Lightning 1.0 rollout as the bridge and the workers read it: its shape, and the names of a 1.0 attempt's
-task and Redis keys (docs/agl-v1.md), and the environment 1.0's ``local`` runner gives an agent program.
+"""An Agent Lightning 1.0 rollout as the bridge and the workers read it: its shape, the names of a 1.0 attempt's task
+and Redis keys (docs/agl-v1.md), and the environment 1.0's ``local`` runner gives an agent program.
 
 Models of our own, never an ``agentlightning`` import: one install serves 0.3 and 1.0 users. A 1.0 rollout has one
 attempt id at a time (``last_attempt_id``); the gateway serves the trainer the events of that attempt only, so a
