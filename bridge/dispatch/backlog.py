@@ -26,7 +26,7 @@ from bridge.core.agl_v1 import GatewayClient, GatewayError, V1State
 from bridge.core.errors import StoreError
 from bridge.core.line_demand import BacklogExchange
 from bridge.core.models import Rollout, RolloutStatus
-from bridge.core.settings import Settings
+from bridge.core.settings import DispatcherSettings
 from bridge.core.store import StoreClient
 from bridge.dispatch import metrics
 
@@ -52,18 +52,18 @@ class Backlog:
         return max(0.0, now - start) if start is not None else 0.0
 
 
-def routed_queues(settings: Settings) -> set[str]:
+def routed_queues(settings: DispatcherSettings) -> set[str]:
     return {settings.queue_for_mode(mode) for mode in MODES}
 
 
-def read_backlog(store: StoreClient, settings: Settings, *, timeout: float | None = None) -> Backlog:
+def read_backlog(store: StoreClient, settings: DispatcherSettings, *, timeout: float | None = None) -> Backlog:
     """One Store request, never retried (the next reading is the retry). Raises StoreError."""
     limit = 1 if len(routed_queues(settings)) == 1 else settings.backlog_list_limit
     items, total = store.list_rollouts(status_in=WAITING, sort_by="start_time", limit=limit, retries=0, timeout=timeout)
     return split(items, total, settings)
 
 
-def split(items: Iterable[Rollout], total: int, settings: Settings) -> Backlog:
+def split(items: Iterable[Rollout], total: int, settings: DispatcherSettings) -> Backlog:
     """The backlog from a page of the oldest waiting rollouts and the count of all of them (``total``)."""
     waiting = dict.fromkeys(settings.all_queues(), 0)
     oldest: dict[str, float] = {}
@@ -137,7 +137,7 @@ class BacklogReader:
     def __init__(
         self,
         read: Callable[[float], Backlog],
-        settings: Settings,
+        settings: DispatcherSettings,
         leading: Callable[[], bool],
         *,
         source: str,
@@ -215,7 +215,7 @@ class LeaderExports:
             self.active = False
 
 
-def store_reader(store: StoreClient, settings: Settings, leading: Callable[[], bool]) -> BacklogReader:
+def store_reader(store: StoreClient, settings: DispatcherSettings, leading: Callable[[], bool]) -> BacklogReader:
     """The 0.3 bridge's reader: the Store's waiting rollouts per queue (``read_backlog``); a failed reading counts in
     ``agl_bridge_store_errors_total{kind="backlog"}``."""
     return BacklogReader(
@@ -229,7 +229,7 @@ def store_reader(store: StoreClient, settings: Settings, leading: Callable[[], b
 
 
 def gateway_reader(
-    gateway: GatewayClient, settings: Settings, queue: str, leading: Callable[[], bool]
+    gateway: GatewayClient, settings: DispatcherSettings, queue: str, leading: Callable[[], bool]
 ) -> BacklogReader:
     """The 1.0 dispatcher's reader: the gateway's queuing rollouts on ``queue`` (``read_gateway_backlog``); a failed
     reading counts in ``agl_bridge_gateway_errors_total{kind="backlog"}``."""

@@ -20,7 +20,7 @@ from kombu import Connection
 from bridge.core import keys, tls
 from bridge.core.coordination import deployment_scope
 from bridge.core.redact import redact_url
-from bridge.core.settings import Settings
+from bridge.core.settings import DispatcherSettings
 
 PROBE_TIMEOUT_S = 3.0
 
@@ -105,7 +105,7 @@ class AmqpQueues:
                 pass
 
 
-def queues_for(settings: Settings, coordination: redis.Redis) -> QueueProbe:
+def queues_for(settings: DispatcherSettings, coordination: redis.Redis) -> QueueProbe:
     """The probe for ``CELERY_BROKER_URL``; a Redis broker on the coordination URL shares its client."""
     if settings.broker_is_amqp:
         return AmqpQueues(settings.broker_url, tls.broker_use_ssl(settings))

@@ -49,7 +49,7 @@ from bridge.core.errors import PublishError
 from bridge.core.logs import configure_logging
 from bridge.core.redact import redact_text
 from bridge.core.scope_check import ScopeMismatchError, ScopeWatch
-from bridge.core.settings import Settings
+from bridge.core.settings import DispatcherSettings
 from bridge.dispatch import broker, metrics, repairs
 from bridge.dispatch.backlog import BacklogReader, LeaderExports
 from bridge.dispatch.leader import STANDBY_RETRY_S, LeaderLock
@@ -91,7 +91,7 @@ class RepairPlan(Protocol):
     def made(self) -> int: ...  # what the scan reports
 
 
-def start_process(settings: Settings, metrics_port: int | None, logger: logging.Logger) -> None:
+def start_process(settings: DispatcherSettings, metrics_port: int | None, logger: logging.Logger) -> None:
     """What a dispatcher process does before its loop: logging as configured, and /metrics on ``metrics_port``
     (default ``BRIDGE_METRICS_PORT``; none when neither is set)."""
     configure_logging(settings.log_level, settings.log_json)
@@ -121,7 +121,7 @@ class LineDispatcher(ABC, Generic[Claim]):
 
     def __init__(
         self,
-        settings: Settings,
+        settings: DispatcherSettings,
         client: redis.Redis,
         publisher: Publisher,
         stop: StopSignal | None,

@@ -45,7 +45,7 @@ from bridge.core.errors import StoreError, UnknownIdError
 from bridge.core.message import TASK_NAME, task_kwargs
 from bridge.core.models import AttemptedRollout, RolloutStatus
 from bridge.core.redact import redact_url
-from bridge.core.settings import Settings
+from bridge.core.settings import DispatcherSettings
 from bridge.core.store import StoreClient
 from bridge.core.time_budget import hard_time_limit, soft_time_limit
 from bridge.dispatch import broker, metrics, placement
@@ -85,7 +85,7 @@ def describe(rollout: AttemptedRollout) -> str:
     return f"{ids} mode={rollout.mode} instruction={instruction!r}"
 
 
-def rollout_task(rollout: AttemptedRollout, queue: str, settings: Settings, agent: str) -> Task:
+def rollout_task(rollout: AttemptedRollout, queue: str, settings: DispatcherSettings, agent: str) -> Task:
     """A claimed rollout's message, ``workers.run_rollout``: task id = attempt id, the rollout exactly as the Store
     returned it (its ``timeout_seconds`` clamped to what the broker covers) and the agent it expects, soft and hard
     limits from that timeout, an expiry of ``BRIDGE_MAX_QUEUE_WAIT_S``."""
@@ -120,7 +120,7 @@ class V03Dispatcher(LineDispatcher[AttemptedRollout]):
 
     def __init__(
         self,
-        settings: Settings,
+        settings: DispatcherSettings,
         store: StoreClient,
         redis_client: redis.Redis,
         publisher: Publisher,

@@ -20,7 +20,7 @@ import redis
 from bridge.core import capacity
 from bridge.core.errors import PublishError
 from bridge.core.models import FINISHED_ROLLOUT, AttemptedRollout, Rollout, RolloutStatus
-from bridge.core.settings import Settings
+from bridge.core.settings import DispatcherSettings
 from bridge.core.store import API, StoreClient
 from bridge.core.time_budget import clamp_to_broker, hard_time_limit
 from bridge.dispatch import placement
@@ -68,7 +68,7 @@ def add_resources(store: StoreClient, resources: dict[str, Any]) -> str:
 
 
 def start_rollout(
-    store: StoreClient, settings: Settings, task: Any, *, mode: str | None, resources_id: str | None
+    store: StoreClient, settings: DispatcherSettings, task: Any, *, mode: str | None, resources_id: str | None
 ) -> AttemptedRollout:
     """Create the rollout with an attempt already claimed by the bridge's dispatcher id.
 
@@ -129,7 +129,7 @@ def publish(dispatcher: V03Dispatcher, rollout: AttemptedRollout) -> None:
 
 
 def wait_finished(
-    store: StoreClient, settings: Settings, rollout: AttemptedRollout, dispatching: Callable[[], bool]
+    store: StoreClient, settings: DispatcherSettings, rollout: AttemptedRollout, dispatching: Callable[[], bool]
 ) -> Rollout:
     """Block until the rollout is succeeded, failed or cancelled, or back in the queue with no dispatch loop
     (``dispatching()`` false) to retry it; TimeoutError past its own bound."""

@@ -19,7 +19,7 @@ from bridge.core import capacity
 from bridge.core.coordination import coordination_redis, deployment_scope
 from bridge.core.errors import EXIT_CONFIG_ERROR, ConfigError
 from bridge.core.redact import redact_text
-from bridge.core.settings import load_settings
+from bridge.core.settings import WorkerSettings, load_settings
 
 
 def default_node() -> str:
@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        settings = load_settings()
+        settings = load_settings(WorkerSettings)
         scope = deployment_scope(settings)  # nothing naming the deployment is a configuration error too
     except ConfigError as error:
         print(f"error: {error.message}", file=sys.stderr)

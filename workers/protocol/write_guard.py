@@ -15,7 +15,7 @@ import redis
 
 from bridge.core.backoff import retry_until
 from bridge.core.errors import LeaseUnproven, Superseded, TelemetryError
-from bridge.core.settings import Settings
+from bridge.core.settings import WorkerSettings
 from workers.protocol.attempt import Attempt
 from workers.protocol.heartbeat import AttemptWatch, watchdog_may_act
 from workers.protocol.lease import Lease
@@ -29,7 +29,7 @@ class WriteGuard:
     attempt's heartbeats (each renews the view) and span deliveries (each proves the attempt alive).
     """
 
-    def __init__(self, attempt: Attempt, lease: Lease | None, settings: Settings) -> None:
+    def __init__(self, attempt: Attempt, lease: Lease | None, settings: WorkerSettings) -> None:
         self.attempt = attempt
         self.lease = lease
         self.settings = settings

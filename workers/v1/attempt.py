@@ -46,7 +46,7 @@ from bridge.core.agl_v1 import (
     scoped_attempt_key,
 )
 from bridge.core.outcome import FailureClass, Outcome, OutcomeStatus
-from bridge.core.settings import Settings
+from bridge.core.settings import WorkerSettings
 from bridge.core.time_budget import clamp_to_broker
 from workers.lifecycle import metrics
 from workers.protocol.heartbeat import HEARTBEAT_TIMEOUT_S, TICK_S, HeartbeatMonitor
@@ -97,7 +97,7 @@ class V1Attempt:
         rollout: V1Rollout,
         attempt_id: str,
         *,
-        settings: Settings,
+        settings: WorkerSettings,
         client: redis.Redis,
         scope: str,
         queue: str,
