@@ -15,6 +15,7 @@ Variables that other programs read (docker compose, Flower, OpenTelemetry, prome
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import textwrap
 import types
@@ -33,8 +34,8 @@ from bridge.core.settings import (
     PROCESSES,
     SET_IN_EXAMPLE,
     BrokerSettings,
-    SettingsGroup,
     Settings,
+    SettingsGroup,
     TelemetrySettings,
     WorkerNodeSettings,
     env_name,
@@ -184,8 +185,8 @@ ENV_HEADER = f"""\
 # agl-celery-bridge configuration. Copy to .env (read by the bridge, the workers, `python -m bridge demo`
 # and docker compose, which passes each service only the variables docker-compose.yml lists for it) or export
 # the variables. Every setting of bridge/core/settings/groups.py is listed here with its default, one section
-# per group; a process reads the groups its section header names, and a bad value among them stops it at start
-# with one line naming the variable (exit code 2). Lines left commented keep the default.
+# per group, each naming the processes that read it; a bad value stops those processes at start with one line
+# naming the variable (exit code 2). Lines left commented keep the default.
 # Secrets (tokens, API keys, Flower password) belong in .env only.
 # Generated from bridge/core/settings/groups.py by `{COMMAND}`: do not edit by hand.
 """
@@ -223,16 +224,15 @@ def sections() -> list[Section]:
     """The settings' variables, one section per group in ``GROUPS`` order, with the foreign ones appended."""
     found: list[Section] = []
     for group in GROUPS:
-        section = Section(group.title, readers(group))
+        found.append(Section(group.title, readers(group)))
         for name in group.model_fields:
             info = Settings.model_fields[name]
             extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
             example = str(info.examples[0]) if info.examples else default_of(info) or ""
             description = " ".join((info.description or "").split())
-            section.variables.append(
+            found[-1].variables.append(
                 Variable(env_name(name), description, example, bool(extra.get(SET_IN_EXAMPLE)), info)
             )
-        found.append(section)
     for title, foreign in FOREIGN.items():
         section = next((s for s in found if s.title == title), None)
         if section is None:
@@ -342,9 +342,17 @@ def variable_cells(variable: Variable) -> tuple[str, str, str]:
     return f"`{variable.name}`", kind, shown
 
 
+def slug(title: str) -> str:
+    """GitHub's anchor of a heading: lower case, markup and punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[`*_]", "", title).strip().lower()
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
 def render_doc(found: Sequence[Section]) -> str:
-    """The whole docs/configuration.md: one table per section, one row per variable."""
-    parts = [DOC_HEADER]
+    """The whole docs/configuration.md: its contents, then one table per section, one row per variable."""
+    parts = [DOC_HEADER, "## Contents", ""]
+    parts += [f"- [{section.title}](#{slug(section.title)})" for section in found]
+    parts.append("")
     for section in found:
         parts += [f"## {section.title}", ""]
         if section.readers:

@@ -25,7 +25,9 @@ from bridge.core.redact import redact_url
 from bridge.core.settings import SharedSettings
 
 
-def coordination_redis(settings: SharedSettings, *, timeout_s: float = 5.0, connect_timeout_s: float = 5.0) -> redis.Redis:
+def coordination_redis(
+    settings: SharedSettings, *, timeout_s: float = 5.0, connect_timeout_s: float = 5.0
+) -> redis.Redis:
     """A client of the coordination Redis (``BrokerSettings.coordination_url``); it connects on first use.
 
     ``rediss://`` checks the server's certificate and host name unless BROKER_TLS_INSECURE (``bridge.core.tls``).

@@ -153,7 +153,9 @@ class V1Dispatcher(LineDispatcher[V1Attempt]):
     upstream_backoff = (1.0, ERROR_WAIT_S)  # a listing claims nothing: a gateway back is served within 5 s
     waiting_gauges = (metrics.GATEWAY_WAITING, metrics.GATEWAY_OLDEST_WAITING)
 
-    def __init__(self, settings: DispatcherSettings, gateway: GatewayClient, client: redis.Redis, stop: threading.Event) -> None:
+    def __init__(
+        self, settings: DispatcherSettings, gateway: GatewayClient, client: redis.Redis, stop: threading.Event
+    ) -> None:
         self.gateway = gateway
         self.queue = settings.default_queue
         self._state_keys: dict[str, str] = {}  # attempt key -> its scoped state key (``_facts``)

@@ -28,8 +28,8 @@ from bridge.core.errors import LLMError, LLMPaused
 from bridge.core.http import HTTPClient, pooled_transport, retry_after_s
 from bridge.core.models import AttemptedRollout, LLMResource, ResourcesUpdate
 from bridge.core.redact import redact_url
-from bridge.core.settings.values import split_host_port
 from bridge.core.settings import WorkerSettings
+from bridge.core.settings.values import split_host_port
 from workers.agents.gateway_llm import pause_reason, paused_wait_s
 from workers.lifecycle import metrics as worker_metrics
 from workers.lifecycle import state

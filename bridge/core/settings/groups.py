@@ -107,7 +107,7 @@ class StoreSettings(SettingsGroup):
 class GatewaySettings(SettingsGroup):
     """Agent Lightning 1.0's gateway and its key."""
 
-    title: ClassVar[str] = "Agent Lightning 1.0 gateway (docs/agl-v1.md)"
+    title: ClassVar[str] = "Agent Lightning 1.0 gateway"
 
     agl_v1_url: str = Field(
         default="",
@@ -309,7 +309,7 @@ class DispatchSettings(SettingsGroup):
     """The dispatchers' own knobs: the 0.3 bridge's polling and batching, both lines' reconciling, publishing,
     backlog reads and slot sharing, the 1.0 dispatcher's reruns."""
 
-    title: ClassVar[str] = "Dispatch (`python -m bridge`, `python -m bridge v1`, CeleryRunner)"
+    title: ClassVar[str] = "Dispatch"
 
     dispatcher_id: str = Field(default="celery-bridge", validation_alias="BRIDGE_DISPATCHER_ID")
     """worker_id the bridge dequeues under (keep one per deployment; several bridges share it, one leads)."""
@@ -387,7 +387,7 @@ class DispatchSettings(SettingsGroup):
 class WorkerNodeSettings(SettingsGroup):
     """A worker node's own knobs: its metrics, shutdown, fencing and clock checks, Celery events."""
 
-    title: ClassVar[str] = "Worker node (`celery -A workers worker`)"
+    title: ClassVar[str] = "Worker node"
 
     worker_metrics_port: int | None = Field(
         default=None, ge=1, le=65535, validation_alias="WORKER_METRICS_PORT", examples=[9101]
