@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from types import FrameType, ModuleType
 
 from bridge.core.infra import EXIT_CONFIG_ERROR, ConfigError, make_undumpable
-from bridge.core.settings import load_settings
+from bridge.core.settings import DispatcherSettings, load_settings
 
 DESCRIPTION = """\
 Move Agent Lightning rollouts from the Store into Celery.
@@ -67,7 +67,7 @@ class ToolUnavailable(RuntimeError):
 def _run(args: argparse.Namespace) -> int:
     from bridge.dispatch.v03 import run_bridge
 
-    settings = load_settings()
+    settings = load_settings(DispatcherSettings)
     make_undumpable("bridge")
     return run_bridge(settings, metrics_port=args.metrics_port)
 
@@ -84,7 +84,7 @@ def _run_v1(args: argparse.Namespace) -> int:
             "set AGL_V1_KEY in the environment or give --key-file PATH instead"
         )
     overrides = {k: v for k, v in (("agl_v1_url", args.server), ("agl_v1_key", _read_key(args.key_file))) if v}
-    settings = load_settings(**overrides)
+    settings = load_settings(DispatcherSettings, **overrides)
     stop = threading.Event()
     install_signal_handlers(stop)
     make_undumpable("1.0 dispatcher")

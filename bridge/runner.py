@@ -23,10 +23,10 @@ The runner never executes the agent itself; what each method means here:
   retry it; with none, ``step`` raises at once (status ``requeuing``), as Agent Lightning's one-attempt
   ``step`` does. ``run_context`` (inherited) makes it usable from scripts and notebooks.
 
-Settings come from the environment like everywhere in the project (``bridge.core.settings``); keyword
-arguments to the constructor override them (``CeleryRunner(broker_url=...)``). The constructor opens no
-socket and starts no thread: a Trainer forks (or pickles) the runner into its runner processes, which
-create their clients lazily.
+Settings come from the environment like everywhere in the project: the groups a dispatcher reads
+(``bridge.core.settings.DispatcherSettings``); keyword arguments to the constructor override them
+(``CeleryRunner(broker_url=...)``). The constructor opens no socket and starts no thread: a Trainer forks (or
+pickles) the runner into its runner processes, which create their clients lazily.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from agentlightning.types import Hook, NamedResources, Rollout, RolloutMode
 from pydantic import TypeAdapter
 
 from bridge.core.coordination import coordination_redis, deployment_scope
-from bridge.core.settings import Settings, load_settings
+from bridge.core.settings import DispatcherSettings, load_settings
 from bridge.core.store import API, RolloutStatus, StoreClient
 from bridge.dispatch.leader import dispatching
 from bridge.dispatch.publisher import Publisher
@@ -69,7 +69,7 @@ class CeleryRunner(Runner[Any]):
         self.worker_id: int | None = None
         self._overrides = dict(settings_overrides)
         self._agent: str | None = None
-        self._settings: Settings | None = None
+        self._settings: DispatcherSettings | None = None
         self._lock = threading.Lock()
         # Created on first use in the process that uses them, closed by teardown_worker.
         self._store: StoreClient | None = None
@@ -77,7 +77,7 @@ class CeleryRunner(Runner[Any]):
         self._dispatcher: V03Dispatcher | None = None
 
     @property
-    def settings(self) -> Settings | None:
+    def settings(self) -> DispatcherSettings | None:
         """The settings ``init_worker`` loaded for the Store it was given (None before)."""
         return self._settings
 
@@ -202,7 +202,7 @@ class CeleryRunner(Runner[Any]):
 
     # --- helpers -----------------------------------------------------------------------------------
 
-    def _ready(self) -> tuple[Settings, str]:
+    def _ready(self) -> tuple[DispatcherSettings, str]:
         if self._agent is None:
             raise RuntimeError("CeleryRunner.init(agent) must be called first (a Trainer or run_context does)")
         if self._settings is None:
@@ -222,20 +222,20 @@ class CeleryRunner(Runner[Any]):
             return self._store, self._redis, self._dispatcher
 
     @overload
-    def _load(self, store_url: str | None) -> Settings: ...
+    def _load(self, store_url: str | None) -> DispatcherSettings: ...
     @overload
-    def _load(self, store_url: str | None, *, fallback: bool) -> Settings | None: ...
+    def _load(self, store_url: str | None, *, fallback: bool) -> DispatcherSettings | None: ...
 
-    def _load(self, store_url: str | None, *, fallback: bool = True) -> Settings | None:
-        """Settings from the environment and the constructor's overrides; the Store's URL from the caller
+    def _load(self, store_url: str | None, *, fallback: bool = True) -> DispatcherSettings | None:
+        """A dispatcher's settings from the environment and the constructor's overrides; the Store's URL from the caller
         when known, else the environment, else (``fallback``) Agent Lightning's default address, else None."""
         overrides = dict(self._overrides)
         if store_url is not None:
             overrides["store_url"] = store_url
-        settings = load_settings(**overrides)
+        settings = load_settings(DispatcherSettings, **overrides)
         if settings.store_url is not None:
             return settings
-        return load_settings(**overrides, store_url=DEFAULT_STORE_URL) if fallback else None
+        return load_settings(DispatcherSettings, **overrides, store_url=DEFAULT_STORE_URL) if fallback else None
 
 
 def _loop_alive(coordination: redis.Redis, scope: str) -> bool:

@@ -17,7 +17,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 from kombu import Connection
 
 from bridge.core.infra import redact_url
-from bridge.core.setting_values import is_amqp_url
+from bridge.core.settings import is_amqp_url
 from bridge_lab.procs import ManagedProcess, StackError, free_port
 
 __all__ = ["PrivateRabbitMQ", "Vhost", "amqp_answers", "is_amqp_url", "require_amqp", "server_version", "with_vhost"]

@@ -1,4 +1,4 @@
-"""Which settings (bridge/core/settings.py) each command of ours reads, read from the source (nothing is imported).
+"""Which settings (bridge/core/settings/) each command of ours reads, read from the source (nothing is imported).
 
 ``settings_read(ENTRIES[command])``: the variables of the settings that the modules a command runs (and what they
 import, lazy imports included) read as ``settings.<field>``, derived values expanded to their fields, and the
@@ -45,12 +45,19 @@ SECRET_SETTINGS = {  # settings whose value is a secret: keys, tokens, and URLs 
 }
 
 
-def _settings_class() -> ast.ClassDef:
-    tree = ast.parse((ROOT / "bridge/core/settings.py").read_text(encoding="utf-8"))
-    return next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "Settings")
+def _settings_classes() -> list[ast.ClassDef]:
+    """The settings' groups and process classes, whose methods are the derived values and the cross-checks."""
+    return [
+        node
+        for module in ("groups", "processes")
+        for node in ast.parse((ROOT / f"bridge/core/settings/{module}.py").read_text(encoding="utf-8")).body
+        if isinstance(node, ast.ClassDef)
+    ]
 
 
-SETTINGS_METHODS = {node.name: node for node in _settings_class().body if isinstance(node, ast.FunctionDef)}
+SETTINGS_METHODS = {
+    node.name: node for cls in _settings_classes() for node in cls.body if isinstance(node, ast.FunctionDef)
+}
 
 
 def fields_of(name: str, seen: frozenset[str] = frozenset()) -> set[str]:
@@ -95,7 +102,7 @@ def settings_read(entries: tuple[str, ...]) -> set[str]:
     if SETTINGS_MODULE not in modules:
         return set()
     fields = set().union(*CHECKED_TOGETHER)
-    for module in modules - {SETTINGS_MODULE}:
+    for module in {m for m in modules if m != SETTINGS_MODULE and not m.startswith(SETTINGS_MODULE + ".")}:
         for name in re.findall(r"settings(?:\(\))?\.([a-z_0-9]+)", MODULES[module].read_text(encoding="utf-8")):
             fields |= fields_of(name)
     return {env_name(field) for field in fields}

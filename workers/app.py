@@ -17,13 +17,13 @@ from celery import Celery
 
 from bridge.core.patches import celery_task_events as events
 from bridge.core.patches.celery_loop_wake import LoopWaker
-from bridge.core.settings import Settings, get_settings
+from bridge.core.settings import WorkerSettings, get_settings
 from bridge.core.task import base_app, hard_time_limit, soft_time_limit
 
 __all__ = ["app", "create_app"]
 
 
-def create_app(settings: Settings) -> Celery:
+def create_app(settings: WorkerSettings) -> Celery:
     app = base_app(settings, "workers", include=("workers.tasks", "workers.v1.task", "workers.lifecycle.signals"))
     app.conf.update(
         task_acks_late=True,

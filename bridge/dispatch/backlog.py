@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from bridge.core.coordination.line_demand import BacklogExchange
-from bridge.core.settings import Settings
+from bridge.core.settings import DispatcherSettings
 from bridge.dispatch import metrics
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ class BacklogReader:
     def __init__(
         self,
         read: Callable[[float], Backlog],
-        settings: Settings,
+        settings: DispatcherSettings,
         leading: Callable[[], bool],
         *,
         source: str,

@@ -19,7 +19,7 @@ from kombu import Connection
 
 from bridge.core.coordination import deployment_scope, keys
 from bridge.core.infra import redact_url, tls
-from bridge.core.settings import Settings
+from bridge.core.settings import DispatcherSettings
 
 PROBE_TIMEOUT_S = 3.0
 
@@ -104,7 +104,7 @@ class AmqpQueues:
                 pass
 
 
-def queues_for(settings: Settings, coordination: redis.Redis) -> QueueProbe:
+def queues_for(settings: DispatcherSettings, coordination: redis.Redis) -> QueueProbe:
     """The probe for ``CELERY_BROKER_URL``; a Redis broker on the coordination URL shares its client."""
     if settings.broker_is_amqp:
         return AmqpQueues(settings.broker_url, tls.broker_use_ssl(settings))

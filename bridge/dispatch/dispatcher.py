@@ -47,7 +47,7 @@ from prometheus_client import Counter, Gauge
 from bridge.core.coordination import capacity, deployment_endpoint, deployment_scope, line_demand, slot_share
 from bridge.core.coordination.scope_check import ScopeMismatchError, ScopeWatch
 from bridge.core.infra import PublishError, backoff_delay, configure_logging, redact_text
-from bridge.core.settings import Settings
+from bridge.core.settings import DispatcherSettings
 from bridge.dispatch import broker, metrics, repairs
 from bridge.dispatch.backlog import BacklogReader, LeaderExports
 from bridge.dispatch.leader import STANDBY_RETRY_S, LeaderLock
@@ -89,7 +89,7 @@ class RepairPlan(Protocol):
     def made(self) -> int: ...  # what the scan reports
 
 
-def start_process(settings: Settings, metrics_port: int | None, logger: logging.Logger) -> None:
+def start_process(settings: DispatcherSettings, metrics_port: int | None, logger: logging.Logger) -> None:
     """What a dispatcher process does before its loop: logging as configured, and /metrics on ``metrics_port``
     (default ``BRIDGE_METRICS_PORT``; none when neither is set)."""
     configure_logging(settings.log_level, settings.log_json)
@@ -132,7 +132,7 @@ class LineDispatcher(ABC, Generic[Claim]):
 
     def __init__(
         self,
-        settings: Settings,
+        settings: DispatcherSettings,
         client: redis.Redis,
         publisher: Publisher,
         stop: StopSignal | None,

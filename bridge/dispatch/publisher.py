@@ -22,7 +22,7 @@ from celery import Celery
 from kombu.exceptions import OperationalError
 
 from bridge.core.infra import PublishError
-from bridge.core.settings import Settings
+from bridge.core.settings import DispatcherSettings
 from bridge.core.task import clamp_to_broker, publishing_app
 from bridge.dispatch import metrics
 
@@ -33,7 +33,7 @@ BROKER_REFUSALS: tuple[type[BaseException], ...] = (OperationalError, OSError, C
 the same message may go later. Anything else (the message cannot be encoded, a bug) is permanent."""
 
 
-def retry_policy(settings: Settings) -> dict[str, Any]:
+def retry_policy(settings: DispatcherSettings) -> dict[str, Any]:
     """The broker client's bounded retries of a publish's connection errors (``BRIDGE_PUBLISH_RETRIES``)."""
     return {
         "retry": True,
@@ -62,7 +62,7 @@ class Task:
 
 
 class Publisher:
-    def __init__(self, settings: Settings, *, agent: str | None = None, app: Celery | None = None) -> None:
+    def __init__(self, settings: DispatcherSettings, *, agent: str | None = None, app: Celery | None = None) -> None:
         """``agent``: the agent path every 0.3 message names, so a worker running another agent refuses it
         (default ``AGENT``; ``bridge.runner.CeleryRunner`` passes the class path of the trainer's agent). ``app``:
         the Celery app to send through (default: the bridge's, ``bridge.core.task.message.publishing_app``)."""
@@ -116,7 +116,7 @@ class _Timed(Protocol):
 Timed = TypeVar("Timed", bound=_Timed)
 
 
-def clamp_timeout(rollout: Timed, settings: Settings, ids: str, *, agl_v1: bool = False) -> Timed:
+def clamp_timeout(rollout: Timed, settings: DispatcherSettings, ids: str, *, agl_v1: bool = False) -> Timed:
     """The rollout as it is published: unchanged, or with ``config.timeout_seconds`` lowered to what the broker
     covers (``published_timeout``; a 1.0 rollout's in whole seconds, ``agl_v1``)."""
     asked = rollout.config.timeout_seconds
@@ -129,7 +129,7 @@ def clamp_timeout(rollout: Timed, settings: Settings, ids: str, *, agl_v1: bool 
     return rollout.model_copy(update={"config": config})
 
 
-def published_timeout(asked: float, settings: Settings, ids: str, *, agl_v1: bool = False) -> float:
+def published_timeout(asked: float, settings: DispatcherSettings, ids: str, *, agl_v1: bool = False) -> float:
     """``bridge.core.task.time_budget.clamp_to_broker`` (the rule the workers apply too), with a warning naming ``ids``
     and ``agl_bridge_timeouts_clamped_total`` counted when ``asked`` is longer than the broker covers."""
     bound = clamp_to_broker(settings, asked, agl_v1=agl_v1)

@@ -19,7 +19,7 @@ import redis
 
 from bridge.core.coordination import capacity
 from bridge.core.infra import PublishError
-from bridge.core.settings import Settings
+from bridge.core.settings import DispatcherSettings
 from bridge.core.store import API, FINISHED_ROLLOUT, AttemptedRollout, Rollout, RolloutStatus, StoreClient
 from bridge.core.task import clamp_to_broker, hard_time_limit
 from bridge.dispatch.v03 import V03Dispatcher, fits
@@ -66,7 +66,7 @@ def add_resources(store: StoreClient, resources: dict[str, Any]) -> str:
 
 
 def start_rollout(
-    store: StoreClient, settings: Settings, task: Any, *, mode: str | None, resources_id: str | None
+    store: StoreClient, settings: DispatcherSettings, task: Any, *, mode: str | None, resources_id: str | None
 ) -> AttemptedRollout:
     """Create the rollout with an attempt already claimed by the bridge's dispatcher id.
 
@@ -127,7 +127,7 @@ def publish(dispatcher: V03Dispatcher, rollout: AttemptedRollout) -> None:
 
 
 def wait_finished(
-    store: StoreClient, settings: Settings, rollout: AttemptedRollout, dispatching: Callable[[], bool]
+    store: StoreClient, settings: DispatcherSettings, rollout: AttemptedRollout, dispatching: Callable[[], bool]
 ) -> Rollout:
     """Block until the rollout is succeeded, failed or cancelled, or back in the queue with no dispatch loop
     (``dispatching()`` false) to retry it; TimeoutError past its own bound."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from bridge.core.settings import Settings
+    from bridge.core.settings import WorkerSettings
     from workers.agents.inputs import TaskInput
     from workers.agents.llm import LLMTarget
     from workers.agents.webshop import WebShopClient
@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 
 def run_episode(
-    task: TaskInput, env: WebShopClient, target: LLMTarget, telemetry: AttemptTelemetry, settings: Settings
+    task: TaskInput, env: WebShopClient, target: LLMTarget, telemetry: AttemptTelemetry, settings: WorkerSettings
 ) -> EpisodeResult:
     """One episode with nothing to stop it early; its spans stay in ``telemetry`` for the caller to flush."""
     from workers.agents import llm as llm_mod

@@ -185,9 +185,9 @@ REPUBLISH = """
 import json, sys
 from bridge.core.store import AttemptedRollout
 from bridge.dispatch.publisher import Publisher
-from bridge.dispatch.v03.dispatcher import rollout_task
-from bridge.core.settings import get_settings
-settings = get_settings()
+from bridge.dispatch.v03 import rollout_task
+from bridge.core.settings import DispatcherSettings, load_settings
+settings = load_settings(DispatcherSettings)
 publisher = Publisher(settings)
 for item in json.load(sys.stdin):
     rollout = AttemptedRollout.model_validate(item)
@@ -261,7 +261,8 @@ import json, os, uuid
 from opentelemetry import trace
 from opentelemetry.sdk.trace import SpanProcessor
 from bridge.core.infra import setup_process_tracing
-from bridge.core.settings import get_settings
+from bridge.core.settings import DispatcherSettings, load_settings
+settings = load_settings(DispatcherSettings)
 
 class Count(SpanProcessor):
     started = ended = 0
@@ -273,15 +274,15 @@ trace.get_tracer_provider().add_span_processor(Count())
 from bridge.core.store import AttemptedRollout
 from bridge.core.task import TASK_NAME
 from bridge.dispatch.publisher import Publisher
-from bridge.dispatch.v03.dispatcher import rollout_task
-publisher = Publisher(get_settings())
+from bridge.dispatch.v03 import rollout_task
+publisher = Publisher(settings)
 queue = os.environ["LEAK_QUEUE"]
 n = int(os.environ["LEAK_N"])
 for i in range(n):
     rid, aid = f"ro-leak{i:07d}", f"at-{uuid.uuid4().hex[:8]}"
     rollout = AttemptedRollout.model_validate(
         {"rollout_id": rid, "input": {"instruction": "x"}, "attempt": {"rollout_id": rid, "attempt_id": aid}})
-    publisher.send(rollout_task(rollout, queue, get_settings(), publisher.agent))
+    publisher.send(rollout_task(rollout, queue, settings, publisher.agent))
 registry = getattr(publisher.app.tasks[TASK_NAME], "__otel_task_span", {})
 result = {"published": n, "started": Count.started, "ended": Count.ended, "registry": len(registry),
           "context_leaked": trace.get_current_span().get_span_context().is_valid}

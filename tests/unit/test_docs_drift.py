@@ -101,7 +101,7 @@ FOREIGN_VARIABLES: dict[str, set[str]] = {
         "CLUSTER_SLOW",
     },
 }
-"""Variables the docs may name that another program reads, not ``bridge/core/settings.py``, by owner. The
+"""Variables the docs may name that another program reads, not ``bridge/core/settings/``, by owner. The
 variables of docker compose, Flower and prometheus_client are ``FOREIGN`` in bridge_lab/configdoc.py."""
 
 NOT_VARIABLES = {

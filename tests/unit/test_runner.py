@@ -135,8 +135,8 @@ def test_a_bad_setting_in_a_trainer_is_an_ordinary_config_error(monkeypatch: pyt
     monkeypatch.chdir("/")  # no .env file either
     assert CeleryRunner()._load(None).store_base == DEFAULT_STORE_URL.rstrip("/")
     with pytest.raises(ConfigError) as info:
-        CeleryRunner(max_steps=0)._load(None)
-    assert info.value.setting == "MAX_STEPS" and not isinstance(info.value, SystemExit)
+        CeleryRunner(max_batch=0)._load(None)
+    assert info.value.setting == "BRIDGE_MAX_BATCH" and not isinstance(info.value, SystemExit)
 
 
 def test_construction_opens_nothing_and_the_runner_pickles_before_and_after_use() -> None:

@@ -48,9 +48,9 @@ def test_keyword_overrides_take_the_field_or_the_variable_name(
 def test_the_cli_turns_a_config_error_into_exit_code_2(
     clean_env: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setenv("MAX_STEPS", "0")
+    monkeypatch.setenv("BRIDGE_MAX_BATCH", "0")
     assert cli.main(["run"]) == 2
-    assert capsys.readouterr().err.startswith("error: invalid configuration: MAX_STEPS: ")
+    assert capsys.readouterr().err.startswith("error: invalid configuration: BRIDGE_MAX_BATCH: ")
 
 
 def test_invalid_values_name_their_variables(clean_env: None, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 
 from opentelemetry import trace
 
-from bridge.core.settings import Settings
+from bridge.core.settings import WorkerSettings
 from workers.agents.ratelimit import LLMRateLimiter
 from workers.telemetry.spans import LLM_SPAN, AttemptTelemetry
 
@@ -34,7 +34,7 @@ class AttemptCapture:
     """What the wrapped SDK needs to know about the attempt whose agent is calling it."""
 
     telemetry: AttemptTelemetry
-    settings: Settings
+    settings: WorkerSettings
     check_stop: Callable[[], None]
     deadline: float | None
     limiter_for: Callable[[str], LLMRateLimiter | None]

@@ -27,7 +27,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from pydantic import TypeAdapter, ValidationError
 
 from bridge.core.infra import BridgeError, Superseded
-from bridge.core.settings import Settings
+from bridge.core.settings import WorkerSettings
 from bridge.core.store import ResourcesUpdate
 from workers.agents import capture
 from workers.agents import llm as llm_mod
@@ -108,7 +108,7 @@ def named_resources(
     return named
 
 
-def keyed_resources(resources: dict[str, Any], settings: Settings) -> tuple[dict[str, Any], str]:
+def keyed_resources(resources: dict[str, Any], settings: WorkerSettings) -> tuple[dict[str, Any], str]:
     """The agent's resources with the key of each ``LLM`` decided by ``workers.agents.llm.llm_api_key``, and why
     OPENAI_API_KEY was withheld from any ("" if from none).
 

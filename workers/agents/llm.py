@@ -24,8 +24,7 @@ import httpx
 import openai
 
 from bridge.core.infra import HTTPClient, LLMError, LLMPaused, Retries, pooled_transport, redact_url, retry_after_s
-from bridge.core.setting_values import split_host_port
-from bridge.core.settings import Settings
+from bridge.core.settings import WorkerSettings, split_host_port
 from bridge.core.store import AttemptedRollout, LLMResource, ResourcesUpdate
 from workers.agents.gateway_llm import pause_reason, paused_wait_s
 from workers.lifecycle import metrics as worker_metrics
@@ -70,7 +69,7 @@ def _endpoint_host(url: str) -> tuple[str, int | None] | None:
     return parts.hostname, port if port is not None else _DEFAULT_PORTS.get(parts.scheme.lower())
 
 
-def _key_allowed(host: tuple[str, int | None], settings: Settings) -> bool:
+def _key_allowed(host: tuple[str, int | None], settings: WorkerSettings) -> bool:
     """Whether ``host`` is OPENAI_API_BASE's host and port or matches an LLM_KEY_HOSTS entry (no port: any)."""
     base = _endpoint_host(str(settings.openai_api_base)) if settings.openai_api_base is not None else None
     if host == base:
@@ -82,7 +81,7 @@ def _key_allowed(host: tuple[str, int | None], settings: Settings) -> bool:
     return False
 
 
-def llm_api_key(endpoint: str, own_key: str | None, settings: Settings) -> tuple[str | None, str]:
+def llm_api_key(endpoint: str, own_key: str | None, settings: WorkerSettings) -> tuple[str | None, str]:
     """The API key to send to ``endpoint``, and why ``OPENAI_API_KEY`` was withheld ("" when it was not).
 
     A resource's own key is always used as is. Otherwise ``OPENAI_API_KEY`` goes only to the host (and port)
@@ -125,7 +124,7 @@ def proxy_attempt_url(endpoint: str, rollout_id: str, attempt_id: str) -> str:
     return f"{url}/v1" if had_v1 else url
 
 
-def resolve_target(resources: ResourcesUpdate | None, rollout: AttemptedRollout, settings: Settings) -> LLMTarget:
+def resolve_target(resources: ResourcesUpdate | None, rollout: AttemptedRollout, settings: WorkerSettings) -> LLMTarget:
     """Build the LLM target from the *current* attempt, never from a URL kept from an earlier one."""
     main = (resources.resources.get("main_llm") if resources else None) or None
     if main is not None and main.get("resource_type") in ("llm", "proxy_llm"):

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bridge.core.infra import ConfigError
-from bridge.core.settings import Settings
+from bridge.core.settings import WorkerSettings
 from bridge.core.task import DEFAULT_AGENT, agent_identity
 from workers.lifecycle import state
 
@@ -132,7 +132,7 @@ class ConfiguredAgent:
         return (expected or DEFAULT_AGENT) in (self.path, self.class_path)
 
 
-def build(settings: Settings) -> ConfiguredAgent:
+def build(settings: WorkerSettings) -> ConfiguredAgent:
     """Import and build ``AGENT`` and ``AGENT_HOOKS``; every problem is a ConfigError (exit code 2)."""
     agl = require_agentlightning()
     agent = _instantiate(settings.agent, import_path(settings.agent), agl.LitAgent, "LitAgent")
@@ -143,7 +143,7 @@ def build(settings: Settings) -> ConfiguredAgent:
 ONE_TRACE_POOLS = {"prefork", "solo"}
 
 
-def check_tracer_pool(settings: Settings, pool: str, concurrency: int) -> None:
+def check_tracer_pool(settings: WorkerSettings, pool: str, concurrency: int) -> None:
     """Refuse AGENT_TRACER=agentops where one process runs several attempts at once.
 
     AgentOps instruments the whole process and Agent Lightning's AgentOps tracer holds one trace at a
@@ -159,13 +159,13 @@ def check_tracer_pool(settings: Settings, pool: str, concurrency: int) -> None:
         )
 
 
-def advertised_agent(settings: Settings) -> str:
+def advertised_agent(settings: WorkerSettings) -> str:
     """What this node advertises (``keys.worker_agent``): the agent's class path, or ``webshop``."""
     configured = configured_agent(settings)
     return configured.class_path if configured is not None else DEFAULT_AGENT
 
 
-def configured_agent(settings: Settings) -> ConfiguredAgent | None:
+def configured_agent(settings: WorkerSettings) -> ConfiguredAgent | None:
     """This process's agent, built on first use (``None`` for the built-in WebShop agent).
 
     Rebuilt when the process id changes: a prefork child gets its own instance (clients the agent holds

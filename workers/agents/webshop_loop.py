@@ -17,7 +17,7 @@ from typing import ClassVar
 
 import openai
 
-from bridge.core.settings import Settings
+from bridge.core.settings import WorkerSettings
 from workers.agents import llm as llm_mod
 from workers.agents.inputs import TaskInput
 from workers.agents.prompts import Conversation, choose_action, step_prompt
@@ -58,7 +58,7 @@ class Episode:
     client: openai.OpenAI
     target: llm_mod.LLMTarget
     telemetry: AttemptTelemetry
-    settings: Settings
+    settings: WorkerSettings
     check_stop: Callable[[], None]
     before_llm_call: Callable[[], object] | None = None  # waits for the global rate limit (workers.agents.ratelimit)
     after_llm_call: Callable[[int | None], None] | None = None  # charges the tokens a call used

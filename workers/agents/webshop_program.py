@@ -17,7 +17,7 @@ import os
 import httpx
 from openai import OpenAI
 
-from bridge.core.settings import Settings, load_settings
+from bridge.core.settings import AgentLoopSettings, WebShopSettings, load_settings
 from workers.agents.gateway_llm import openai_client
 from workers.agents.inputs import TaskInput, parse_task_input
 from workers.agents.prompts import Conversation, choose_action, step_prompt
@@ -29,9 +29,13 @@ PASS_ENV = "WEBSHOP_URL,WEBSHOP_TOKEN,WEBSHOP_TIMEOUT_S,MAX_STEPS,MAX_REPROMPTS,
 """The worker's settings this program reads: a worker running it lists them in AGL_V1_PASS_ENV."""
 
 
+class WebShopProgramSettings(WebShopSettings, AgentLoopSettings):
+    """The groups of settings this program reads (``PASS_ENV``): a bad value elsewhere does not stop it."""
+
+
 class WebShopProgram:
     def run(self) -> None:
-        settings = load_settings()
+        settings = load_settings(WebShopProgramSettings)
         task = parse_task_input(json.loads(os.environ["WEBSHOP_TASK"]), max_chars=settings.max_instruction_chars)
         llm = openai_client()  # waits out the gateway's pauses (weight updates) instead of failing
         env = WebShopClient(
@@ -50,7 +54,7 @@ class WebShopProgram:
         response.raise_for_status()
 
 
-def play(task: TaskInput, env: WebShopClient, llm: OpenAI, settings: Settings) -> float:
+def play(task: TaskInput, env: WebShopClient, llm: OpenAI, settings: WebShopProgramSettings) -> float:
     """One episode: observe, ask for an action (re-prompting on an unparsable answer), step, until the
     environment says done or the step limit; the environment's reward, 0.0 when the episode did not finish."""
     obs = env.reset(task.reset_request())

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from bridge.core.coordination import capacity, coordination_redis, deployment_scope
 from bridge.core.infra import EXIT_CONFIG_ERROR, ConfigError, redact_text
-from bridge.core.settings import load_settings
+from bridge.core.settings import WorkerSettings, load_settings
 
 
 def default_node() -> str:
@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        settings = load_settings()
+        settings = load_settings(WorkerSettings)
         scope = deployment_scope(settings)  # nothing naming the deployment is a configuration error too
     except ConfigError as error:
         print(f"error: {error.message}", file=sys.stderr)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import redis
 
 from bridge.core.coordination import coordination_redis, deployment_scope
-from bridge.core.settings import Settings, get_settings
+from bridge.core.settings import WorkerSettings, get_settings
 from bridge.core.store import StoreClient
 from workers.agents.webshop import WebShopClient
 from workers.lifecycle import state
@@ -27,7 +27,7 @@ from workers.telemetry.courier import TraceCourier
 
 @dataclass
 class WorkerResources:
-    settings: Settings
+    settings: WorkerSettings
     store: StoreClient
     redis: redis.Redis
     webshop: WebShopClient
@@ -45,7 +45,7 @@ def get_resources() -> WorkerResources:
         return process.resources
 
 
-def get_coordination() -> tuple[Settings, redis.Redis]:
+def get_coordination() -> tuple[WorkerSettings, redis.Redis]:
     """This process's settings and coordination Redis client (the one ``get_resources`` holds too)."""
     process = state.process
     with process.coordination_lock:
@@ -69,7 +69,7 @@ def get_monitor() -> HeartbeatMonitor:
         return process.monitor[1]
 
 
-def _build(settings: Settings) -> WorkerResources:
+def _build(settings: WorkerSettings) -> WorkerResources:
     store = StoreClient.from_settings(settings)
     _, client = get_coordination()
     store.shared_resources = RedisResources(client, deployment_scope(settings))

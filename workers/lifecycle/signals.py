@@ -36,7 +36,7 @@ from bridge.core.infra import (
     make_undumpable,
     setup_process_tracing,
 )
-from bridge.core.settings import Settings, get_settings
+from bridge.core.settings import WorkerSettings, get_settings
 from bridge.core.store import StoreClient, handback
 from bridge.core.task import DEFAULT_AGENT, TASK_NAME
 from workers.agents import loading as agent_loading
@@ -152,7 +152,7 @@ def _on_shutting_down(**_: Any) -> None:
         )
 
 
-def _set_up_logging_and_tracing() -> Settings:
+def _set_up_logging_and_tracing() -> WorkerSettings:
     """Shared by both init hooks: ``worker_init`` is the only one a threads/solo worker gets, and each
     prefork child gets ``worker_process_init`` (the set-up is idempotent where both fire)."""
     settings = get_settings()
@@ -169,7 +169,7 @@ def _advertised_agent() -> str:
         return get_settings().agent
 
 
-def _load_agent(settings: Settings) -> None:
+def _load_agent(settings: WorkerSettings) -> None:
     """Import and build ``AGENT``/``AGENT_HOOKS`` now, so a bad configuration stops the worker at start.
 
     A LitAgent needs ``agentlightning`` (the ``agl`` extra): a missing package, an unimportable path or a

@@ -18,7 +18,7 @@ from email.utils import parsedate_to_datetime
 import httpx
 
 from bridge.core.infra import service_client
-from bridge.core.settings import Settings
+from bridge.core.settings import WorkerSettings
 from bridge.core.store import API
 from workers.lifecycle import state
 
@@ -69,7 +69,7 @@ def measure(client: httpx.Client, path: str = API + "/health", samples: int = SA
     return ClockReading((low + high) / 2, (high - low) / 2)
 
 
-def check_store_clock(settings: Settings) -> ClockReading | None:
+def check_store_clock(settings: WorkerSettings) -> ClockReading | None:
     """Measure, log and adopt the Store's clock offset at worker start; exit beyond the tolerance.
 
     A Store that cannot be reached now does not stop the worker (it may start before the Store): the offset

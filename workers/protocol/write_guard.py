@@ -14,7 +14,7 @@ import time
 import redis
 
 from bridge.core.infra import LeaseUnproven, Superseded, TelemetryError, retry_until
-from bridge.core.settings import Settings
+from bridge.core.settings import WorkerSettings
 from workers.protocol.attempt import Attempt
 from workers.protocol.heartbeat import AttemptWatch, watchdog_may_act
 from workers.protocol.lease import Lease
@@ -28,7 +28,7 @@ class WriteGuard:
     attempt's heartbeats (each renews the view) and span deliveries (each proves the attempt alive).
     """
 
-    def __init__(self, attempt: Attempt, lease: Lease | None, settings: Settings) -> None:
+    def __init__(self, attempt: Attempt, lease: Lease | None, settings: WorkerSettings) -> None:
         self.attempt = attempt
         self.lease = lease
         self.settings = settings

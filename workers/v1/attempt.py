@@ -45,7 +45,7 @@ from bridge.core.gateway import (
     attempt_key,
     scoped_attempt_key,
 )
-from bridge.core.settings import Settings
+from bridge.core.settings import WorkerSettings
 from bridge.core.task import FailureClass, Outcome, OutcomeStatus, clamp_to_broker
 from workers.lifecycle import metrics
 from workers.protocol.heartbeat import HEARTBEAT_TIMEOUT_S, TICK_S, HeartbeatMonitor
@@ -96,7 +96,7 @@ class V1Attempt:
         rollout: V1Rollout,
         attempt_id: str,
         *,
-        settings: Settings,
+        settings: WorkerSettings,
         client: redis.Redis,
         scope: str,
         queue: str,

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bridge.core.infra import ConfigError
-from bridge.core.settings import Settings
+from bridge.core.settings import WorkerSettings
 from workers.lifecycle import state
 from workers.v1 import program_server
 from workers.v1.program_directories import BOX_ROOT_PREFIX, directory_prefix, sweep_stale_directories
@@ -85,7 +85,7 @@ class Isolation:
         return f"boxed as uid {self.uid}{where} ({shown}{quota})"
 
 
-def limits(settings: Settings) -> dict[str, int]:
+def limits(settings: WorkerSettings) -> dict[str, int]:
     """The limits of every program's box, as ``enter_box`` takes them."""
     mib = 2**20
     return {
@@ -114,7 +114,7 @@ def _remove_root(root: str, owner: int) -> None:
         shutil.rmtree(root, ignore_errors=True)  # each program's directory went at its end
 
 
-def program_box(settings: Settings) -> dict[str, Any] | None:
+def program_box(settings: WorkerSettings) -> dict[str, Any] | None:
     """One program's box, for ``enter_box`` in its process; None when programs are not isolated."""
     if settings.agl_v1_isolation == "none":
         return None
@@ -139,7 +139,7 @@ def isolation_of(box: dict[str, Any] | None, pid: int) -> Isolation:
     return Isolation("box", uid, shown, namespaces)
 
 
-def limit_hit(code: int, output: str, settings: Settings, *, disk_quota: bool = False) -> str | None:
+def limit_hit(code: int, output: str, settings: WorkerSettings, *, disk_quota: bool = False) -> str | None:
     """The limit a boxed program that exited with ``code`` (``Popen.returncode``) and wrote ``output`` last ran into,
     named with its setting; None when nothing says it hit one. A full disk names the disk quota only where the
     program's directory had one (``disk_quota``, as ``Isolation.disk_quota``)."""
@@ -177,7 +177,7 @@ def missing_capabilities() -> list[str]:
     return [name for bit, name in ((CAP_SETUID, "CAP_SETUID"), (CAP_SETGID, "CAP_SETGID")) if not held >> bit & 1]
 
 
-def node_isolation(settings: Settings, namespaces: bool = False) -> str:
+def node_isolation(settings: WorkerSettings, namespaces: bool = False) -> str:
     """How this node contains its programs, in one line: what it advertises for ``python -m bridge status``."""
     if settings.agl_v1_isolation == "none":
         return "none: programs run as the worker's uid (AGL_V1_ISOLATION=none)"
@@ -190,7 +190,7 @@ def node_isolation(settings: Settings, namespaces: bool = False) -> str:
     )
 
 
-def disk_quota(settings: Settings, namespaces: bool) -> str:
+def disk_quota(settings: WorkerSettings, namespaces: bool) -> str:
     """A box's disk quota in words: AGL_V1_PROGRAM_DISK_MB where its box has a mount namespace of its own, else
     why there is none (its directory is then bounded per file only)."""
     if not settings.agl_v1_program_disk_mb:
@@ -200,7 +200,7 @@ def disk_quota(settings: Settings, namespaces: bool) -> str:
     return f"{settings.agl_v1_program_disk_mb} MiB disk quota"
 
 
-def check_isolation(settings: Settings) -> None:
+def check_isolation(settings: WorkerSettings) -> None:
     """At the worker's start: ConfigError when programs should be boxed and cannot be (see the module's contract);
     the node's ``node_isolation`` otherwise, for its adverts."""
     state.node.isolation = None
@@ -254,7 +254,7 @@ def check_isolation(settings: Settings) -> None:
     state.node.box_namespaces = namespaces
 
 
-def probe(settings: Settings) -> dict[str, Any]:
+def probe(settings: WorkerSettings) -> dict[str, Any]:
     """Make one box for the programs' interpreter and check it from inside: its uid, no capabilities."""
     python = settings.agl_v1_agent_python or sys.executable
     box = program_box(settings)

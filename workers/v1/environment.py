@@ -23,7 +23,7 @@ from urllib.parse import unquote, urlsplit
 
 from bridge.core.gateway import V1LocalConfig, V1Rollout
 from bridge.core.infra import InvalidInputError, redact_text
-from bridge.core.settings import Settings
+from bridge.core.settings import WorkerSettings
 
 BASE_NAMES = frozenset({"PATH", "HOME", "LANG", "TZ", "TMPDIR", "VIRTUAL_ENV"})
 """The worker's variables every program gets (with ``LC_*``): what a process and a virtualenv need to run."""
@@ -106,7 +106,7 @@ def check_agent_class(agent_class: str, allowed: list[str]) -> None:
 
 def program_environment(
     rollout: V1Rollout,
-    settings: Settings,
+    settings: WorkerSettings,
     *,
     attempt: Mapping[str, str],
     worker_env: Mapping[str, str] | None = None,
@@ -127,7 +127,7 @@ def program_environment(
     return env
 
 
-def base_environment(settings: Settings, worker_env: Mapping[str, str] | None = None) -> dict[str, str]:
+def base_environment(settings: WorkerSettings, worker_env: Mapping[str, str] | None = None) -> dict[str, str]:
     """What every program gets of the worker's environment (``worker_env``: default os.environ): the names of
     ``BASE_NAMES`` / ``BASE_PREFIXES`` and of ``AGL_V1_PASS_ENV`` it has; the program server's whole environment."""
     source = os.environ if worker_env is None else worker_env
@@ -139,7 +139,7 @@ def base_environment(settings: Settings, worker_env: Mapping[str, str] | None = 
     }
 
 
-def worker_secrets(settings: Settings, worker_env: Mapping[str, str] | None = None) -> set[str]:
+def worker_secrets(settings: WorkerSettings, worker_env: Mapping[str, str] | None = None) -> set[str]:
     """The secret values this worker holds: its settings' keys and tokens, the passwords in its URLs, and the
     values of its environment variables whose names say key, token, secret, password or credential."""
     source = os.environ if worker_env is None else worker_env
@@ -158,7 +158,7 @@ def worker_secrets(settings: Settings, worker_env: Mapping[str, str] | None = No
     return {v for v in values if v and len(v) >= MIN_SECRET_CHARS}
 
 
-def output_redactor(settings: Settings, worker_env: Mapping[str, str] | None = None) -> Callable[[str], str]:
+def output_redactor(settings: WorkerSettings, worker_env: Mapping[str, str] | None = None) -> Callable[[str], str]:
     """A function that masks ``worker_secrets`` (longest first) and then what ``redact_text`` finds in a line of
     the program's output."""
     secrets = sorted(worker_secrets(settings, worker_env), key=len, reverse=True)

@@ -29,7 +29,7 @@ import logging
 import sys
 
 from bridge.core.infra import ConfigError
-from bridge.core.settings import Settings
+from bridge.core.settings import WorkerSettings
 from workers.lifecycle import state
 from workers.v1.box import program_box
 from workers.v1.programs import ColdProgram, Program
@@ -38,7 +38,7 @@ from workers.v1.server_supervisor import ProgramServer
 log = logging.getLogger("workers.v1.launch")
 
 
-def node_server(settings: Settings) -> ProgramServer:
+def node_server(settings: WorkerSettings) -> ProgramServer:
     """This node's program server: the one ``worker_init`` started in the main process (a prefork pool
     process inherits it and only connects), else one started now, in this process. ConfigError when it cannot
     start (and again, without a new try, for every later call of this process)."""
@@ -67,7 +67,7 @@ def stop_node_server() -> None:
             node.program_server = None
 
 
-def start_program(settings: Settings, agent_class: str, env: dict[str, str]) -> Program:
+def start_program(settings: WorkerSettings, agent_class: str, env: dict[str, str]) -> Program:
     """Start ``agent_class`` with ``env`` as ``AGL_V1_WARM_START`` says, in a box of its own as
     ``AGL_V1_ISOLATION`` says (``workers.v1.box``). ProgramLost: a warm start's server died with the request."""
     python = settings.agl_v1_agent_python or sys.executable

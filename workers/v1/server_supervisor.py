@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 from bridge.core.infra import ConfigError
-from bridge.core.settings import Settings
+from bridge.core.settings import WorkerSettings
 from workers.v1.environment import base_environment
 from workers.v1.program_client import request_program
 from workers.v1.program_directories import directory_prefix, sweep_stale_directories
@@ -48,7 +48,7 @@ class ProgramServer:
     programs' base environment, never the worker's secrets. ``start_program`` is what every worker process and
     thread calls; it needs only the socket's path."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: WorkerSettings) -> None:
         self.python = settings.agl_v1_agent_python or sys.executable
         self.env = base_environment(settings)
         self.required = list(settings.agl_v1_preload)

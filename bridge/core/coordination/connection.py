@@ -23,11 +23,13 @@ from bridge.core.coordination import keys
 from bridge.core.infra import MissingSetting, redact_url, tls
 
 if TYPE_CHECKING:
-    from bridge.core.settings import Settings
+    from bridge.core.settings import SharedSettings
 
 
-def coordination_redis(settings: Settings, *, timeout_s: float = 5.0, connect_timeout_s: float = 5.0) -> redis.Redis:
-    """A client of the coordination Redis (``Settings.coordination_url``); it connects on first use.
+def coordination_redis(
+    settings: SharedSettings, *, timeout_s: float = 5.0, connect_timeout_s: float = 5.0
+) -> redis.Redis:
+    """A client of the coordination Redis (``BrokerSettings.coordination_url``); it connects on first use.
 
     ``rediss://`` checks the server's certificate and host name unless BROKER_TLS_INSECURE (``bridge.core.infra.tls``).
     """
@@ -48,7 +50,7 @@ def coordination_client(url: str, **options: Any) -> redis.Redis:
     return redis.Redis.from_url(url, decode_responses=True, **options)
 
 
-def deployment_scope(settings: Settings) -> str:
+def deployment_scope(settings: SharedSettings) -> str:
     """The scope of this deployment's Redis keys: ``REDIS_KEY_SCOPE``, else a digest of its Store's URL
     (``keys.store_scope``), else, in a 1.0-only deployment (no Store), of its gateway's URL
     (``keys.gateway_scope``); MissingSetting when none of the three is set.
@@ -70,7 +72,7 @@ def deployment_scope(settings: Settings) -> str:
     )
 
 
-def deployment_endpoint(settings: Settings) -> str | None:
+def deployment_endpoint(settings: SharedSettings) -> str | None:
     """The URL (redacted) that names this deployment: its Store's, else its gateway's; None when neither is set.
 
     Workers advertise it beside their slots (``keys.scope_endpoint``), so a process that derives another scope

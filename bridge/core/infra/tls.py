@@ -15,7 +15,7 @@ from bridge.core.infra import process_state
 from bridge.core.infra.redact import redact_url
 
 if TYPE_CHECKING:
-    from bridge.core.settings import Settings
+    from bridge.core.settings import SharedSettings
 
 log = logging.getLogger("bridge.tls")
 
@@ -24,19 +24,19 @@ def uses_tls(url: str | None) -> bool:
     return bool(url) and str(url).startswith(("rediss://", "amqps://"))
 
 
-def redis_ssl_options(settings: Settings) -> dict[str, Any]:
+def redis_ssl_options(settings: SharedSettings) -> dict[str, Any]:
     """redis-py's (and kombu's Redis transport's) TLS options: verify the chain and the host name."""
     if settings.broker_tls_insecure:
         return {"ssl_cert_reqs": ssl.CERT_NONE, "ssl_check_hostname": False}
     return {"ssl_cert_reqs": ssl.CERT_REQUIRED, "ssl_check_hostname": True}
 
 
-def redis_client_options(url: str, settings: Settings) -> dict[str, Any]:
+def redis_client_options(url: str, settings: SharedSettings) -> dict[str, Any]:
     """Keyword arguments for ``redis.Redis.from_url(url, ...)``: TLS options for ``rediss://``, else none."""
     return redis_ssl_options(settings) if url.startswith("rediss://") else {}
 
 
-def broker_use_ssl(settings: Settings) -> dict[str, Any] | None:
+def broker_use_ssl(settings: SharedSettings) -> dict[str, Any] | None:
     """Celery's ``broker_use_ssl`` for CELERY_BROKER_URL; None for a broker without TLS.
 
     For ``amqps://`` a ``server_hostname`` of None makes kombu fill in the broker's host name, which turns
@@ -52,7 +52,7 @@ def broker_use_ssl(settings: Settings) -> dict[str, Any] | None:
     return None
 
 
-def warn_if_insecure(settings: Settings) -> None:
+def warn_if_insecure(settings: SharedSettings) -> None:
     """Log once per process and URL that a TLS URL is used without certificate checks (BROKER_TLS_INSECURE)."""
     if not settings.broker_tls_insecure:
         return

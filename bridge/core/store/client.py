@@ -20,7 +20,7 @@ from bridge.core.infra import Retries, StoreRejected, StoreUnavailable, UnknownI
 from bridge.core.store.models import Attempt, AttemptedRollout, ResourcesUpdate, Rollout
 
 if TYPE_CHECKING:  # settings reads TRACES from here at runtime: a type-only import keeps the two acyclic
-    from bridge.core.settings import Settings
+    from bridge.core.settings import StoreSettings
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ class StoreClient:
 
     @classmethod
     def from_settings(
-        cls, settings: Settings, *, timeout_s: float | None = None, retries: int | None = None
+        cls, settings: StoreSettings, *, timeout_s: float | None = None, retries: int | None = None
     ) -> StoreClient:
         """A client configured by the STORE_* settings; a short-lived caller (a status probe) may ask for
         a shorter timeout or fewer retries than the long-lived processes."""

@@ -17,7 +17,7 @@ from bridge.core.patches import kombu_redis_client
 from bridge.core.store import AttemptedRollout
 
 if TYPE_CHECKING:
-    from bridge.core.settings import Settings
+    from bridge.core.settings import SharedSettings
 
 TASK_NAME = "workers.run_rollout"
 """The one task: one message = one Store attempt, and the task id is the attempt id."""
@@ -37,7 +37,7 @@ def task_kwargs(rollout: AttemptedRollout, queue: str, agent: str = DEFAULT_AGEN
     return {"rollout": rollout.model_dump(mode="json"), "queue": queue, "agent": agent}
 
 
-def base_app(settings: Settings, main: str, include: tuple[str, ...] = ()) -> Celery:
+def base_app(settings: SharedSettings, main: str, include: tuple[str, ...] = ()) -> Celery:
     """A Celery app with the broker settings both sides must share (broker, serializer, redelivery, queue type)."""
     app = Celery(main, broker=settings.broker_url, include=list(include))
     app.conf.update(
@@ -73,7 +73,7 @@ def base_app(settings: Settings, main: str, include: tuple[str, ...] = ()) -> Ce
     return app
 
 
-def broker_transport_options(settings: Settings) -> dict[str, Any]:
+def broker_transport_options(settings: SharedSettings) -> dict[str, Any]:
     """What each broker needs so a message is neither lost nor handed to a second worker while it runs.
 
     Redis: the visibility timeout (checked against the hard time limit in settings). RabbitMQ: publisher
@@ -85,7 +85,7 @@ def broker_transport_options(settings: Settings) -> dict[str, Any]:
     return {"visibility_timeout": int(settings.visibility_timeout_s)}
 
 
-def publishing_app(settings: Settings) -> tuple[Celery, Any]:
+def publishing_app(settings: SharedSettings) -> tuple[Celery, Any]:
     """The bridge's app and a stand-in for the task, registered under its name.
 
     OpenTelemetry's Celery instrumentation closes a publish span only for a task it finds in the current

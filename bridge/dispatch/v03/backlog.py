@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from bridge.core.infra import StoreError
-from bridge.core.settings import Settings
+from bridge.core.settings import DispatcherSettings
 from bridge.core.store import Rollout, RolloutStatus, StoreClient
 from bridge.dispatch import metrics
 from bridge.dispatch.backlog import Backlog, BacklogReader
@@ -21,18 +21,18 @@ WAITING = (RolloutStatus.QUEUING, RolloutStatus.REQUEUING)
 MODES = (None, "train", "val", "test")  # every mode a Store accepts; None routes like an unmapped mode
 
 
-def routed_queues(settings: Settings) -> set[str]:
+def routed_queues(settings: DispatcherSettings) -> set[str]:
     return {settings.queue_for_mode(mode) for mode in MODES}
 
 
-def read_backlog(store: StoreClient, settings: Settings, *, timeout: float | None = None) -> Backlog:
+def read_backlog(store: StoreClient, settings: DispatcherSettings, *, timeout: float | None = None) -> Backlog:
     """One Store request, never retried (the next reading is the retry). Raises StoreError."""
     limit = 1 if len(routed_queues(settings)) == 1 else settings.backlog_list_limit
     items, total = store.list_rollouts(status_in=WAITING, sort_by="start_time", limit=limit, retries=0, timeout=timeout)
     return split(items, total, settings)
 
 
-def split(items: Iterable[Rollout], total: int, settings: Settings) -> Backlog:
+def split(items: Iterable[Rollout], total: int, settings: DispatcherSettings) -> Backlog:
     """The backlog from a page of the oldest waiting rollouts and the count of all of them (``total``)."""
     waiting = dict.fromkeys(settings.all_queues(), 0)
     oldest: dict[str, float] = {}
@@ -55,7 +55,7 @@ def split(items: Iterable[Rollout], total: int, settings: Settings) -> Backlog:
     return Backlog(waiting, oldest, exact=rest == 0 or len(routed_queues(settings)) == 1)
 
 
-def store_reader(store: StoreClient, settings: Settings, leading: Callable[[], bool]) -> BacklogReader:
+def store_reader(store: StoreClient, settings: DispatcherSettings, leading: Callable[[], bool]) -> BacklogReader:
     """The 0.3 bridge's reader: the Store's waiting rollouts per queue (``read_backlog``); a failed reading counts in
     ``agl_bridge_store_errors_total{kind="backlog"}``."""
     return BacklogReader(

@@ -41,7 +41,7 @@ import redis
 
 from bridge.core.coordination import capacity, markers, slot_share
 from bridge.core.infra import MAX_DOUBLINGS, StoreError, UnknownIdError, redact_url
-from bridge.core.settings import Settings
+from bridge.core.settings import DispatcherSettings
 from bridge.core.store import AttemptedRollout, RolloutStatus, StoreClient, handback
 from bridge.core.task import TASK_NAME, hard_time_limit, soft_time_limit, task_kwargs
 from bridge.dispatch import broker, metrics
@@ -83,7 +83,7 @@ def describe(rollout: AttemptedRollout) -> str:
     return f"{ids} mode={rollout.mode} instruction={instruction!r}"
 
 
-def rollout_task(rollout: AttemptedRollout, queue: str, settings: Settings, agent: str) -> Task:
+def rollout_task(rollout: AttemptedRollout, queue: str, settings: DispatcherSettings, agent: str) -> Task:
     """A claimed rollout's message, ``workers.run_rollout``: task id = attempt id, the rollout exactly as the Store
     returned it (its ``timeout_seconds`` clamped to what the broker covers) and the agent it expects, soft and hard
     limits from that timeout, an expiry of ``BRIDGE_MAX_QUEUE_WAIT_S``."""
@@ -118,7 +118,7 @@ class V03Dispatcher(LineDispatcher[AttemptedRollout]):
 
     def __init__(
         self,
-        settings: Settings,
+        settings: DispatcherSettings,
         store: StoreClient,
         redis_client: redis.Redis,
         publisher: Publisher,

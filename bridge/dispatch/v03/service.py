@@ -12,7 +12,7 @@ import redis
 from bridge.core.coordination import coordination_redis, deployment_scope
 from bridge.core.coordination.capacity import advertised_agents
 from bridge.core.infra import redact_url, setup_process_tracing
-from bridge.core.settings import Settings
+from bridge.core.settings import DispatcherSettings
 from bridge.core.store import StoreClient
 from bridge.core.task import DEFAULT_AGENT
 from bridge.dispatch.dispatcher import StopSignal, install_signal_handlers, start_process
@@ -22,7 +22,7 @@ from bridge.dispatch.v03.dispatcher import V03Dispatcher
 log = logging.getLogger("bridge")
 
 
-def run_bridge(settings: Settings, *, metrics_port: int | None = None) -> int:
+def run_bridge(settings: DispatcherSettings, *, metrics_port: int | None = None) -> int:
     """The 0.3 bridge until SIGINT/SIGTERM; MissingSetting at once without AGENT_LIGHTNING_STORE_URL."""
     settings.require_store("the bridge (`python -m bridge run`)")
     start_process(settings, metrics_port, log)
@@ -34,7 +34,7 @@ def run_bridge(settings: Settings, *, metrics_port: int | None = None) -> int:
 
 
 def dispatch_until(
-    settings: Settings, stop: StopSignal, *, agent: str | None = None, strict_scope: bool = False
+    settings: DispatcherSettings, stop: StopSignal, *, agent: str | None = None, strict_scope: bool = False
 ) -> None:
     """The dispatch loop until ``stop`` is set, finishing the publish in hand; then its clients are closed.
 
@@ -56,7 +56,7 @@ def dispatch_until(
         client.close()
 
 
-def _warn_about_other_agents(client: redis.Redis, settings: Settings) -> None:
+def _warn_about_other_agents(client: redis.Redis, settings: DispatcherSettings) -> None:
     """Say at start when online workers run an agent this bridge's messages will not name.
 
     A worker refuses a message for another agent (failure class ``agent``), so a bridge left at the

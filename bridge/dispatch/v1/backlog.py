@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bridge.core.gateway import GatewayClient, GatewayError, V1State
-from bridge.core.settings import Settings
+from bridge.core.settings import DispatcherSettings
 from bridge.dispatch import metrics
 from bridge.dispatch.backlog import Backlog, BacklogReader
 
@@ -60,7 +60,7 @@ def _created_at(item: Any) -> float | None:
 
 
 def gateway_reader(
-    gateway: GatewayClient, settings: Settings, queue: str, leading: Callable[[], bool]
+    gateway: GatewayClient, settings: DispatcherSettings, queue: str, leading: Callable[[], bool]
 ) -> BacklogReader:
     """The 1.0 dispatcher's reader: the gateway's queuing rollouts on ``queue`` (``read_gateway_backlog``); a failed
     reading counts in ``agl_bridge_gateway_errors_total{kind="backlog"}``."""

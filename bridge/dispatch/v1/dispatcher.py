@@ -47,7 +47,7 @@ from bridge.core.gateway import (
     scoped_attempt_key,
 )
 from bridge.core.infra import MissingSetting, backoff_delay, redact_error, redact_text, redact_url
-from bridge.core.settings import Settings
+from bridge.core.settings import DispatcherSettings
 from bridge.core.task import Outcome, base_app, failed_message, v1_time_limits
 from bridge.dispatch import metrics
 from bridge.dispatch.backlog import BacklogReader
@@ -149,7 +149,9 @@ class V1Dispatcher(LineDispatcher[V1Attempt]):
     upstream_backoff = (1.0, ERROR_WAIT_S)  # a listing claims nothing: a gateway back is served within 5 s
     waiting_gauges = (metrics.GATEWAY_WAITING, metrics.GATEWAY_OLDEST_WAITING)
 
-    def __init__(self, settings: Settings, gateway: GatewayClient, client: redis.Redis, stop: threading.Event) -> None:
+    def __init__(
+        self, settings: DispatcherSettings, gateway: GatewayClient, client: redis.Redis, stop: threading.Event
+    ) -> None:
         self.gateway = gateway
         self.queue = settings.default_queue
         self._state_keys: dict[str, str] = {}  # attempt key -> its scoped state key (``_facts``)
@@ -421,7 +423,7 @@ class V1Dispatcher(LineDispatcher[V1Attempt]):
         self.redis.delete(keys.v1_result(self._state_key(repair.key)))
 
 
-def run_v1(settings: Settings, stop: threading.Event, *, metrics_port: int | None = None) -> int:
+def run_v1(settings: DispatcherSettings, stop: threading.Event, *, metrics_port: int | None = None) -> int:
     """The 1.0 dispatch loop until ``stop`` is set; /metrics on ``metrics_port`` (default ``BRIDGE_METRICS_PORT``)."""
     if not settings.agl_v1_url:
         raise MissingSetting(

@@ -1,7 +1,7 @@
 """How a setting's value is read and checked: the URL schemes and TLS checks of broker and Redis URLs, and the
 parsers of list and map values. Each parser takes what the environment gives (a string; keyword overrides may
 pass the parsed type) and returns the typed value, or raises ValueError with a message that names what was
-expected; ``bridge.core.settings.Settings`` applies them to its fields.
+expected; the groups of ``bridge.core.settings.groups`` apply them to their fields.
 """
 
 from __future__ import annotations

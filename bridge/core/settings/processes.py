@@ -1,0 +1,130 @@
+"""The settings each process reads: a class per process composed of the groups it uses
+(``bridge.core.settings.groups``), so a process validates those groups only and starts whatever another
+process's settings say. ``Settings`` holds every group, for the tools that show everything (``python -m bridge
+status``, the lab, the configuration reference). Loading raises ``ConfigError`` with one readable line naming
+each bad variable, which entry points turn into exit code 2.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any, TypeVar, overload
+
+from pydantic import ValidationError
+
+from bridge.core.infra import ConfigError, MissingSetting
+from bridge.core.settings.groups import (
+    AgentLoopSettings,
+    AgentSettings,
+    AttemptTraceSettings,
+    BrokerSettings,
+    DispatchSettings,
+    GatewaySettings,
+    LitAgentSettings,
+    LLMSettings,
+    ProgramSettings,
+    SettingsGroup,
+    StoreSettings,
+    TelemetrySettings,
+    WebShopSettings,
+    WorkerNodeSettings,
+)
+from bridge.core.store import TRACES
+
+S = TypeVar("S", bound=SettingsGroup)
+
+
+class SharedSettings(StoreSettings, GatewaySettings, BrokerSettings, TelemetrySettings, AgentSettings):
+    """The groups every process reads: the Store and the gateway (whose URLs scope the deployment's Redis keys),
+    the broker and the coordination Redis, logging and metrics, the agent the messages name."""
+
+
+class DispatcherSettings(SharedSettings, DispatchSettings):
+    """What a dispatcher reads: the 0.3 bridge (``python -m bridge``), the 1.0 dispatcher (``python -m bridge v1``)
+    and ``CeleryRunner``."""
+
+
+class WorkerSettings(
+    SharedSettings,
+    WorkerNodeSettings,
+    LitAgentSettings,
+    AttemptTraceSettings,
+    WebShopSettings,
+    AgentLoopSettings,
+    LLMSettings,
+    ProgramSettings,
+):
+    """What a worker node reads (``celery -A workers worker``, its health probe)."""
+
+    @property
+    def traces_endpoint(self) -> str:
+        """Where an attempt's spans go: AGENT_LIGHTNING_OTLP_ENDPOINT, else the Store's own /v1/traces."""
+        if self.otlp_endpoint is not None:
+            return str(self.otlp_endpoint)
+        return self.store_base + TRACES
+
+
+class Settings(DispatcherSettings, WorkerSettings):
+    """Every group: for what shows or starts everything (``python -m bridge status``, the lab, the docs)."""
+
+
+PROCESSES: dict[str, type[SharedSettings]] = {
+    "the dispatchers": DispatcherSettings,
+    "the workers": WorkerSettings,
+}
+"""Who reads which groups, as the configuration reference names them."""
+
+
+def env_name(field: str) -> str:
+    """The environment variable that sets the field named ``field``."""
+    return str(Settings.model_fields[field].validation_alias)
+
+
+@overload
+def load_settings(**overrides: Any) -> Settings: ...
+@overload
+def load_settings(settings_class: type[S], /, **overrides: Any) -> S: ...
+
+
+def load_settings(settings_class: type[SettingsGroup] = Settings, /, **overrides: Any) -> SettingsGroup:
+    """The settings of ``settings_class`` (every group by default) from the environment, ``.env`` and
+    ``overrides`` (by field or variable name); a variable of a group the class lacks is not read.
+
+    Raises MissingSetting when a required variable is unset, else ConfigError, with one readable line per problem.
+    """
+    try:
+        return settings_class(**overrides)
+    except ValidationError as error:
+        raise _config_error(error) from None
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> WorkerSettings:
+    """The worker process's settings, read once; the shared code a worker runs reads them here (a dispatcher is
+    given its own)."""
+    return load_settings(WorkerSettings)
+
+
+def _config_error(error: ValidationError) -> ConfigError:
+    """``error`` as a ConfigError naming each bad variable the way the user sets it (a MissingSetting when a
+    required one is unset); ``setting`` is the first variable named."""
+    problems: list[tuple[str, str]] = []
+    missing: str | None = None
+    for item in error.errors():
+        loc = item.get("loc") or ()
+        name = _variable(str(loc[0])) if loc else "SETTINGS"
+        message = item.get("msg", "invalid value")
+        if item.get("type") == "missing":
+            message = "is required but not set"
+            missing = missing or name
+        problems.append((name, message))
+    text = "invalid configuration: " + "; ".join(f"{name}: {message}" for name, message in problems)
+    if missing is not None:
+        return MissingSetting(text, setting=missing)
+    named = [name for name, _ in problems if name != "SETTINGS"]
+    return ConfigError(text, setting=named[0] if named else None)
+
+
+def _variable(key: str) -> str:
+    """The variable behind an error's location: a field's variable, or the key itself (upper-cased)."""
+    return env_name(key) if key in Settings.model_fields else key.upper()
