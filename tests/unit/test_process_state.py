@@ -79,10 +79,9 @@ def test_the_configured_agent_is_built_again_after_a_reset(monkeypatch: pytest.M
 
 def test_the_node_state_is_kept_for_a_child_and_reset_for_a_test(monkeypatch: pytest.MonkeyPatch) -> None:
     settings = load_settings(agl_v1_url="http://gateway.test:8080", agl_v1_warm_start=False)
-    monkeypatch.setattr(signals, "_set_up_logging_and_tracing", lambda: settings)
-    signals._on_worker_init(sender=SimpleNamespace(pool_cls="threads", concurrency=4))
+    signals.start_node(SimpleNamespace(pool_cls="threads", concurrency=4), settings)
     node = state.node
-    assert node.pool.threads and node.stuck_threads.on_change == [signals._on_stuck_change]
+    assert node.pool.threads and len(node.stuck_threads.on_change) == 1
     node.advert.update(hostname="worker@host")
     node.exporter.update(server="s")
     node.program_server_failed = "no interpreter"

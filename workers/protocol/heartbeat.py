@@ -288,13 +288,10 @@ class HeartbeatMonitor:
         """The fence board its 0.3 watches read their verdicts from, where the worker runs one."""
         return self._board
 
-    def _snapshot(self) -> list[AttemptWatch]:
+    def watches(self) -> list[AttemptWatch]:
+        """The attempts it watches now (a copy); each tick of its threads starts from one."""
         with self._lock:
             return list(self._watches)
-
-    def watches(self) -> list[AttemptWatch]:
-        """The attempts it watches now (a copy)."""
-        return self._snapshot()
 
     # --- the lease thread --------------------------------------------------------------------
 
@@ -306,7 +303,7 @@ class HeartbeatMonitor:
     def _renew_loop(self) -> None:
         while True:
             try:
-                watches = self._snapshot()
+                watches = self.watches()
                 self.renew(watches)
             except Exception:  # the thread must survive anything
                 log.exception("lease renewal failed")
@@ -341,7 +338,7 @@ class HeartbeatMonitor:
 
     def _store_loop(self) -> None:
         while not self._closed.wait(TICK_S):
-            watches = self._snapshot()
+            watches = self.watches()
             try:
                 self.stop_for_drain(watches)
             except Exception:
