@@ -216,18 +216,18 @@ class StoreBackoff:
     """
 
     def __init__(self) -> None:
-        self.failures = 0
-        self._until = 0.0  # monotonic
+        self.failures = 0  # in a row, since the last success
+        self.until = 0.0  # monotonic: no Store call before it
 
     def waiting(self) -> bool:
-        return time.monotonic() < self._until
+        return time.monotonic() < self.until
 
     def failed(self) -> None:
-        self._until = time.monotonic() + backoff_delay(self.failures, STORE_BACKOFF_BASE_S, STORE_BACKOFF_CAP_S)
+        self.until = time.monotonic() + backoff_delay(self.failures, STORE_BACKOFF_BASE_S, STORE_BACKOFF_CAP_S)
         self.failures = min(self.failures + 1, MAX_DOUBLINGS)  # the cap is reached long before
 
     def succeeded(self) -> None:
-        self.failures, self._until = 0, 0.0
+        self.failures, self.until = 0, 0.0
 
 
 class HeartbeatMonitor:
