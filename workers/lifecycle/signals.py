@@ -256,7 +256,7 @@ def _on_task_postrun(sender: Any = None, retval: Any = None, state: str | None =
 def _on_process_init(**_: Any) -> None:
     """A prefork child: its own state from the start (``workers.lifecycle.state``: nothing of its parent's but
     what the node set up for every process), then its clients."""
-    state.reset(inherited=False)
+    state.start_child()
     settings = _set_up_logging_and_tracing()
     # Build the child's clients now, not in its first task: measured, the first rollout of each prefork
     # child spent ~0.5 s more between "received" and "started" (client and TLS context construction).
