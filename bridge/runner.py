@@ -81,6 +81,12 @@ class CeleryRunner(Runner[Any]):
         """The settings ``init_worker`` loaded for the Store it was given (None before)."""
         return self._settings
 
+    @property
+    def agent(self) -> str | None:
+        """The import path of the agent ``init`` was given, which the workers must run (None before and after
+        ``teardown``)."""
+        return self._agent
+
     # --- pickling: a Trainer under the spawn start method sends the runner to its processes ---------
 
     def __getstate__(self) -> dict[str, Any]:

@@ -21,7 +21,6 @@ import pytest
 
 from bridge.core.infra import process_state
 from tests import collected_marks, cpu_load, redis_for_tests, schedule
-from workers.lifecycle import state
 
 pytest_plugins = ["pytester"]  # tests/unit/test_schedule.py runs collections of its own
 
@@ -72,10 +71,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 @pytest.fixture(autouse=True)
 def fresh_process_state() -> Iterator[None]:
-    """Leave this process's state as a fresh process has it (``workers.lifecycle.state``,
-    ``bridge.core.infra.process_state``): no test sees clients, caches, offsets or flags another one left."""
+    """Leave this process's state as a fresh process has it (``bridge.core.infra.process_state.reset``, which resets
+    ``workers.lifecycle.state`` too): no test sees clients, caches, offsets or flags another one left."""
     yield
-    state.reset()
     process_state.reset()
 
 

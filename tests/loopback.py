@@ -23,16 +23,31 @@ class _QuietServer(ThreadingHTTPServer):
 
 class LoopbackServer:
     """Answers every GET and POST with ``respond(method, path, body)`` after ``delay_s``: by default
-    ``answer(method, path)``, the body dropped."""
+    ``answer(method, path)``, the body dropped. What the clients' connection pools did shows in ``request_ports``
+    (each request's path and the client port of the connection it came on, in order) and ``open_ports`` (the
+    client ports of the connections open now)."""
 
     def __init__(self, answer: Answer, delay_s: float = 0.0) -> None:
         self._answer = answer
-        respond = self.respond
+        self.request_ports: list[tuple[str, int]] = []
+        self.open_ports: set[int] = set()
+        respond, request_ports, open_ports = self.respond, self.request_ports, self.open_ports
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"  # keep-alive, as a real Store answers
 
+            def setup(self) -> None:
+                super().setup()
+                open_ports.add(self.client_address[1])
+
+            def finish(self) -> None:
+                try:
+                    super().finish()
+                finally:
+                    open_ports.discard(self.client_address[1])
+
             def _answer(self) -> None:
+                request_ports.append((self.path, self.client_address[1]))
                 length = int(self.headers.get("Content-Length") or 0)
                 status, headers, body = respond(self.command, self.path, self.rfile.read(length) if length else b"")
                 time.sleep(delay_s)

@@ -62,11 +62,14 @@ class RedisQueues:
 
 
 class AmqpQueues:
-    """RabbitMQ queues through one kombu connection, opened on first use and re-opened after an error."""
+    """RabbitMQ queues through one kombu connection, opened on first use and re-opened after an error.
+
+    ``use_ssl``: kombu's ``ssl`` option for that connection (``bridge.core.infra.tls.broker_use_ssl``: the workers' and
+    publisher's own TLS checks); None connects as the URL says."""
 
     def __init__(self, url: str, use_ssl: dict[str, Any] | None = None) -> None:
         self.url = url
-        self._ssl = use_ssl  # bridge.core.infra.tls.broker_use_ssl: the workers' and publisher's own TLS checks
+        self.use_ssl = use_ssl  # bridge.core.infra.tls.broker_use_ssl: the workers' and publisher's own TLS checks
         self._connection: Any = None
         self._channel: Any = None
 
@@ -88,7 +91,7 @@ class AmqpQueues:
 
     def _open(self) -> Any:
         if self._connection is None:
-            options = {"ssl": self._ssl} if self._ssl is not None else {}
+            options = {"ssl": self.use_ssl} if self.use_ssl is not None else {}
             self._connection = Connection(self.url, connect_timeout=PROBE_TIMEOUT_S, **options)
             self._connection.ensure_connection(max_retries=1)
         if self._channel is None:

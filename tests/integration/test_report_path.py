@@ -79,7 +79,7 @@ class StoreFaults:
 
     def __post_init__(self) -> None:
         faults = self
-        self._client = httpx.Client(base_url=self.upstream, timeout=120)
+        self.upstream_client = httpx.Client(base_url=self.upstream, timeout=120)
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
@@ -91,7 +91,7 @@ class StoreFaults:
                 began = time.monotonic()
                 faults.maybe_stall(self.command, self.path)
                 try:
-                    answer = faults._client.request(self.command, self.path, content=body, headers=headers)
+                    answer = faults.upstream_client.request(self.command, self.path, content=body, headers=headers)
                     faults.traffic.append((began, self.command, self.path, time.monotonic() - began))
                 except httpx.HTTPError:
                     self.send_response(502)
@@ -157,7 +157,7 @@ class StoreFaults:
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
-        self._client.close()
+        self.upstream_client.close()
         os.killpg(self.store_pid, signal.SIGCONT)
 
 

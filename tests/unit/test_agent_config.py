@@ -177,8 +177,7 @@ def test_a_config_error_at_worker_start_exits_with_code_2_and_one_line(
     from workers.lifecycle import signals
 
     settings = load_settings(store_url=STORE, agent="pkg.mod:Agent", agent_tracer="agentops")
-    monkeypatch.setattr(signals, "_set_up_logging_and_tracing", lambda: settings)
     with pytest.raises(SystemExit) as exited:
-        signals._on_worker_init(sender=SimpleNamespace(pool_cls="threads", concurrency=4))
+        signals.start_node(SimpleNamespace(pool_cls="threads", concurrency=4), settings)
     assert exited.value.code == 2
     assert capsys.readouterr().err.startswith("error: AGENT_TRACER=agentops traces one attempt per process")

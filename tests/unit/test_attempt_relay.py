@@ -5,6 +5,7 @@ runs a hostile program against the real ``agl-server``."""
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -183,14 +184,25 @@ def test_a_body_past_the_bound_and_connections_past_the_bound_never_reach_the_ga
     monkeypatch.setattr(relay_module, "MAX_BODY_BYTES", 1000)
     assert httpx.post(grant.env["AGL_EVENT_URL"], content=b"x" * 1001, headers=auth).status_code == 413
     assert upstream.seen == []
-    for _ in range(relay_module.MAX_CONNECTIONS):
-        # every connection slot busy; the 413's handler thread may still be giving its slot back
-        assert relay._server._slots.acquire(timeout=10)
+    monkeypatch.setattr(relay_module, "MAX_CONNECTIONS", 2)
+    small = AttemptRelay(f"http://127.0.0.1:{upstream.server_address[1]}", KEY)
     try:
-        before = _refused("connections")
-        assert httpx.post(grant.env["AGL_EVENT_URL"], json={}, headers=auth).status_code == 503
-        assert _refused("connections") - before == 1 and upstream.seen == []
+        crowded = small.grant(_rollout("ro-2"), "0")
+        crowded_auth = {"Authorization": f"Bearer {crowded.token}"}
+        host, port = small.url.removeprefix("http://").split(":")
+        idle = [socket.create_connection((host, int(port)), timeout=10) for _ in range(2)]  # every slot held
+        try:
+            before = _refused("connections")
+            assert httpx.post(crowded.env["AGL_EVENT_URL"], json={}, headers=crowded_auth).status_code == 503
+            assert _refused("connections") - before == 1 and upstream.seen == []
+        finally:
+            for connection in idle:
+                connection.close()
+        deadline = time.monotonic() + 10  # the idle connections' handler threads give their slots back
+        while (status := httpx.post(crowded.env["AGL_EVENT_URL"], json={}, headers=crowded_auth).status_code) == 503:
+            assert time.monotonic() < deadline, "the closed connections' slots were never given back"
+            time.sleep(0.05)
+        assert status == 200
     finally:
-        for _ in range(relay_module.MAX_CONNECTIONS):
-            relay._server._slots.release()
+        small.close()
     assert httpx.post(grant.env["AGL_EVENT_URL"], json={}, headers=auth).status_code == 200

@@ -90,4 +90,4 @@ def test_the_queue_depth_probe_uses_the_same_tls_checks_as_the_workers(insecure:
     amqps = _settings("amqps://rabbit.example//", redis_url="redis://r/0", broker_tls_insecure=insecure)
     amqp_probe = broker.queues_for(amqps, plain)
     assert isinstance(amqp_probe, broker.AmqpQueues)
-    assert amqp_probe._ssl == tls.broker_use_ssl(amqps) == base_app(amqps, "tls-unit").conf.broker_use_ssl
+    assert amqp_probe.use_ssl == tls.broker_use_ssl(amqps) == base_app(amqps, "tls-unit").conf.broker_use_ssl

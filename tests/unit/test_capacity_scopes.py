@@ -20,6 +20,7 @@ from bridge.dispatch.leader import LeaderLock, dispatching
 from bridge.dispatch.v03.dispatcher import V03Dispatcher
 from bridge.runner_support.fleet import AgentMismatchError, check_fleet
 from tests.helpers import drop_adverts
+from workers.lifecycle.shared_resources import RedisResources
 from workers.protocol.lease import free_slot
 
 
@@ -49,7 +50,7 @@ def test_the_scope_is_derived_from_the_store_url_in_one_place() -> None:
     assert keys.ratelimit("gpt-4o") == "agl:ratelimit:gpt-4o"  # shared by every deployment on purpose
 
 
-def test_a_named_scope_lets_processes_spell_the_store_differently() -> None:
+def test_a_named_scope_lets_processes_spell_the_store_differently(monkeypatch: pytest.MonkeyPatch) -> None:
     """The trainer's host reaches the Store as localhost, the workers as ``store``: one REDIS_KEY_SCOPE joins them,
     and it reaches the worker's fence board and shared resources too (``workers.lifecycle.resources``)."""
     spellings = ("http://127.0.0.1:4747", "http://store:4747")
@@ -60,10 +61,13 @@ def test_a_named_scope_lets_processes_spell_the_store_differently() -> None:
     )
     with pytest.raises(ConfigError, match="REDIS_KEY_SCOPE"):
         load_settings(store_url=spellings[0], broker_url="redis://r:6379/0", redis_key_scope="a:b")
-    built = workers.lifecycle.resources._build(named[1].model_copy(update={"fence_board": True}))
+    worker = named[1].model_copy(update={"fence_board": True})
+    monkeypatch.setattr(workers.lifecycle.resources, "get_settings", lambda: worker)
+    built = workers.lifecycle.resources.get_resources()
     try:
-        assert built.store.shared_resources._scope == "team-a"  # type: ignore[union-attr]
-        assert built.monitor.board is not None and built.monitor.board._scope == "team-a"
+        shared = built.store.shared_resources
+        assert isinstance(shared, RedisResources) and shared.scope == "team-a"
+        assert built.monitor.board is not None and built.monitor.board.scope == "team-a"
     finally:
         built.store.close()
 

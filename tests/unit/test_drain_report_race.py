@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import pytest
 import redis
@@ -31,13 +31,14 @@ from bridge.core.settings import load_settings
 from bridge.core.store import StoreClient
 from bridge.core.task import OutcomeStatus
 from tests.loopback import LoopbackServer
-from workers.execution import AttemptRun, Delivery
+from workers.agents.webshop_loop import Episode
+from workers.execution import Delivery
 from workers.lifecycle import drain, state
 from workers.lifecycle.drain import DrainClock
 from workers.lifecycle.resources import WorkerResources
 from workers.protocol.failures import FailureClass
 from workers.protocol.heartbeat import AttemptWatch, HeartbeatMonitor
-from workers.protocol.reporting import AttemptReporter, PendingReport, ReportPending
+from workers.protocol.reporting import ReportPending
 from workers.protocol.write_guard import WriteGuard
 from workers.telemetry.courier import TraceCourier
 
@@ -45,7 +46,8 @@ JSON = {"Content-Type": "application/json"}
 
 
 class Store(LoopbackServer):
-    """One running rollout; records every POST (path, body) and answers it as the Store would."""
+    """One running rollout; records every POST (path, body; spans without theirs) and answers it as the Store
+    would."""
 
     def __init__(self, payload: dict[str, Any]) -> None:
         self.rollout = {**payload, "status": "running"}
@@ -57,6 +59,9 @@ class Store(LoopbackServer):
         rid, aid = self.rollout["rollout_id"], self.rollout["attempt"]["attempt_id"]
         if method == "GET" and path == f"/v1/agl/rollouts/{rid}":
             return 200, JSON, json.dumps(self.rollout).encode()
+        if method == "POST" and path == "/v1/traces":  # spans (protobuf): taken, recorded without their body
+            self.posts.append((path, {}))
+            return 200, {}, b""
         if method == "POST":
             fields = json.loads(body or b"{}")
             self.posts.append((path, fields))
@@ -77,6 +82,7 @@ class Result:
 
     blame: ClassVar[FailureClass] = FailureClass.AGENT
     reward: float | None = 0.75
+    steps: int = 1
 
     def metadata(self) -> dict[str, object]:
         return {"reward": self.reward}
@@ -86,7 +92,7 @@ def _payload() -> dict[str, Any]:
     rid, aid, now = f"ro-{uuid.uuid4().hex[:8]}", f"at-{uuid.uuid4().hex[:8]}", time.time()
     return {
         "rollout_id": rid,
-        "input": {"question": "?"},
+        "input": {"instruction": "buy a lamp"},  # the built-in agent's task, whose episode a test replaces
         "start_time": now,
         "status": "preparing",
         "config": {"timeout_seconds": 30, "max_attempts": 1},  # no retry left: the drain hands the rollout back
@@ -111,12 +117,40 @@ def store(payload: dict[str, Any]) -> Iterator[Store]:
     server.close()
 
 
+class KeepingRedis:
+    """The worker's Redis client, where a test acts as a report is kept (``keys.pending_report``): ``on_keep(status,
+    keep)`` is called in place of that write, and ``keep()`` makes it."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self.on_keep: Callable[[str, Callable[[], Any]], Any] | None = None
+
+    def set(self, name: str, value: str, *args: Any, **kwargs: Any) -> Any:
+        def keep() -> Any:
+            return self.client.set(name, value, *args, **kwargs)
+
+        if self.on_keep is None or not name.startswith(keys.pending_report("")):
+            return keep()
+        return self.on_keep(json.loads(value)["status"], keep)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client, name)
+
+
 @pytest.fixture
-def res(store: Store, redis_client: redis.Redis) -> Iterator[WorkerResources]:
-    settings = load_settings(store_url=store.url, store_retries=0)
+def kept_reports(redis_client: redis.Redis) -> KeepingRedis:
+    return KeepingRedis(redis_client)
+
+
+@pytest.fixture
+def res(store: Store, kept_reports: KeepingRedis, monkeypatch: pytest.MonkeyPatch) -> Iterator[WorkerResources]:
+    # The built-in agent up to its episode, which each test replaces (``_run_body``): an LLM named, no resources.
+    settings = load_settings(store_url=store.url, store_retries=0, openai_api_base="http://127.0.0.1:9/v1")
     client = StoreClient(store.url, retries=0, timeout_s=2)
-    monitor = HeartbeatMonitor(client, redis_client)  # no drain scope: only the test's own drain check runs
-    yield WorkerResources(settings, client, redis_client, None, monitor, TraceCourier(client), 0)  # type: ignore[arg-type]
+    monkeypatch.setattr(client, "get_resources", lambda resources_id: None)
+    worker_redis = cast(redis.Redis, kept_reports)
+    monitor = HeartbeatMonitor(client, worker_redis)  # no drain scope: only the test's own drain check runs
+    yield WorkerResources(settings, client, worker_redis, None, monitor, TraceCourier(client), 0)  # type: ignore[arg-type]
     monitor.close()
     client.close()
 
@@ -133,8 +167,17 @@ def soft_limit_handler() -> Iterator[None]:
     signal.signal(signal.SIGUSR1, previous)
 
 
-def _run_body(monkeypatch: pytest.MonkeyPatch, body: Callable[[Any, AttemptWatch], Result]) -> None:
-    monkeypatch.setattr(AttemptRun, "_run_leased", lambda run, **_: run._run_attempt(body))
+def _run_body(
+    monkeypatch: pytest.MonkeyPatch, res: WorkerResources, body: Callable[[Any, AttemptWatch], Result]
+) -> None:
+    """The built-in agent's episode is ``body``, given the attempt's telemetry and watch (the one ``res``'s monitor
+    watches)."""
+
+    def run(episode: Episode) -> Result:
+        [watch] = res.monitor.watches()
+        return body(episode.telemetry, watch)
+
+    monkeypatch.setattr(Episode, "run", run)
 
 
 def _main_thread_in(name: str) -> bool:
@@ -158,6 +201,7 @@ def test_a_drain_interrupt_decided_as_the_episode_returns_never_strikes_in_its_s
     store: Store,
     res: WorkerResources,
     soft_limit_handler: None,
+    kept_reports: KeepingRedis,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The drain's check that no report began and its SIGUSR1 were two steps: the episode returned, the drain found
@@ -178,27 +222,26 @@ def test_a_drain_interrupt_decided_as_the_episode_returns_never_strikes_in_its_s
 
     monkeypatch.setattr(drain, "interrupt_main_thread", interrupt_once_reporting)
     draining = HeartbeatMonitor(res.store, res.redis, None, "scope")
-    real_flush, real_keep = WriteGuard.flush_while_ours, AttemptReporter._keep
+    real_flush = WriteGuard.flush_while_ours
 
     def flush_then_drain(guard: WriteGuard, telemetry: Any, until: float) -> None:
         real_flush(guard, telemetry, until)
-        assert guard._watch is not None
-        threading.Thread(target=draining.stop_for_drain, args=([guard._watch],), daemon=True).start()
+        threading.Thread(target=draining.stop_for_drain, args=(res.monitor.watches(),), daemon=True).start()
         assert decided.wait(5)  # the drain found no report under way and is interrupting
 
-    def keep(reporter: AttemptReporter, report: PendingReport) -> PendingReport:
-        if str(report.status) == "succeeded":
+    def keep(status: str, write: Callable[[], Any]) -> Any:
+        if status == "succeeded":
             keeping.set()
             try:
                 threading.Event().wait(3)  # where the signal landed: the report being kept
             except SoftTimeLimitExceeded:
                 struck_in_report.append("the interrupt struck while the success report was kept")
                 raise
-        return real_keep(reporter, report)
+        return write()
 
     monkeypatch.setattr(WriteGuard, "flush_while_ours", flush_then_drain)
-    monkeypatch.setattr(AttemptReporter, "_keep", keep)
-    _run_body(monkeypatch, lambda telemetry, watch: Result())
+    kept_reports.on_keep = keep
+    _run_body(monkeypatch, res, lambda telemetry, watch: Result())
     aid = payload["attempt"]["attempt_id"]
 
     outcome = Delivery(payload, celery_task_id=aid, expected_agent=None, res=res).execute()
@@ -215,23 +258,23 @@ def test_a_time_limit_while_the_success_is_kept_leaves_that_success_to_the_next_
     store: Store,
     res: WorkerResources,
     redis_client: redis.Redis,
+    kept_reports: KeepingRedis,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Celery's soft time limit (or a drain's interrupt) striking as the success report is kept in Redis escaped
     the report path: the kept report was discarded and ``failed`` reported, although the reward spans were stored.
     Now the delivery ends in ``ReportPending`` (a Celery retry) and the retry delivers the kept success."""
-    real_keep = AttemptReporter._keep
     struck: list[str] = []
 
-    def keep_then_time_limit(reporter: AttemptReporter, report: PendingReport) -> PendingReport:
-        kept = real_keep(reporter, report)
+    def keep_then_time_limit(status: str, write: Callable[[], Any]) -> Any:
+        kept = write()
         if not struck:
-            struck.append(str(report.status))
+            struck.append(status)
             raise SoftTimeLimitExceeded()  # the limit strikes as the keep returns
         return kept
 
-    monkeypatch.setattr(AttemptReporter, "_keep", keep_then_time_limit)
-    _run_body(monkeypatch, lambda telemetry, watch: Result(0.75))
+    kept_reports.on_keep = keep_then_time_limit
+    _run_body(monkeypatch, res, lambda telemetry, watch: Result(0.75))
     aid = payload["attempt"]["attempt_id"]
 
     with pytest.raises(ReportPending):
@@ -300,7 +343,7 @@ def test_an_agent_that_never_returns_is_handed_over_in_its_place_and_reports_not
         returned.set()
         return Result(0.75)  # it returns after all, with a reward
 
-    _run_body(monkeypatch, stubborn)
+    _run_body(monkeypatch, res, stubborn)
     try:
         outcome = Delivery(payload, celery_task_id=aid, expected_agent=None, res=res, slot=(scope, queue)).execute()
     finally:

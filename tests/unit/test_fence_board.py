@@ -249,19 +249,24 @@ def test_an_attempt_with_a_shorter_interval_than_the_round_holders_is_still_read
 
 
 def test_a_verdict_older_than_one_read_never_counts_as_a_read(
-    redis_client: redis.Redis, store: RecordingStore, store_url: str, processes: list[HeartbeatMonitor]
+    redis_client: redis.Redis,
+    store: RecordingStore,
+    store_url: str,
+    processes: list[HeartbeatMonitor],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A verdict posted by a round whose reader then died lives on for a few intervals: it must not stand in for
     the read a heartbeat needs."""
+    monkeypatch.setattr(fence_board, "CHECK_EVERY_S", 0.0)  # each beat_due exchanges with the board
     monitor = processes[0]
     watch = _watch(monitor, store, "ro-stale")
     watch.viewed_at = 0.0
+    watch.next_beat = time.monotonic() + 3600  # no beat of its own is due: only the board's verdicts count
     stale = time.time() - 3 * INTERVAL_S
     redis_client.set(keys.fence_verdict(keys.store_scope(store_url), watch.attempt_id), f"{stale:.3f}")
-    monitor._take_verdicts([watch], {watch: 1.0})
+    monitor.beat_due([watch])
     assert watch.viewed_at == 0.0 and watch.beats == 0 and watch.stop_reason is None
     fresh = time.time() - 0.1
     redis_client.set(keys.fence_verdict(keys.store_scope(store_url), watch.attempt_id), f"{fresh:.3f}")
-    monitor.board._next_check = 0.0  # type: ignore[union-attr]
-    monitor._take_verdicts([watch], {watch: 1.0})
+    monitor.beat_due([watch])
     assert watch.viewed_at == pytest.approx(fresh, abs=0.01) and watch.beats == 1

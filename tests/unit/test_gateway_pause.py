@@ -8,7 +8,7 @@ import json
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -132,7 +132,9 @@ def test_what_counts_as_a_pause() -> None:
 # --- the 0.3 worker's own LLM call ----------------------------------------------------------------
 
 
-def _chat(url: str, *, retries: int, deadline: float | None) -> llm_mod.ChatResult:
+def _chat(
+    url: str, *, retries: int, deadline: float | None, check_stop: Callable[[], None] | None = None
+) -> llm_mod.ChatResult:
     target = llm_mod.LLMTarget(f"{url}/v1", "m", "EMPTY")
     return llm_mod.chat(
         llm_mod.make_client(target, 30.0),
@@ -141,6 +143,7 @@ def _chat(url: str, *, retries: int, deadline: float | None) -> llm_mod.ChatResu
         retries=retries,
         max_backoff_s=1.0,
         deadline=deadline,
+        check_stop=check_stop,
     )
 
 
@@ -165,15 +168,21 @@ def test_a_pause_that_outlasts_the_attempt_is_infra_never_llm_or_timeout() -> No
         server.close()
 
 
-def test_a_wait_for_the_pause_that_overshoots_the_deadline_is_still_the_pause(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_wait_for_the_pause_that_overshoots_the_deadline_is_still_the_pause() -> None:
     """A starved process wakes from its wait for the gateway past the attempt's deadline: the pause's (infra),
     not a timeout of the rollout's."""
     server = PausedGateway(None, retry_after="0.2")
-    real_sleep = llm_mod._sleep
-    monkeypatch.setattr(llm_mod, "_sleep", lambda delay, check_stop: real_sleep(delay + 1.0, check_stop))
+    checks = 0
+
+    def starved_once_waiting() -> None:  # the stop check, run before the call and then within the wait
+        nonlocal checks
+        checks += 1
+        if checks == 2:
+            time.sleep(1.2)  # the process gets no CPU until well past the deadline
+
     try:
         with pytest.raises(LLMPaused) as raised:
-            _chat(server.url, retries=6, deadline=time.time() + 1.0)
+            _chat(server.url, retries=6, deadline=time.time() + 1.0, check_stop=starved_once_waiting)
         assert classify(raised.value) is FailureClass.INFRA and len(server.bodies) == 1
     finally:
         server.close()

@@ -74,7 +74,7 @@ def test_ten_thousand_monitor_ticks_busy_and_idle_leave_threads_files_and_memory
     store = StoreClient(server.url, retries=0, timeout_s=5)
     monitor = HeartbeatMonitor(store, redis_client)
     ticks = 0
-    snapshot = monitor._snapshot
+    snapshot = monitor.watches
 
     def counted() -> list[AttemptWatch]:
         nonlocal ticks
@@ -82,7 +82,7 @@ def test_ten_thousand_monitor_ticks_busy_and_idle_leave_threads_files_and_memory
             ticks += 1
         return snapshot()
 
-    monkeypatch.setattr(monitor, "_snapshot", counted)
+    monkeypatch.setattr(monitor, "watches", counted)
     readings: list[tuple[int, int]] = []
     held = 0
     phase = 0

@@ -5,7 +5,7 @@ ends: a shared pool is walked on every
 request and every response close, a syscall per idle connection, under the GIL, and with 128 threads each
 holding an LLM call open it cost a threads worker 16% of its Python time. The Store and WebShop clients,
 which a thread calls now and then, share one pool so that their connections stay warm. Real ``httpx``
-against a loopback server; the pools' own connection counts are read from httpcore.
+against a loopback server, which tells the connections apart by their client ports.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 from bridge.core.infra import http, pooled_transport, service_client
+from tests.helpers import wait_for
 from tests.loopback import RecordingStore
 
 
@@ -54,18 +55,18 @@ def test_each_thread_has_its_own_llm_pool_and_an_ended_threads_pool_serves_the_n
 
         _in_thread(other)
         assert seen and seen[0] is not mine  # the other thread did not use (or walk) this thread's connections
-        assert len(mine._pool.connections) == 1
-        first = seen[0]._pool.connections[0]
+        [(_, main_port), (_, first_port)] = server.request_ports
+        assert first_port != main_port
 
         # A thread per attempt: the next one takes the ended thread's pool with its open connection, instead of
         # opening (and with TLS negotiating) a new one for every rollout.
         _in_thread(other)
-        assert seen[1] is seen[0] and seen[1]._pool.connections == [first]
+        assert seen[1] is seen[0] and server.request_ports[2] == ("/b", first_port)
         assert server.paths == ["/a", "/b", "/b"]
     finally:
         client.close()
     assert transport.pools == {} and transport.idle == []
-    assert mine._pool.connections == [] and seen[0]._pool.connections == []
+    wait_for(lambda: not server.open_ports, 5, "closing the client closed every pool's connection")
 
 
 def test_no_more_pools_are_kept_than_threads_ever_held_at_once(server: RecordingStore) -> None:
@@ -95,14 +96,12 @@ def test_no_more_pools_are_kept_than_threads_ever_held_at_once(server: Recording
 
 def test_threads_calling_a_service_now_and_then_share_one_warm_connection(server: RecordingStore) -> None:
     client = service_client(server.url, token=None, timeout_s=5, max_connections=8)
-    transport = client._transport
-    assert isinstance(transport, httpx.HTTPTransport)
     try:
         for path in ("/a", "/b", "/c"):
             _in_thread(lambda path=path: client.get(path))
         # Three threads, one after another: the first one's connection served all three (a pool per thread
         # would have opened three, each idle until it expired).
-        assert len(transport._pool.connections) == 1
+        assert len({port for _, port in server.request_ports}) == 1
         assert server.paths == ["/a", "/b", "/c"]
     finally:
         client.close()
@@ -114,12 +113,10 @@ def test_a_thread_that_threading_did_not_start_keeps_its_pool_while_others_make_
     # as ended, and its connection was closed under its call.
     transport = pooled_transport(max_connections=8)
     client = httpx.Client(base_url=server.url, transport=transport)
-    pools: list[httpx.HTTPTransport] = []
     made, checked, done = threading.Event(), threading.Event(), threading.Event()
 
     def foreign() -> None:
         client.get("/foreign")
-        pools.append(transport._local.pool)
         made.set()
         checked.wait(10)
         client.get("/foreign-again")
@@ -129,11 +126,12 @@ def test_a_thread_that_threading_did_not_start_keeps_its_pool_while_others_make_
         _thread.start_new_thread(foreign, ())
         assert made.wait(10)
         _in_thread(lambda: client.get("/other"))  # makes its own pool, closing the ended threads' pools
-        assert len(pools[0]._pool.connections) == 1  # still open: the foreign thread is alive
         checked.set()
         assert done.wait(10)
+        ports = dict(server.request_ports)
         assert server.paths.count("/foreign") == 1 and server.paths.count("/foreign-again") == 1
-        assert len(pools[0]._pool.connections) == 1  # the same warm connection served its next call
+        # Its connection was left open (the foreign thread is alive): the same warm connection served its next call.
+        assert ports["/foreign-again"] == ports["/foreign"] != ports["/other"]
     finally:
         checked.set()
         client.close()

@@ -8,9 +8,11 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 import redis
@@ -94,10 +96,10 @@ def test_a_leader_whose_loop_blocks_past_the_ttl_keeps_the_lock(redis_client: re
 
 def test_a_leader_cut_off_from_redis_stops_publishing_before_its_lock_can_lapse(redis_client: redis.Redis) -> None:
     """The fence: ``valid()`` ends before the key can expire in Redis, so no standby leads while it still publishes."""
-    leader, key, unreachable = _leader_and_a_dead_redis(redis_client, "bridge-cut-off")
+    leader, key, link = _leader_and_a_dead_redis(redis_client, "bridge-cut-off")
     try:
         assert leader.ensure() == (True, True)
-        leader._lock.redis = unreachable  # its renewals fail from now on; Redis keeps the last one's expiry
+        link.cut()  # its renewals fail from now on; Redis keeps the last one's expiry
         while redis_client.exists(key):
             if not leader.valid():
                 break
@@ -125,11 +127,30 @@ def test_a_leader_whose_lock_was_taken_notices_without_a_tick(redis_client: redi
         redis_client.delete(key)
 
 
-def _leader_and_a_dead_redis(client: redis.Redis, name: str) -> tuple[LeaderLock, str, redis.Redis]:
-    """A leader of a fresh scope on ``client``, its lock's key, and a client of a Redis that nothing serves."""
+class _SeveredRedis:
+    """A Redis client whose calls go to ``client`` until ``cut()``, then to a Redis that nothing serves, until
+    ``mend()``: a network partition between one process and Redis, the others still reaching it."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self.unreachable = coordination_client(f"redis://127.0.0.1:{_closed_port()}/0", socket_connect_timeout=0.2)
+        self.target = client
+
+    def cut(self) -> None:
+        self.target = self.unreachable
+
+    def mend(self) -> None:
+        self.target = self.client
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.target, name)
+
+
+def _leader_and_a_dead_redis(client: redis.Redis, name: str) -> tuple[LeaderLock, str, _SeveredRedis]:
+    """A leader of a fresh scope on a severable link to ``client``, its lock's key, and the link."""
     scope = f"leader-{uuid.uuid4().hex[:8]}"
-    unreachable = coordination_client(f"redis://127.0.0.1:{_closed_port()}/0", socket_connect_timeout=0.2)
-    return LeaderLock(client, name, scope=scope), keys.bridge_leader(scope), unreachable
+    link = _SeveredRedis(client)
+    return LeaderLock(cast(redis.Redis, link), name, scope=scope), keys.bridge_leader(scope), link
 
 
 def _closed_port() -> int:
@@ -142,17 +163,18 @@ def test_a_leader_that_lost_redis_for_good_ends_its_term_once_the_lock_expired(r
     """Its renewal thread retried every second for as long as the process lived (the suite's logs showed threads of
     finished tests still retrying against Redis servers long gone). Once the key must have expired in Redis the
     lock is nobody's: the term ends, the thread with it, and the next ``ensure`` competes for the lock anew."""
-    leader, key, unreachable = _leader_and_a_dead_redis(redis_client, "bridge-lost-redis")
+    leader, key, link = _leader_and_a_dead_redis(redis_client, "bridge-lost-redis")
     try:
+        before = set(threading.enumerate())
         assert leader.ensure() == (True, True)
-        renewer = leader._renewer
-        assert renewer is not None and renewer.is_alive()
-        leader._lock.redis = unreachable
+        [renewer] = [t for t in threading.enumerate() if t.name == "leader-renewal" and t not in before]
+        assert renewer.is_alive()
+        link.cut()
         wait_for(lambda: not leader.held, LEADER_TTL_S + 2 * RENEW_EVERY_S + 1, "the term ended")
         renewer.join(timeout=RENEW_EVERY_S + 1)
         assert not renewer.is_alive()
         assert not redis_client.exists(key)  # it ended only once the key had expired
-        leader._lock.redis = redis_client  # Redis is back: the next tick takes the free lock like any bridge
+        link.mend()  # Redis is back: the next tick takes the free lock like any bridge
         assert leader.ensure() == (True, True)
     finally:
         leader.release()

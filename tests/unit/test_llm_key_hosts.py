@@ -16,7 +16,7 @@ import pytest
 
 from bridge.core.infra import ConfigError, LLMError
 from bridge.core.settings import Settings, load_settings
-from bridge.core.store import AttemptedRollout, ResourcesUpdate
+from bridge.core.store import AttemptedRollout, ResourcesUpdate, StoreClient
 from tests.prerequisites import require
 from workers.agents import llm as llm_mod
 
@@ -134,7 +134,39 @@ def test_a_litagent_gets_the_key_only_at_allowed_hosts_and_its_failure_says_why(
     assert keyed["own"].api_key == "sk-theirs" and keyed["prompt"] is resources["prompt"]
     assert resources["main_llm"].api_key is None  # the caller's objects are not changed
     assert "evil.example:443" in why and "'main_llm'" in why and "LLM_KEY_HOSTS" in why
-    with pytest.raises(AgentError, match=r"withheld from host evil\.example:443"), litagent._withheld_note(why):
-        raise AgentError("the agent raised AuthenticationError: 401")
+    with pytest.raises(AgentError, match=r"raised PermissionError: 401 .*withheld from host evil\.example:443"):
+        _run_refused_agent(resources)
     unkeyed, nothing = litagent.keyed_resources(resources, _settings(openai_api_key=None))
     assert unkeyed["main_llm"].api_key is None and nothing == ""
+
+
+def _run_refused_agent(resources: dict[str, Any]) -> None:
+    """Run a LitAgent whose LLM refuses it (it raises as an SDK does on a 401) with ``resources``, as a worker runs
+    one (``litagent.run_agent``)."""
+    from agentlightning import LitAgent
+
+    from workers.agents import litagent
+    from workers.agents.capture import AttemptCapture
+    from workers.agents.loading import ConfiguredAgent
+    from workers.telemetry.spans import AttemptTelemetry
+
+    class Refused(LitAgent[Any]):
+        def rollout(self, task: Any, resources: Any, rollout: Any) -> float:
+            raise PermissionError("401 invalid api key")
+
+    settings = _settings()
+    store = StoreClient("http://127.0.0.1:9", retries=0)
+    telemetry = AttemptTelemetry(store, rollout_id="ro-k", attempt_id="at-k", service_name="unit", export=False)
+    payload = {
+        "rollout_id": "ro-k",
+        "input": {},
+        "start_time": 1.0,
+        "status": "running",
+        "attempt": {"rollout_id": "ro-k", "attempt_id": "at-k", "sequence_id": 1, "start_time": 1.0},
+    }
+    try:
+        capture = AttemptCapture(telemetry, settings, lambda: None, None, lambda model: None)
+        litagent.run_agent(ConfiguredAgent("tests:Refused", Refused()), payload, resources, capture, "w")
+    finally:
+        telemetry.close()
+        store.close()

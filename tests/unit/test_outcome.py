@@ -5,12 +5,14 @@ survives its codecs (1.0's kept record, 0.3's kept Store report, the task's resu
 from __future__ import annotations
 
 import json
+import uuid
 from typing import Any
 
 import httpx
 import pytest
 import redis
 
+from bridge.core.coordination import keys
 from bridge.core.gateway import GatewayClient, Malformed, V1State
 from bridge.core.settings import load_settings
 from bridge.core.store import AttemptStatus, StoreClient
@@ -53,48 +55,44 @@ def test_an_error_keeps_its_first_line_and_its_tail_never_its_middle() -> None:
     assert error_text(long_head) == "h" * HEADLINE_CHARS + "\n" + TAIL
 
 
-def _reporter_metadata(error: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    """The metadata a 0.3 attempt's failure report carries to the Store (delivery stubbed: nothing is reached)."""
+def _reporter_metadata(error: str, redis_client: redis.Redis) -> dict[str, Any]:
+    """The metadata a 0.3 attempt's failure report carries to the Store, as the reporter keeps it in Redis for every
+    delivery (no lease is held here, so this one is withheld and nothing reaches a Store)."""
+    aid = f"at-{uuid.uuid4().hex[:8]}"
     payload = {
         "rollout_id": "ro-1",
         "input": {"instruction": "buy a lamp"},
         "start_time": 1.0,
         "status": "preparing",
-        "attempt": {"rollout_id": "ro-1", "attempt_id": "at-1", "sequence_id": 1, "start_time": 1.0},
+        "attempt": {"rollout_id": "ro-1", "attempt_id": aid, "sequence_id": 1, "start_time": 1.0},
     }
-    attempt = read_payload(payload, celery_task_id="at-1", expected_agent=None)
+    attempt = read_payload(payload, celery_task_id=aid, expected_agent=None)
     assert isinstance(attempt, Attempt)
     url = "http://127.0.0.1:9"
     settings = load_settings(store_url=url, lease_ttl_s=4, heartbeat_interval_s=1)
     store = StoreClient(url, retries=0, timeout_s=1)
-    client = redis.Redis(port=9)  # never reached: the report is captured before delivery
-    monitor = HeartbeatMonitor(store, client)
-    res = WorkerResources(settings, store, client, None, monitor, TraceCourier(store), 0)  # type: ignore[arg-type]
-    sent: dict[str, Any] = {}
+    monitor = HeartbeatMonitor(store, redis_client)
+    res = WorkerResources(settings, store, redis_client, None, monitor, TraceCourier(store), 0)  # type: ignore[arg-type]
     try:
-        reporter = AttemptRun(attempt, res).reporter
-
-        def report(status: AttemptStatus, metadata: dict[str, Any]) -> None:
-            sent.update(metadata, status=str(status))
-
-        monkeypatch.setattr(reporter, "_report", report)
-        outcome = reporter.failure(FailureClass.AGENT, error)
-        assert outcome.status is OutcomeStatus.FAILED and outcome.failure_class is FailureClass.AGENT
+        AttemptRun(attempt, res).reporter.failure(FailureClass.AGENT, error)
+        kept = PendingReport.from_json(redis_client.get(keys.pending_report(aid)))
     finally:
+        redis_client.delete(keys.pending_report(aid))
         monitor.close()
         store.close()
-    return sent
+    assert kept is not None and kept.failure_class is FailureClass.AGENT
+    return {**kept.metadata, "status": str(kept.status)}
 
 
-def test_a_03_failure_sends_the_store_the_errors_first_line_and_its_tail(monkeypatch: pytest.MonkeyPatch) -> None:
-    metadata = _reporter_metadata(_long_error(), monkeypatch)
+def test_a_03_failure_sends_the_store_the_errors_first_line_and_its_tail(redis_client: redis.Redis) -> None:
+    metadata = _reporter_metadata(_long_error(), redis_client)
     assert metadata["status"] == "failed" and metadata["failure_class"] == "agent"
     assert metadata["error"].startswith(HEAD) and metadata["error"].endswith(TAIL), metadata["error"][-80:]
     assert len(metadata["error"]) <= ERROR_CHARS
 
 
-def test_a_03_failure_is_masked_by_the_record(monkeypatch: pytest.MonkeyPatch) -> None:
-    metadata = _reporter_metadata("LLM refused: api_key=sk-live-123 at https://u:pw@llm.test/v1", monkeypatch)
+def test_a_03_failure_is_masked_by_the_record(redis_client: redis.Redis) -> None:
+    metadata = _reporter_metadata("LLM refused: api_key=sk-live-123 at https://u:pw@llm.test/v1", redis_client)
     assert "sk-live-123" not in metadata["error"] and ":pw@" not in metadata["error"], metadata["error"]
 
 

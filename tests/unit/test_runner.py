@@ -133,9 +133,11 @@ def test_a_bad_setting_in_a_trainer_is_an_ordinary_config_error(monkeypatch: pyt
     """Only a missing Store URL falls back to Agent Lightning's default; any other problem is raised."""
     monkeypatch.delenv("AGENT_LIGHTNING_STORE_URL", raising=False)
     monkeypatch.chdir("/")  # no .env file either
-    assert CeleryRunner()._load(None).store_base == DEFAULT_STORE_URL.rstrip("/")
+    runner = CeleryRunner()
+    runner.init_worker(0, None)
+    assert runner.settings is not None and runner.settings.store_base == DEFAULT_STORE_URL.rstrip("/")
     with pytest.raises(ConfigError) as info:
-        CeleryRunner(max_batch=0)._load(None)
+        CeleryRunner(max_batch=0).init_worker(0, None)
     assert info.value.setting == "BRIDGE_MAX_BATCH" and not isinstance(info.value, SystemExit)
 
 
@@ -145,14 +147,15 @@ def test_construction_opens_nothing_and_the_runner_pickles_before_and_after_use(
     assert threading.active_count() == threads
     pickle.loads(pickle.dumps(runner))
     runner.init_worker(1, agl.LightningStoreClient("http://store-host:4747"))
-    runner._agent = EXPECTED
-    runner._direct()  # live clients, as after a step
+    runner.init(EchoAgent())  # the fleet check of that Store's deployment: no worker online
+    runner._direct()  # live clients, as after a step: sockets and locks, which no pickle carries
     copy = pickle.loads(pickle.dumps(runner))
-    assert copy._store is None and copy._dispatcher is None and copy._redis is None
     assert copy.settings is not None and copy.settings.store_base == "http://store-host:4747"
-    assert copy._agent == EXPECTED and copy._lock is not None
+    assert copy.agent == EXPECTED
+    copy.teardown_worker(1)  # the copy has a lock of its own and no clients to close
     runner.teardown_worker(1)
-    assert runner._store is None and runner.worker_id is None
+    assert runner.worker_id is None
+    pickle.loads(pickle.dumps(runner))
 
 
 def _child(runner: CeleryRunner, out: Any) -> None:
@@ -175,10 +178,10 @@ def test_the_runner_survives_the_trainers_fork() -> None:
 
 
 def test_work_before_init_says_what_is_missing() -> None:
-    runner = CeleryRunner(broker_url=TEST_REDIS_URL)
+    runner = CeleryRunner(broker_url=TEST_REDIS_URL, default_queue=f"runner-test-{uuid.uuid4().hex[:8]}")
     with pytest.raises(RuntimeError, match=r"init\(agent\)"):
         asyncio.run(runner.step({"q": 1}))
-    runner._agent = EXPECTED
+    runner.init(EchoAgent())  # no worker consumes its queue: nothing to check
     with pytest.raises(RuntimeError, match="init_worker"):
         asyncio.run(runner.iter())
 
@@ -253,7 +256,7 @@ def test_iter_returns_once_the_event_is_set_and_a_cancelled_iter_leaves_no_threa
     # No Store answers here: without retries its first reconciliation gives up at once (a real, unreachable
     # Store makes the loop finish its retries first, as ``python -m bridge`` does).
     runner = CeleryRunner(broker_url=TEST_REDIS_URL, default_queue=queue, store_retries=0)
-    runner._agent = EXPECTED
+    runner.init(EchoAgent())
     runner.init_worker(0, agl.LightningStoreClient("http://127.0.0.1:9"))
     event = agl.MultiprocessingEvent()
 

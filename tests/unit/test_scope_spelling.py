@@ -10,6 +10,7 @@ import time
 import uuid
 from collections.abc import Iterator
 
+import agentlightning as agl
 import pytest
 import redis
 
@@ -17,6 +18,7 @@ from bridge.core.coordination import capacity, deployment_endpoint, deployment_s
 from bridge.core.coordination.scope_check import ScopeMismatchError, ScopeWatch
 from bridge.core.settings import load_settings
 from bridge.runner import CeleryRunner
+from tests.fakes.runner_agents import OtherAgent
 from tests.helpers import drop_adverts
 from tests.redis_for_tests import url as redis_url
 
@@ -92,22 +94,24 @@ def test_strict_watch_raises_within_seconds_naming_both_urls(redis_client: redis
     assert f"http://store-{tag}:4747" in message and ours in message and "REDIS_KEY_SCOPE" in message
 
 
-def test_workers_of_another_store_are_not_taken_for_ours(redis_client: redis.Redis, tag: str) -> None:
+def test_workers_of_another_store_are_not_taken_for_ours(
+    redis_client: redis.Redis, tag: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Another port: another Store sharing the Redis and the queue names. Not an error, however long."""
     queue = f"q-{tag}"
     _workers_of(redis_client, f"http://other-{tag}:9999", queue)
     ours = f"http://localhost-{tag}:4747"
     watch = ScopeWatch(redis_client, keys.store_scope(ours), ours, [queue], who="CeleryRunner", strict=True)
-    watch._suspected_since = time.monotonic() - 60  # even a mismatch seen long ago: this is none
+    monkeypatch.setattr(scope_check, "STRICT_AFTER_S", 0.0)  # a mismatch would raise at once: this is none
     watch.check(set())
 
 
-def test_served_queues_never_raise(redis_client: redis.Redis, tag: str) -> None:
+def test_served_queues_never_raise(redis_client: redis.Redis, tag: str, monkeypatch: pytest.MonkeyPatch) -> None:
     queue = f"q-{tag}"
     _workers_of(redis_client, f"http://store-{tag}:4747", queue)
     ours = f"http://localhost-{tag}:4747"
     watch = ScopeWatch(redis_client, keys.store_scope(ours), ours, [queue], who="CeleryRunner", strict=True)
-    watch._suspected_since = time.monotonic() - 60
+    monkeypatch.setattr(scope_check, "STRICT_AFTER_S", 0.0)
     watch.check({queue})  # our own workers serve it: whatever else is listed there is not our problem
 
 
@@ -129,8 +133,8 @@ def test_celery_runner_step_raises_when_its_workers_spell_the_store_otherwise(
     queue = f"q-{tag}"
     _workers_of(redis_client, f"http://store-{tag}:4747", queue)
     runner = CeleryRunner(broker_url=redis_url(), default_queue=queue, max_queue_wait_s=120)
-    runner._agent = "tests.agents_for_tests:Anything"
-    runner._settings = runner._load(f"http://localhost-{tag}:4747")
+    runner.init_worker(0, agl.LightningStoreClient(f"http://localhost-{tag}:4747"))
+    runner.init(OtherAgent())  # no worker of the trainer's spelling of the Store: nothing to check
     started = time.monotonic()
     try:
         with pytest.raises(ScopeMismatchError) as caught:

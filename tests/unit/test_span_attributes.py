@@ -57,8 +57,7 @@ AGENT_LIGHTNING_TAKES = ("str", "int", "float", "bool", "strs", "ints", "floats"
 
 
 def _last_span(telemetry: AttemptTelemetry) -> ReadableSpan:
-    with telemetry._buffer_lock:
-        return telemetry._buffer[-1]
+    return telemetry.unsent_spans()[-1]
 
 
 def test_every_door_into_an_attempts_spans_keeps_opentelemetrys_lists_alike(capture: AttemptCapture) -> None:

@@ -56,7 +56,7 @@ def test_the_wait_doubles_to_its_cap_and_a_success_ends_it() -> None:
     for _ in range(8):
         before = time.monotonic()
         backoff.failed()
-        waits.append(backoff._until - before)
+        waits.append(backoff.until - before)
     assert all(w <= heartbeat.STORE_BACKOFF_CAP_S + 0.01 for w in waits), waits
     assert waits[0] <= heartbeat.STORE_BACKOFF_BASE_S and waits[-1] >= heartbeat.STORE_BACKOFF_CAP_S / 2, waits
     assert backoff.waiting()

@@ -112,9 +112,8 @@ def test_a_worker_exits_2_at_start_when_nothing_names_its_deployment(
 ) -> None:
     from workers.lifecycle import signals
 
-    monkeypatch.setattr(signals, "_set_up_logging_and_tracing", load_settings)
     with pytest.raises(SystemExit) as exited:
-        signals._on_worker_init(sender=SimpleNamespace(pool_cls="threads", concurrency=4))
+        signals.start_node(SimpleNamespace(pool_cls="threads", concurrency=4), load_settings())
     assert exited.value.code == 2
     assert capsys.readouterr().err.startswith(MISSING_STORE)
 
@@ -124,9 +123,8 @@ def test_a_1_0_only_worker_starts_without_reading_a_store_clock(monkeypatch: pyt
     from workers.protocol import clock
 
     settings = load_settings(agl_v1_url=GATEWAY)
-    monkeypatch.setattr(signals, "_set_up_logging_and_tracing", lambda: settings)
     monkeypatch.setattr(clock, "check_store_clock", lambda _settings: pytest.fail("no Store to read a clock from"))
-    signals._on_worker_init(sender=SimpleNamespace(pool_cls="threads", concurrency=4))
+    signals.start_node(SimpleNamespace(pool_cls="threads", concurrency=4), settings)
 
 
 def test_a_0_3_rollout_on_a_1_0_only_worker_goes_back_to_the_broker_unstarted_and_keeps_its_in_flight_mark(

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue
@@ -103,12 +102,11 @@ def test_token_ids_kept_beside_spans_encode_as_the_sdk_encodes_attributes() -> N
     assert _decoded(encode(without)) != sdk  # the lists really come from the side table
 
 
-def test_integers_past_the_remembered_limit_are_still_written_and_not_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_integers_past_the_remembered_limit_are_still_written_and_not_kept() -> None:
     """Elements are remembered per integer up to a bound, so an unbounded range of ids cannot grow a worker."""
-    monkeypatch.setattr(span_encoding, "_ITEMS", span_encoding._Items())
-    monkeypatch.setattr(span_encoding._Items, "LIMIT", 50)
+    elements = span_encoding.IntElements(limit=50)
     values = list(range(1_000, 1_100)) + EDGES
     expected = ArrayValue(values=[AnyValue(int_value=v) for v in values]).SerializeToString()
-    assert span_encoding._int_items(values) == expected
-    assert span_encoding._int_items(values) == expected  # the same from memory and not
-    assert len(span_encoding._ITEMS) == 50
+    assert elements.encode(values) == expected
+    assert elements.encode(values) == expected  # the same from memory and not
+    assert len(elements) == 50

@@ -7,9 +7,10 @@ from typing import Any
 
 import pytest
 from celery.exceptions import Reject
+from celery.signals import task_postrun
 
 from bridge.core.settings import Settings
-from workers.lifecycle import metrics, signals
+from workers.lifecycle import metrics, signals  # noqa: F401  (connects the worker's signal handlers)
 from workers.protocol import held as protocol
 from workers.v1 import task as v1_task
 
@@ -33,5 +34,5 @@ def test_the_worker_metrics_count_1_0_deliveries_by_outcome_and_failure_class() 
 
     before = count()
     retval = {"status": "failed", "reason": "the agent exited with code 1", "failure_class": "agent"}
-    signals._on_task_postrun(sender=v1_task.run_v1_rollout, retval=retval, state="SUCCESS")
+    task_postrun.send(sender=v1_task.run_v1_rollout, retval=retval, state="SUCCESS")  # as Celery sends it
     assert count() == before + 1

@@ -25,10 +25,11 @@ from bridge.core.settings import load_settings
 from bridge.core.store import StoreClient
 from bridge.core.task import OutcomeStatus
 from tests.loopback import LoopbackServer, RecordingStore
-from workers.execution import AttemptRun, Delivery
+from workers.execution import Delivery
 from workers.lifecycle.resources import WorkerResources
 from workers.protocol import heartbeat
 from workers.protocol.heartbeat import HeartbeatMonitor
+from workers.protocol.held import HeldAttempt
 from workers.protocol.lease import Lease
 from workers.protocol.reporting import ReportPending
 from workers.telemetry.courier import TraceCourier
@@ -89,7 +90,7 @@ def test_an_unexpected_error_is_reported_as_a_failed_attempt_not_left_to_reconci
     def broken(*_: object, **__: object) -> None:
         raise NameError("name 'span_flush_interval' is not defined")  # the bug that showed it
 
-    monkeypatch.setattr(AttemptRun, "_run_leased", broken)
+    monkeypatch.setattr(HeldAttempt, "start_renewing", broken)  # the worker's own code, outside the episode
     try:
         with caplog.at_level(logging.ERROR), pytest.raises(ReportPending):
             Delivery(payload, celery_task_id=aid, expected_agent=None, res=res).execute()
@@ -119,10 +120,6 @@ def test_an_attempt_whose_watch_cannot_start_leaves_nothing_counted_or_watched(
         def start(self) -> None:
             raise RuntimeError("can't start new thread")
 
-    def run_leased(run: AttemptRun, *, first_start: bool) -> object:
-        return run._run_attempt(lambda telemetry, watch: pytest.fail("the episode must not run"))
-
-    monkeypatch.setattr(AttemptRun, "_run_leased", run_leased)
     monkeypatch.setattr(heartbeat, "threading", SimpleNamespace(Thread=Unstartable))  # the monitor's threads only
     try:
         with pytest.raises(ReportPending):

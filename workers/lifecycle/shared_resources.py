@@ -25,12 +25,14 @@ log = logging.getLogger("workers.lifecycle.shared_resources")
 
 class RedisResources:
     def __init__(self, redis_client: redis.Redis, scope: str) -> None:
+        """``scope``: the deployment's Redis key scope (``bridge.core.coordination.deployment_scope``), which every
+        key it reads and writes names."""
         self._redis = redis_client
-        self._scope = scope  # the deployment's (bridge.core.coordination.connection.deployment_scope)
+        self.scope = scope  # the deployment's (bridge.core.coordination.connection.deployment_scope)
 
     def get(self, resources_id: str) -> tuple[float, ResourcesUpdate] | None:
         try:
-            raw = self._redis.get(keys.shared_resources(self._scope, resources_id))
+            raw = self._redis.get(keys.shared_resources(self.scope, resources_id))
         except redis.RedisError as exc:
             log.debug("shared resources unreadable: %r", exc)
             return None
@@ -46,7 +48,7 @@ class RedisResources:
         entry = {"fetched_at": fetched_at, "update": update.model_dump(mode="json")}
         try:
             self._redis.set(
-                keys.shared_resources(self._scope, update.resources_id),
+                keys.shared_resources(self.scope, update.resources_id),
                 json.dumps(entry, separators=(",", ":")),
                 ex=max(1, math.ceil(ttl_s)),
             )

@@ -195,11 +195,18 @@ def _pool_name(worker: Any) -> str:
 
 @signals.worker_init.connect
 def _on_worker_init(sender: Any = None, **_: Any) -> None:
-    settings = _set_up_logging_and_tracing()
+    start_node(sender, _set_up_logging_and_tracing())
+
+
+def start_node(worker: Any, settings: WorkerSettings) -> None:
+    """What Celery's ``worker_init`` does in the node's main process, before the pool forks, with ``settings``:
+    check the configuration (key scope, tracer and pool, agent, 1.0 isolation), start the node's 1.0 program
+    server, record how ``worker`` (its ``pool_cls`` and ``concurrency``) runs tasks, read the Store's clock and
+    serve the metrics. A configuration error prints one line on stderr and raises ``SystemExit(2)``."""
     make_undumpable("worker")  # before the pool forks: every pool process holds the keys too
     try:
         scope = deployment_scope(settings)  # nothing names this deployment's keys: exit 2 (docs/agl-v1.md)
-        agent_loading.check_tracer_pool(settings, _pool_name(sender), int(getattr(sender, "concurrency", 1) or 1))
+        agent_loading.check_tracer_pool(settings, _pool_name(worker), int(getattr(worker, "concurrency", 1) or 1))
         _load_agent(settings)
         if settings.agl_v1_url:
             box.check_isolation(settings)  # before the pool forks: one box root per node
@@ -209,8 +216,8 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
         print(f"error: {error.message}", file=sys.stderr)
         log.critical("%s", error.message)
         raise SystemExit(EXIT_CONFIG_ERROR) from None
-    state.node.pool.threads = _pool_name(sender) == "threads"
-    state.node.pool.prefork = _pool_name(sender) == "prefork"
+    state.node.pool.threads = _pool_name(worker) == "threads"
+    state.node.pool.prefork = _pool_name(worker) == "prefork"
     state.node.pool.max_stuck = settings.max_stuck_agent_threads
     state.node.stuck_threads.on_change.append(_on_stuck_change)
     if settings.store_url is None:
@@ -254,7 +261,7 @@ def _on_task_postrun(sender: Any = None, retval: Any = None, state: str | None =
 def _on_process_init(**_: Any) -> None:
     """A prefork child: its own state from the start (``workers.lifecycle.state``: nothing of its parent's but
     what the node set up for every process), then its clients."""
-    state.reset(inherited=False)
+    state.start_child()
     settings = _set_up_logging_and_tracing()
     # Build the child's clients now, not in its first task: measured, the first rollout of each prefork
     # child spent ~0.5 s more between "received" and "started" (client and TLS context construction).

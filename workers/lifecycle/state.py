@@ -10,7 +10,8 @@ Two kinds, in two objects that modules read at each use (``state.process.x``, ``
   seen, endpoints already warned about, its view of the node's drain, its hand-backs of unserved tasks, its 1.0
   programs' relay.
 
-``reset()`` starts both afresh (tests, between cases); ``reset(inherited=False)`` only the process's own, which the
+``bridge.core.infra.process_state.reset()``, the one reset of every per-process state (tests, between cases), starts
+both afresh (``reset_all``, registered with it on import); ``start_child()`` only the process's own, which the
 prefork child hook (``worker_process_init``) calls so a child never uses a client, lock or cache of its parent.
 Locks live beside what they guard, so a child never inherits one held by a thread of its parent.
 """
@@ -22,6 +23,8 @@ import uuid
 import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from bridge.core.infra import process_state
 
 if TYPE_CHECKING:
     import httpx
@@ -115,10 +118,19 @@ process = ProcessState()
 node = NodeState()
 
 
-def reset(*, inherited: bool = True) -> None:
-    """Start this process's state afresh; with ``inherited`` (the default) the node's too. Nothing is closed:
-    in a forked child the clients are its parent's."""
-    global process, node
+def start_child() -> None:
+    """A forked child's own state afresh, the node's kept as its parent set it up. Nothing is closed: the clients
+    are its parent's."""
+    global process
     process = ProcessState()
-    if inherited:
-        node = NodeState()
+
+
+def reset_all() -> None:
+    """This process's state and the node's afresh, as a new worker's main process has them; called by
+    ``bridge.core.infra.process_state.reset``. Nothing is closed."""
+    global node
+    start_child()
+    node = NodeState()
+
+
+process_state.on_reset(reset_all)

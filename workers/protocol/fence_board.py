@@ -50,9 +50,10 @@ Attempt = tuple[str, str]  # (rollout_id, attempt_id)
 
 class FenceBoard:
     def __init__(self, redis_client: redis.Redis, scope: str) -> None:
-        """``scope``: the deployment's Redis key scope (``bridge.core.coordination.connection.deployment_scope``)."""
+        """``scope``: the deployment's Redis key scope (``bridge.core.coordination.deployment_scope``), which every
+        key it reads and writes names."""
         self._redis = redis_client
-        self._scope = scope
+        self.scope = scope
         self._listing = keys.fence_listing(scope)
         self._round = keys.fence_round(scope)
         self._token = uuid.uuid4().hex
@@ -81,7 +82,7 @@ class FenceBoard:
             pipe.zadd(self._listing, {_member(a): lapses for a in (current if relist else new)})
         ordered = [aid for _, aid in current]
         if ordered:
-            pipe.mget([keys.fence_verdict(self._scope, aid) for aid in ordered])
+            pipe.mget([keys.fence_verdict(self.scope, aid) for aid in ordered])
         try:
             results = pipe.execute()
         except redis.RedisError as exc:
@@ -149,7 +150,7 @@ class FenceBoard:
             if view is None:
                 continue
             reason = fence(view, attempt_id)
-            pipe.set(keys.fence_verdict(self._scope, attempt_id), f"{stamp} {reason or ''}".rstrip(), ex=expiry)
+            pipe.set(keys.fence_verdict(self.scope, attempt_id), f"{stamp} {reason or ''}".rstrip(), ex=expiry)
         try:
             pipe.execute()
         except redis.RedisError as exc:

@@ -214,18 +214,18 @@ class StoreBackoff:
     """
 
     def __init__(self) -> None:
-        self.failures = 0
-        self._until = 0.0  # monotonic
+        self.failures = 0  # in a row, since the last success
+        self.until = 0.0  # monotonic: no Store call before it
 
     def waiting(self) -> bool:
-        return time.monotonic() < self._until
+        return time.monotonic() < self.until
 
     def failed(self) -> None:
-        self._until = time.monotonic() + backoff_delay(self.failures, STORE_BACKOFF_BASE_S, STORE_BACKOFF_CAP_S)
+        self.until = time.monotonic() + backoff_delay(self.failures, STORE_BACKOFF_BASE_S, STORE_BACKOFF_CAP_S)
         self.failures = min(self.failures + 1, MAX_DOUBLINGS)  # the cap is reached long before
 
     def succeeded(self) -> None:
-        self.failures, self._until = 0, 0.0
+        self.failures, self.until = 0, 0.0
 
 
 class HeartbeatMonitor:
@@ -286,13 +286,10 @@ class HeartbeatMonitor:
         """The fence board its 0.3 watches read their verdicts from, where the worker runs one."""
         return self._board
 
-    def _snapshot(self) -> list[AttemptWatch]:
+    def watches(self) -> list[AttemptWatch]:
+        """The attempts it watches now (a copy); each tick of its threads starts from one."""
         with self._lock:
             return list(self._watches)
-
-    def watches(self) -> list[AttemptWatch]:
-        """The attempts it watches now (a copy)."""
-        return self._snapshot()
 
     # --- the lease thread --------------------------------------------------------------------
 
@@ -304,7 +301,7 @@ class HeartbeatMonitor:
     def _renew_loop(self) -> None:
         while True:
             try:
-                watches = self._snapshot()
+                watches = self.watches()
                 self.renew(watches)
             except Exception:  # the thread must survive anything
                 log.exception("lease renewal failed")
@@ -339,7 +336,7 @@ class HeartbeatMonitor:
 
     def _store_loop(self) -> None:
         while not self._closed.wait(TICK_S):
-            watches = self._snapshot()
+            watches = self.watches()
             try:
                 self.stop_for_drain(watches)
             except Exception:

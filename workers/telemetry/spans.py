@@ -151,6 +151,11 @@ class AttemptTelemetry:
         with self._buffer_lock:
             return len(self._buffer)
 
+    def unsent_spans(self) -> list[ReadableSpan]:
+        """A copy of the ended spans the next flush ships, oldest first (what ``pending`` counts)."""
+        with self._buffer_lock:
+            return list(self._buffer)
+
     def flush(self, *, deadline: float | None = None, timeout: float | None = None, together: bool = False) -> None:
         """Ship every ended span in one request; on failure keep them for the next try and raise.
 

@@ -48,7 +48,7 @@ _VALUE = _tag(KeyValue, "value", _LEN)
 _ARRAY_VALUE = _tag(AnyValue, "array_value", _LEN)
 _VALUES = _tag(ArrayValue, "values", _LEN)
 _INT_VALUE = _tag(AnyValue, "int_value", _VARINT)
-assert len(_VALUES) == len(_INT_VALUE) == 1  # _int_items writes each as one byte
+assert len(_VALUES) == len(_INT_VALUE) == 1  # IntElements writes each as one byte
 _V, _I = _VALUES[0], _INT_VALUE[0]
 
 
@@ -56,33 +56,35 @@ def _framed(tag: bytes, payload: bytes) -> bytes:
     return tag + _varint(len(payload)) + payload
 
 
-class _Items(dict[int, bytes]):
+class IntElements(dict[int, bytes]):
     """Each integer's ``ArrayValue.values`` element (its tag, its length, the ``int_value`` tag, its varint),
     made once: a vocabulary's worth of token ids recurs in every prompt, so a list is written by looking its
-    elements up (``b"".join`` over a C-level map) rather than computed again. Holds at most ``LIMIT``
-    integers (about 6 MB); others are computed each time."""
+    elements up (``b"".join`` over a C-level map) rather than computed again. Remembers at most ``limit``
+    integers (the default about 6 MB); others are computed each time, so an unbounded range of ids cannot grow
+    a worker."""
 
-    LIMIT = 65_536
+    def __init__(self, limit: int = 65_536) -> None:
+        super().__init__()
+        self.limit = limit
 
     def __missing__(self, value: int) -> bytes:
         varint = _varint(value)
         item = bytes((_V, len(varint) + 1, _I)) + varint
-        if len(self) < self.LIMIT:
+        if len(self) < self.limit:
             self[value] = item
         return item
 
+    def encode(self, values: Sequence[int]) -> bytes:
+        """``ArrayValue.values`` elements, each an AnyValue holding ``int_value``, for every integer at once."""
+        return b"".join(map(self.__getitem__, values))
 
-_ITEMS = _Items()
 
-
-def _int_items(values: Sequence[int]) -> bytes:
-    """``ArrayValue.values`` elements, each an AnyValue holding ``int_value``, for every integer at once."""
-    return b"".join(map(_ITEMS.__getitem__, values))
+ELEMENTS = IntElements()  # shared by the process's encoders: a cache, never cleared
 
 
 def int_list_attribute(key: str, values: Sequence[int]) -> bytes:
     """A ``Span.attributes`` field (tag included) holding ``key`` = an array of ints, as protobuf encodes it."""
-    array = _int_items(values) if len(values) else b""
+    array = ELEMENTS.encode(values) if len(values) else b""
     pair = _framed(_KEY, key.encode()) + _framed(_VALUE, _framed(_ARRAY_VALUE, array))
     return _framed(_ATTRIBUTES, pair)
 
