@@ -87,6 +87,10 @@ class Sampler:
         self.redis.close()
 
 
+@pytest.mark.nightly(
+    "RabbitMQ's restart (its batch audited against the WebShop ledger) and expiry run every time; slots held: "
+    "test_backpressure.py"
+)
 def test_rollouts_succeed_with_their_rewards_within_the_slots(clean: LocalStack, tmp_path: Path) -> None:
     """16 rollouts on 2 nodes x 2 slots (100 ms LLM calls): each succeeds with the reward the WebShop server
     computed, the bridge never has more attempts in flight than slots, and the queue is durable."""

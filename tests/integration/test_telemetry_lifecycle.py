@@ -42,6 +42,10 @@ def _open_fds() -> int:
     return len(os.listdir(f"/proc/{os.getpid()}/fd"))
 
 
+@pytest.mark.nightly(
+    "a soak of 400 attempts' providers; an attempt's flush and its failure paths: the other tests of "
+    "test_telemetry_lifecycle.py, every run"
+)
 def test_hundreds_of_attempt_providers_leave_no_threads_sockets_or_memory(services: LocalStack) -> None:
     created = httpx.post(f"{services.store_url}{API}/rollouts", json={"input": {"probe": True}}, timeout=30).json()
     rid, aid = created["rollout_id"], created["attempt"]["attempt_id"]
