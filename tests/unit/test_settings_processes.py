@@ -178,3 +178,16 @@ def test_every_variable_is_read_by_the_processes_of_its_group_and_no_other(
         else:
             assert value in (probe, [probe]), (settings_class.__name__, value)
     assert any(issubclass(process, group) for process in (DispatcherSettings, WorkerSettings)), "read by no process"
+
+
+def test_an_override_another_process_reads_is_refused_naming_who_reads_it() -> None:
+    """A keyword override (``CeleryRunner(max_steps=...)``) that the loading process does not read is an error that
+    says where to set it, never silently dropped; one that names no setting at all says so."""
+    with pytest.raises(ConfigError) as refused:
+        load_settings(DispatcherSettings, store_url="http://127.0.0.1:1", max_steps=3)
+    assert refused.value.setting == "MAX_STEPS" and "read by the workers" in refused.value.message
+    with pytest.raises(ConfigError) as unknown:
+        load_settings(DispatcherSettings, store_url="http://127.0.0.1:1", max_stepz=3)
+    assert unknown.value.message == "max_stepz: no such setting"
+    loaded = load_settings(DispatcherSettings, AGENT_LIGHTNING_STORE_URL="http://127.0.0.1:1", BRIDGE_MAX_BATCH=3)
+    assert loaded.max_batch == 3

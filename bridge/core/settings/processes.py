@@ -90,8 +90,10 @@ def load_settings(settings_class: type[SettingsGroup] = Settings, /, **overrides
     """The settings of ``settings_class`` (every group by default) from the environment, ``.env`` and
     ``overrides`` (by field or variable name); a variable of a group the class lacks is not read.
 
-    Raises MissingSetting when a required variable is unset, else ConfigError, with one readable line per problem.
+    Raises MissingSetting when a required variable is unset, else ConfigError, with one readable line per problem;
+    an override that names no setting of ``settings_class`` is a ConfigError too (never silently dropped).
     """
+    _check_overrides(settings_class, overrides)
     try:
         return settings_class(**overrides)
     except ValidationError as error:
@@ -103,6 +105,30 @@ def get_settings() -> WorkerSettings:
     """The worker process's settings, read once; the shared code a worker runs reads them here (a dispatcher is
     given its own)."""
     return load_settings(WorkerSettings)
+
+
+def _check_overrides(settings_class: type[SettingsGroup], overrides: dict[str, Any]) -> None:
+    """Each override must name a field (or its variable) of ``settings_class``; one of another process's groups is
+    named with the processes that read it."""
+    known = set(settings_class.model_fields) | _variables(settings_class)
+    for key in overrides:
+        if key in known:
+            continue
+        field = Settings.model_fields.get(key) or next(
+            (f for f in Settings.model_fields.values() if f.validation_alias == key), None
+        )
+        if field is None:
+            raise ConfigError(f"{key}: no such setting", setting=str(key))
+        variable = str(field.validation_alias)
+        readers = [who for who, cls in PROCESSES.items() if variable in _variables(cls)]
+        raise ConfigError(
+            f"{variable}: read by {' and '.join(readers) or 'another process'}, not here; set it where that runs",
+            setting=variable,
+        )
+
+
+def _variables(settings_class: type[SettingsGroup]) -> set[str]:
+    return {str(field.validation_alias) for field in settings_class.model_fields.values()}
 
 
 def _config_error(error: ValidationError) -> ConfigError:
