@@ -15,15 +15,18 @@ from pathlib import Path
 
 from bridge.core.settings import Settings, env_name
 from tests.unit.test_architecture import IMPORTS, MODULES
+from workers.lifecycle.steps import WORKER_STEPS
 
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS_MODULE = "bridge.core.settings"
 
+# A worker runs its tasks and its bootsteps (named as "module:Class" in workers.lifecycle.steps, imported by Celery).
+WORKER = ("workers", "workers.tasks", "workers.v1.task", *(step.partition(":")[0] for step in WORKER_STEPS))
 ENTRIES = {  # the modules each command of ours runs (with what they import)
     "bridge": ("bridge.dispatch.v03",),  # python -m bridge run
     "dispatcher-v1": ("bridge.dispatch.v1",),  # python -m bridge v1
-    "worker": ("workers", "workers.tasks", "workers.v1.task", "workers.lifecycle.signals"),
-    "worker-agl-v1": ("workers", "workers.tasks", "workers.v1.task", "workers.lifecycle.signals"),
+    "worker": WORKER,
+    "worker-agl-v1": WORKER,
     "flower": ("bridge.ops.flower", "workers.app"),  # Flower imports the workers' Celery app, runs no task
     "webshop": ("webshop_env.__main__",),  # python -m webshop_env serve
 }

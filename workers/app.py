@@ -7,6 +7,8 @@
   bridge's slot count is what really runs.
 * ``visibility_timeout`` above the hard time limit plus the longest queue wait (checked in settings),
   or Redis would hand a still-running rollout to a second worker.
+* the node's lifecycle (start-up, 1.0 program server, metrics exporter, slot adverts, expired messages' hand-back,
+  drain) as worker bootsteps, one per concern (``workers.lifecycle.steps``).
 * under ``-P threads``, two corrections of Celery's internals (``bridge.core.patches``): task events that
   reach Flower, and a consumer loop woken when a task finishes.
 """
@@ -19,12 +21,13 @@ from bridge.core.patches import celery_task_events as events
 from bridge.core.patches.celery_loop_wake import LoopWaker
 from bridge.core.settings import WorkerSettings, get_settings
 from bridge.core.task import base_app, hard_time_limit, soft_time_limit
+from workers.lifecycle.steps import STARTUP, WORKER_STEPS
 
 __all__ = ["app", "create_app"]
 
 
 def create_app(settings: WorkerSettings) -> Celery:
-    app = base_app(settings, "workers", include=("workers.tasks", "workers.v1.task", "workers.lifecycle.signals"))
+    app = base_app(settings, "workers", include=("workers.tasks", "workers.v1.task", STARTUP))
     app.conf.update(
         task_acks_late=True,
         task_reject_on_worker_lost=True,
@@ -40,6 +43,7 @@ def create_app(settings: WorkerSettings) -> Celery:
     )
     events.install(app)
     app.steps["consumer"].add(LoopWaker)
+    app.steps["worker"].update(WORKER_STEPS)  # the node's lifecycle, one step per concern
     return app
 
 

@@ -20,7 +20,7 @@ from bridge.core.store import API, StoreClient, handback
 from bridge.ops import status
 from bridge_lab.stack import LocalStack
 from tests.helpers import attempts, enqueue, rollout, stack_for, wait_finished, wait_for
-from workers.lifecycle.signals import hand_back_expired
+from workers.lifecycle.steps.expired import hand_back_expired
 
 pytestmark = [pytest.mark.integration, pytest.mark.cost(40)]
 

@@ -160,13 +160,13 @@ def test_agentops_tracer_needs_one_attempt_per_process(pool: str, concurrency: i
 def test_the_pool_name_is_read_before_celery_resolves_it() -> None:
     from celery.concurrency import prefork, solo, thread
 
-    from workers.lifecycle.signals import _pool_name
+    from workers.lifecycle.steps.startup import pool_name
 
     class Worker:
         def __init__(self, pool: object) -> None:
             self.pool_cls = pool
 
-    names = [_pool_name(Worker(p)) for p in ("threads", "processes", prefork.TaskPool, solo.TaskPool, thread.TaskPool)]
+    names = [pool_name(Worker(p)) for p in ("threads", "processes", prefork.TaskPool, solo.TaskPool, thread.TaskPool)]
     assert names == ["threads", "prefork", "prefork", "solo", "threads"]
 
 
@@ -174,10 +174,10 @@ def test_a_config_error_at_worker_start_exits_with_code_2_and_one_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Celery logs and ignores an ordinary exception from a signal handler: worker_init turns it into an exit."""
-    from workers.lifecycle import signals
+    from workers.lifecycle.steps import startup
 
     settings = load_settings(store_url=STORE, agent="pkg.mod:Agent", agent_tracer="agentops")
     with pytest.raises(SystemExit) as exited:
-        signals.start_node(SimpleNamespace(pool_cls="threads", concurrency=4), settings)
+        startup.start_node(SimpleNamespace(pool_cls="threads", concurrency=4), settings)
     assert exited.value.code == 2
     assert capsys.readouterr().err.startswith("error: AGENT_TRACER=agentops traces one attempt per process")

@@ -46,7 +46,7 @@ FORBIDDEN = {
         "workers.v1",
         "workers.execution",
         "workers.tasks",
-        "workers.lifecycle.signals",
+        "workers.lifecycle.steps",
     ),
     "workers.telemetry": ("workers.agents", "workers.v1", "workers.execution", "workers.tasks"),
     # The core's plumbing (errors, masking, HTTP, TLS, logging, tracing) is its bottom layer: it knows none of the

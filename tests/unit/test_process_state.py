@@ -20,8 +20,9 @@ from bridge.core.infra.tls import warn_if_insecure
 from bridge.core.settings import get_settings, load_settings
 from workers.agents import llm, loading
 from workers.agents.ratelimit import _outage_for
-from workers.lifecycle import metrics, signals, state, stuck
+from workers.lifecycle import metrics, state, stuck
 from workers.lifecycle.drain import DrainClock
+from workers.lifecycle.steps import advertising, expired, startup
 from workers.protocol import clock
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -80,21 +81,21 @@ def test_the_configured_agent_is_built_again_after_a_reset(monkeypatch: pytest.M
 
 def test_the_node_state_is_kept_for_a_child_and_reset_for_a_test(monkeypatch: pytest.MonkeyPatch) -> None:
     settings = load_settings(agl_v1_url="http://gateway.test:8080", agl_v1_warm_start=False)
-    signals.start_node(SimpleNamespace(pool_cls="threads", concurrency=4), settings)
+    startup.start_node(SimpleNamespace(pool_cls="threads", concurrency=4), settings)
     node = state.node
     assert node.pool.threads and len(node.stuck_threads.on_change) == 1
-    node.advert.update(hostname="worker@host")
-    node.exporter.update(server="s")
+    node.advertising = advertising.Advertising()
+    node.exporter = metrics.Exporter(server="s", directory=Path("."))
     node.program_server_failed = "no interpreter"
     node.restarting.set()
-    node.advertiser_stop.set()
+    expired.expired_hand_back()
     state.start_child()
-    assert state.node is node  # what the node set up for every process stays
+    assert state.node is node and node.hand_back is not None  # what the node set up for every process stays
     process_state.reset()
     fresh = state.node
     assert not fresh.pool.threads and fresh.pool == stuck.Pool() and fresh.stuck_threads.on_change == []
-    assert not fresh.advert and not fresh.exporter and fresh.program_server_failed is None
-    assert not fresh.restarting.is_set() and not fresh.advertiser_stop.is_set() and fresh.hand_back is None
+    assert fresh.advertising is None and fresh.exporter is None and fresh.program_server_failed is None
+    assert not fresh.restarting.is_set() and fresh.hand_back is None
 
 
 def test_the_metrics_exporter_is_held_in_the_node_state(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -103,9 +104,9 @@ def test_the_metrics_exporter_is_held_in_the_node_state(monkeypatch: pytest.Monk
     monkeypatch.setattr(metrics, "_export_zeros", lambda: None)
     monkeypatch.setattr(metrics.values, "ValueClass", metrics.values.ValueClass)
     assert metrics.serve(9, "127.0.0.1") == "http://127.0.0.1:9/metrics"
-    assert state.node.exporter["server"] == "server"
+    assert state.node.exporter is not None and state.node.exporter.server == "server"
     process_state.reset()
-    assert state.node.exporter == {}
+    assert state.node.exporter is None
 
 
 def test_the_core_state_is_reset(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:

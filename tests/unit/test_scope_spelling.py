@@ -116,11 +116,11 @@ def test_served_queues_never_raise(redis_client: redis.Redis, tag: str, monkeypa
 
 
 def test_a_worker_advertises_the_url_its_scope_comes_from(redis_client: redis.Redis, tag: str) -> None:
-    from workers.lifecycle.signals import _advertise
+    from workers.lifecycle.steps.advertising import advertise
 
     settings = load_settings(store_url=f"http://store-{tag}:4747")
     scope = deployment_scope(settings)
-    _advertise(redis_client, scope, "w@h", [f"q-{tag}"], 2, "webshop", endpoint=deployment_endpoint(settings))
+    advertise(redis_client, scope, "w@h", [f"q-{tag}"], 2, "webshop", endpoint=deployment_endpoint(settings))
     assert redis_client.get(keys.scope_endpoint(scope)) == f"http://store-{tag}:4747"
     assert 0 < redis_client.ttl(keys.scope_endpoint(scope)) <= capacity.CAPACITY_TTL_S
 

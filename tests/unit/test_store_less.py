@@ -110,21 +110,21 @@ def test_without_a_store_gateway_or_scope_the_scope_names_what_to_set(no_deploym
 def test_a_worker_exits_2_at_start_when_nothing_names_its_deployment(
     no_deployment_env: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from workers.lifecycle import signals
+    from workers.lifecycle.steps import startup
 
     with pytest.raises(SystemExit) as exited:
-        signals.start_node(SimpleNamespace(pool_cls="threads", concurrency=4), load_settings())
+        startup.start_node(SimpleNamespace(pool_cls="threads", concurrency=4), load_settings())
     assert exited.value.code == 2
     assert capsys.readouterr().err.startswith(MISSING_STORE)
 
 
 def test_a_1_0_only_worker_starts_without_reading_a_store_clock(monkeypatch: pytest.MonkeyPatch) -> None:
-    from workers.lifecycle import signals
+    from workers.lifecycle.steps import startup
     from workers.protocol import clock
 
     settings = load_settings(agl_v1_url=GATEWAY)
     monkeypatch.setattr(clock, "check_store_clock", lambda _settings: pytest.fail("no Store to read a clock from"))
-    signals.start_node(SimpleNamespace(pool_cls="threads", concurrency=4), settings)
+    startup.start_node(SimpleNamespace(pool_cls="threads", concurrency=4), settings)
 
 
 def test_a_0_3_rollout_on_a_1_0_only_worker_goes_back_to_the_broker_unstarted_and_keeps_its_in_flight_mark(

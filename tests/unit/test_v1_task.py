@@ -10,7 +10,8 @@ from celery.exceptions import Reject
 from celery.signals import task_postrun
 
 from bridge.core.settings import Settings
-from workers.lifecycle import metrics, signals  # noqa: F401  (connects the worker's signal handlers)
+from workers.lifecycle import metrics
+from workers.lifecycle.steps import task_metrics
 from workers.protocol import held as protocol
 from workers.v1 import task as v1_task
 
@@ -32,6 +33,7 @@ def test_the_worker_metrics_count_1_0_deliveries_by_outcome_and_failure_class() 
     def count() -> float:
         return metrics.ROLLOUTS.labels("failed", "agent")._value.get()
 
+    task_metrics.TaskMetrics(None).create(None)  # hooks the task signals, as a starting worker does
     before = count()
     retval = {"status": "failed", "reason": "the agent exited with code 1", "failure_class": "agent"}
     task_postrun.send(sender=v1_task.run_v1_rollout, retval=retval, state="SUCCESS")  # as Celery sends it

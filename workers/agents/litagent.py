@@ -167,7 +167,7 @@ def run_agent(
     spans: list[Any] = []
     try:
         hooks.fire("on_rollout_start")
-        # With AGENT_TRACER=none the SDK is not wrapped (workers.lifecycle.signals): only the emitters record here.
+        # With AGENT_TRACER=none the SDK is not wrapped (lifecycle.steps.startup): only the emitters record here.
         with capture.capturing(attempt), _withheld_note(withheld):
             if own is None:
                 hooks.fire("on_trace_start", tracer=tracer)

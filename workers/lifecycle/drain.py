@@ -1,9 +1,9 @@
 """A bounded warm shutdown (``WORKER_SHUTDOWN_GRACE_S``): what happens to a node's running episodes when it drains.
 
-At SIGTERM the main process withdraws the node's slot adverts (``workers.lifecycle.signals``) and records a *stop time*,
-the signal's time plus the grace less a reporting margin, in this process and in Redis
-(``keys.worker_drain``), where pool children, which never see the main process's signal, read it. From the
-stop time on, each process's heartbeat stops its running attempts (``HeartbeatMonitor``); a stopped attempt
+At SIGTERM the main process withdraws the node's slot adverts (``workers.lifecycle.steps.advertising``) and records a
+*stop time* (``workers.lifecycle.steps.drain``), the signal's time plus the grace less a reporting margin, in this
+process and in Redis (``keys.worker_drain``), where pool children, which never see the main process's signal, read
+it. From the stop time on, each process's heartbeat stops its running attempts (``HeartbeatMonitor``); a stopped attempt
 is handed over (``handover``) so it runs again elsewhere, and an episode that ends before it is reported as
 usual. The hand-over does not wait for the agent: an attempt whose thread has not begun it ``HAND_OVER_AFTER_S``
 after the stop is handed over by its process's heartbeat in that thread's place

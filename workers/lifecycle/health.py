@@ -3,9 +3,9 @@
 Exit 0 while the node's slot advert (``bridge.core.coordination.keys.capacity``) is in the coordination Redis on every
 queue given, 1 when one is missing or Redis does not answer (the line printed says which), 2 for a bad configuration.
 A node advertises from ``worker_ready`` on, every 10 s with a 30 s lifetime, and withdraws at its warm shutdown
-(``workers.lifecycle.signals``): so the check fails while the node starts, while it drains and 30 s after it last
-reached Redis. It reads the same settings as the worker (the key's scope), and imports neither Celery nor the agent.
-The Kubernetes worker Deployment uses it as its readiness probe (deploy/kubernetes).
+(``workers.lifecycle.steps.advertising``): so the check fails while the node starts, while it drains and 30 s after it
+last reached Redis. It reads the same settings as the worker (the key's scope), and imports neither Celery nor the
+agent. The Kubernetes worker Deployment uses it as its readiness probe (deploy/kubernetes).
 """
 
 from __future__ import annotations

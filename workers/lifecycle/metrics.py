@@ -1,10 +1,10 @@
 """Prometheus series of the worker nodes, served by each node on ``WORKER_METRICS_PORT``.
 
 Prefork children cannot serve HTTP, so the series use prometheus_client's multiprocess mode: every process
-writes to files in one directory per node (``PROMETHEUS_MULTIPROC_DIR``, chosen and wiped at ``worker_init``
-before the pool forks), and the node's main process serves the sum. Every series has at least one label, so
-that no value is created at import, before multiprocess mode is on. The bridge imports this module too
-(through the task) but never records. Why: docs/operations.md, "Prometheus metrics".
+writes to files in one directory per node (``PROMETHEUS_MULTIPROC_DIR``, chosen and wiped by ``serve`` before the
+pool forks: ``workers.lifecycle.steps.exporter``), and the node's main process serves the sum. Every series has at
+least one label, so that no value is created at import, before multiprocess mode is on. The bridge imports this
+module too (through the task) but never records. Why: docs/operations.md, "Prometheus metrics".
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +98,14 @@ PROGRAMS_STARTED = Counter(
 # --- set-up (worker main process) ---------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Exporter:
+    """The node's running exporter (``state.node.exporter``), held for the process's lifetime."""
+
+    server: Any  # prometheus_client's HTTP server
+    directory: Path  # the multiprocess directory every pool process writes to
+
+
 def enable_multiprocess(directory: str | None = None) -> Path:
     """Switch this process (and the pool it will fork) to multiprocess values in a fresh directory.
 
@@ -123,7 +132,7 @@ def serve(port: int, host: str = "127.0.0.1") -> str | None:
     except OSError as exc:
         log.warning("worker metrics not served: cannot bind %s:%d (%s); set WORKER_METRICS_PORT", host, port, exc)
         return None
-    state.node.exporter.update(server=server, directory=directory)  # held for the process's lifetime
+    state.node.exporter = Exporter(server, directory)
     _export_zeros()
     url = f"http://{host}:{port}/metrics"
     log.info("worker metrics on %s (multiprocess dir %s)", url, directory)

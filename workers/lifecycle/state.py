@@ -2,9 +2,10 @@
 
 Two kinds, in two objects that modules read at each use (``state.process.x``, ``state.node.x``), never copy:
 
-* ``NodeState``: what ``worker_init`` sets up in the node's main process and every prefork child inherits: the
-  node's 1.0 program server, the Store clock's offset, how the pool runs tasks, the stuck-thread count and its
-  listeners, the restart flag, the metrics exporter, the slot advertiser and the expired-message hand-back.
+* ``NodeState``: what the node's main process sets up (its worker bootsteps, ``workers.lifecycle.steps``) and every
+  prefork child inherits: the node's 1.0 program server, the Store clock's offset, how the pool runs tasks, the
+  stuck-thread count and its listeners, the restart flag, the metrics exporter, the slot adverts and the
+  expired-message hand-back.
 * ``ProcessState``: what each process builds for itself on first use: its clients (Store, Redis, WebShop, the
   heartbeat monitor), the LLM HTTP client, its instance of the configured agent, LitAgent runners, LLM outages
   seen, endpoints already warned about, its view of the node's drain, its hand-backs of unserved tasks, its 1.0
@@ -32,7 +33,10 @@ if TYPE_CHECKING:
 
     from workers.agents.loading import ConfiguredAgent
     from workers.lifecycle.drain import DrainClock
+    from workers.lifecycle.metrics import Exporter
     from workers.lifecycle.resources import WorkerResources
+    from workers.lifecycle.steps.advertising import Advertising
+    from workers.lifecycle.steps.expired import ExpiredHandBack
     from workers.lifecycle.stuck import Pool, StuckThreads
     from workers.protocol.heartbeat import HeartbeatMonitor
     from workers.protocol.unserved import Refusals
@@ -104,12 +108,9 @@ class NodeState:
     pool: Pool = field(default_factory=_pool)  # how tasks run (workers.lifecycle.stuck)
     stuck_threads: StuckThreads = field(default_factory=_stuck_threads)
     restarting: threading.Event = field(default_factory=threading.Event)  # workers.lifecycle.stuck.restart_worker
-    exporter: dict[str, Any] = field(default_factory=dict)  # workers.lifecycle.metrics.serve
-    advert: dict[str, Any] = field(default_factory=dict)  # the node's slot advert (workers.lifecycle.signals)
-    advert_lock: threading.Lock = field(default_factory=threading.Lock)
-    advertiser_stop: threading.Event = field(default_factory=threading.Event)
-    advertise_now: threading.Event = field(default_factory=threading.Event)  # advertise at once
-    hand_back: Any = None  # workers.lifecycle.signals' ExpiredHandBack, built on first use
+    exporter: Exporter | None = None  # workers.lifecycle.metrics.serve (steps.exporter)
+    advertising: Advertising | None = None  # the node's slot adverts (workers.lifecycle.steps.advertising)
+    hand_back: ExpiredHandBack | None = None  # expired messages' hand-back, made on first use (steps.expired)
     # This main process among all that ever carried its node name: what its drain record names (lifecycle.drain).
     incarnation: str = field(default_factory=lambda: uuid.uuid4().hex)
 
