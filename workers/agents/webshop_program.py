@@ -17,7 +17,7 @@ import os
 import httpx
 from openai import OpenAI
 
-from bridge.core.settings import AgentLoopSettings, WebShopSettings, load_settings
+from bridge.core.settings import WebShopProgramSettings, load_settings
 from workers.agents.gateway_llm import openai_client
 from workers.agents.inputs import TaskInput, parse_task_input
 from workers.agents.prompts import Conversation, choose_action, step_prompt
@@ -27,10 +27,6 @@ AGENT_CLASS = "workers.agents.webshop_program:WebShopProgram"
 ENV_MAP = {"WEBSHOP_TASK": "input"}
 PASS_ENV = "WEBSHOP_URL,WEBSHOP_TOKEN,WEBSHOP_TIMEOUT_S,MAX_STEPS,MAX_REPROMPTS,MAX_INSTRUCTION_CHARS"
 """The worker's settings this program reads: a worker running it lists them in AGL_V1_PASS_ENV."""
-
-
-class WebShopProgramSettings(WebShopSettings, AgentLoopSettings):
-    """The groups of settings this program reads (``PASS_ENV``): a bad value elsewhere does not stop it."""
 
 
 class WebShopProgram:

@@ -64,6 +64,12 @@ class WorkerSettings(
         return self.store_base + TRACES
 
 
+class WebShopProgramSettings(WebShopSettings, AgentLoopSettings):
+    """What the built-in 1.0 WebShop agent program reads (``workers.agents.webshop_program``, its ``PASS_ENV``): a bad
+    value elsewhere does not stop it. Built here, with the rest, so that a program forked warm from the node's program
+    server finds it built instead of building it anew in every program."""
+
+
 class Settings(DispatcherSettings, WorkerSettings):
     """Every group: for what shows or starts everything (``python -m bridge status``, the lab, the docs)."""
 
