@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, HttpUrl, field_validator, model_validator
+from pydantic import BeforeValidator, Field, HttpUrl, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from bridge.core.infra import MissingSetting, redact_url
@@ -158,7 +158,7 @@ class BrokerSettings(SettingsGroup):
     warning at every start; without it a URL's own ssl_cert_reqs=none or ssl_check_hostname=false is refused."""
     default_queue: str = Field(default="rollouts", validation_alias="CELERY_DEFAULT_QUEUE")
     """Queue of rollouts whose mode has no entry in QUEUE_BY_MODE."""
-    queue_by_mode: Annotated[dict[str, str], NoDecode] = Field(
+    queue_by_mode: Annotated[dict[str, str], NoDecode, BeforeValidator(queue_map)] = Field(
         default_factory=dict,
         validation_alias="QUEUE_BY_MODE",
         examples=["train=rollouts-train,val=rollouts-val,test=rollouts-val"],
@@ -180,11 +180,6 @@ class BrokerSettings(SettingsGroup):
     Store read; at least twice the broker's redelivery timeout. About 150 bytes of Redis memory per attempt for
     this long: at 10 rollouts/s, 0.9 GB with the default week. A duplicate that comes later still stops at the
     fence (it reads the Store, which says the attempt is no longer running)."""
-
-    @field_validator("queue_by_mode", mode="before")
-    @classmethod
-    def _parse_queue_map(cls, value: Any) -> Any:
-        return queue_map(value)
 
     @field_validator("broker_url")
     @classmethod
@@ -346,7 +341,7 @@ class DispatchSettings(SettingsGroup):
     total stays exact; with one queue it lists one rollout). The 1.0 gateway counts nothing, so the 1.0 dispatcher
     and `python -m bridge status` list up to this many of its rollouts: beyond it the count is a lower bound, which
     caps one reading's scale-up (docs/operations.md, "Autoscaling signal")."""
-    slot_share_weights: Annotated[dict[str, float], NoDecode] = Field(
+    slot_share_weights: Annotated[dict[str, float], NoDecode, BeforeValidator(share_weights)] = Field(
         default_factory=lambda: {"v03": 1.0, "v1": 1.0},
         validation_alias="SLOT_SHARE_WEIGHTS",
         examples=["v03:1,v1:1"],
@@ -370,11 +365,6 @@ class DispatchSettings(SettingsGroup):
     )
     """The bridge serves Prometheus /metrics here (also `python -m bridge run --metrics-port`), and so does the 1.0
     dispatcher (`python -m bridge v1 --metrics-port`; two on one host need a port each); off when unset."""
-
-    @field_validator("slot_share_weights", mode="before")
-    @classmethod
-    def _parse_share_weights(cls, value: Any) -> Any:
-        return share_weights(value)
 
     @model_validator(mode="after")
     def _check_polls(self) -> DispatchSettings:
@@ -424,7 +414,9 @@ class LitAgentSettings(SettingsGroup):
 
     title: ClassVar[str] = "LitAgents on the workers"
 
-    agent_hooks: Annotated[list[str], NoDecode] = Field(default_factory=list, validation_alias="AGENT_HOOKS")
+    agent_hooks: Annotated[list[str], NoDecode, BeforeValidator(hook_list)] = Field(
+        default_factory=list, validation_alias="AGENT_HOOKS"
+    )
     """Agent Lightning hooks run around each attempt of a LitAgent: comma-separated `module.path:attr` (class,
     instance or factory)."""
     agent_tracer: Literal["otel", "agentops", "none"] = Field(default="otel", validation_alias="AGENT_TRACER")
@@ -437,11 +429,6 @@ class LitAgentSettings(SettingsGroup):
     verdict (its thread keeps running, counted as stuck, one slot fewer advertised per stuck thread); at this many
     stuck threads the worker drains (warm shutdown) and re-executes itself. Prefork needs none of it: Celery's
     hard time limit kills the child process."""
-
-    @field_validator("agent_hooks", mode="before")
-    @classmethod
-    def _parse_hooks(cls, value: Any) -> Any:
-        return hook_list(value)
 
 
 class AttemptTraceSettings(SettingsGroup):
@@ -510,7 +497,7 @@ class LLMSettings(SettingsGroup):
     )
     """The LLM endpoint used when the Store's resources carry no `main_llm`. Leave it unset for the demo to start
     the heuristic stand-in (`python -m webshop_env.policy`)."""
-    llm_key_hosts: Annotated[list[str], NoDecode] = Field(
+    llm_key_hosts: Annotated[list[str], NoDecode, BeforeValidator(key_host_list)] = Field(
         default_factory=list, validation_alias="LLM_KEY_HOSTS", examples=["api.openai.com,vllm.internal:8000"]
     )
     """Where OPENAI_API_KEY may go: the host (and port) of OPENAI_API_BASE, and these hosts (comma-separated host
@@ -532,22 +519,12 @@ class LLMSettings(SettingsGroup):
     """Cluster-wide LLM requests per minute per model, shared by every worker through Redis (unset: no limit)."""
     llm_tpm: float | None = Field(default=None, gt=0, validation_alias="LLM_TPM")
     """Cluster-wide LLM tokens per minute per model, shared like LLM_RPM (unset: no limit)."""
-    llm_rate_limits: Annotated[dict[str, tuple[float | None, float | None]], NoDecode] = Field(
-        default_factory=dict, validation_alias="LLM_RATE_LIMITS", examples=["gpt-4o-mini=500:200000,qwen=60"]
-    )
+    llm_rate_limits: Annotated[
+        dict[str, tuple[float | None, float | None]], NoDecode, BeforeValidator(rate_limit_map)
+    ] = Field(default_factory=dict, validation_alias="LLM_RATE_LIMITS", examples=["gpt-4o-mini=500:200000,qwen=60"])
     """Per-model overrides of LLM_RPM and LLM_TPM as model=rpm[:tpm] pairs."""
     llm_rate_burst_s: float = Field(default=10.0, gt=0, le=60, validation_alias="LLM_RATE_BURST_S")
     """The burst the rate limits' token bucket allows, in seconds of the rate."""
-
-    @field_validator("llm_key_hosts", mode="before")
-    @classmethod
-    def _parse_key_hosts(cls, value: Any) -> Any:
-        return key_host_list(value)
-
-    @field_validator("llm_rate_limits", mode="before")
-    @classmethod
-    def _parse_rate_limits(cls, value: Any) -> Any:
-        return rate_limit_map(value)
 
     def llm_rate_limit(self, model: str) -> tuple[float | None, float | None]:
         """(requests, tokens) per minute for ``model``: its LLM_RATE_LIMITS entry, else LLM_RPM/LLM_TPM."""
@@ -561,13 +538,13 @@ class ProgramSettings(SettingsGroup):
 
     agl_v1_agent_python: str | None = Field(default=None, validation_alias="AGL_V1_AGENT_PYTHON")
     """The interpreter that runs 1.0 agent programs on the workers. Default: the worker's own."""
-    agl_v1_pass_env: Annotated[list[str], NoDecode] = Field(
+    agl_v1_pass_env: Annotated[list[str], NoDecode, BeforeValidator(pass_env_list)] = Field(
         default_factory=list, validation_alias="AGL_V1_PASS_ENV", examples=["WEBSHOP_URL,MAX_STEPS,PYTHONPATH"]
     )
     """Variables of the worker's environment that 1.0 agent programs also get (comma-separated names; `AGL_*`
     refused). Programs otherwise get only PATH, HOME, LANG, LC_*, TZ, TMPDIR, VIRTUAL_ENV, the AGL_* variables
     of their attempt and their env_map (docs/agl-v1.md, "Trust model"): never the worker's keys or URLs."""
-    agl_v1_agent_modules: Annotated[list[str], NoDecode] = Field(
+    agl_v1_agent_modules: Annotated[list[str], NoDecode, BeforeValidator(module_prefix_list)] = Field(
         default_factory=list, validation_alias="AGL_V1_AGENT_MODULES", examples=["myagents,workers.agents"]
     )
     """The modules 1.0 agent programs may be imported from (comma-separated module prefixes: `myagents` allows
@@ -577,7 +554,7 @@ class ProgramSettings(SettingsGroup):
     of AGL_V1_AGENT_PYTHON with the common modules already imported, at a fraction of the CPU; the program sees
     what a cold start gives it (docs/agl-v1.md, "Warm starts"). False: a fresh interpreter per program
     (`python -c`), as 1.0's `local` runner starts them."""
-    agl_v1_preload: Annotated[list[str], NoDecode] = Field(
+    agl_v1_preload: Annotated[list[str], NoDecode, BeforeValidator(module_prefix_list)] = Field(
         default_factory=list, validation_alias="AGL_V1_PRELOAD", examples=["numpy,tiktoken"]
     )
     """Modules the program server imports at its start beside its defaults (openai, httpx, pydantic, when
@@ -622,21 +599,6 @@ class ProgramSettings(SettingsGroup):
     device") and the attempt fails, naming the limit. Its pages count against the worker's memory: size the
     worker's memory limit for it (docs/performance.md). Needs the box's PID and mount namespaces
     (AGL_V1_PROGRAM_PID_NAMESPACE); without them, or at 0, AGL_V1_PROGRAM_MAX_FILE_MB alone bounds its files."""
-
-    @field_validator("agl_v1_pass_env", mode="before")
-    @classmethod
-    def _parse_pass_env(cls, value: Any) -> Any:
-        return pass_env_list(value)
-
-    @field_validator("agl_v1_agent_modules", mode="before")
-    @classmethod
-    def _parse_agent_modules(cls, value: Any) -> Any:
-        return module_prefix_list(value)
-
-    @field_validator("agl_v1_preload", mode="before")
-    @classmethod
-    def _parse_preload(cls, value: Any) -> Any:
-        return module_prefix_list(value)
 
     @model_validator(mode="after")
     def _check_preload_agents(self) -> ProgramSettings:

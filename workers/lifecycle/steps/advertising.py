@@ -27,7 +27,7 @@ from workers.agents import loading as agent_loading
 from workers.lifecycle import state
 from workers.lifecycle.steps.startup import NodeStartup
 
-log = logging.getLogger("workers.lifecycle.steps.advertising")
+log = logging.getLogger(__name__)
 
 ADVERTISE_EVERY_S = 10.0
 

@@ -21,7 +21,7 @@ from bridge.core.settings import get_settings
 from workers.lifecycle import drain, state
 from workers.lifecycle.steps.advertising import SlotAdvertising, current_advert
 
-log = logging.getLogger("workers.lifecycle.steps.drain")
+log = logging.getLogger(__name__)
 
 
 class DrainStart(bootsteps.StartStopStep):

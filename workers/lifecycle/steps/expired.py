@@ -29,7 +29,7 @@ from workers.lifecycle import state
 from workers.lifecycle.steps.advertising import SlotAdvertising, current_advert
 from workers.protocol.lease import free_slot
 
-log = logging.getLogger("workers.lifecycle.steps.expired")
+log = logging.getLogger(__name__)
 
 
 class ExpiredHandBackStep(bootsteps.StartStopStep):

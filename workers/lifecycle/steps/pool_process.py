@@ -17,7 +17,7 @@ from workers.agents import loading as agent_loading
 from workers.lifecycle import state
 from workers.lifecycle.steps.startup import NodeStartup, set_up_logging_and_tracing
 
-log = logging.getLogger("workers.lifecycle.steps.pool_process")
+log = logging.getLogger(__name__)
 
 
 class PoolProcessStart(bootsteps.StartStopStep):

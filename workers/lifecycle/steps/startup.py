@@ -30,7 +30,7 @@ from workers.lifecycle import state
 from workers.protocol import clock
 from workers.v1 import box
 
-log = logging.getLogger("workers.lifecycle.steps.startup")
+log = logging.getLogger(__name__)
 
 
 class NodeStartup(bootsteps.StartStopStep):
