@@ -24,14 +24,18 @@ ENV PYTHONUNBUFFERED=1 \
 RUN apt-get update && apt-get install -y --no-install-recommends tini && rm -rf /var/lib/apt/lists/* \
     && useradd --create-home --uid 1000 agl
 WORKDIR /app
-COPY pyproject.toml README.md ./
-COPY bridge ./bridge
-COPY workers ./workers
+# Dependencies before the source: each target installs what pyproject.toml names for it (deploy/requirements.py),
+# then copies the source and installs the project alone, so a change to the source rebuilds only that last layer.
+COPY pyproject.toml deploy/requirements.py ./
 ENTRYPOINT ["tini", "-s", "--"]
 
 # The product: `bridge` and `workers` (the lab's packages are not even copied).
 FROM base AS product
-RUN pip install .
+RUN python requirements.py > /tmp/requirements.txt && pip install -r /tmp/requirements.txt
+COPY README.md ./
+COPY bridge ./bridge
+COPY workers ./workers
+RUN pip install --no-deps .
 
 FROM product AS flower
 RUN pip install ".[flower]"
@@ -40,9 +44,13 @@ EXPOSE 5555
 CMD ["python", "-m", "bridge.ops.flower", "--address=0.0.0.0", "--port=5555"]
 
 FROM base AS lab
+RUN python requirements.py store,lab > /tmp/requirements.txt && pip install -r /tmp/requirements.txt
+COPY README.md ./
+COPY bridge ./bridge
+COPY workers ./workers
 COPY bridge_lab ./bridge_lab
 COPY webshop_env ./webshop_env
-RUN pip install ".[store,lab]"
+RUN pip install --no-deps ".[store,lab]"
 USER agl
 EXPOSE 4747 3000 8000
 CMD ["python", "-m", "webshop_env", "serve", "--host", "0.0.0.0", "--port", "3000"]
@@ -65,12 +73,15 @@ ENV PYTHONUNBUFFERED=1 \
 RUN apt-get update && apt-get install -y --no-install-recommends tini && rm -rf /var/lib/apt/lists/* \
     && useradd --create-home --uid 1000 agl
 WORKDIR /app
-COPY pyproject.toml README.md ./
+COPY pyproject.toml deploy/requirements.py ./
+COPY deploy/wheels /tmp/wheels
+RUN python requirements.py > /tmp/requirements.txt && pip install -r /tmp/requirements.txt && python -m venv /opt/agent \
+    && /opt/agent/bin/pip install --find-links /tmp/wheels "agentlightning==1.0.0" -r /tmp/requirements.txt \
+    && rm -rf /tmp/wheels
+COPY README.md ./
 COPY bridge ./bridge
 COPY workers ./workers
-COPY deploy/wheels /tmp/wheels
-RUN pip install . && python -m venv /opt/agent \
-    && /opt/agent/bin/pip install --find-links /tmp/wheels "agentlightning==1.0.0" . && rm -rf /tmp/wheels
+RUN pip install --no-deps . && /opt/agent/bin/pip install --no-deps .
 USER agl
 EXPOSE 9101 9102 8080
 ENTRYPOINT ["tini", "-s", "--"]

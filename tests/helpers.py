@@ -308,12 +308,16 @@ def slow_episode_stack(
     *,
     concurrency: int = 2,
     pool: str = "prefork",
+    counted_store: bool = False,
 ) -> LocalStack:
     """One worker node and a bridge with their own slow LLM stand-in: episodes long enough for a test to
-    act while they run (cancel them, redeliver them, fence them)."""
+    act while they run (cancel them, redeliver them, fence them). ``counted_store``: a Store of their own with
+    its Prometheus request counters (``--tracker prometheus``, which the session's Stores go without: it doubles
+    the CPU of each request) instead of the session's."""
     return LocalStack(
         StackConfig(
-            store_url=services.store_url,
+            store_url=None if counted_store else services.store_url,
+            store_tracker="prometheus" if counted_store else None,
             broker_url=services.broker_url,
             webshop_url=services.webshop_url,
             policy_latency_ms=latency_ms,

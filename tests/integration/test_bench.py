@@ -96,7 +96,9 @@ def _bench(
 
 
 def test_bench_prints_every_figure_as_json(services: LocalStack, tmp_path: Path) -> None:
-    result, _ = _bench(services, tmp_path, "--rollouts", "20", "--concurrency", "4", "--probes", "4")
+    # Its own Store: the benchmark starts it with the request counters it reads (the session's Stores run
+    # without them, which would cost every other test 20-40% more Store CPU per request).
+    result, _ = _bench(services, tmp_path, "--rollouts", "20", "--concurrency", "4", "--probes", "4", own_store=True)
     assert result.keys() >= REQUIRED, REQUIRED - result.keys()
     assert result["rollouts"] == 20 and result["statuses"] == {"succeeded": 20}
     assert isinstance(result["rollouts_per_s"], float) and result["rollouts_per_s"] > 0
@@ -106,9 +108,10 @@ def test_bench_prints_every_figure_as_json(services: LocalStack, tmp_path: Path)
     assert any("/v1/traces" in key for key in by_endpoint), by_endpoint
     assert any("attempts" in key for key in by_endpoint), by_endpoint
     assert result["worker_cpu_ms_per_rollout"] > 0 and result["worker_rss_mb_total"] > 0
-    # A reused Store is not the benchmark's process to measure: no Store CPU, and "in all" leaves it out.
-    assert result["store_cpu_ms_per_rollout"] is None and result["store_ceiling_rollouts_per_s"] is None
-    assert result["cpu_ms_per_rollout_total"] >= result["worker_cpu_ms_per_rollout"]
+    # The benchmark's own Store is its process to measure: its CPU, the ceiling it sets, and "in all" counts it.
+    store_ms = result["store_cpu_ms_per_rollout"]
+    assert store_ms > 0 and result["store_ceiling_rollouts_per_s"] == pytest.approx(1000 / store_ms, rel=0.05)
+    assert result["cpu_ms_per_rollout_total"] >= result["worker_cpu_ms_per_rollout"] + store_ms - 0.05
     assert result["dispatch_probes"] == 4
     # Dispatch split in two with the worker's own start time: the bridge's Store poll, then the hand-off.
     # Each is a real interval on a quiet local stack: positive, and far below the run's own deadline.

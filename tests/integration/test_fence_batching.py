@@ -7,7 +7,7 @@ for the whole worker and no ``GET /rollouts/{id}``; then one
 rollout is cancelled, one gets a newer attempt and one attempt is marked ``timeout`` (what the Store's
 watchdog writes, docs/store-protocol.md 6.3), and each executor stops within one interval, unreported,
 while the five others finish ``succeeded``. Real worker, bridge, Store and stand-ins; the request counts
-are the Store's own Prometheus counters (the session Store runs with ``--tracker prometheus``).
+are the Store's own Prometheus counters (the stack's own Store runs with ``--tracker prometheus``).
 """
 
 from __future__ import annotations
@@ -50,7 +50,9 @@ def worker_stack(clean_store: LocalStack, tmp_path: Path, request: pytest.Fixtur
         "BRIDGE_RECONCILE_INTERVAL_S": "3600",
         "BRIDGE_BACKLOG_INTERVAL_S": "3600",
     }
-    with slow_episode_stack(clean_store, tmp_path, LLM_LATENCY_MS, env, concurrency=SLOTS, pool=request.param) as stack:
+    with slow_episode_stack(
+        clean_store, tmp_path, LLM_LATENCY_MS, env, concurrency=SLOTS, pool=request.param, counted_store=True
+    ) as stack:
         yield stack
 
 

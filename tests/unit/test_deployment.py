@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -363,7 +364,8 @@ def test_every_build_target_is_a_dockerfile_stage_and_the_default_build_is_the_g
     assert "ENV" in stage and "AGL_V1_AGENT_PYTHON=/opt/agent/bin/python" in stage
     assert (
         "python -m venv /opt/agent" in stage
-        and '/opt/agent/bin/pip install --find-links /tmp/wheels "agentlightning==1.0.0" .' in stage
+        and '/opt/agent/bin/pip install --find-links /tmp/wheels "agentlightning==1.0.0"' in stage
+        and "/opt/agent/bin/pip install --no-deps ." in stage  # the project, for the built-in WebShop program
     )
     assert re.search(r"^USER agl$", stage, flags=re.M), "the worker runs as the image's non-root user"
 
@@ -463,3 +465,32 @@ def test_the_1_0_workers_inits_run_as_root_and_the_worker_as_agl_with_only_what_
     assert service["environment"]["AGL_V1_AGENT_PYTHON"] == "/opt/agent/bin/python"
     assert worker[:2] == ["sh", "-c"] and worker[2].startswith("exec celery -A workers worker")
     assert service["environment"]["HOME"] == "/home/agl"
+
+
+def _requirements_script() -> Any:
+    spec = importlib.util.spec_from_file_location("deploy_requirements", ROOT / "deploy" / "requirements.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_dependency_layers_install_what_pip_would_for_each_target() -> None:
+    """deploy/requirements.py lists the project's dependencies plus each extra's, following the extras that name
+    the project (``lab`` names ``agl-celery-bridge[flower]``), so the layers the Dockerfile installs before the
+    source hold what ``pip install ".[extras]"`` resolves; an unknown extra stops the build."""
+    script = _requirements_script()
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    project = pyproject["project"]
+    assert script.requirements(pyproject, []) == project["dependencies"]
+    lab = script.requirements(pyproject, ["store", "lab"])
+    optional = project["optional-dependencies"]
+    expected = [*optional["store"], *optional["lab"], *optional["flower"]]
+    assert set(lab) == set(project["dependencies"]) | {line for line in expected if "agl-celery-bridge" not in line}
+    assert len(lab) == len(set(lab)) and not any(line.startswith("agl-celery-bridge") for line in lab)
+    with pytest.raises(SystemExit, match="no extra 'nope'"):
+        script.requirements(pyproject, ["nope"])
+    no_deps = [stage for stage in stages(DOCKERFILE).values() if "pip install --no-deps" in stage.text]
+    assert {stage.name for stage in no_deps} == {"product", "lab", "worker-agl-v1"}
+    for stage in no_deps:  # the stage that installs the project without its dependencies installed them first
+        assert stage.text.index("python requirements.py") < stage.text.index("pip install --no-deps"), stage.name
