@@ -263,6 +263,9 @@ def test_agentops_tracer_records_the_attempt_under_prefork(agent_stacks: AgentSt
         assert triplet.prompt["token_ids"] and triplet.response["token_ids"], triplet
 
 
+@pytest.mark.nightly(
+    "the refusal: tests/unit/test_agent_config.py; a real worker exiting 2 at a start-up error: test_entry_points.py"
+)
 def test_agentops_tracer_with_a_multi_slot_threads_pool_stops_the_worker(services: LocalStack) -> None:
     """One AgentOps trace per process: a pool running several attempts in one process is refused at start."""
     done = _start_worker_expecting_failure(services, ["-P", "threads", "-c", "2"], AGENT_TRACER="agentops")
@@ -321,6 +324,10 @@ def _start_worker_expecting_failure(
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.nightly(
+    "a path naming nothing: tests/unit/test_agent_config.py; a real worker exiting 2 at a start-up error: "
+    "test_entry_points.py"
+)
 def test_an_agent_that_cannot_be_loaded_stops_the_worker_with_exit_code_2(services: LocalStack) -> None:
     done = _start_worker_expecting_failure(services, ["-c", "1"], AGENT=f"{AGENTS}:NoSuchAgent")
     assert done.returncode == 2, done.stderr[-2000:]
